@@ -1,0 +1,33 @@
+# Two entry points that work on a fresh machine with only Python 3.11: `make run`, `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; the GPU image brings its own CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: run test test-slow test-gpu venv clean
+
+$(BIN)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+run: venv
+	$(BIN)/speedforge run
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-slow: venv
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-gpu: venv
+	$(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,196 @@
+"""The typed record of every hop in the data flow: Task -> Candidate -> EvalResult -> Variant.
+
+Each record is a frozen dataclass with a matching Arrow schema. Records are JSON-safe: no raw
+exceptions, no NaN (missing numbers are None), tuples for lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
+
+import pyarrow as pa
+
+STATUSES = (
+    "ok",
+    "screen_rejected",
+    "compile_error",
+    "runtime_error",
+    "incorrect",
+    "timeout",
+    "crashed",
+    "hack_detected",
+    "infra_error",
+)
+RETRYABLE_STATUSES = ("infra_error",)
+
+
+def content_id(*parts: str, length: int = 16) -> str:
+    """A short, stable id from the sha256 of the given strings."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:length]
+
+
+class Record:
+    """Shared conversions for the frozen record dataclasses below."""
+
+    schema: ClassVar[pa.Schema]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _json_safe(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        hints = get_type_hints(cls)
+        values = {}
+        for name, value in data.items():
+            if get_origin(hints[name]) is tuple and value is not None:
+                value = tuple(value)
+            values[name] = value
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def to_table(cls, records: list[Self]) -> pa.Table:
+        rows = [r.to_dict() for r in records]
+        return pa.Table.from_pylist(rows, schema=cls.schema)
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> list[Self]:
+        return [cls.from_dict(row) for row in table.select(cls.schema.names).to_pylist()]
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+_ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def _arrow_type(hint: Any) -> pa.DataType:
+    args = [a for a in get_args(hint) if a is not type(None)]
+    if get_origin(hint) is tuple:
+        return pa.list_(_ARROW_TYPES[args[0]])
+    if args:  # Optional[X]
+        return _ARROW_TYPES[args[0]]
+    return _ARROW_TYPES[hint]
+
+
+def _with_schema(cls):
+    hints = get_type_hints(cls)
+    cls.schema = pa.schema([pa.field(f.name, _arrow_type(hints[f.name])) for f in dataclasses.fields(cls)])
+    return cls
+
+
+@_with_schema
+@dataclasses.dataclass(frozen=True)
+class Task(Record):
+    """A program to make faster: a KernelBench-format reference (or an ANN module spec)."""
+
+    task_id: str  # e.g. "cpp/softmax", "kernelbench/level1/19_ReLU"
+    family: str  # "cpp" | "cuda" | "ann"
+    name: str
+    source: str  # reference program: defines Model, get_inputs, get_init_inputs
+    level: int = 0  # KernelBench level; 0 for tasks of our own
+    notes: str = ""
+    origin: str = "builtin"  # builtin | kernelbench | cuda-l1 | file:<path>
+
+    @property
+    def source_sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+@_with_schema
+@dataclasses.dataclass(frozen=True)
+class Candidate(Record):
+    """A proposed faster program for one task: defines ModelNew."""
+
+    candidate_id: str
+    task_id: str
+    source: str
+    origin: str = "human"  # human | builtin | import:<what> | model:<name>@<step>
+    parent_ids: tuple[str, ...] = ()
+    meta_json: str = "{}"  # e.g. a published score kept from an import
+    created_at: float = 0.0  # unix seconds
+
+    @staticmethod
+    def make(task_id: str, source: str, **kwargs: Any) -> "Candidate":
+        kwargs.setdefault("created_at", time.time())
+        return Candidate(candidate_id=content_id(task_id, source), task_id=task_id, source=source, **kwargs)
+
+
+@_with_schema
+@dataclasses.dataclass(frozen=True)
+class EvalResult(Record):
+    """What the evaluator measured for one candidate on one pool. Always has a status."""
+
+    candidate_id: str
+    task_id: str
+    pool: str  # "cpu", "H100", "A100", ...
+    status: str  # one of STATUSES
+    reason: str = ""  # why it failed, one line; empty when ok
+    device_name: str = ""
+    correct: bool = False
+    speedup: float | None = None  # median(ref_us) / median(cand_us)
+    ref_us: float | None = None  # median time of the reference, microseconds
+    cand_us: float | None = None  # median time of the candidate, microseconds
+    ref_iqr_us: float | None = None  # interquartile range of the reference times
+    cand_iqr_us: float | None = None
+    max_abs_err: float | None = None  # worst |candidate - reference| over the trials
+    trials: int = 0  # correctness trials run
+    timed_calls: int = 0  # timed calls per side
+    timed_s: float = 0.0  # seconds inside timed regions (both sides)
+    build_s: float = 0.0  # seconds spent building (0 when the build was cached)
+    build_cached: bool = False
+    run_s: float = 0.0  # seconds of the sandboxed run process
+    wall_s: float = 0.0  # seconds end to end in evaluate()
+    screen_findings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # sandbox features the kernel refused, and the like
+    log: str = ""  # artifact: compiler log or stderr tail, for the next prompt
+    harness_version: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@_with_schema
+@dataclasses.dataclass(frozen=True)
+class Variant(Record):
+    """An evaluated candidate as the policy sees it: lineage, origin and score."""
+
+    variant_id: str  # the candidate id
+    task_id: str
+    pool: str
+    source: str
+    status: str
+    score: float | None  # speedup when ok, else None
+    origin: str = "human"
+    parent_ids: tuple[str, ...] = ()
+    analysis: str = ""  # the model's performance analysis, when it wrote one
+    created_at: float = 0.0
