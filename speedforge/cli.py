@@ -17,6 +17,8 @@ from speedforge.errors import UserError
 COMMAND_MODULES = (
     "speedforge.commands.tasks",
     "speedforge.commands.eval",
+    "speedforge.commands.run",
+    "speedforge.commands.evaluate",
 )
 
 

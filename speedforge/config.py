@@ -49,6 +49,8 @@ class EvaluatorConfig:
     network_isolation: bool = True  # run the sandbox in its own network namespace
     landlock: bool = True  # restrict file writes (and reads) of the sandbox with Landlock
     seed: int | None = None  # None: a fresh secret seed per evaluation
+    cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
+    build_jobs: int = 0  # parallel compile jobs per build; 0 = all cores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,16 +62,19 @@ class PoolConfig:
     num_gpus: float = 1.0
     num_cpus: float = 1.0
     resources: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. accelerator_type:H100
+    cuda_arch: str = ""  # compute capability builds target for this pool, e.g. "9.0"
 
 
-GPU_POOLS = ("A100", "A10G", "H100", "H200", "L4", "L40", "L40S", "B200")
+GPU_POOLS = {"A100": "8.0", "A10G": "8.6", "L4": "8.9", "L40": "8.9", "L40S": "8.9", "H100": "9.0", "H200": "9.0",
+             "B200": "10.0"}  # fmt: skip  (pool name: compute capability)
 CPU_POOL_RESOURCE = "speedforge_cpu_bench"  # custom Ray resource: one unit per CPU bench slot
 
 
 def default_pools() -> dict[str, PoolConfig]:
     """A `cpu` pool on a custom resource, and one pool per GPU type on Ray's accelerator_type."""
     pools = {"cpu": PoolConfig(device="cpu", num_gpus=0.0, resources={CPU_POOL_RESOURCE: 1.0})}
-    pools.update({name: PoolConfig(resources={f"accelerator_type:{name}": 0.001}) for name in GPU_POOLS})
+    pools.update({name: PoolConfig(resources={f"accelerator_type:{name}": 0.001}, cuda_arch=arch)
+                  for name, arch in GPU_POOLS.items()})  # fmt: skip
     return pools
 
 
@@ -119,6 +124,25 @@ class SearchConfig:
     seed: int = 0
 
 
+def default_store_uri() -> str:
+    return str(Path(default_cache_dir()) / "store")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConfig:
+    """The object store: `s3://bucket/prefix` or a local folder (speedforge.store)."""
+
+    uri: str = dataclasses.field(default_factory=default_store_uri)
+    endpoint_url: str | None = None  # S3-compatible endpoint; None: $SPEEDFORGE_S3_ENDPOINT, then AWS env/profile
+    region: str | None = None  # None: AWS env/profile, else us-east-1
+    profile: str | None = None  # AWS profile name; None: $AWS_PROFILE or the default chain
+    retry_s: float = 120.0  # keep retrying transient S3 failures (exponential back-off) this long
+    open_retry_s: float = 5.0  # ... but when first checking the bucket, give up after this long
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    upload_threads: int = 8  # parallel object uploads when staging
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The root: one field per component."""
@@ -126,6 +150,7 @@ class Config:
     evaluator: EvaluatorConfig = dataclasses.field(default_factory=EvaluatorConfig)
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
+    store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
     service: ServiceConfig = dataclasses.field(default_factory=ServiceConfig)
 
 

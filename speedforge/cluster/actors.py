@@ -1,0 +1,106 @@
+"""The service's workers: thin wrappers around the evaluator's two stages.
+
+`BuildWorker` (CPU) screens and builds candidates into the shared build cache; `BenchWorker`
+(one per GPU, pinned to its pool) runs built candidates in the evaluator's sandbox. Both are
+plain classes: the service wraps them with `ray.remote` and the resources from config, and
+tests call them directly. Candidate code never runs here; it runs in the evaluator's sandboxed
+child process. Any exception that still escapes an evaluator function becomes one result with
+status `infra_error` (the only retryable status), so a worker never dies of a bad candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from speedforge.config import EvaluatorConfig
+from speedforge.records import Candidate, EvalResult, Task
+
+# (task, candidate, config, device) -> Build
+BuildFn = Callable[[Task, Candidate, EvaluatorConfig, str], Any]
+# (task, candidate, build, config, device, pool) -> EvalResult
+RunFn = Callable[[Task, Candidate, Any, EvaluatorConfig, str, str], EvalResult]
+
+
+def infra_error(task_id: str, candidate_id: str, pool: str, reason: str, log: str = "") -> EvalResult:
+    """The result of a harness failure (never the candidate's fault): retryable."""
+    return EvalResult(
+        candidate_id=candidate_id, task_id=task_id, pool=pool, status="infra_error", reason=reason, log=log[-4000:]
+    )
+
+
+def _harness_error(task: Task, candidate: Candidate, pool: str, stage: str, exc: BaseException) -> EvalResult:
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    reason = f"{stage} raised {type(exc).__name__}: {detail}"[:300]
+    return infra_error(task.task_id, candidate.candidate_id, pool, reason, traceback.format_exc())
+
+
+def build_device(task: Task) -> str:
+    """The device family a build targets: CUDA builds for the cuda family, else CPU."""
+    return "cuda" if task.family == "cuda" else "cpu"
+
+
+def worker_info(role: str, pool: str = "") -> dict:
+    """Where a worker runs and what it holds (Ray's assigned resources when inside Ray)."""
+    info = {"role": role, "pool": pool, "host": socket.gethostname(), "pid": os.getpid(), "resources": {}}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            info["resources"] = dict(ray.get_runtime_context().get_assigned_resources())
+            info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    except ImportError:  # plain use outside Ray
+        pass
+    return info
+
+
+class BuildWorker:
+    """Screens and builds candidates on CPU; one build serves every bench pool."""
+
+    def __init__(self, build_fn: BuildFn) -> None:
+        self.build_fn = build_fn
+
+    def ready(self) -> dict:
+        return worker_info("build")
+
+    def build(self, items: Sequence[tuple[Task, Candidate]], config: EvaluatorConfig) -> list[Any]:
+        """A Build per item, or an infra_error EvalResult (pool "") when the build stage raised."""
+        out: list[Any] = []
+        for task, candidate in items:
+            try:
+                out.append(self.build_fn(task, candidate, config, build_device(task)))
+            except Exception as exc:  # a harness bug: report it, keep the worker alive
+                out.append(_harness_error(task, candidate, "", "build", exc))
+        return out
+
+
+class BenchWorker:
+    """Runs built candidates of one pool in the evaluator's sandbox, one at a time."""
+
+    def __init__(self, run_fn: RunFn, pool: str, device: str) -> None:
+        self.run_fn = run_fn
+        self.pool = pool
+        self.device = device
+
+    def ready(self) -> dict:
+        return worker_info("bench", self.pool)
+
+    def run(self, items: Sequence[tuple[Task, Candidate, Any]], config: EvaluatorConfig) -> list[EvalResult]:
+        """One EvalResult per item, stamped with this worker's pool."""
+        out = []
+        for task, candidate, build in items:
+            try:
+                result = self.run_fn(task, candidate, build, config, self.device, self.pool)
+                if not isinstance(result, EvalResult):
+                    raise TypeError(f"run function returned {type(result).__name__}, not EvalResult")
+                if result.pool != self.pool:
+                    result = dataclasses.replace(result, pool=self.pool)
+            except Exception as exc:  # a harness bug: report it, keep the worker alive
+                result = _harness_error(task, candidate, self.pool, "run", exc)
+            out.append(result)
+        return out
+

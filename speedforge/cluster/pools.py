@@ -1,0 +1,109 @@
+"""Pools of the evaluation service: which Ray resources a worker takes and how many fit.
+
+A bench pool is named by GPU type (`H100`, `A100`, `L40`, ...) and pinned with Ray's
+`accelerator_type:<type>` resource, which Ray sets on every node with that GPU; the `cpu` pool
+(the CPU family) takes a custom resource that a node declares per CPU bench slot. Everything
+here is plain arithmetic on resource dicts, so it is tested without Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from speedforge.config import CPU_POOL_RESOURCE, EvaluatorConfig, PoolConfig, ServiceConfig
+from speedforge.errors import UserError
+
+
+def parse_pool_names(text: str) -> list[str]:
+    """`"H100, L40"` -> `["H100", "L40"]`, in order, without repeats."""
+    names = []
+    for name in (part.strip() for part in text.split(",")):
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        raise UserError("no pool given: name one or more pools, e.g. --pools H100,L40 (or cpu)")
+    return names
+
+
+def resolve_pools(names: Sequence[str], config: ServiceConfig) -> dict[str, PoolConfig]:
+    """The config of every named pool; a UserError naming the known pools for an unknown one."""
+    unknown = [n for n in names if n not in config.pools]
+    if unknown:
+        raise UserError(
+            f"unknown pool(s) {', '.join(unknown)}; configured pools: {', '.join(sorted(config.pools))} "
+            f"(add a pool under service.pools in the config)"
+        )
+    return {n: config.pools[n] for n in dict.fromkeys(names)}
+
+
+def worker_need(pool: PoolConfig) -> dict[str, float]:
+    """Resources one bench worker of `pool` takes, as Ray names them (zeros left out)."""
+    need = {"CPU": pool.num_cpus, "GPU": pool.num_gpus, **pool.resources}
+    return {k: float(v) for k, v in need.items() if v > 0}
+
+
+def actor_options(need: Mapping[str, float]) -> dict:
+    """Ray actor options for a worker that takes `need`."""
+    custom = {k: v for k, v in need.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": need.get("CPU", 0.0), "num_gpus": need.get("GPU", 0.0), "resources": custom}
+
+
+def fit_count(nodes: Iterable[Mapping[str, float]], need: Mapping[str, float]) -> int:
+    """How many workers that each take `need` fit on these nodes (resources of one node each)."""
+    total = 0
+    for node in nodes:
+        per_node = [math.floor(node.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0]
+        total += min(per_node) if per_node else 0
+    return total
+
+
+def plan_bench_workers(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[str, float]]) -> dict[str, int]:
+    """Bench workers per pool: the configured count, or as many as fit (one per GPU).
+
+    A pool that the cluster cannot host even one worker of is a UserError that says which
+    resource is missing, so a sweep never waits on a pool with no workers.
+    """
+    plan = {}
+    for name, pool in pools.items():
+        need = worker_need(pool)
+        fit = fit_count(nodes, need)
+        if fit == 0:
+            offered = sorted({k for node in nodes for k in node if not k.startswith(("node:", "memory", "object_store"))})
+            hint = f"; start Ray with resources={{'{CPU_POOL_RESOURCE}': N}}" if CPU_POOL_RESOURCE in need else ""
+            raise UserError(
+                f"pool {name!r} has no workers: no node of the Ray cluster has {_describe(need)} "
+                f"(the cluster offers {', '.join(offered) or 'nothing'}){hint}"
+            )
+        plan[name] = min(pool.workers, fit) if pool.workers > 0 else fit
+    return plan
+
+
+def plan_build_workers(config: ServiceConfig, nodes: Sequence[Mapping[str, float]], bench_cpus: float) -> int:
+    """Build workers: the configured count, or every CPU the bench workers leave (at least 1)."""
+    if config.build_workers > 0:
+        return config.build_workers
+    cpus = sum(node.get("CPU", 0.0) for node in nodes)
+    return max(1, math.floor((cpus - bench_cpus) / config.build_num_cpus + 1e-9))
+
+
+def local_ray_resources(config: ServiceConfig) -> dict[str, float]:
+    """Custom resources a locally started Ray declares: the CPU bench slots."""
+    return {CPU_POOL_RESOURCE: float(config.local_cpu_bench_slots)}
+
+
+def sweep_evaluator_config(config: EvaluatorConfig, pools: Mapping[str, PoolConfig]) -> EvaluatorConfig:
+    """The evaluator config of a sweep: unless set, builds target every pool's architecture.
+
+    Build workers see no GPU, so "the visible GPU" cannot name the target; one fat binary for
+    the architectures of all the sweep's pools serves each of them from one build.
+    """
+    if config.cuda_arch_list:
+        return config
+    archs = sorted({p.cuda_arch for p in pools.values() if p.cuda_arch}, key=lambda a: tuple(map(int, a.split("."))))
+    return dataclasses.replace(config, cuda_arch_list=";".join(archs)) if archs else config
+
+
+def _describe(need: Mapping[str, float]) -> str:
+    return ", ".join(f"{k}: {v:g}" for k, v in sorted(need.items()))

@@ -1,0 +1,87 @@
+"""Pool config and Ray resource arithmetic of the evaluation service (no Ray needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedforge.cluster.pools import (
+    actor_options,
+    fit_count,
+    parse_pool_names,
+    plan_bench_workers,
+    plan_build_workers,
+    resolve_pools,
+    worker_need,
+)
+from speedforge.config import CPU_POOL_RESOURCE, Config, ConfigError, PoolConfig, ServiceConfig, from_mapping
+from speedforge.errors import UserError
+
+H100_NODE = {"CPU": 16.0, "GPU": 2.0, "accelerator_type:H100": 1.0, "memory": 1e11}
+L40_NODE = {"CPU": 8.0, "GPU": 1.0, "accelerator_type:L40": 1.0}
+CPU_NODE = {"CPU": 4.0, CPU_POOL_RESOURCE: 2.0}
+
+
+def test_pool_names_are_split_trimmed_and_deduplicated():
+    assert parse_pool_names(" H100, L40,H100 ,") == ["H100", "L40"]
+    with pytest.raises(UserError, match="no pool given"):
+        parse_pool_names(" , ")
+
+
+def test_unknown_pool_name_lists_the_configured_pools():
+    with pytest.raises(UserError, match=r"unknown pool\(s\) Z99.*H100"):
+        resolve_pools(["H100", "Z99"], ServiceConfig())
+
+
+def test_gpu_pools_pin_to_accelerator_type_and_one_gpu():
+    need = worker_need(ServiceConfig().pools["H100"])
+    assert need == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:H100": 0.001}
+    assert actor_options(need) == {"num_cpus": 1.0, "num_gpus": 1.0, "resources": {"accelerator_type:H100": 0.001}}
+
+
+def test_cpu_pool_takes_a_custom_resource_and_no_gpu():
+    need = worker_need(ServiceConfig().pools["cpu"])
+    assert need == {"CPU": 1.0, CPU_POOL_RESOURCE: 1.0}
+
+
+def test_one_bench_worker_per_gpu_of_the_pool_type():
+    pools = resolve_pools(["H100", "L40", "cpu"], ServiceConfig())
+    nodes = [H100_NODE, H100_NODE, L40_NODE, CPU_NODE]
+    assert plan_bench_workers(pools, nodes) == {"H100": 4, "L40": 1, "cpu": 2}
+
+
+def test_configured_worker_count_is_capped_by_what_fits():
+    pools = {"H100": PoolConfig(workers=1, resources={"accelerator_type:H100": 0.001}),
+             "L40": PoolConfig(workers=5, resources={"accelerator_type:L40": 0.001})}  # fmt: skip
+    assert plan_bench_workers(pools, [H100_NODE, L40_NODE]) == {"H100": 1, "L40": 1}
+
+
+def test_pool_the_cluster_cannot_host_is_an_error_naming_the_resource():
+    pools = resolve_pools(["A100"], ServiceConfig())
+    with pytest.raises(UserError, match=r"pool 'A100' has no workers.*accelerator_type:A100"):
+        plan_bench_workers(pools, [H100_NODE, CPU_NODE])
+    with pytest.raises(UserError, match=CPU_POOL_RESOURCE):
+        plan_bench_workers(resolve_pools(["cpu"], ServiceConfig()), [H100_NODE])
+
+
+def test_fit_count_takes_the_scarcest_resource_per_node():
+    assert fit_count([{"CPU": 3.0, "GPU": 8.0}], {"CPU": 1.0, "GPU": 1.0}) == 3
+    assert fit_count([{"CPU": 3.0}], {"CPU": 0.5}) == 6
+    assert fit_count([{"CPU": 3.0}], {"CPU": 1.0, "GPU": 1.0}) == 0
+    assert fit_count([], {"CPU": 1.0}) == 0
+
+
+def test_build_workers_use_the_cpus_bench_workers_leave():
+    assert plan_build_workers(ServiceConfig(), [{"CPU": 16.0}], bench_cpus=1.0) == 15
+    assert plan_build_workers(ServiceConfig(), [{"CPU": 1.0}], bench_cpus=1.0) == 1
+    assert plan_build_workers(ServiceConfig(build_workers=3), [{"CPU": 16.0}], bench_cpus=1.0) == 3
+
+
+def test_service_config_loads_pools_strictly_from_a_mapping():
+    config = from_mapping(
+        Config,
+        {"service": {"max_in_flight": 16, "pools": {"A10": {"num_cpus": 2, "resources": {"accelerator_type:A10": 1}}}}},
+    )
+    assert config.service.max_in_flight == 16
+    assert config.service.pools == {"A10": PoolConfig(num_cpus=2.0, resources={"accelerator_type:A10": 1.0})}
+    with pytest.raises(ConfigError, match="unknown key"):
+        from_mapping(Config, {"service": {"pools": {"A10": {"gpus": 1}}}})
