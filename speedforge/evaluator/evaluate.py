@@ -1,0 +1,188 @@
+"""The evaluator's entry points: screen and build (`build_candidate`, on CPU workers), then run
+and measure (`run_candidate`, on the device), and `evaluate` for both. Total functions: every
+input gets an EvalResult with an explicit status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import shutil
+import time
+import traceback
+
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
+from speedforge.evaluator.families import known_families
+from speedforge.evaluator.sandbox import Outcome, run_job
+from speedforge.evaluator.screen import screen
+from speedforge.records import Candidate, EvalResult, Task
+
+_RESULT_FIELDS = {f.name for f in dataclasses.fields(EvalResult)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """What the build stage left for the run stage: a build directory, or the failure."""
+
+    candidate_id: str
+    task_id: str
+    ok: bool
+    failure: EvalResult | None  # the result to report when not ok
+    build_dir: str
+    key: str
+    build_s: float
+    cached: bool
+    screen_findings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    log: str = ""
+
+
+def evaluate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None, device: str = "cpu",
+             pool: str | None = None) -> EvalResult:
+    """Screen, build and measure one candidate against its task's reference."""
+    start = time.perf_counter()
+    build = build_candidate(task, candidate, config, device)
+    result = run_candidate(task, candidate, build, config, device, pool)
+    return dataclasses.replace(result, wall_s=time.perf_counter() - start)
+
+
+def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None,
+                    device: str = "cpu") -> Build:
+    """Static screen, then a sandboxed build into the content-hash cache (free when cached)."""
+    config = config or EvaluatorConfig()
+    start = time.perf_counter()
+    base = dict(candidate_id=candidate.candidate_id, task_id=task.task_id, build_dir="", key="", cached=False)
+    try:
+        problem = _input_problem(task, candidate, device)
+        if problem:
+            return Build(**base, ok=False, build_s=0.0, failure=_result(task, candidate, "runtime_error", problem))
+        findings = screen(candidate.source, task.family).findings
+        if findings and config.screen == "enforce":
+            reason = findings[0] + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else "")
+            failure = _result(task, candidate, "screen_rejected", reason, screen_findings=findings)
+            return Build(**base, ok=False, build_s=0.0, failure=failure, screen_findings=findings)
+        cache = BuildCache(config.cache_dir)
+        key = build_key(candidate.source, task.family, config.cuda_arch_list)
+        base.update(key=key, build_dir=str(cache.build_dir(key)))
+        cached = cache.lookup(key)
+        if cached is None:
+            with cache.locked(key):
+                cached = cache.lookup(key)
+                if cached is None:
+                    outcome = _sandboxed(cache, _job("build", task, candidate, config, "cpu", base["build_dir"], 0),
+                                         config.build_timeout_s, config)
+                    built = _outcome_dict(outcome, "build")
+                    built["build_s"] = time.perf_counter() - start
+                    cache.record(key, built)
+                    return _build_from(task, candidate, base, built, findings, cached=False)
+        return _build_from(task, candidate, base, cached, findings, cached=True, build_s=time.perf_counter() - start)
+    except Exception as exc:  # a harness failure: reported, retried by the service
+        failure = _result(task, candidate, "infra_error", f"build stage failed: {type(exc).__name__}: {exc}",
+                          log=traceback.format_exc()[-4000:])
+        return Build(**base, ok=False, build_s=time.perf_counter() - start, failure=failure)
+
+
+def run_candidate(task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig | None = None,
+                  device: str = "cpu", pool: str | None = None) -> EvalResult:
+    """The sandboxed run of a built candidate: correctness, paired timing, runtime guards."""
+    config = config or EvaluatorConfig()
+    pool = pool or ("cpu" if device == "cpu" else "cuda")
+    start = time.perf_counter()
+    common = dict(pool=pool, build_s=build.build_s, build_cached=build.cached,
+                  screen_findings=build.screen_findings, harness_version=HARNESS_VERSION)
+    if not build.ok:
+        return dataclasses.replace(build.failure, **common, wall_s=time.perf_counter() - start)
+    try:
+        cache = BuildCache(config.cache_dir)
+        seed = config.seed if config.seed is not None else secrets.randbits(30)
+        outcome = _sandboxed(cache, _job("run", task, candidate, config, device, build.build_dir, seed),
+                             config.run_timeout_s, config)
+        measured = _outcome_dict(outcome, "run")
+        measured["warnings"] = list(build.warnings) + list(measured.get("warnings", []))
+        fields = {k: v for k, v in measured.items() if k in _RESULT_FIELDS}
+        fields.setdefault("reason", "")
+        fields["run_s"] = outcome.wall_s
+        if fields["status"] != "ok":
+            fields.pop("speedup", None)
+        fields["warnings"] = tuple(dict.fromkeys(fields["warnings"]))
+        return _result(task, candidate, **fields, **common, wall_s=time.perf_counter() - start)
+    except Exception as exc:
+        return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
+                       log=traceback.format_exc()[-4000:], **common)
+
+
+def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
+    if task.family not in known_families():
+        return f"unknown task family {task.family!r}; known: {', '.join(known_families())}"
+    if candidate.task_id != task.task_id:
+        return f"candidate is for task {candidate.task_id!r}, not {task.task_id!r}"
+    if task.family == "cuda" and not device.startswith("cuda"):
+        return "a cuda-family task needs device cuda (use a cpp-family task on a machine without a GPU)"
+    return ""
+
+
+def _job(kind: str, task: Task, candidate: Candidate, config: EvaluatorConfig, device: str, build_dir: str,
+         seed: int) -> dict:
+    return {
+        "kind": kind,
+        "family": task.family,
+        "task": task.to_dict(),
+        "candidate": candidate.to_dict(),
+        "device": device,
+        "seed": seed,
+        "build_dir": build_dir,
+        "cuda_arch_list": config.cuda_arch_list,
+        "config": dataclasses.asdict(config),
+    }
+
+
+def _sandboxed(cache: BuildCache, job: dict, timeout_s: float, config: EvaluatorConfig) -> Outcome:
+    workdir = cache.scratch()
+    job["workdir"] = str(workdir)
+    try:
+        return run_job(job, workdir, timeout_s, config.memory_limit_mb, isolate_network=config.network_isolation)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _outcome_dict(outcome: Outcome, stage: str) -> dict:
+    """The child's result, or a status for how the child ended when it wrote none."""
+    warnings = list(outcome.warnings)
+    if outcome.timed_out:
+        return {"status": "timeout", "reason": f"the {stage} did not finish in time and was killed",
+                "log": outcome.stderr_tail, "warnings": warnings}
+    if outcome.killed_for_memory:
+        return {"status": "crashed", "reason": f"the {stage} exceeded the memory limit and was killed",
+                "log": outcome.stderr_tail, "warnings": warnings}
+    if outcome.result is None:
+        how = f"died of {outcome.signal_name}" if outcome.signal_name else f"exited with code {outcome.returncode}"
+        return {"status": "crashed", "reason": f"the {stage} process {how} without a result",
+                "log": outcome.stderr_tail, "warnings": warnings}
+    result = dict(outcome.result)
+    result["warnings"] = warnings + list(result.get("warnings", []))
+    if result.get("status") != "ok" and not result.get("log"):
+        result["log"] = outcome.stderr_tail
+    return result
+
+
+def _build_from(task: Task, candidate: Candidate, base: dict, built: dict, findings: tuple[str, ...], cached: bool,
+                build_s: float | None = None) -> Build:
+    build_s = build_s if cached else float(built.get("build_s", 0.0))
+    warnings = tuple(built.get("warnings", ()))
+    if built.get("status") == "ok":
+        return Build(**{**base, "cached": cached}, ok=True, failure=None, build_s=build_s,
+                     screen_findings=findings, warnings=warnings, log=built.get("log", ""))
+    failure = _result(task, candidate, built.get("status", "infra_error"), built.get("reason", ""),
+                      log=built.get("log", ""), warnings=warnings, screen_findings=findings)
+    return Build(**{**base, "cached": cached}, ok=False, failure=failure, build_s=build_s,
+                 screen_findings=findings, warnings=warnings, log=built.get("log", ""))
+
+
+def _result(task: Task, candidate: Candidate, status: str, reason: str = "", **fields) -> EvalResult:
+    fields.setdefault("pool", "")
+    for name in ("warnings", "screen_findings"):
+        if name in fields:
+            fields[name] = tuple(fields[name])
+    return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, status=status, reason=reason,
+                      **fields)

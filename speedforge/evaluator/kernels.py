@@ -1,0 +1,372 @@
+"""The `cpp` and `cuda` task families inside the sandbox: build, correctness, timing, guards.
+
+`build(job)` imports the candidate module, which compiles its inline C++/CUDA with
+`load_inline` into the job's build directory. `run(job)` loads reference and candidate into
+this (sandboxed) process and measures them:
+
+- same weights: both constructed under the same seed, then the reference's parameters and
+  buffers copied into the candidate wherever names and shapes match;
+- fresh inputs from the task's own `get_inputs()` under a secret seed for every trial and every
+  timed pair (created directly on the device), cloned so neither side can corrupt the other;
+- correctness: the candidate runs first, right after the allocator was filled with NaN, so an
+  uninitialised output cannot pick up the reference's result; outputs must be plain tensors of
+  the right shape, dtype and device, with storage of their own;
+- timing: warm-up, then pairs in random order; on GPU, L2 flushed before each call, outside the
+  timed region, and a device-wide synchronize before the end event, so side-stream work counts;
+  every timed output is checked against its pair's reference output;
+- guards after every phase (speedforge.evaluator.guards).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+_perf_counter = time.perf_counter  # captured before any candidate code is imported
+
+FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
+
+
+class Verdict(Exception):
+    """Ends a run early with a status other than ok."""
+
+    def __init__(self, status: str, reason: str, log: str = "") -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.log = status, reason, log
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+
+
+def build(job: dict) -> dict:
+    _prepare_environment(job)
+    start = _perf_counter()
+    try:
+        _load_candidate(job)
+    except Verdict as verdict:
+        return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
+                "build_s": _perf_counter() - start}
+    return {"status": "ok", "build_s": _perf_counter() - start}
+
+
+def _prepare_environment(job: dict) -> None:
+    os.environ["TORCH_EXTENSIONS_DIR"] = job["build_dir"]
+    os.environ.setdefault("MAX_JOBS", str(job["config"].get("build_jobs") or os.cpu_count() or 1))
+    if job.get("cuda_arch_list"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = job["cuda_arch_list"]
+
+
+def _load_module(source: str, name: str, workdir: str):
+    path = Path(workdir) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_candidate(job: dict):
+    try:
+        return _load_module(job["candidate"]["source"], "sf_candidate", job["workdir"])
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        log = traceback.format_exc()[-6000:]
+        if "Error building extension" in text or "ninja" in text.lower() or "undefined symbol" in text:
+            raise Verdict("compile_error", _first_line(text), text[-6000:]) from None
+        raise Verdict("runtime_error", f"candidate module raised on import: {_first_line(text)}", log) from None
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:limit]
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def run(job: dict) -> dict:
+    _prepare_environment(job)
+    import torch
+
+    from speedforge.evaluator import guards
+
+    config = job["config"]
+    device = torch.device(job["device"])
+    if device.type == "cpu":
+        torch.set_num_threads(int(config["cpu_threads"]))
+        torch.set_num_interop_threads(1)
+    elif not torch.cuda.is_available():
+        return {"status": "infra_error", "reason": "device cuda asked for, but torch sees no CUDA GPU"}
+    run_start = _perf_counter()
+    seed = int(job["seed"])
+    metrics: dict = {"device_name": _device_name(torch, device)}
+    try:
+        harness = _Harness(torch, guards, job, device, seed)
+        metrics.update(harness.measure())
+        metrics["status"] = "ok"
+    except Verdict as verdict:
+        metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
+    metrics["run_inner_s"] = _perf_counter() - run_start
+    return metrics
+
+
+def _device_name(torch, device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+class _Harness:
+    def __init__(self, torch, guards, job: dict, device, seed: int) -> None:
+        self.torch, self.guards, self.job, self.device, self.seed = torch, guards, job, device, seed
+        self.config = job["config"]
+        self.is_cuda = device.type == "cuda"
+        self.rng = random.Random(seed ^ 0x5EED)
+        self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
+        self.Event = torch.cuda.Event if self.is_cuda else None
+        self.current_stream = torch.cuda.current_stream if self.is_cuda else None
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except Verdict:
+            raise
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            raise Verdict("runtime_error", f"{what} raised {_first_line(text)}", traceback.format_exc()[-6000:]) from None
+
+    def _reference(self):
+        torch = self.torch
+        try:
+            ref = _load_module(self.job["task"]["source"], "sf_reference", self.job["workdir"])
+            torch.manual_seed(self.seed)
+            self.init_inputs = ref.get_init_inputs()
+            torch.manual_seed(self.seed)
+            model = ref.Model(*copy.deepcopy(self.init_inputs)).to(self.device)
+        except Exception as exc:  # the task itself is broken: not the candidate's fault
+            raise Verdict("infra_error", f"the task's reference failed: {type(exc).__name__}: {exc}",
+                          traceback.format_exc()[-4000:]) from None
+        self.get_inputs = ref.get_inputs
+        return model
+
+    def _candidate(self):
+        torch = self.torch
+        module = _load_candidate(self.job)
+        if not hasattr(module, "ModelNew"):
+            raise Verdict("runtime_error", "the candidate defines no ModelNew")
+        torch.manual_seed(self.seed)
+        model = self._call("ModelNew(*get_init_inputs())", lambda: module.ModelNew(*copy.deepcopy(self.init_inputs)))
+        if not isinstance(model, torch.nn.Module):
+            raise Verdict("runtime_error", "ModelNew(...) did not produce a torch.nn.Module")
+        model = self._call("ModelNew.to(device)", model.to, self.device)
+        return model
+
+    def _copy_weights(self, ref_model, cand_model) -> None:
+        ref_state = ref_model.state_dict()
+        shared = {k: v for k, v in ref_state.items()
+                  if k in cand_model.state_dict() and cand_model.state_dict()[k].shape == v.shape}
+        if shared:
+            self._call("ModelNew.load_state_dict", lambda: cand_model.load_state_dict(shared, strict=False))
+
+    def fresh_inputs(self, index: int) -> list:
+        torch = self.torch
+        torch.manual_seed(self.seed + 7919 * (index + 1))
+        with torch.device(self.device):
+            inputs = self.get_inputs()
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def clone(self, inputs: list) -> list:
+        torch = self.torch
+        return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+
+    def poison_allocator(self, nbytes: int) -> None:
+        torch = self.torch
+        if nbytes <= 0:
+            return
+        junk = torch.empty(nbytes // 4 + 1, dtype=torch.float32, device=self.device)
+        junk.fill_(float("nan"))
+        del junk
+
+    # -- phases ----------------------------------------------------------------------------------
+
+    def measure(self) -> dict:
+        torch = self.torch
+        with torch.no_grad():
+            ref_model = self._reference()
+            warm = self.fresh_inputs(-1)
+            ref_out = self._call("the reference", ref_model, *self.clone(warm))  # initialises pools, CUDA
+            self.sync()
+            self.out_bytes = sum(t.numel() * t.element_size() for t in _flatten(torch, ref_out))
+            del ref_out
+            baseline = self.guards.Baseline.take(self.device)
+            cand_model = self._candidate()
+            self._copy_weights(ref_model, cand_model)
+            self._guard(baseline, "loading ModelNew")
+            max_err, trials = self.correctness(ref_model, cand_model)
+            self._guard(baseline, "the correctness trials")
+            timing = self.timing(ref_model, cand_model)
+            self._guard(baseline, "the timed calls")
+        return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+
+    def _guard(self, baseline, phase: str) -> None:
+        found = baseline.violations(self.device, self.current_stream) if self.is_cuda else \
+            baseline.violations(self.device, None)
+        if found:
+            raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
+
+    def correctness(self, ref_model, cand_model) -> tuple[float, int]:
+        trials = int(self.config["correctness_trials"])
+        held: list = []  # earlier outputs stay alive so that re-returned storage is seen
+        worst = 0.0
+        for trial in range(trials):
+            inputs = self.fresh_inputs(trial)
+            cand_in, ref_in = self.clone(inputs), inputs
+            self.poison_allocator(2 * self.out_bytes)
+            out_c = self._call("ModelNew.forward", cand_model, *cand_in)
+            self.sync()
+            out_r = self._call("the reference", ref_model, *ref_in)
+            self.sync()
+            err = self.compare(out_c, out_r, cand_in, held, f"trial {trial + 1}")
+            worst = max(worst, err)
+            held.append(out_c)
+        return worst, trials
+
+    def compare(self, out_c, out_r, cand_in: list, held: list, where: str) -> float:
+        torch = self.torch
+        flat_c, flat_r = _flatten(torch, out_c), _flatten(torch, out_r)
+        if not isinstance(out_c, (torch.Tensor, tuple, list)) and not flat_r:
+            return 0.0
+        if len(flat_c) != len(flat_r):
+            raise Verdict("incorrect", f"{where}: returned {len(flat_c)} tensors, the reference {len(flat_r)}")
+        guarded = [x for x in cand_in if isinstance(x, torch.Tensor)] + _flatten(torch, held)
+        worst = 0.0
+        for i, (c, r) in enumerate(zip(flat_c, flat_r)):
+            label = f"{where}, output {i}"
+            if not isinstance(c, torch.Tensor):
+                raise Verdict("incorrect", f"{label}: not a tensor ({type(c).__name__})")
+            if type(c) is not torch.Tensor:
+                raise Verdict("hack_detected", f"{label}: a tensor subclass ({type(c).__name__}), not a plain tensor")
+            if c.layout != torch.strided or c.is_nested:
+                raise Verdict("incorrect", f"{label}: layout {c.layout}, expected a dense tensor")
+            if c.device != r.device or c.dtype != r.dtype or c.shape != r.shape:
+                raise Verdict("incorrect", f"{label}: got {c.dtype} {tuple(c.shape)} on {c.device}, "
+                                           f"expected {r.dtype} {tuple(r.shape)} on {r.device}")
+            for other in guarded:
+                if other is not c and _overlaps(c, other):
+                    raise Verdict("hack_detected", f"{label}: shares storage with an input or an earlier output")
+            worst = max(worst, self._close(c, r, label))
+        return worst
+
+    def _close(self, c, r, label: str) -> float:
+        torch = self.torch
+        if not (c.is_floating_point() or c.is_complex()):
+            if not torch.equal(c, r):
+                raise Verdict("incorrect", f"{label}: values differ from the reference")
+            return 0.0
+        floor = FLOAT_TOLERANCE_FLOOR.get(str(c.dtype), 0.0)
+        atol = max(float(self.config["atol"]), floor)
+        rtol = max(float(self.config["rtol"]), floor)
+        c64, r64 = c.detach().to(torch.float64), r.detach().to(torch.float64)
+        nan_c, nan_r = torch.isnan(c64), torch.isnan(r64)
+        if not torch.equal(nan_c, nan_r):
+            raise Verdict("incorrect", f"{label}: NaN where the reference has none (or the reverse)")
+        diff = (c64 - r64).abs().masked_fill(nan_r, 0.0)
+        err = float(diff.max()) if diff.numel() else 0.0
+        bad = diff > atol + rtol * r64.abs().masked_fill(nan_r, 0.0)
+        if bool(bad.any()):
+            raise Verdict("incorrect", f"{label}: max |diff| {err:.3g} over tolerance (atol {atol:g}, rtol {rtol:g}); "
+                                       f"{int(bad.sum())} of {bad.numel()} elements off")
+        return err
+
+    def timing(self, ref_model, cand_model) -> dict:
+        config = self.config
+        flush = None
+        if self.is_cuda and int(config["l2_flush_mb"]) > 0:
+            flush = self.torch.empty(int(config["l2_flush_mb"]) << 20, dtype=self.torch.int8, device=self.device)
+        warmup = int(config["warmup_calls"])
+        est = {"ref": 0.0, "cand": 0.0}
+        for i in range(warmup):
+            inputs = self.fresh_inputs(10_000 + i)
+            for side, model in (("cand", cand_model), ("ref", ref_model)):
+                est[side] = self._timed_call(model, self.clone(inputs), flush, side)[1]
+        per_call = max(max(est.values()), 1e-6)
+        base = int(config["timed_calls"] if self.is_cuda else config["cpu_timed_calls"])
+        n = min(max(base, math.ceil(float(config["min_timed_s"]) / per_call)), int(config["max_timed_calls"]))
+        times: dict[str, list[float]] = {"ref": [], "cand": []}
+        for i in range(n):
+            inputs = self.fresh_inputs(20_000 + i)
+            order = [("ref", ref_model), ("cand", cand_model)]
+            self.rng.shuffle(order)
+            outs = {}
+            for side, model in order:
+                outs[side], seconds = self._timed_call(model, inputs if side == "ref" else self.clone(inputs), flush, side)
+                times[side].append(seconds * 1e6)
+            self.compare(outs["cand"], outs["ref"], [], [], f"timed call {i + 1}")
+        ref_us, cand_us = statistics.median(times["ref"]), statistics.median(times["cand"])
+        return {
+            "ref_us": ref_us,
+            "cand_us": cand_us,
+            "ref_iqr_us": _iqr(times["ref"]),
+            "cand_iqr_us": _iqr(times["cand"]),
+            "speedup": ref_us / cand_us if cand_us > 0 else None,
+            "timed_calls": n,
+            "timed_s": (sum(times["ref"]) + sum(times["cand"])) / 1e6,
+        }
+
+    def _timed_call(self, model, args: list, flush, side: str):
+        what = "ModelNew.forward" if side == "cand" else "the reference"
+        if self.is_cuda:
+            if flush is not None:
+                flush.zero_()  # evicts L2, outside the timed region
+            self.sync()
+            start, end = self.Event(enable_timing=True), self.Event(enable_timing=True)
+            start.record()
+            out = self._call(what, model, *args)
+            self.sync()  # device-wide: work on any stream is inside the timed region
+            end.record()
+            end.synchronize()
+            return out, start.elapsed_time(end) / 1e3
+        t0 = _perf_counter()
+        out = self._call(what, model, *args)
+        return out, _perf_counter() - t0
+
+
+def _flatten(torch, out) -> list:
+    if isinstance(out, torch.Tensor) or not isinstance(out, (tuple, list)):
+        return [out] if isinstance(out, torch.Tensor) else []
+    flat: list = []
+    for item in out:
+        flat.extend(_flatten(torch, item) if isinstance(item, (tuple, list)) else [item])
+    return flat
+
+
+def _overlaps(a, b) -> bool:
+    if a.device != b.device:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    if sa.nbytes() == 0 or sb.nbytes() == 0:
+        return False
+    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
