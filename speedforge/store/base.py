@@ -1,0 +1,199 @@
+"""The store: bytes and append-only parquet tables over one backend (a local folder or S3).
+
+A table is a folder of immutable parquet parts, `<table>/part-<time_ns>-<sha256>.parquet`. The
+sha256 of each part's bytes is recorded in its name when it is written and checked on every
+read, so a corrupted or truncated object is reported by name instead of being parsed. Parts
+are never rewritten; appending adds one part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import re
+import threading
+import time
+from typing import Protocol, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from speedforge.errors import UserError
+from speedforge.records import Record
+
+R = TypeVar("R", bound=Record)
+
+PART_NAME = re.compile(r"^part-(\d{20})-([0-9a-f]{64})\.parquet$")
+TABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]*$")
+
+
+class StoreError(UserError):
+    """A store failure the user can act on; one line that names the object or endpoint."""
+
+
+class MissingObjectError(StoreError, KeyError):
+    """The key does not exist in the store."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class CorruptObjectError(StoreError):
+    """An object whose bytes do not match the sha256 recorded for it."""
+
+
+class Backend(Protocol):
+    """Bytes by key under one root. Keys are relative, '/'-separated, without '..'."""
+
+    location: str  # the root as a user wrote it, for messages
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def exists(self, key: str) -> bool: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def delete(self, key: str) -> None: ...
+
+
+@dataclasses.dataclass
+class StoreStats:
+    """What this store object did, counted: objects written, read, checked and listed."""
+
+    puts: int = 0
+    bytes_put: int = 0
+    gets: int = 0
+    bytes_got: int = 0
+    exists: int = 0
+    lists: int = 0
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_key(key: str) -> str:
+    """A key is relative and '/'-separated, with no empty, '.' or '..' segments."""
+    if not key or key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+        raise ValueError(f"invalid store key {key!r}: use a relative path like 'results/part-1.parquet'")
+    return key
+
+
+def encode_records(records: list[R], cls: type[R] | None = None) -> bytes:
+    """Parquet bytes of records, with their class's Arrow schema (deterministic for equal input)."""
+    cls = cls or type(records[0])
+    wrong = {type(r).__name__ for r in records if type(r) is not cls}
+    if wrong:
+        raise TypeError(f"expected only {cls.__name__} records, got {sorted(wrong)}")
+    buf = io.BytesIO()
+    pq.write_table(cls.to_table(records), buf, compression="zstd")
+    return buf.getvalue()
+
+
+def decode_records(data: bytes, cls: type[R], where: str) -> list[R]:
+    """Records of class `cls` from parquet bytes; errors name `where`."""
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptObjectError(f"{where}: not a readable parquet file: {exc}") from None
+    missing = [name for name in cls.schema.names if name not in table.column_names]
+    if missing:
+        raise StoreError(f"{where}: not a {cls.__name__} table: missing columns {missing}")
+    return cls.from_table(table)
+
+
+class Store:
+    """Bytes and append-only record tables under one root (see the module docstring)."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.stats = StoreStats()
+        self._lock = threading.Lock()  # stats are shared by threads uploading in parallel
+
+    @property
+    def uri(self) -> str:
+        return self.backend.location
+
+    def __repr__(self) -> str:
+        return f"Store({self.uri!r})"
+
+    def describe(self, key: str) -> str:
+        """The full address of a key, for messages."""
+        return f"{self.uri.rstrip('/')}/{key}"
+
+    # -- bytes -------------------------------------------------------------------------------
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write one object (whole, atomically: readers see the old state or the new one)."""
+        self.backend.put(check_key(key), bytes(data))
+        with self._lock:
+            self.stats.puts += 1
+            self.stats.bytes_put += len(data)
+
+    def get_bytes(self, key: str) -> bytes:
+        """Read one object; MissingObjectError when it is not there."""
+        data = self.backend.get(check_key(key))
+        with self._lock:
+            self.stats.gets += 1
+            self.stats.bytes_got += len(data)
+        return data
+
+    def exists(self, key: str) -> bool:
+        with self._lock:
+            self.stats.exists += 1
+        return self.backend.exists(check_key(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys that start with `prefix` (a plain string prefix, as in S3), sorted."""
+        if prefix:
+            check_key(prefix.rstrip("/") or "x")
+        with self._lock:
+            self.stats.lists += 1
+        return sorted(self.backend.list(prefix))
+
+    def delete(self, key: str) -> None:
+        self.backend.delete(check_key(key))
+
+    # -- tables ------------------------------------------------------------------------------
+
+    def append_records(self, table: str, records: list[Record]) -> str | None:
+        """Write `records` as one new parquet part of `table`; returns its key (None if empty).
+
+        Existing parts are never touched. The part's sha256 goes into its name.
+        """
+        _check_table(table)
+        if not records:
+            return None
+        data = encode_records(list(records))
+        key = f"{table}/part-{time.time_ns():020d}-{sha256_hex(data)}.parquet"
+        self.put_bytes(key, data)
+        return key
+
+    def table_parts(self, table: str) -> list[str]:
+        """Keys of a table's parts, oldest first."""
+        _check_table(table)
+        prefix = f"{table}/"
+        return [k for k in self.list(prefix) if PART_NAME.match(k[len(prefix) :])]
+
+    def read_records(self, table: str, cls: type[R]) -> list[R]:
+        """Every record of `table`, oldest part first; each part's sha256 is verified."""
+        records: list[R] = []
+        for key in self.table_parts(table):
+            expected = PART_NAME.match(key.rsplit("/", 1)[1]).group(2)
+            records.extend(decode_records(self.get_verified(key, expected), cls, self.describe(key)))
+        return records
+
+    def get_verified(self, key: str, sha256: str) -> bytes:
+        """Read an object and check it against the sha256 recorded for it."""
+        data = self.get_bytes(key)
+        actual = sha256_hex(data)
+        if actual != sha256:
+            raise CorruptObjectError(
+                f"corrupted object {self.describe(key)}: its sha256 is {actual[:16]}…, "
+                f"but {sha256[:16]}… was recorded when it was written"
+            )
+        return data
+
+
+def _check_table(table: str) -> None:
+    if not TABLE_NAME.match(table) or table.endswith("/") or ".." in table.split("/"):
+        raise ValueError(f"invalid table name {table!r}: use letters, digits, '_', '-', '.', '/'")

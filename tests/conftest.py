@@ -1,0 +1,54 @@
+"""Shared fixtures.
+
+S3 in tests is a real SeaweedFS server (speedforge.s3server), started once per test session on
+127.0.0.1 with free ports, a temporary data dir and generated credentials:
+
+    def test_something(s3_env, s3_uri):       # env points boto3/speedforge at the server
+        store = open_store(s3_uri)             # a fresh, empty prefix for this test
+        ...
+
+    def test_other(s3_server):                # the running SeaweedServer itself
+        client = boto3.client("s3", endpoint_url=s3_server.endpoint,
+                              aws_access_key_id=s3_server.access_key,
+                              aws_secret_access_key=s3_server.secret_key, region_name="us-east-1")
+
+Do not stop the session server in a test; start your own SeaweedServer for that.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from speedforge.s3server import SeaweedServer
+
+S3_BUCKET = "speedforge-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A running SeaweedFS with bucket S3_BUCKET; has .endpoint, .access_key, .secret_key, .bucket, .env()."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs"), bucket=S3_BUCKET)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The session server's endpoint and credentials in the AWS_* / SPEEDFORGE_S3_ENDPOINT env vars."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
+def s3_uri(s3_env, request):
+    """A fresh `s3://<bucket>/<prefix>` for this test alone (the env points at the server)."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"s3://{s3_env.bucket}/{name}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,173 @@
+"""The store over a local folder and over a real SeaweedFS: tables, bytes, integrity, errors, retries."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import boto3
+import pytest
+
+from speedforge.config import StoreConfig
+from speedforge.errors import UserError
+from speedforge.records import Candidate, EvalResult, Task, Variant
+from speedforge.s3server import SeaweedServer, free_ports
+from speedforge.store import CorruptObjectError, MissingObjectError, StoreError, open_store
+
+TASK = Task(task_id="cpp/add", family="cpp", name="add", source="class Model: ...\n", level=1, notes="adds")
+CANDIDATE = Candidate.make("cpp/add", "class ModelNew: ...\n", origin="human", parent_ids=("p1", "p2"),
+                           meta_json='{"score": 1.5}', created_at=12.5)  # fmt: skip
+RESULT = EvalResult(candidate_id=CANDIDATE.candidate_id, task_id="cpp/add", pool="cpu", status="ok", correct=True,
+                    speedup=1.7, ref_us=10.0, cand_us=5.9, screen_findings=("a", "b"), log="built")  # fmt: skip
+FAILED = EvalResult(candidate_id="c2", task_id="cpp/add", pool="H100", status="compile_error", reason="nvcc: error")
+VARIANT = Variant(variant_id=CANDIDATE.candidate_id, task_id="cpp/add", pool="cpu", source="x", status="ok",
+                  score=1.7, parent_ids=("p1",), analysis="fused")  # fmt: skip
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return open_store(tmp_path / "store")
+    return open_store(request.getfixturevalue("s3_uri"))
+
+
+def s3_client(server: SeaweedServer):
+    return boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
+                        aws_secret_access_key=server.secret_key, region_name="us-east-1")  # fmt: skip
+
+
+@pytest.mark.parametrize(("table", "records"), [
+    ("tasks", [TASK, Task(task_id="cuda/x", family="cuda", name="x", source="y")]),
+    ("candidates", [CANDIDATE]),
+    ("results", [RESULT, FAILED]),
+    ("variants", [VARIANT]),
+])  # fmt: skip
+def test_every_table_round_trips(store, table, records):
+    store.append_records(table, records)
+    assert store.read_records(table, type(records[0])) == records
+
+
+def test_append_adds_a_part_and_never_rewrites_existing_ones(store):
+    first = store.append_records("results", [RESULT])
+    first_bytes = store.get_bytes(first)
+    second = store.append_records("results", [FAILED, RESULT])
+    assert first != second
+    assert store.table_parts("results") == [first, second]
+    assert store.get_bytes(first) == first_bytes
+    assert store.read_records("results", EvalResult) == [RESULT, FAILED, RESULT]
+    assert store.append_records("results", []) is None
+    assert store.read_records("nothing-here", EvalResult) == []
+
+
+def test_bytes_put_get_exists_list(store):
+    store.put_bytes("ckpt/step-1/model.bin", b"\x00\x01")
+    store.put_bytes("ckpt/step-2/model.bin", b"\x02")
+    store.put_bytes("report.md", b"# hi")
+    assert store.get_bytes("ckpt/step-1/model.bin") == b"\x00\x01"
+    assert store.exists("report.md") and not store.exists("report.txt")
+    assert store.list("ckpt/") == ["ckpt/step-1/model.bin", "ckpt/step-2/model.bin"]
+    assert store.list("ckpt/step-2") == ["ckpt/step-2/model.bin"]
+    assert "report.md" in store.list()
+    with pytest.raises(MissingObjectError, match="nope"):
+        store.get_bytes("ckpt/nope")
+    with pytest.raises(ValueError, match="invalid store key"):
+        store.put_bytes("../escape", b"")
+
+
+def test_mixed_record_types_are_refused(store):
+    with pytest.raises(TypeError, match="only Task"):
+        store.append_records("tasks", [TASK, CANDIDATE])
+
+
+def test_reading_a_table_as_the_wrong_record_names_the_object(store):
+    key = store.append_records("tasks", [TASK])
+    with pytest.raises(StoreError, match=f"{key}.*not a EvalResult table"):
+        store.read_records("tasks", EvalResult)
+
+
+def test_corrupted_local_part_is_detected_on_read(tmp_path):
+    store = open_store(tmp_path)
+    key = store.append_records("results", [RESULT, FAILED])
+    path = tmp_path / key
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match=f"corrupted object .*{key}"):
+        store.read_records("results", EvalResult)
+
+
+def test_corrupted_s3_part_is_detected_on_read(s3_uri, s3_server):
+    store = open_store(s3_uri)
+    key = store.append_records("variants", [VARIANT])
+    prefix = s3_uri.split("/", 3)[3]
+    s3_client(s3_server).put_object(Bucket=s3_server.bucket, Key=f"{prefix}/{key}", Body=b"PAR1 garbage PAR1")
+    with pytest.raises(CorruptObjectError, match=f"corrupted object s3://.*{key}"):
+        store.read_records("variants", Variant)
+
+
+def test_missing_bucket_is_one_clear_line(s3_env):
+    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist") as info:
+        open_store("s3://no-such-bucket/x")
+    assert "\n" not in str(info.value) and isinstance(info.value, UserError)
+
+
+def test_wrong_credentials_are_one_clear_line(s3_env, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    with pytest.raises(StoreError, match="access denied .*AWS_ACCESS_KEY_ID") as info:
+        open_store(f"s3://{s3_env.bucket}/x")
+    assert "\n" not in str(info.value)
+
+
+def test_unreachable_endpoint_is_one_clear_line(s3_env):
+    (port,) = free_ports(1)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=f"cannot reach S3 endpoint http://127.0.0.1:{port}") as info:
+        open_store("s3://b/x", endpoint_url=f"http://127.0.0.1:{port}", config=StoreConfig(open_retry_s=1.0))
+    assert "\n" not in str(info.value)
+    assert time.monotonic() - started < 15
+
+
+def test_endpoint_comes_from_env_or_argument(s3_env, monkeypatch):
+    assert open_store(f"s3://{s3_env.bucket}/a").backend.endpoint == s3_env.endpoint
+    monkeypatch.delenv("SPEEDFORGE_S3_ENDPOINT")
+    store = open_store(f"s3://{s3_env.bucket}/a", endpoint_url=s3_env.endpoint)
+    assert store.backend.endpoint == s3_env.endpoint
+
+
+def test_unsupported_uri_is_refused():
+    with pytest.raises(StoreError, match="unsupported store URI"):
+        open_store("gs://bucket/x")
+
+
+def test_server_stopped_and_restarted_mid_run_is_retried(tmp_path, monkeypatch):
+    with SeaweedServer(tmp_path / "s3", bucket="flaky") as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        store = open_store("s3://flaky/run", config=StoreConfig(retry_s=90.0))
+        store.append_records("results", [RESULT])
+        outage: dict[str, float] = {}
+        spans: list[tuple[float, float]] = []
+        errors: list[BaseException] = []
+
+        def append_until_after_restart() -> None:
+            try:
+                while "restarted" not in outage or sum(t0 > outage["restarted"] for t0, _ in spans) < 3:
+                    t0 = time.monotonic()
+                    store.append_records("results", [FAILED])
+                    spans.append((t0, time.monotonic()))
+            except BaseException as exc:
+                errors.append(exc)
+
+        writer = threading.Thread(target=append_until_after_restart)
+        writer.start()
+        time.sleep(0.5)
+        server.stop()  # the server is started and stopped from this (main) thread
+        outage["stopped"] = time.monotonic()
+        time.sleep(2.0)
+        server.start()
+        outage["restarted"] = time.monotonic()
+        writer.join(120)
+        assert not errors, errors
+        # at least one append was issued while the server was down and completed after it came back
+        assert any(t0 >= outage["stopped"] and t1 >= outage["restarted"] for t0, t1 in spans)
+        assert store.read_records("results", EvalResult) == [RESULT] + [FAILED] * len(spans)
