@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "speedforge.commands.eval",
     "speedforge.commands.run",
     "speedforge.commands.evaluate",
+    "speedforge.commands.stage",
+    "speedforge.commands.s3",
 )
 
 

@@ -1,0 +1,239 @@
+"""Importers: turn the task sources users have into Task and Candidate records.
+
+Each importer is a plain function registered by name, `fn(source, family) -> Imported`. It
+reads and parses, never runs, what it imports. An item that is not what it claims to be (no
+`Model`, a bad JSON line, an unknown level folder) becomes one line in `Imported.problems`
+naming the item and why; `import_source` refuses the whole import when there are problems,
+unless skip_bad is set, in which case the rest is imported and the problems are kept.
+
+    kernelbench-folder   a KernelBench checkout: level1/ ... level4/ of reference programs
+    kernelbench-parquet  KernelBench's parquet layout (columns code, level, name, problem_id):
+                         a .parquet file or a folder of them
+    cuda-l1-jsonl        CUDA-L1's released JSONL (level_id, task_id, ref_code, custom_code,
+                         score_*): tasks, plus candidates that keep the published scores
+    builtin              the built-in suite ("builtin", or "builtin:cpp" for one family)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+from speedforge.errors import UserError
+from speedforge.records import Candidate, Task
+from speedforge.tasks.loader import TaskFormatError, check_reference_source, defined_names, load_task_folder
+from speedforge.tasks.suite import FAMILIES, builtin_candidates, builtin_tasks
+
+IMPORTERS: dict[str, Callable[[str, str], "Imported"]] = {}
+KERNELBENCH_COLUMNS = ("code", "level", "name", "problem_id")
+CUDA_L1_FIELDS = ("level_id", "task_id", "ref_code")
+NO_CODE = (None, "", "None")  # CUDA-L1 marks a task without a published kernel with null or "None"
+
+
+@dataclasses.dataclass(frozen=True)
+class Imported:
+    """What an importer found: records, plus one line per item it could not use."""
+
+    kind: str
+    source: str
+    tasks: list[Task]
+    candidates: list[Candidate]
+    problems: list[str]
+
+
+class ImportProblems(UserError):
+    """An import with bad items, refused because skip_bad was not set."""
+
+    def __init__(self, imported: Imported):
+        self.imported = imported
+        first = imported.problems[0]
+        more = f" (and {len(imported.problems) - 1} more)" if len(imported.problems) > 1 else ""
+        super().__init__(f"{len(imported.problems)} bad item(s) in {imported.source}: {first}{more}; "
+                         f"fix them, or pass --skip-bad to stage the rest")  # fmt: skip
+
+
+def importer(name: str) -> Callable:
+    def register(fn: Callable[[str, str], Imported]) -> Callable[[str, str], Imported]:
+        IMPORTERS[name] = fn
+        return fn
+
+    return register
+
+
+def detect_kind(source: str) -> str:
+    """The importer for a source, from what it is."""
+    if source == "builtin" or source.startswith("builtin:"):
+        return "builtin"
+    path = Path(source)
+    if path.is_dir():
+        if any(path.glob("level*")):
+            return "kernelbench-folder"
+        if any(path.glob("*.parquet")):
+            return "kernelbench-parquet"
+        raise UserError(f"{source}: a folder with neither level*/ folders nor .parquet files; "
+                        f"name the importer with --kind")  # fmt: skip
+    if not path.exists():
+        raise UserError(f"source not found: {source}")
+    if path.suffix == ".parquet":
+        return "kernelbench-parquet"
+    if path.suffix in (".jsonl", ".json"):
+        return "cuda-l1-jsonl"
+    raise UserError(f"{source}: cannot tell what this is from its name; pass --kind ({', '.join(IMPORTERS)})")
+
+
+def import_source(source: str, kind: str = "auto", family: str = "cuda", skip_bad: bool = False) -> Imported:
+    """Import `source` with the named importer (auto: detect_kind); see the module docstring."""
+    kind = detect_kind(source) if kind == "auto" else kind
+    if kind not in IMPORTERS:
+        raise UserError(f"unknown importer {kind!r}; known: {', '.join(IMPORTERS)}")
+    imported = IMPORTERS[kind](source, family)
+    if imported.problems and not skip_bad:
+        raise ImportProblems(imported)
+    if not imported.tasks:
+        raise UserError(f"no tasks found in {source} ({kind})")
+    return imported
+
+
+# -- KernelBench --------------------------------------------------------------------------------
+
+
+@importer("kernelbench-folder")
+def import_kernelbench_folder(source: str, family: str) -> Imported:
+    try:
+        tasks, problems = load_task_folder(source, family=family, prefix="kernelbench")
+    except TaskFormatError as exc:
+        raise UserError(str(exc)) from None
+    # the loader records the local path as origin; keep records equal across checkouts
+    tasks = [dataclasses.replace(task, origin="kernelbench") for task in tasks]
+    return Imported("kernelbench-folder", source, tasks, [], problems)
+
+
+@importer("kernelbench-parquet")
+def import_kernelbench_parquet(source: str, family: str) -> Imported:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(source)
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    if not files:
+        raise UserError(f"{source}: no .parquet files")
+    tasks, problems = [], []
+    for file in files:
+        try:
+            table = pq.read_table(file)
+        except (pa.ArrowException, OSError) as exc:
+            raise UserError(f"{file}: not a readable parquet file: {exc}") from None
+        missing = [c for c in KERNELBENCH_COLUMNS if c not in table.column_names]
+        if missing:
+            raise UserError(f"{file}: not KernelBench parquet: missing column(s) {missing} "
+                            f"(expected {', '.join(KERNELBENCH_COLUMNS)})")  # fmt: skip
+        for row_no, row in enumerate(table.select(list(KERNELBENCH_COLUMNS)).to_pylist()):
+            where = f"{file}: row {row_no} (name {row['name']!r})"
+            try:
+                tasks.append(_kernelbench_row(row, family, where))
+            except TaskFormatError as exc:
+                problems.append(str(exc))
+    return Imported("kernelbench-parquet", source, tasks, [], problems)
+
+
+def _kernelbench_row(row: dict, family: str, where: str) -> Task:
+    level, name, code = row["level"], row["name"], row["code"]
+    if not isinstance(level, int) or isinstance(level, bool) or level < 1:
+        raise TaskFormatError(f"{where}: level {level!r} is not a positive integer")
+    if not isinstance(name, str) or not name.strip():
+        raise TaskFormatError(f"{where}: empty name")
+    if not isinstance(code, str):
+        raise TaskFormatError(f"{where}: no code")
+    name = name.strip().removesuffix(".py")
+    check_reference_source(code, where)
+    return Task(task_id=f"kernelbench/level{level}/{name}", family=family, name=name, source=code, level=level,
+                origin="kernelbench")  # fmt: skip
+
+
+# -- CUDA-L1 ------------------------------------------------------------------------------------
+
+
+@importer("cuda-l1-jsonl")
+def import_cuda_l1(source: str, family: str) -> Imported:
+    path = Path(source)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {source}: {exc}") from None
+    tasks: dict[str, Task] = {}
+    candidates: list[Candidate] = []
+    problems: list[str] = []
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path.name}: line {line_no}"
+        try:
+            task, candidate = _cuda_l1_item(line, family, where)
+        except TaskFormatError as exc:
+            problems.append(str(exc))
+            continue
+        known = tasks.setdefault(task.task_id, task)
+        if known.source != task.source:
+            problems.append(f"{where}: {task.task_id} appears earlier with a different ref_code")
+            continue
+        if candidate is not None:
+            candidates.append(candidate)
+    return Imported("cuda-l1-jsonl", source, list(tasks.values()), candidates, problems)
+
+
+def _cuda_l1_item(line: str, family: str, where: str) -> tuple[Task, Candidate | None]:
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TaskFormatError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(item, dict):
+        raise TaskFormatError(f"{where}: expected a JSON object, got {type(item).__name__}")
+    missing = [f for f in CUDA_L1_FIELDS if item.get(f) in (None, "")]
+    if missing:
+        raise TaskFormatError(f"{where}: missing field(s) {missing}")
+    try:
+        level, number = int(item["level_id"]), int(item["task_id"])
+    except (TypeError, ValueError):
+        raise TaskFormatError(f"{where}: level_id and task_id must be integers") from None
+    name = f"level{level}_task{number}"
+    check_reference_source(item["ref_code"], f"{where} ({name}) ref_code")
+    task = Task(task_id=f"cuda-l1/level{level}/{number}", family=family, name=name, source=item["ref_code"],
+                level=level, origin="cuda-l1")  # fmt: skip
+    code = item.get("custom_code")
+    if code in NO_CODE:
+        return task, None
+    if not isinstance(code, str):
+        raise TaskFormatError(f"{where} ({name}): custom_code is not a string")
+    if "ModelNew" not in defined_names(code, f"{where} ({name}) custom_code"):
+        raise TaskFormatError(f"{where} ({name}): custom_code defines no ModelNew")
+    scores = {k: _finite(v, where, k) for k, v in sorted(item.items()) if k.startswith("score_")}
+    meta = json.dumps({"published": scores, "source": "cuda-l1"}, sort_keys=True)
+    return task, Candidate.make(task.task_id, code, origin="import:cuda-l1", meta_json=meta, created_at=0.0)
+
+
+def _finite(value: object, where: str, key: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TaskFormatError(f"{where}: {key} is not a number: {value!r}") from None
+    return number if math.isfinite(number) else None
+
+
+# -- built-in suite -----------------------------------------------------------------------------
+
+
+@importer("builtin")
+def import_builtin(source: str, family: str) -> Imported:
+    """`builtin` is every family of the suite; `builtin:<family>` one of them (`family` is unused)."""
+    chosen = source.partition(":")[2] or None
+    if chosen and chosen not in FAMILIES:
+        raise UserError(f"unknown built-in family {chosen!r}; known: {', '.join(FAMILIES)}")
+    try:
+        return Imported("builtin", source, builtin_tasks(chosen), builtin_candidates(chosen), [])
+    except TaskFormatError as exc:
+        raise UserError(f"built-in suite: {exc}") from None
