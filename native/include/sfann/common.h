@@ -1,0 +1,82 @@
+// Shared types of the speedforge graph ANN engine (sfann): metrics, aligned buffers, prefetch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace sfann {
+
+enum class Metric : int { L2 = 0, IP = 1, Angular = 2 };
+
+Metric parse_metric(const std::string& name);  // "l2" | "ip" | "angular"; throws std::invalid_argument
+const char* metric_name(Metric metric);
+
+// Vectors are padded with zeros to a multiple of this many dimensions, so SIMD kernels need
+// no tail loop (16 floats = one AVX-512 register = one 64-byte cache line).
+constexpr int kDimAlign = 16;
+
+inline int padded_dim(int dim) { return (dim + kDimAlign - 1) / kDimAlign * kDimAlign; }
+
+// A 64-byte aligned, zero-initialised buffer of T (trivially copyable T only).
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t count) { resize(count); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  AlignedBuffer(AlignedBuffer&& other) noexcept : data_(other.data_), size_(other.size_) {
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = other.data_;
+      size_ = other.size_;
+      other.data_ = nullptr;
+      other.size_ = 0;
+    }
+    return *this;
+  }
+  ~AlignedBuffer() { release(); }
+
+  void resize(size_t count) {
+    release();
+    if (count == 0) return;
+    size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
+    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (!data_) throw std::bad_alloc();
+    std::memset(static_cast<void*>(data_), 0, bytes);
+    size_ = count;
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  void release() {
+    std::free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Prefetch `bytes` starting at `ptr` into L1, one cache line at a time.
+inline void prefetch_lines(const void* ptr, size_t bytes) {
+  const char* p = static_cast<const char*>(ptr);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
+}  // namespace sfann

@@ -1,0 +1,226 @@
+// Distance kernels for three instruction-set levels, compiled with per-function target
+// attributes (no -march flag) and chosen at run time with __builtin_cpu_supports.
+#include "sfann/distance.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define SFANN_X86 1
+// GCC 12 warns about the deliberately undefined upper lanes inside its own AVX-512 headers.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
+
+namespace sfann {
+namespace {
+
+// ---- scalar (portable; the compiler may still vectorise with the baseline ISA) ----
+
+float l2_float_scalar(const float* a, const float* b, int d) {
+  float s = 0.f;
+  for (int i = 0; i < d; ++i) {
+    float t = a[i] - b[i];
+    s += t * t;
+  }
+  return s;
+}
+
+float ip_float_scalar(const float* a, const float* b, int d) {
+  float s = 0.f;
+  for (int i = 0; i < d; ++i) s += a[i] * b[i];
+  return 1.f - s;
+}
+
+float l2_sq8_scalar(const float* q, const uint8_t* c, int d) {
+  float s = 0.f;
+  for (int i = 0; i < d; ++i) {
+    float t = q[i] - static_cast<float>(c[i]);
+    s += t * t;
+  }
+  return s;
+}
+
+float ip_sq8_scalar(const float* q, const uint8_t* c, int d) {
+  float s = 0.f;
+  for (int i = 0; i < d; ++i) s += q[i] * static_cast<float>(c[i]);
+  return 1.f - s;
+}
+
+#ifdef SFANN_X86
+
+// ---- AVX2 + FMA ----
+
+__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 0x55));
+  return _mm_cvtss_f32(lo);
+}
+
+__attribute__((target("avx2,fma"))) float l2_float_avx2(const float* a, const float* b, int d) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (int i = 0; i < d; i += 16) {
+    __m256 t0 = _mm256_sub_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    __m256 t1 = _mm256_sub_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+    s0 = _mm256_fmadd_ps(t0, t0, s0);
+    s1 = _mm256_fmadd_ps(t1, t1, s1);
+  }
+  return hsum256(_mm256_add_ps(s0, s1));
+}
+
+__attribute__((target("avx2,fma"))) float ip_float_avx2(const float* a, const float* b, int d) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (int i = 0; i < d; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  return 1.f - hsum256(_mm256_add_ps(s0, s1));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 load_u8x8(const uint8_t* c) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
+}
+
+__attribute__((target("avx2,fma"))) float l2_sq8_avx2(const float* q, const uint8_t* c, int d) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (int i = 0; i < d; i += 16) {
+    __m256 t0 = _mm256_sub_ps(_mm256_loadu_ps(q + i), load_u8x8(c + i));
+    __m256 t1 = _mm256_sub_ps(_mm256_loadu_ps(q + i + 8), load_u8x8(c + i + 8));
+    s0 = _mm256_fmadd_ps(t0, t0, s0);
+    s1 = _mm256_fmadd_ps(t1, t1, s1);
+  }
+  return hsum256(_mm256_add_ps(s0, s1));
+}
+
+__attribute__((target("avx2,fma"))) float ip_sq8_avx2(const float* q, const uint8_t* c, int d) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (int i = 0; i < d; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_u8x8(c + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load_u8x8(c + i + 8), s1);
+  }
+  return 1.f - hsum256(_mm256_add_ps(s0, s1));
+}
+
+// ---- AVX-512 (F + BW) ----
+
+__attribute__((target("avx512f,avx512bw"))) float l2_float_avx512(const float* a, const float* b, int d) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= d; i += 32) {
+    __m512 t0 = _mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    __m512 t1 = _mm512_sub_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16));
+    s0 = _mm512_fmadd_ps(t0, t0, s0);
+    s1 = _mm512_fmadd_ps(t1, t1, s1);
+  }
+  if (i < d) {
+    __m512 t0 = _mm512_sub_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    s0 = _mm512_fmadd_ps(t0, t0, s0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+__attribute__((target("avx512f,avx512bw"))) float ip_float_avx512(const float* a, const float* b, int d) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= d; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  if (i < d) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+  return 1.f - _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load_u8x16(const uint8_t* c) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+}
+
+__attribute__((target("avx512f,avx512bw"))) float l2_sq8_avx512(const float* q, const uint8_t* c, int d) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= d; i += 32) {
+    __m512 t0 = _mm512_sub_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i));
+    __m512 t1 = _mm512_sub_ps(_mm512_loadu_ps(q + i + 16), load_u8x16(c + i + 16));
+    s0 = _mm512_fmadd_ps(t0, t0, s0);
+    s1 = _mm512_fmadd_ps(t1, t1, s1);
+  }
+  if (i < d) {
+    __m512 t0 = _mm512_sub_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i));
+    s0 = _mm512_fmadd_ps(t0, t0, s0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+__attribute__((target("avx512f,avx512bw"))) float ip_sq8_avx512(const float* q, const uint8_t* c, int d) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= d; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), load_u8x16(c + i + 16), s1);
+  }
+  if (i < d) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i), s0);
+  return 1.f - _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+#endif  // SFANN_X86
+
+const Kernels kScalar{l2_float_scalar, ip_float_scalar, l2_sq8_scalar, ip_sq8_scalar, "scalar"};
+#ifdef SFANN_X86
+const Kernels kAvx2{l2_float_avx2, ip_float_avx2, l2_sq8_avx2, ip_sq8_avx2, "avx2"};
+const Kernels kAvx512{l2_float_avx512, ip_float_avx512, l2_sq8_avx512, ip_sq8_avx512, "avx512"};
+#endif
+
+bool cpu_has(const std::string& level) {
+  if (level == "scalar") return true;
+#ifdef SFANN_X86
+  __builtin_cpu_init();
+  if (level == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (level == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#endif
+  return false;
+}
+
+const Kernels& detect() {
+#ifdef SFANN_X86
+  if (cpu_has("avx512")) return kAvx512;
+  if (cpu_has("avx2")) return kAvx2;
+#endif
+  return kScalar;
+}
+
+}  // namespace
+
+const Kernels& kernels() {
+  static const Kernels& chosen = detect();
+  return chosen;
+}
+
+const Kernels& kernels_for(const std::string& level) {
+  if (!cpu_has(level)) throw std::invalid_argument("SIMD level not available on this CPU: " + level);
+  if (level == "scalar") return kScalar;
+#ifdef SFANN_X86
+  if (level == "avx2") return kAvx2;
+  if (level == "avx512") return kAvx512;
+#endif
+  throw std::invalid_argument("unknown SIMD level: " + level);
+}
+
+const char* simd_level() { return kernels().level; }
+
+Metric parse_metric(const std::string& name) {
+  if (name == "l2" || name == "euclidean") return Metric::L2;
+  if (name == "ip" || name == "dot") return Metric::IP;
+  if (name == "angular" || name == "cosine") return Metric::Angular;
+  throw std::invalid_argument("unknown metric '" + name + "' (expected l2, ip or angular)");
+}
+
+const char* metric_name(Metric metric) {
+  switch (metric) {
+    case Metric::L2: return "l2";
+    case Metric::IP: return "ip";
+    case Metric::Angular: return "angular";
+  }
+  return "?";
+}
+
+}  // namespace sfann
