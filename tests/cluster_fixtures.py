@@ -4,7 +4,6 @@ for the evaluator's two stages (for the 10,000-candidate back-pressure test only
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from pathlib import Path
@@ -61,10 +60,10 @@ RAY_RESOURCES = {CPU_POOL_RESOURCE: 2.0, "accelerator_type:H100": 1.0, "accelera
 
 
 def cheap_build(task: Task, candidate: Candidate, config: EvaluatorConfig, device: str) -> Build:
-    """Counts itself with a file under $SF_TEST_BUILD_LOG (when set), builds nothing."""
-    log_dir = os.environ.get("SF_TEST_BUILD_LOG")
-    if log_dir:
-        Path(log_dir, f"{candidate.candidate_id}-{uuid.uuid4().hex}").touch()
+    """Builds nothing; leaves one marker file per call under <cache_dir>/builds, to be counted."""
+    builds = Path(config.cache_dir, "builds")
+    builds.mkdir(parents=True, exist_ok=True)
+    (builds / f"{candidate.candidate_id}-{uuid.uuid4().hex}").touch()
     return Build(candidate_id=candidate.candidate_id, task_id=task.task_id, ok=True, failure=None, build_dir="",
                  key=candidate.candidate_id, build_s=0.0, cached=False)  # fmt: skip
 

@@ -1,0 +1,167 @@
+"""The evaluation service on a local Ray: routing, dedup, exactly-once under worker loss,
+resume, back-pressure, bad input.
+
+Several pools are simulated on one machine with custom resources (see cluster_fixtures). Real
+evaluations use plain-PyTorch candidates of the cpp family, so nothing compiles.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import cluster_fixtures as fx  # noqa: E402
+from speedforge.cluster import EvaluationService  # noqa: E402
+from speedforge.errors import UserError  # noqa: E402
+from speedforge.records import Candidate, EvalResult  # noqa: E402
+from speedforge.store import open_store  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.cloudpickle.register_pickle_by_value(sys.modules["cluster_fixtures"])  # workers cannot import tests/
+    ray.init(num_cpus=2, include_dashboard=False, resources=fx.RAY_RESOURCES, logging_level="WARNING",
+             log_to_driver=False)  # fmt: skip
+    yield
+    ray.shutdown()
+
+
+def keys(results):
+    return [(r.candidate_id, r.pool) for r in results]
+
+
+def test_routes_to_pools_builds_once_and_deduplicates(tmp_path):
+    task = fx.task()
+    good, wrong = fx.plain_candidate(task, 0), fx.wrong_candidate(task)
+    progress = []
+    with EvaluationService(fx.test_config(tmp_path)) as service:
+        results = service.submit([good, wrong, good], ["H100", "L40", "H100"], [task], on_progress=progress.append)
+        workers = {pool: ray.get([w.ready.remote() for w in service.bench_workers(pool)]) for pool in ("H100", "L40")}
+    assert keys(results) == [(good.candidate_id, "H100"), (good.candidate_id, "L40"),
+                             (wrong.candidate_id, "H100"), (wrong.candidate_id, "L40")]  # fmt: skip
+    assert [r.status for r in results] == ["ok", "ok", "incorrect", "incorrect"]
+    # each pool's bench workers hold that pool's resource, and stamped the results they ran
+    for pool, infos in workers.items():
+        assert infos and all(info["pool"] == pool and info["resources"].get(f"accelerator_type:{pool}") == 1.0
+                             for info in infos)  # fmt: skip
+    # one build served both pools: the second pool's run found it in the cache, nothing rebuilt
+    assert [r.build_cached for r in results if r.pool == "H100"] == [False, False]
+    final = {p.pool: p for p in progress[-1].pools}
+    assert final["H100"].duplicates == final["L40"].duplicates == 1
+    assert final["H100"].done == final["H100"].submitted == 2 and final["H100"].ok == 1
+
+
+def test_unknown_pool_is_a_clear_error(tmp_path):
+    with EvaluationService(fx.test_config(tmp_path)) as service:
+        with pytest.raises(UserError, match=r"unknown pool\(s\) V100.*configured pools: A100, H100, L40, cpu"):
+            service.submit([fx.plain_candidate(fx.task(), 0)], ["cpu", "V100"], [fx.task()])
+
+
+def test_pool_with_no_workers_in_the_cluster_fails_fast(tmp_path):
+    start = time.monotonic()
+    with EvaluationService(fx.test_config(tmp_path)) as service:
+        with pytest.raises(UserError, match=r"pool 'A100' has no workers.*accelerator_type:A100"):
+            service.submit([fx.plain_candidate(fx.task(), 0)], ["A100"], [fx.task()])
+    assert time.monotonic() - start < 20
+
+
+def test_candidate_for_an_unknown_task_gets_a_result_saying_so(tmp_path):
+    orphan = Candidate.make("cpp/no_such_task", "class ModelNew: pass\n", created_at=0.0)
+    with EvaluationService(fx.test_config(tmp_path)) as service:
+        (result,) = service.submit([orphan], ["cpu"], [fx.task()])
+    assert result.status == "runtime_error" and "unknown task 'cpp/no_such_task'" in result.reason
+    assert (result.candidate_id, result.pool) == (orphan.candidate_id, "cpu")
+
+
+def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_path):
+    task = fx.task()
+    candidates = [fx.plain_candidate(task, i) for i in range(6)]
+    config = fx.test_config(tmp_path, batch_size=2, calls_per_worker=1)
+    store = open_store(tmp_path / "out")
+    killed, last = [], []
+
+    def kill_one_mid_batch(progress):
+        (cpu,) = progress.pools
+        last[:] = [cpu]
+        if not killed and cpu.done >= 2 and cpu.running:  # one batch back, another still running
+            killed.extend(service.bench_workers("cpu", busy=True)[:1])
+            ray.kill(killed[0])
+
+    with EvaluationService(config) as service:
+        results = service.submit(candidates, ["cpu"], [task], store=store, on_progress=kill_one_mid_batch)
+        survivors = service.bench_workers("cpu")
+    assert killed and killed[0] not in survivors and len(survivors) == 2  # replaced
+    assert last[0].retries == 2  # the killed worker's batch was run again, nothing else
+    assert sorted(keys(results)) == sorted((c.candidate_id, "cpu") for c in candidates)
+    assert all(r.status == "ok" for r in results), [(r.status, r.reason) for r in results]
+    recorded = store.read_records("results", EvalResult)
+    assert sorted(keys(recorded)) == sorted(keys(results))  # the table too: one row per pair
+
+
+def test_interrupted_sweep_resumes_without_redoing_recorded_pairs(tmp_path):
+    task = fx.task()
+    candidates = [fx.plain_candidate(task, i) for i in range(4)]
+    store = open_store(tmp_path / "out")
+    config = fx.test_config(tmp_path, batch_size=1, calls_per_worker=1)
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt_after_first_result(progress):
+        if progress.pools[0].done >= 1:
+            raise Interrupted
+
+    with EvaluationService(config) as service:
+        with pytest.raises(Interrupted):
+            service.submit(candidates, ["cpu"], [task], store=store, on_progress=interrupt_after_first_result)
+    first = store.read_records("results", EvalResult)
+    assert 1 <= len(first) < len(candidates)
+
+    progress = []
+    with EvaluationService(config) as service:
+        results = service.submit(candidates, ["cpu"], [task], store=store, on_progress=progress.append)
+    (cpu,) = progress[-1].pools
+    assert cpu.skipped == len(first) and cpu.submitted == len(candidates) - len(first)
+    assert sorted(keys(results)) == sorted((c.candidate_id, "cpu") for c in candidates)
+    assert all(r.status == "ok" for r in results)
+    recorded = store.read_records("results", EvalResult)
+    assert sorted(keys(recorded)) == sorted(keys(results))  # nothing evaluated twice
+
+
+def test_ten_thousand_candidates_are_taken_only_as_fast_as_they_finish(tmp_path):
+    n, max_in_flight, source_bytes = 10_000, 64, 20_000
+    config = fx.test_config(tmp_path, max_in_flight=max_in_flight, batch_size=32, flush_every=1000)
+    task = fx.task()
+    finished, ahead, alive = [0], [], [0, 0]  # alive: candidates in driver memory now, most ever
+
+    def forget():
+        alive[0] -= 1
+
+    def generate():
+        padding = "#" * source_bytes
+        for i in range(n):
+            ahead.append(i - finished[0])  # candidates taken but not finished, as this one is taken
+            candidate = Candidate(candidate_id=f"c{i:05d}", task_id=task.task_id, source=f"# {i}\n{padding}")
+            weakref.finalize(candidate, forget)
+            alive[0] += 1
+            alive[1] = max(alive)
+            yield candidate
+
+    def watch(progress):
+        finished[0] = progress.pulled - progress.in_flight
+        assert progress.in_flight <= max_in_flight
+
+    store = open_store(tmp_path / "out")
+    with EvaluationService(config, build_fn=fx.cheap_build, run_fn=fx.cheap_run) as service:
+        results = service.submit(generate(), ["cpu", "H100"], [task], store=store, on_progress=watch)
+    assert len(results) == 2 * n and len(set(keys(results))) == 2 * n
+    assert all(r.status == "ok" and r.speedup > source_bytes for r in results)
+    assert max(ahead) == max_in_flight - 1  # the window fills, and never goes past its bound
+    assert alive[1] <= max_in_flight + 1  # candidates (20 kB each) are dropped once finished
+    assert len(list((tmp_path / "cache" / "builds").iterdir())) == n  # one build per candidate, shared by both pools
+    assert len(store.read_records("results", EvalResult)) == 2 * n
