@@ -62,6 +62,8 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
             reason = findings[0] + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else "")
             failure = _result(task, candidate, "screen_rejected", reason, screen_findings=findings)
             return Build(**base, ok=False, build_s=0.0, failure=failure, screen_findings=findings)
+        if not needs_build(task, candidate):  # nothing to compile: the run stage imports it
+            return Build(**base, ok=True, failure=None, build_s=0.0, screen_findings=findings)
         cache = BuildCache(config.cache_dir)
         key = build_key(candidate.source, task.family, config.cuda_arch_list)
         base.update(key=key, build_dir=str(cache.build_dir(key)))
@@ -112,6 +114,11 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
                        log=traceback.format_exc()[-4000:], **common)
 
 
+def needs_build(task: Task, candidate: Candidate) -> bool:
+    """Whether the candidate compiles anything (inline C++/CUDA, or an ann module)."""
+    return task.family == "ann" or "cpp_extension" in candidate.source or "load_inline" in candidate.source
+
+
 def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
     if task.family not in known_families():
         return f"unknown task family {task.family!r}; known: {', '.join(known_families())}"
@@ -141,7 +148,8 @@ def _sandboxed(cache: BuildCache, job: dict, timeout_s: float, config: Evaluator
     workdir = cache.scratch()
     job["workdir"] = str(workdir)
     try:
-        return run_job(job, workdir, timeout_s, config.memory_limit_mb, isolate_network=config.network_isolation)
+        return run_job(job, workdir, timeout_s, config.memory_limit_mb, max_processes=config.max_processes + (64 if job["kind"] == "build" else 0),
+                       isolate_network=config.network_isolation)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -154,6 +162,9 @@ def _outcome_dict(outcome: Outcome, stage: str) -> dict:
                 "log": outcome.stderr_tail, "warnings": warnings}
     if outcome.killed_for_memory:
         return {"status": "crashed", "reason": f"the {stage} exceeded the memory limit and was killed",
+                "log": outcome.stderr_tail, "warnings": warnings}
+    if outcome.killed_for_processes:
+        return {"status": "hack_detected", "reason": f"the {stage} started more processes than allowed and was killed",
                 "log": outcome.stderr_tail, "warnings": warnings}
     if outcome.result is None:
         how = f"died of {outcome.signal_name}" if outcome.signal_name else f"exited with code {outcome.returncode}"

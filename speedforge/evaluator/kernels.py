@@ -60,7 +60,7 @@ def build(job: dict) -> dict:
 
 def _prepare_environment(job: dict) -> None:
     os.environ["TORCH_EXTENSIONS_DIR"] = job["build_dir"]
-    os.environ.setdefault("MAX_JOBS", str(job["config"].get("build_jobs") or os.cpu_count() or 1))
+    os.environ.setdefault("MAX_JOBS", str(job["config"].get("build_jobs") or min(os.cpu_count() or 1, 8)))
     if job.get("cuda_arch_list"):
         os.environ["TORCH_CUDA_ARCH_LIST"] = job["cuda_arch_list"]
 
@@ -267,7 +267,7 @@ class _Harness:
                 raise Verdict("incorrect", f"{label}: got {c.dtype} {tuple(c.shape)} on {c.device}, "
                                            f"expected {r.dtype} {tuple(r.shape)} on {r.device}")
             for other in guarded:
-                if other is not c and _overlaps(c, other):
+                if _overlaps(c, other):
                     raise Verdict("hack_detected", f"{label}: shares storage with an input or an earlier output")
             worst = max(worst, self._close(c, r, label))
         return worst

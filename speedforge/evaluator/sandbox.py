@@ -46,6 +46,7 @@ class Outcome:
     returncode: int | None
     timed_out: bool
     killed_for_memory: bool
+    killed_for_processes: bool
     wall_s: float
     stderr_tail: str
     warnings: tuple[str, ...]
@@ -100,8 +101,8 @@ def namespace_prefix() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (), ("the kernel refused new network/PID namespaces: the sandbox keeps the network",)
 
 
-def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, isolate_network: bool = True,
-            env_extra: dict[str, str] | None = None) -> Outcome:
+def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
+            isolate_network: bool = True, env_extra: dict[str, str] | None = None) -> Outcome:
     """Run `job` in a sandboxed child; always returns an Outcome, killing the child if need be."""
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
@@ -120,17 +121,17 @@ def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, is
         except OSError as exc:
             os.close(read_fd)
             os.close(write_fd)
-            return Outcome(None, None, False, False, 0.0, f"could not start the sandbox: {exc}", tuple(warnings))
+            return Outcome(None, None, False, False, False, 0.0, f"could not start the sandbox: {exc}", tuple(warnings))
         os.close(write_fd)
         chunks: list[bytes] = []
         reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
         reader.start()
-        timed_out, over_memory = _watch(proc, timeout_s, memory_limit_mb)
+        timed_out, over_memory, over_processes = _watch(proc, timeout_s, memory_limit_mb, max_processes)
         _kill_group(proc.pid)
         reader.join(timeout=5)
     wall_s = time.perf_counter() - start
     result = None
-    if not timed_out and not over_memory:
+    if not (timed_out or over_memory or over_processes):
         try:
             result = json.loads(b"".join(chunks).decode()) if chunks else None
         except (ValueError, UnicodeDecodeError):
@@ -140,6 +141,7 @@ def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, is
         returncode=proc.returncode,
         timed_out=timed_out,
         killed_for_memory=over_memory,
+        killed_for_processes=over_processes,
         wall_s=wall_s,
         stderr_tail=_tail(stderr_path),
         warnings=tuple(warnings),
@@ -152,39 +154,50 @@ def _drain(fd: int, chunks: list[bytes]) -> None:
             chunks.append(data)
 
 
-def _watch(proc: subprocess.Popen, timeout_s: float, memory_limit_mb: int) -> tuple[bool, bool]:
-    """Wait for the child; kill it on timeout or when its process tree exceeds the memory limit."""
+def _watch(proc: subprocess.Popen, timeout_s: float, memory_limit_mb: int,
+           max_processes: int) -> tuple[bool, bool, bool]:
+    """Wait for the child; kill it on timeout, or when its process tree exceeds the memory limit
+    or the process limit (RLIMIT_NPROC does not bind root, so the count is watched from here).
+    Returns (timed_out, over_memory, over_processes)."""
     deadline = time.monotonic() + timeout_s
     poll_s = 0.01
     while True:
         try:
             proc.wait(timeout=poll_s)
-            return False, False
+            return False, False, False
         except subprocess.TimeoutExpired:
             pass
         poll_s = min(poll_s * 2, 0.2)
-        if time.monotonic() > deadline:
+        verdict = (time.monotonic() > deadline, False, False)
+        if not verdict[0]:
+            procs = _tree(proc.pid)
+            # +2: unshare and the child itself are not the candidate's processes
+            verdict = (False, _memory_mb(procs) > memory_limit_mb, len(procs) > max_processes + 2)
+        if any(verdict):
             _kill_group(proc.pid)
             proc.wait()
-            return True, False
-        if _tree_rss_mb(proc.pid) > memory_limit_mb:
-            _kill_group(proc.pid)
-            proc.wait()
-            return False, True
+            return verdict
 
 
-def _tree_rss_mb(pid: int) -> float:
+def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0.0
+        return []
+
+
+def _memory_mb(procs: list[psutil.Process]) -> float:
+    """Proportional set size of the process tree: shared pages of forked children count once."""
     total = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
     return total / 2**20
 
 

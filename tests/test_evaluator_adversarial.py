@@ -1,0 +1,134 @@
+"""The adversarial suite: one cheating candidate per trick (tests/adversarial/*.py), each caught.
+
+Every trick file says in its docstring what the static screen must do (`screen: reject|pass`)
+and which status the runtime layers must give with the screen in report mode (`runtime: ...`),
+so each layer is shown to hold on its own. After every trick, an honest candidate must still
+evaluate to ok: one cheater never breaks the evaluator for the next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import evaluate
+from speedforge.evaluator.screen import screen
+from speedforge.records import Candidate, Task
+
+HERE = Path(__file__).parent / "adversarial"
+TRICKS = sorted(p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py"))
+PLANTED_SECRET = "planted-secret-6f1c2e"
+ESCAPE_PROBE = Path("/tmp/speedforge-escape-probe.txt")
+
+
+def _expectations(path: Path) -> tuple[str, set[str]]:
+    text = path.read_text()
+    screen_rule = re.search(r"^screen: (reject|pass)$", text, re.M).group(1)
+    runtime = set(re.search(r"^runtime: (\S+)$", text, re.M).group(1).split("|"))
+    return screen_rule, runtime
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return Task(task_id="adversarial/scaled_relu", family="cpp", name="scaled_relu", source=(HERE / "task.py").read_text())
+
+
+@pytest.fixture(scope="module")
+def report_config(tmp_path_factory) -> EvaluatorConfig:
+    """Screen in report mode, so the runtime layers face every trick; small budgets."""
+    return EvaluatorConfig(
+        screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=25.0, build_timeout_s=120.0,
+        correctness_trials=3, cpu_timed_calls=8, min_timed_s=0.0, max_timed_calls=8, warmup_calls=1,
+        memory_limit_mb=3072,
+    )
+
+
+def _candidate(task: Task, path: Path, source: str | None = None) -> Candidate:
+    return Candidate.make(task.task_id, source if source is not None else path.read_text(), origin=f"test:{path.name}")
+
+
+@pytest.mark.parametrize("path", TRICKS + [HERE / "good.py"], ids=lambda p: p.stem)
+def test_screen_verdict_matches_the_trick(path: Path) -> None:
+    rule, _ = _expectations(path)
+    findings = screen(path.read_text(), "cpp").findings
+    assert bool(findings) == (rule == "reject"), findings
+
+
+@pytest.mark.parametrize("path", TRICKS, ids=lambda p: p.stem)
+def test_screen_in_enforce_mode_rejects_before_running(path: Path, task: Task, report_config) -> None:
+    rule, _ = _expectations(path)
+    if rule != "reject":
+        pytest.skip("this trick passes the screen by design; the runtime layers catch it")
+    result = evaluate(task, _candidate(task, path), dataclasses.replace(report_config, screen="enforce"))
+    assert result.status == "screen_rejected"
+    assert result.reason and result.run_s == 0.0
+
+
+@pytest.mark.parametrize("path", TRICKS, ids=lambda p: p.stem)
+def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, monkeypatch) -> None:
+    _, expected = _expectations(path)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", PLANTED_SECRET)
+    ESCAPE_PROBE.unlink(missing_ok=True)
+    source = path.read_text()
+    server = None
+    if path.stem == "network_access":
+        server = _ListeningServer()
+        source = source.replace("PORT = 0", f"PORT = {server.port}")
+
+    result = evaluate(task, _candidate(task, path, source), report_config)
+
+    assert result.status in expected, (result.status, result.reason, result.log[-2000:])
+    assert result.status == "ok" or result.speedup is None
+    assert PLANTED_SECRET not in result.to_json()
+    if path.stem == "read_credential":
+        assert "secrets found: []" in result.reason
+    if path.stem == "write_outside":
+        assert not ESCAPE_PROBE.exists()
+    if server is not None:
+        assert server.connections == 0
+    if path.stem == "fork_storm":
+        assert not _leftover_processes(), "processes of the sandbox outlived it"
+    # the next candidate is evaluated as usual
+    good = evaluate(task, _candidate(task, HERE / "good.py"), report_config)
+    assert good.status == "ok", (good.reason, good.log[-2000:])
+    assert good.speedup and good.speedup > 0
+
+
+def _leftover_processes() -> list[psutil.Process]:
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "speedforge.evaluator.child" in cmdline and proc.pid != me:
+            found.append(proc)
+    return found
+
+
+class _ListeningServer:
+    """A TCP server on the host's loopback counting the connections it accepts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        for _ in range(300):  # bounded: 60 s at most
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.close()
