@@ -1,0 +1,115 @@
+"""Data set readers, synthetic generators, exact ground truth, sweeps."""
+
+import numpy as np
+import pytest
+
+from speedforge.ann.datasets import (DatasetError, load_dataset, read_hdf5, read_vecs, read_vectors, synthetic,
+                                     write_vecs)
+from speedforge.ann.groundtruth import exact_knn, recall_at_k
+from speedforge.ann.sweep import sweep
+
+
+@pytest.mark.parametrize("suffix,dtype", [(".fvecs", np.float32), (".ivecs", np.int32), (".bvecs", np.uint8)])
+def test_vecs_files_round_trip(tmp_path, suffix, dtype):
+    array = (np.arange(60).reshape(5, 12) % 251).astype(dtype)
+    path = tmp_path / f"x{suffix}"
+    write_vecs(path, array)
+    back = read_vecs(path)
+    assert back.dtype == dtype
+    np.testing.assert_array_equal(back, array)
+
+
+def test_vecs_file_of_the_wrong_size_or_type_is_rejected(tmp_path):
+    path = tmp_path / "x.fvecs"
+    write_vecs(path, np.ones((4, 8), dtype=np.float32))
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(DatasetError, match="not a whole number of rows"):
+        read_vecs(path)
+    with pytest.raises(DatasetError, match="unknown vector file type"):
+        read_vectors(tmp_path / "x.csv")
+    with pytest.raises(DatasetError, match="not found"):
+        read_vecs(tmp_path / "missing.fvecs")
+
+
+def test_npy_vectors_are_checked_for_shape_dtype_and_nan(tmp_path):
+    np.save(tmp_path / "one_d.npy", np.ones(10, dtype=np.float32))
+    with pytest.raises(DatasetError, match="2-D"):
+        read_vectors(tmp_path / "one_d.npy")
+    np.save(tmp_path / "text.npy", np.array([["a", "b"]]))
+    with pytest.raises(DatasetError, match="not numeric"):
+        read_vectors(tmp_path / "text.npy")
+    nan = np.ones((5, 3), dtype=np.float64)
+    nan[2, 1] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    with pytest.raises(DatasetError, match="NaN or infinity .*row 2"):
+        read_vectors(tmp_path / "nan.npy")
+    np.save(tmp_path / "q.npy", np.ones((2, 4), dtype=np.float32))
+    np.save(tmp_path / "base.npy", np.ones((6, 3), dtype=np.float32))
+    with pytest.raises(DatasetError, match="4 dimensions, expected 3"):
+        load_dataset(tmp_path / "base.npy", tmp_path / "q.npy", metric="l2")
+
+
+def test_ann_benchmarks_hdf5_is_read(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    path = tmp_path / "tiny-angular.hdf5"
+    with h5py.File(path, "w") as f:
+        f.attrs["distance"] = "angular"
+        f["train"] = np.random.default_rng(0).normal(size=(50, 6)).astype(np.float32)
+        f["test"] = np.random.default_rng(1).normal(size=(4, 6)).astype(np.float32)
+        f["neighbors"] = np.zeros((4, 10), dtype=np.int32)
+    ds = load_dataset(path)
+    assert (ds.metric, ds.base.shape, ds.queries.shape, ds.neighbors.shape) == ("angular", (50, 6), (4, 6), (4, 10))
+    with h5py.File(tmp_path / "bad.hdf5", "w") as f:
+        f["train"] = np.ones((3, 2))
+    with pytest.raises(DatasetError, match="missing dataset"):
+        read_hdf5(tmp_path / "bad.hdf5")
+
+
+@pytest.mark.parametrize("name,dim,metric", [("sift", 128, "l2"), ("glove", 25, "angular"), ("gist", 960, "l2")])
+def test_synthetic_sets_have_the_shape_of_the_real_ones_and_are_seeded(name, dim, metric):
+    a = synthetic(name, 300, 20, seed=5)
+    b = synthetic(name, 300, 20, seed=5)
+    c = synthetic(name, 300, 20, seed=6)
+    assert a.base.shape == (300, dim) and a.queries.shape == (20, dim) and a.metric == metric
+    assert a.base.dtype == np.float32 and np.isfinite(a.base).all()
+    np.testing.assert_array_equal(a.base, b.base)
+    assert not np.array_equal(a.base, c.base)
+    if name == "sift":
+        assert a.base.min() >= 0 and (a.base == np.rint(a.base)).all()
+    if name == "gist":
+        assert 0.0 <= a.base.min() and a.base.max() <= 1.0
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip", "angular"])
+def test_exact_knn_matches_a_naive_sort(metric):
+    rng = np.random.default_rng(2)
+    base = rng.normal(size=(500, 16)).astype(np.float32)
+    queries = rng.normal(size=(30, 16)).astype(np.float32)
+    if metric == "l2":
+        score = ((queries[:, None, :] - base[None]) ** 2).sum(-1)
+    elif metric == "ip":
+        score = -(queries @ base.T)
+    else:
+        score = -(queries @ base.T) / np.linalg.norm(base, axis=1)[None]
+    np.testing.assert_array_equal(exact_knn(base, queries, 7, metric), np.argsort(score, axis=1)[:, :7])
+    with pytest.raises(DatasetError, match="k=501"):
+        exact_knn(base, queries, 501, metric)
+
+
+def test_recall_counts_hits_once():
+    truth = np.array([[1, 2, 3], [4, 5, 6]])
+    assert recall_at_k(np.array([[1, 2, 3], [4, 9, 9]]), truth, 3) == pytest.approx(4 / 6)
+
+
+def test_sweep_gives_rising_recall_and_stops_once_recall_is_reached():
+    from speedforge.ann.engine import baseline
+
+    ds = synthetic("sift", 2000, 100, seed=1)
+    index = baseline().Index(ds.dim, "l2", M=8, ef_construction=40)
+    index.build(ds.base, threads=1)
+    truth = exact_knn(ds.base, ds.queries, 10)
+    points = sweep(lambda q, k, ef: index.search(q, k, ef)[0], ds.queries, truth, efs=(10, 20, 40, 80, 160, 320, 640),
+                   repeats=1, stop_recall=0.99)
+    assert points[0].recall < points[-1].recall
+    assert points[-1].recall >= 0.99 or points[-1].ef == 640
+    assert all(p.qps > 0 for p in points)
