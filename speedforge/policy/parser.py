@@ -1,0 +1,148 @@
+"""Parse a policy response: the three required sections and the final code block.
+
+Tolerant of what models write: headings as `### X`, `**X**`, `1. X:` or `X:`; extra prose
+around the sections; a code block without a language tag, without a closing fence (a response
+cut off by the token limit), or with no fences at all. What could not be found is reported in
+`missing`, and how the code was found in `notes`, so a failed sample says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+SECTIONS = ("Performance Analysis", "Algorithm Design", "Code Implementation")
+CODE = "code"  # the name `missing` uses for an answer without code
+
+_HEADING = re.compile(
+    r"^\s*(?P<marks>(?:#{1,6}\s*)?(?:[*_]{1,2}\s*)?(?:(?:step|section|part)\s*)?(?:\d+\s*[.):]\s*)?(?:[*_]{1,2}\s*)?)"
+    r"(?P<title>performance\s+analysis|algorithm\s+design|code\s+implementation)\b"
+    r"\s*(?P<close>[*_]{0,2}\s*:?\s*[*_]{0,2})(?P<rest>.*)$",
+    re.IGNORECASE,
+)
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+#.-]*)")
+_LANGUAGES = {
+    "python": {"python", "py", "python3", ""},
+    "cpp": {"cpp", "c++", "cc", "cxx", "c", "cuda", "cu", "h", "hpp", ""},
+}
+_CODE_START = {
+    "python": re.compile(r"^(import |from \w[\w.]* import |class \w|def \w|@)"),
+    "cpp": re.compile(r"^(#include|#pragma|namespace |template\s*<|struct |class |using |static |inline )"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedResponse:
+    """What a response contained; empty strings where something was missing."""
+
+    analysis: str  # Performance Analysis
+    design: str  # Algorithm Design
+    code: str  # the final code block
+    missing: tuple[str, ...]  # section titles and/or "code" that were not found
+    notes: tuple[str, ...] = ()  # how the code was found, when not from a closed fence
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def describe_missing(self) -> str:
+        return "missing: " + ", ".join(self.missing) if self.missing else "complete"
+
+
+@dataclasses.dataclass
+class _Block:
+    language: str
+    lines: list[str]
+    closed: bool
+
+
+def _scan(text: str) -> tuple[list[tuple[int, str, str]], list[_Block]]:
+    """Headings outside code blocks as (line index, title, rest of line), and the fenced blocks."""
+    headings: list[tuple[int, str, str]] = []
+    blocks: list[_Block] = []
+    open_block: _Block | None = None
+    fence = ""
+    for index, line in enumerate(text.splitlines()):
+        match = _FENCE.match(line)
+        if open_block is not None:
+            if match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence) and not match.group(2):
+                open_block.closed = True
+                open_block = None
+            else:
+                open_block.lines.append(line)
+            continue
+        if match:
+            fence = match.group(1)
+            open_block = _Block(match.group(2).lower(), [], False)
+            blocks.append(open_block)
+            continue
+        heading = _HEADING.match(line)
+        if heading and (heading.group("marks").strip() or heading.group("close").strip() or not heading.group("rest").strip()):
+            title = " ".join(w.capitalize() for w in heading.group("title").split())
+            headings.append((index, title, heading.group("rest").strip(" *_:")))
+    return headings, blocks
+
+
+def _sections(text: str, headings: list[tuple[int, str, str]]) -> dict[str, str]:
+    """Each section's text up to the next heading; the last non-empty occurrence wins."""
+    lines = text.splitlines()
+    found: dict[str, str] = {}
+    for n, (index, title, rest) in enumerate(headings):
+        end = headings[n + 1][0] if n + 1 < len(headings) else len(lines)
+        body = "\n".join([rest] + lines[index + 1 : end]).strip()
+        if body or title not in found:
+            found[title] = body
+    return found
+
+
+def _pick_block(blocks: list[_Block], language: str, marker: str) -> _Block | None:
+    """The last block in the expected language, preferring those that contain `marker`."""
+    accepted = _LANGUAGES.get(language, {language, ""})
+    matching = [b for b in blocks if b.language in accepted and "\n".join(b.lines).strip()]
+    if not matching:
+        matching = [b for b in blocks if "\n".join(b.lines).strip()]
+    with_marker = [b for b in matching if marker and marker in "\n".join(b.lines)]
+    pool = with_marker or matching
+    return pool[-1] if pool else None
+
+
+def _unfenced_code(text: str, language: str) -> str:
+    """Code written without fences: from the first line that starts code to the end."""
+    start = _CODE_START.get(language)
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if start is not None and start.match(line):
+            return "\n".join(lines[index:]).strip()
+    return ""
+
+
+def parse_response(text: str, language: str = "python", marker: str = "ModelNew") -> ParsedResponse:
+    """Sections and final code of a response; `marker` names what the code must define, if known."""
+    text = (text or "").replace("\r\n", "\n")
+    headings, blocks = _scan(text)
+    sections = _sections(text, headings)
+    notes: list[str] = []
+    block = _pick_block(blocks, language, marker)
+    if block is not None:
+        code = "\n".join(block.lines).strip()
+        if not block.closed:
+            notes.append("code fence not closed (the response may have been cut off)")
+    else:
+        source = sections.get("Code Implementation") or text
+        code = _unfenced_code(source, language)
+        if code:
+            notes.append("code found without a fence")
+    missing = [title for title in SECTIONS if not sections.get(title)]
+    if "Code Implementation" in missing and code:
+        missing.remove("Code Implementation")  # the code block itself is the section's content
+    if not code:
+        missing.append(CODE)
+    elif marker and marker not in code:
+        notes.append(f"the code does not mention {marker}")
+    return ParsedResponse(
+        analysis=sections.get("Performance Analysis", ""),
+        design=sections.get("Algorithm Design", ""),
+        code=code,
+        missing=tuple(missing),
+        notes=tuple(notes),
+    )
