@@ -72,12 +72,16 @@ class ResultsTable:
         self.last_flush = time.monotonic()
 
 
-def connect_ray(address: str | None, config: ServiceConfig) -> None:
-    """Join the Ray cluster at `address`, or start a local one with the CPU bench slots."""
+def connect_ray(address: str | None, config: ServiceConfig) -> bool:
+    """Join the Ray cluster at `address`, or start a local one with the CPU bench slots.
+
+    True when this call started or joined Ray (the caller shuts it down), False when Ray was
+    already initialized in this process.
+    """
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     options = dict(logging_level="WARNING", log_to_driver=False)
     try:
         if address:
@@ -86,6 +90,7 @@ def connect_ray(address: str | None, config: ServiceConfig) -> None:
             ray.init(resources=local_ray_resources(config), include_dashboard=False, **options)
     except ConnectionError as exc:
         raise UserError(f"cannot join the Ray cluster at {address}: {exc}") from None
+    return True
 
 
 class EvaluationService:

@@ -1,0 +1,56 @@
+"""The service's workers as plain classes (no Ray): they call the evaluator's stages and turn a
+harness exception into an infra_error result instead of dying."""
+
+from __future__ import annotations
+
+import cluster_fixtures as fx
+from speedforge.cluster.actors import BenchWorker, BuildWorker, build_device
+from speedforge.cluster.pools import sweep_evaluator_config
+from speedforge.config import EvaluatorConfig, ServiceConfig
+from speedforge.evaluator.evaluate import build_candidate, run_candidate
+
+
+def broken(*args, **kwargs):
+    raise RuntimeError("harness bug\nsecond line")
+
+
+def test_workers_run_the_evaluator_stages_on_a_real_candidate(tmp_path):
+    config = fx.test_config(tmp_path).evaluator
+    task = fx.task()
+    candidate = fx.plain_candidate(task, 0)
+    (build,) = BuildWorker(build_candidate).build([(task, candidate)], config)
+    assert build.ok and build.candidate_id == candidate.candidate_id
+    (result,) = BenchWorker(run_candidate, "cpu", "cpu").run([(task, candidate, build)], config)
+    assert result.status == "ok" and result.pool == "cpu" and result.correct
+
+
+def test_a_stage_that_raises_becomes_one_infra_error_per_item(tmp_path):
+    config = EvaluatorConfig(cache_dir=str(tmp_path))
+    task = fx.task()
+    items = [(task, fx.plain_candidate(task, i)) for i in range(2)]
+    failures = BuildWorker(broken).build(items, config)
+    assert [(f.status, f.candidate_id) for f in failures] == [("infra_error", c.candidate_id) for _, c in items]
+    assert failures[0].reason == "build raised RuntimeError: harness bug" and "Traceback" in failures[0].log
+    results = BenchWorker(broken, "H100", "cuda").run([(t, c, None) for t, c in items], config)
+    assert [(r.status, r.pool) for r in results] == [("infra_error", "H100")] * 2
+
+
+def test_bench_worker_stamps_its_pool_and_rejects_non_results(tmp_path):
+    config = EvaluatorConfig(cache_dir=str(tmp_path))
+    task = fx.task()
+    candidate = fx.plain_candidate(task, 0)
+    (stamped,) = BenchWorker(lambda *a: fx.cheap_run(*a[:5], "elsewhere"), "L40", "cpu").run(
+        [(task, candidate, None)], config
+    )
+    assert stamped.pool == "L40" and stamped.ok
+    (wrong,) = BenchWorker(lambda *a: None, "L40", "cpu").run([(task, candidate, None)], config)
+    assert wrong.status == "infra_error" and "not EvalResult" in wrong.reason
+
+
+def test_builds_target_the_cuda_family_on_cuda_and_every_pool_architecture():
+    assert build_device(fx.task()) == "cpu"
+    pools = ServiceConfig().pools
+    chosen = {name: pools[name] for name in ("H100", "A100", "L40", "cpu")}
+    assert sweep_evaluator_config(EvaluatorConfig(), chosen).cuda_arch_list == "8.0;8.9;9.0"
+    assert sweep_evaluator_config(EvaluatorConfig(cuda_arch_list="9.0"), chosen).cuda_arch_list == "9.0"
+    assert sweep_evaluator_config(EvaluatorConfig(), {"cpu": pools["cpu"]}).cuda_arch_list == ""
