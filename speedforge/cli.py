@@ -21,6 +21,8 @@ COMMAND_MODULES = (
     "speedforge.commands.evaluate",
     "speedforge.commands.stage",
     "speedforge.commands.s3",
+    "speedforge.commands.optimize",
+    "speedforge.commands.serve_policy",
 )
 
 

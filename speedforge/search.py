@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import json
 import random
+import re
 import time
 from collections.abc import Callable
 
@@ -45,6 +46,37 @@ def local_evaluator(config: EvaluatorConfig | None = None, device: str = "cpu") 
         return [evaluate(task, c, config, device=device, pool=pool) for c in candidates]
 
     return run
+
+
+def service_evaluator(service, tasks: dict[str, Task] | None = None, store=None) -> EvaluateFn:
+    """Evaluate on the Ray evaluation service (speedforge.cluster.service.EvaluationService);
+    results also go to `store`'s results table, and pairs already there are not run again."""
+
+    def run(task: Task, candidates: list[Candidate], pool: str) -> list[EvalResult]:
+        return service.submit(candidates, [pool], {**(tasks or {}), task.task_id: task}, store=store)
+
+    return run
+
+
+def default_pool(task: Task, configured: str) -> str:
+    """The pool to measure on: the configured one for CPU families; for the cuda family the local
+    GPU's pool name (H100, A100, ... as in the service's pools), else "cuda"."""
+    if task.family != "cuda":
+        return configured
+    import torch
+
+    from speedforge.config import GPU_POOLS
+
+    if not torch.cuda.is_available():
+        return "cuda"
+    name = torch.cuda.get_device_name()
+    matches = [pool for pool in GPU_POOLS if re.search(rf"(?<![A-Za-z0-9]){pool}(?![A-Za-z0-9])", name)]
+    return matches[0] if matches else "cuda"
+
+
+def pool_device(pool: str) -> str:
+    """The device argument of `evaluate` for a pool."""
+    return "cpu" if pool == "cpu" else "cuda"
 
 
 @dataclasses.dataclass(frozen=True)

