@@ -1,0 +1,201 @@
+"""The evaluator's behaviour on honest and bad input: statuses, the build cache, the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import build_candidate, evaluate, run_candidate
+from speedforge.evaluator.screen import screen, screen_cpp
+from speedforge.records import STATUSES, Candidate, EvalResult, Task
+
+DATA = Path(__file__).parent / "data"
+ADVERSARIAL = Path(__file__).parent / "adversarial"
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> EvaluatorConfig:
+    return EvaluatorConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=60.0, correctness_trials=2,
+                           cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5, warmup_calls=1)
+
+
+@pytest.fixture(scope="module")
+def add_task() -> Task:
+    return Task(task_id="test/add", family="cpp", name="add", source=(DATA / "cpp_add_task.py").read_text())
+
+
+@pytest.fixture(scope="module")
+def relu_task() -> Task:
+    return Task(task_id="test/relu", family="cpp", name="relu", source=(ADVERSARIAL / "task.py").read_text())
+
+
+def _cand(task: Task, source: str) -> Candidate:
+    return Candidate.make(task.task_id, source)
+
+
+# -- statuses for bad input ---------------------------------------------------------------------
+
+
+def test_unparsable_source_is_screen_rejected(relu_task, config):
+    result = evaluate(relu_task, _cand(relu_task, "class ModelNew(:\n  pass"), config)
+    assert result.status == "screen_rejected"
+    assert "not valid Python" in result.reason
+
+
+def test_missing_model_new_is_rejected_or_a_runtime_error(relu_task, config):
+    source = "import torch\nclass Other(torch.nn.Module):\n    pass\n"
+    assert evaluate(relu_task, _cand(relu_task, source), config).status == "screen_rejected"
+    reported = evaluate(relu_task, _cand(relu_task, source), dataclasses.replace(config, screen="report"))
+    assert reported.status == "runtime_error"
+    assert "no ModelNew" in reported.reason
+
+
+def test_wrong_forward_signature_is_a_runtime_error(relu_task, config):
+    source = ("import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale):\n        super().__init__()\n"
+              "    def forward(self, x, y):\n        return x\n")
+    result = evaluate(relu_task, _cand(relu_task, source), config)
+    assert result.status == "runtime_error"
+    assert "forward" in result.reason and "TypeError" in result.reason
+
+
+def test_candidate_for_another_task_is_refused(relu_task, add_task, config):
+    result = evaluate(relu_task, _cand(add_task, (ADVERSARIAL / "good.py").read_text()), config)
+    assert result.status == "runtime_error"
+    assert "test/add" in result.reason
+
+
+def test_cuda_family_on_cpu_is_refused_with_a_clear_reason(relu_task, config):
+    task = dataclasses.replace(relu_task, family="cuda")
+    result = evaluate(task, _cand(task, (ADVERSARIAL / "good.py").read_text()), config, device="cpu")
+    assert result.status == "runtime_error" and "needs device cuda" in result.reason
+
+
+def test_a_broken_reference_is_an_infra_error_not_the_candidates_fault(config):
+    task = Task(task_id="test/broken", family="cpp", name="broken",
+                source="import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        raise ValueError('bad task')\n"
+                       "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n")
+    result = evaluate(task, _cand(task, (ADVERSARIAL / "good.py").read_text()), config)
+    assert result.status == "infra_error"
+    assert "reference" in result.reason
+
+
+def test_every_result_is_json_safe_and_round_trips(relu_task, config):
+    result = evaluate(relu_task, _cand(relu_task, (ADVERSARIAL / "good.py").read_text()), config)
+    assert result.status == "ok" and result.correct
+    assert result.ref_us > 0 and result.cand_us > 0 and result.speedup == pytest.approx(result.ref_us / result.cand_us)
+    assert result.timed_calls == 5 and result.trials == 2
+    text = result.to_json()
+    assert EvalResult.from_json(text) == result
+    table = EvalResult.to_table([result])
+    assert EvalResult.from_table(table) == [result]
+
+
+def test_unknown_status_cannot_be_recorded():
+    with pytest.raises(ValueError):
+        EvalResult(candidate_id="x", task_id="t", pool="cpu", status="fine")
+    assert "infra_error" in STATUSES
+
+
+# -- screen -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, reason", [
+    ("cudaStream_t s; cudaStreamCreate(&s);", "side CUDA streams"),
+    ("auto s = at::cuda::getStreamFromPool();", "side CUDA streams"),
+    ("std::thread t([]{}); t.join();", "threads"),
+    ("#pragma omp parallel for\nfor (int i = 0; i < n; ++i) {}", "threads"),
+    ("static torch::Tensor cached;", "static tensors"),
+    ("FILE* f = fopen(\"/etc/passwd\", \"r\");", "file access"),
+    ("const char* k = getenv(\"AWS_SECRET_ACCESS_KEY\");", "environment"),
+    ("usleep(100);", "sleeps"),
+    ("cudaEventRecord(e);", "CUDA events"),
+])
+def test_screen_flags_tricks_in_embedded_cpp(code, reason):
+    findings = screen_cpp(code)
+    assert any(reason in f for f in findings), findings
+
+
+def test_screen_ignores_tricks_named_only_in_comments():
+    assert screen_cpp("// we never call std::thread here\n/* nor cudaStreamCreate */\nint x = 1;") == []
+
+
+def test_screen_passes_an_ordinary_cuda_candidate():
+    source = (DATA / "cpp_add_fast.py").read_text().replace(
+        "torch::Tensor axpb", "// at::cuda::getCurrentCUDAStream() is the current stream\ntorch::Tensor axpb")
+    assert screen(source, "cuda").passed
+
+
+# -- build cache (one real compile, plus one compile error) -------------------------------------
+
+
+def test_build_is_cached_by_content_and_rebuild_costs_nothing(add_task, config):
+    candidate = _cand(add_task, (DATA / "cpp_add_fast.py").read_text())
+    first = build_candidate(add_task, candidate, config)
+    assert first.ok, first.failure
+    assert not first.cached and first.build_s > 0.5
+    start = time.perf_counter()
+    again = build_candidate(add_task, candidate, config)
+    assert again.ok and again.cached
+    assert time.perf_counter() - start < 0.5
+    result = run_candidate(add_task, candidate, again, config)
+    assert result.status == "ok", (result.reason, result.log[-2000:])
+    assert result.build_cached
+
+
+def test_compile_error_is_reported_with_the_compiler_log_and_cached(add_task, config):
+    candidate = _cand(add_task, (DATA / "cpp_add_broken.py").read_text())
+    result = evaluate(add_task, candidate, config)
+    assert result.status == "compile_error"
+    assert "undefined_name" in result.log
+    again = evaluate(add_task, candidate, config)
+    assert again.status == "compile_error" and again.build_cached
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+def _cli(*args: str, env_cache: str) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "SPEEDFORGE_CACHE": env_cache}
+    return subprocess.run([sys.executable, "-m", "speedforge.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_cli_eval_prints_a_readable_result_and_json(tmp_path, config):
+    out = _cli("eval", "--task", str(ADVERSARIAL / "task.py"), "--candidate", str(ADVERSARIAL / "good.py"),
+               env_cache=config.cache_dir)
+    assert out.returncode == 0, out.stderr
+    assert "status      ok" in out.stdout and "speedup" in out.stdout
+    out = _cli("eval", "--task", str(ADVERSARIAL / "task.py"), "--candidate", str(ADVERSARIAL / "uninitialised_output.py"),
+               "--json", env_cache=config.cache_dir)
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["status"] == "incorrect"
+
+
+def test_cli_unknown_task_id_and_bad_task_file_are_one_line_errors(tmp_path, config):
+    out = _cli("eval", "--task", "cpp/no-such-task", "--candidate", str(ADVERSARIAL / "good.py"), env_cache=config.cache_dir)
+    assert out.returncode == 2
+    assert "unknown task id 'cpp/no-such-task'" in out.stderr and "Traceback" not in out.stderr
+    bad = tmp_path / "no_inputs.py"
+    bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_init_inputs():\n    return []\n")
+    out = _cli("eval", "--task", str(bad), "--candidate", str(ADVERSARIAL / "good.py"), env_cache=config.cache_dir)
+    assert out.returncode == 2
+    assert "missing get_inputs" in out.stderr and "Traceback" not in out.stderr
+    out = _cli("eval", "--task", str(ADVERSARIAL / "task.py"), "--candidate", str(tmp_path / "absent.py"),
+               env_cache=config.cache_dir)
+    assert out.returncode == 2 and "candidate file not found" in out.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["tasks"], ["eval"], ["run"]])
+def test_cli_help_works_everywhere(command):
+    out = subprocess.run([sys.executable, "-m", "speedforge.cli", *command, "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "usage:" in out.stdout
