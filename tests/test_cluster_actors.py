@@ -3,6 +3,8 @@ harness exception into an infra_error result instead of dying."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import cluster_fixtures as fx
 from speedforge.cluster.actors import BenchWorker, BuildWorker, build_device
 from speedforge.cluster.pools import sweep_evaluator_config
@@ -54,3 +56,18 @@ def test_builds_target_the_cuda_family_on_cuda_and_every_pool_architecture():
     assert sweep_evaluator_config(EvaluatorConfig(), chosen).cuda_arch_list == "8.0;8.9;9.0"
     assert sweep_evaluator_config(EvaluatorConfig(cuda_arch_list="9.0"), chosen).cuda_arch_list == "9.0"
     assert sweep_evaluator_config(EvaluatorConfig(), {"cpu": pools["cpu"]}).cuda_arch_list == ""
+
+
+def test_bench_worker_rebuilds_a_build_whose_folder_is_on_another_node(tmp_path):
+    config = EvaluatorConfig(cache_dir=str(tmp_path))
+    task = fx.task()
+    candidate = fx.plain_candidate(task, 0)
+    remote = dataclasses.replace(fx.cheap_build(task, candidate, config, "cpu"), build_dir=str(tmp_path / "gone"))
+    seen = []
+    worker = BenchWorker(lambda t, c, b, *rest: seen.append(b) or fx.cheap_run(t, c, b, *rest), "cpu", "cpu",
+                         build_fn=fx.cheap_build)  # fmt: skip
+    worker.run([(task, candidate, remote)], config)
+    assert seen[0].build_dir == "" and len(list((tmp_path / "builds").iterdir())) == 2  # built again, here
+    here = dataclasses.replace(remote, build_dir=str(tmp_path))
+    worker.run([(task, candidate, here)], config)
+    assert seen[1] is here  # on this node's disk: used as it is

@@ -81,10 +81,11 @@ class BuildWorker:
 class BenchWorker:
     """Runs built candidates of one pool in the evaluator's sandbox, one at a time."""
 
-    def __init__(self, run_fn: RunFn, pool: str, device: str) -> None:
+    def __init__(self, run_fn: RunFn, pool: str, device: str, build_fn: BuildFn | None = None) -> None:
         self.run_fn = run_fn
         self.pool = pool
         self.device = device
+        self.build_fn = build_fn  # rebuilds into this node's cache when the build is not on its disk
 
     def ready(self) -> dict:
         return worker_info("bench", self.pool)
@@ -94,6 +95,7 @@ class BenchWorker:
         out = []
         for task, candidate, build in items:
             try:
+                build = self._local(task, candidate, build, config)
                 result = self.run_fn(task, candidate, build, config, self.device, self.pool)
                 if not isinstance(result, EvalResult):
                     raise TypeError(f"run function returned {type(result).__name__}, not EvalResult")
@@ -104,3 +106,10 @@ class BenchWorker:
             out.append(result)
         return out
 
+    def _local(self, task: Task, candidate: Candidate, build: Any, config: EvaluatorConfig) -> Any:
+        """The build, rebuilt here (once per node: the cache keeps it) when its folder is on
+        another node's disk, as on a cluster whose cache_dir is not shared storage."""
+        build_dir = getattr(build, "build_dir", "")
+        if self.build_fn is None or not getattr(build, "ok", False) or not build_dir or os.path.isdir(build_dir):
+            return build
+        return self.build_fn(task, candidate, config, build_device(task))

@@ -139,7 +139,7 @@ class EvaluationService:
             if name not in self._bench:
                 pool = configs[name]
                 actor = ray.remote(BenchWorker).options(**actor_options(worker_need(pool)), max_restarts=0)
-                spawn = lambda a=actor, n=name, d=pool.device: a.remote(self.run_fn, n, d)  # noqa: E731
+                spawn = lambda a=actor, n=name, d=pool.device: a.remote(self.run_fn, n, d, self.build_fn)  # noqa: E731
                 self._bench[name] = WorkerSet(name, spawn, self.service.worker_restarts)
             starting[name] = self._bench[name].grow_to(count)
         self._wait_ready(starting)
