@@ -171,3 +171,8 @@ def test_server_stopped_and_restarted_mid_run_is_retried(tmp_path, monkeypatch):
         # at least one append was issued while the server was down and completed after it came back
         assert any(t0 >= outage["stopped"] and t1 >= outage["restarted"] for t0, t1 in spans)
         assert store.read_records("results", EvalResult) == [RESULT] + [FAILED] * len(spans)
+
+
+def test_unknown_aws_profile_is_one_clear_line(s3_env):
+    with pytest.raises(StoreError, match="profile .*not.*found"):
+        open_store(f"s3://{s3_env.bucket}/x", config=StoreConfig(profile="no-such-profile-here"))

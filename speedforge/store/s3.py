@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from typing import Callable, TypeVar
 
 import boto3
 import botocore.config
+import botocore.session
 import botocore.exceptions as bx
 
 from speedforge.config import StoreConfig
@@ -49,8 +51,11 @@ class S3Backend:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.location = f"s3://{bucket}/{self.prefix}".rstrip("/")
         endpoint = resolve_endpoint(endpoint_url, self.config)
-        session = boto3.Session(profile_name=self.config.profile) if self.config.profile else boto3.Session()
-        region = self.config.region or session.region_name or "us-east-1"
+        try:
+            session = _session(self.config.profile)
+            region = self.config.region or session.region_name or "us-east-1"
+        except bx.ProfileNotFound as exc:
+            raise StoreError(f"{exc} (check AWS_PROFILE or the store's profile setting)") from None
         client_config = botocore.config.Config(
             retries={"max_attempts": 1, "mode": "standard"},  # retries are ours, with a deadline
             connect_timeout=self.config.connect_timeout_s,
@@ -59,7 +64,8 @@ class S3Backend:
             max_pool_connections=32,
         )
         try:
-            self.client = session.client("s3", endpoint_url=endpoint, region_name=region, config=client_config)
+            with _SESSION_LOCK:  # creating clients from one session is not thread-safe
+                self.client = session.client("s3", endpoint_url=endpoint, region_name=region, config=client_config)
         except (bx.ProfileNotFound, ValueError) as exc:
             raise StoreError(f"cannot set up S3 client for {self.location}: {exc}") from None
         self.endpoint = self.client.meta.endpoint_url
@@ -151,6 +157,22 @@ class S3Backend:
 
     def delete(self, key: str) -> None:
         self.call(f"delete {key}", lambda: self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key))
+
+
+_LOADER = None
+_SESSION_LOCK = threading.Lock()
+
+
+def _session(profile: str | None) -> boto3.Session:
+    """A fresh session (credentials resolved anew from env and profiles) that shares one botocore
+    data loader per process: loading botocore's service models is most of a session's ~0.2 s."""
+    global _LOADER
+    with _SESSION_LOCK:
+        core = botocore.session.get_session()
+        if _LOADER is None:
+            _LOADER = core.get_component("data_loader")
+        core.register_component("data_loader", _LOADER)
+        return boto3.Session(botocore_session=core, profile_name=profile)
 
 
 def _is_transient(exc: bx.ClientError) -> bool:
