@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
-
-import boto3
 
 from speedforge.config import StoreConfig
 from speedforge.records import Candidate
@@ -127,10 +126,8 @@ def main() -> None:
         files = sorted(checkout.glob("level*/*.py")) + sorted(cand_dir.glob("level*/*.py"))
         total_mb = sum(p.stat().st_size for p in files) / 1e6
         with SeaweedServer(root / "s3", bucket="bench") as server:
-            client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
-                                  aws_secret_access_key=server.secret_key, region_name="us-east-1")  # fmt: skip
-            for name, value in server.env().items():  # open_store reads credentials the usual way
-                __import__("os").environ[name] = value
+            client = server.client(max_pool_connections=max(10, args.threads))
+            os.environ.update(server.env())  # open_store reads credentials the usual way
             config = StoreConfig(upload_threads=args.threads)
             times: dict[str, list[float]] = {"plain-seq": [], "plain-par": [], "stage": [], "restage": []}
             objects: dict[str, int] = {}

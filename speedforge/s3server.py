@@ -222,16 +222,19 @@ class SeaweedServer:
         raise S3ServerError(f"S3 server did not answer on {self.endpoint} in {self.start_timeout_s:.0f} s; "
                             f"see {self.log_file}")  # fmt: skip
 
-    def _bucket_ready(self) -> bool:
+    def client(self, **config):
+        """A boto3 S3 client for this server with its credentials (botocore Config options as kwargs)."""
         import boto3
         import botocore.config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1",
+                            config=botocore.config.Config(**config) if config else None)  # fmt: skip
+
+    def _bucket_ready(self) -> bool:
         import botocore.exceptions
 
-        client = boto3.client(
-            "s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key, region_name="us-east-1",
-            config=botocore.config.Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2),
-        )  # fmt: skip
+        client = self.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)
         try:
             client.head_bucket(Bucket=self.bucket)
             return True

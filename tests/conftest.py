@@ -8,9 +8,8 @@ S3 in tests is a real SeaweedFS server (speedforge.s3server), started once per t
         ...
 
     def test_other(s3_server):                # the running SeaweedServer itself
-        client = boto3.client("s3", endpoint_url=s3_server.endpoint,
-                              aws_access_key_id=s3_server.access_key,
-                              aws_secret_access_key=s3_server.secret_key, region_name="us-east-1")
+        client = s3_server.client()            # boto3 client with its credentials
+        client.list_objects_v2(Bucket=s3_server.bucket)
 
 Do not stop the session server in a test; start your own SeaweedServer for that.
 """

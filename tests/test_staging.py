@@ -9,12 +9,13 @@ import subprocess
 import sys
 import time
 
-import boto3
 import pytest
 
+from speedforge.cli import main
 from speedforge.records import Candidate, Task
 from speedforge.staging import list_versions, load_dataset, read_manifest, stage_dataset
 from speedforge.store import CorruptObjectError, StoreError, open_store
+from speedforge.tasks import builtin_tasks
 
 REF = "class Model:\n    pass\n\ndef get_inputs():\n    return [{i}]\n\ndef get_init_inputs():\n    return []\n"
 
@@ -36,10 +37,8 @@ def store(request, tmp_path):
 
 def bucket_objects(server, prefix: str) -> dict[str, tuple[str, object]]:
     """Every object under prefix on the server, as key -> (ETag, LastModified), listed with boto3."""
-    client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
-                          aws_secret_access_key=server.secret_key, region_name="us-east-1")  # fmt: skip
     objects = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=server.bucket, Prefix=prefix):
+    for page in server.client().get_paginator("list_objects_v2").paginate(Bucket=server.bucket, Prefix=prefix):
         objects.update({o["Key"]: (o["ETag"], o["LastModified"]) for o in page.get("Contents", ())})
     return objects
 
@@ -153,8 +152,7 @@ def test_corrupted_part_is_detected_on_load(s3_uri, s3_server):
     store = open_store(s3_uri)
     stage_dataset(store, "gen", tasks, candidates, progress=False)
     part = read_manifest(store, "gen")["tables"]["candidates"][0]["key"]
-    client = boto3.client("s3", endpoint_url=s3_server.endpoint, aws_access_key_id=s3_server.access_key,
-                          aws_secret_access_key=s3_server.secret_key, region_name="us-east-1")  # fmt: skip
+    client = s3_server.client()
     key = s3_uri.split("/", 3)[3] + "/" + part
     data = bytearray(client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read())
     data[-20] ^= 0x01
@@ -174,3 +172,21 @@ def test_same_id_with_different_content_is_refused(store):
 def test_loading_a_missing_data_set_says_how_to_make_it(store):
     with pytest.raises(StoreError, match="no staged data set 'nope'.*speedforge stage"):
         load_dataset(store, "nope")
+
+
+def test_stage_command_reports_store_errors_in_one_line(s3_env, capsys, monkeypatch):
+    assert main(["stage", "--source", "builtin:cpp", "--dest", "s3://no-such-bucket/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("speedforge stage: error: bucket 'no-such-bucket' does not exist") and "\n" not in err
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "NOT-A-KEY")
+    assert main(["stage", "--source", "builtin:cpp", "--dest", f"s3://{s3_env.bucket}/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "error: access denied" in err and "\n" not in err
+
+
+def test_stage_command_stages_then_finds_nothing_to_write(s3_uri, capsys):
+    assert main(["stage", "--source", "builtin:cpp", "--dest", s3_uri]) == 0
+    assert "staged builtin-cpp v1" in capsys.readouterr().out
+    assert main(["stage", "--source", "builtin:cpp", "--dest", s3_uri]) == 0
+    assert "unchanged: builtin-cpp v1 already holds this content" in capsys.readouterr().out
+    assert load_dataset(open_store(s3_uri), "builtin-cpp").tasks == builtin_tasks("cpp")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import boto3
 import pytest
 
 from speedforge.config import StoreConfig
@@ -29,11 +28,6 @@ def store(request, tmp_path):
     if request.param == "local":
         return open_store(tmp_path / "store")
     return open_store(request.getfixturevalue("s3_uri"))
-
-
-def s3_client(server: SeaweedServer):
-    return boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
-                        aws_secret_access_key=server.secret_key, region_name="us-east-1")  # fmt: skip
 
 
 @pytest.mark.parametrize(("table", "records"), [
@@ -100,7 +94,7 @@ def test_corrupted_s3_part_is_detected_on_read(s3_uri, s3_server):
     store = open_store(s3_uri)
     key = store.append_records("variants", [VARIANT])
     prefix = s3_uri.split("/", 3)[3]
-    s3_client(s3_server).put_object(Bucket=s3_server.bucket, Key=f"{prefix}/{key}", Body=b"PAR1 garbage PAR1")
+    s3_server.client().put_object(Bucket=s3_server.bucket, Key=f"{prefix}/{key}", Body=b"PAR1 garbage PAR1")
     with pytest.raises(CorruptObjectError, match=f"corrupted object s3://.*{key}"):
         store.read_records("variants", Variant)
 

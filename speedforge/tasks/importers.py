@@ -22,6 +22,8 @@ import math
 from pathlib import Path
 from typing import Callable
 
+from tqdm import tqdm
+
 from speedforge.errors import UserError
 from speedforge.records import Candidate, Task
 from speedforge.tasks.loader import TaskFormatError, check_reference_source, defined_names, load_task_folder
@@ -130,7 +132,8 @@ def import_kernelbench_parquet(source: str, family: str) -> Imported:
         if missing:
             raise UserError(f"{file}: not KernelBench parquet: missing column(s) {missing} "
                             f"(expected {', '.join(KERNELBENCH_COLUMNS)})")  # fmt: skip
-        for row_no, row in enumerate(table.select(list(KERNELBENCH_COLUMNS)).to_pylist()):
+        rows = table.select(list(KERNELBENCH_COLUMNS)).to_pylist()
+        for row_no, row in enumerate(tqdm(rows, desc=f"importing {file.name}", unit="row", disable=None)):
             where = f"{file}: row {row_no} (name {row['name']!r})"
             try:
                 tasks.append(_kernelbench_row(row, family, where))
@@ -166,7 +169,7 @@ def import_cuda_l1(source: str, family: str) -> Imported:
     tasks: dict[str, Task] = {}
     candidates: list[Candidate] = []
     problems: list[str] = []
-    for line_no, line in enumerate(lines, 1):
+    for line_no, line in enumerate(tqdm(lines, desc=f"importing {path.name}", unit="line", disable=None), 1):
         if not line.strip():
             continue
         where = f"{path.name}: line {line_no}"
