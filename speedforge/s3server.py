@@ -263,6 +263,13 @@ class SeaweedServer:
                 process.wait()
         if pgid is not None:
             _signal_group(pgid, None, signal.SIGKILL)  # anything of its session still alive
+        for path in self.leftover_sockets():
+            path.unlink(missing_ok=True)
+
+    def leftover_sockets(self) -> list[Path]:
+        """Unix sockets weed puts in /tmp (a fixed path in its code) named by this server's ports."""
+        ports = {str(port) for port in self.ports.values()}
+        return [p for p in Path("/tmp").glob("seaweedfs-*.sock") if p.stem.rsplit("-", 1)[-1] in ports]
 
     def __enter__(self) -> "SeaweedServer":
         return self.start()

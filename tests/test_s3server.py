@@ -50,6 +50,7 @@ def test_server_binds_loopback_only_and_stops_without_leftovers(tmp_path, monkey
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not [p for p in session if psutil.pid_exists(p)]
     assert all(port_is_closed(port) for _, port in listening)
+    assert not server.leftover_sockets()
     assert not server.running
     server.stop()  # stopping twice is harmless
 
