@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pyarrow.dataset as pads
 import pytest
 
 from speedforge.config import StoreConfig
@@ -51,6 +52,16 @@ def test_append_adds_a_part_and_never_rewrites_existing_ones(store):
     assert store.read_records("results", EvalResult) == [RESULT, FAILED, RESULT]
     assert store.append_records("results", []) is None
     assert store.read_records("nothing-here", EvalResult) == []
+
+
+def test_arrow_dataset_scans_every_part_with_projection_and_filters(store):
+    store.append_records("results", [RESULT, FAILED])
+    store.append_records("results", [RESULT, FAILED])
+    dataset = store.arrow_dataset("results", EvalResult)
+    assert dataset.to_table(columns=["status"]).column("status").to_pylist() == ["ok", "compile_error"] * 2
+    ok = dataset.to_table(columns=["candidate_id", "speedup"], filter=pads.field("status") == "ok")
+    assert ok.to_pylist() == [{"candidate_id": RESULT.candidate_id, "speedup": 1.7}] * 2
+    assert store.arrow_dataset("empty", EvalResult).to_table().num_rows == 0
 
 
 def test_bytes_put_get_exists_list(store):

@@ -17,6 +17,8 @@ import time
 from typing import Protocol, TypeVar
 
 import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from speedforge.errors import UserError
@@ -53,6 +55,7 @@ class Backend(Protocol):
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
+    def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]: ...  # and the root's path in it
 
 
 @dataclasses.dataclass
@@ -181,6 +184,17 @@ class Store:
             expected = PART_NAME.match(key.rsplit("/", 1)[1]).group(2)
             records.extend(decode_records(self.get_verified(key, expected), cls, self.describe(key)))
         return records
+
+    def arrow_dataset(self, table: str, cls: type[Record]) -> pads.Dataset:
+        """A table's parts as one pyarrow dataset, read through pyarrow's filesystem (S3 or local).
+
+        For scans of large tables that want column projection or filters without building
+        records. Parts are read in byte ranges, so their sha256 is NOT checked: use
+        read_records where integrity matters.
+        """
+        fs, root = self.backend.arrow_filesystem()
+        paths = [f"{root}/{key}" for key in self.table_parts(table)]
+        return pads.dataset(paths, schema=cls.schema, format="parquet", filesystem=fs)
 
     def get_verified(self, key: str, sha256: str) -> bytes:
         """Read an object and check it against the sha256 recorded for it."""

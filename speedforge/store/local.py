@@ -66,6 +66,11 @@ class LocalBackend:
                     keys.append(key)
         return keys
 
+    def arrow_filesystem(self):
+        import pyarrow.fs
+
+        return pyarrow.fs.LocalFileSystem(), str(self.root)
+
     def delete(self, key: str) -> None:
         try:
             self._path(key).unlink()

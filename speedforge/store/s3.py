@@ -16,6 +16,7 @@ import random
 import threading
 import time
 from typing import Callable, TypeVar
+from urllib.parse import urlparse
 
 import boto3
 import botocore.config
@@ -69,6 +70,7 @@ class S3Backend:
         except (bx.ProfileNotFound, ValueError) as exc:
             raise StoreError(f"cannot set up S3 client for {self.location}: {exc}") from None
         self.endpoint = self.client.meta.endpoint_url
+        self.session = session
         self.retry_s = self.config.retry_s
 
     # -- the retry loop ---------------------------------------------------------------------
@@ -154,6 +156,27 @@ class S3Backend:
             return keys
 
         return self.call(f"list {prefix or '(all)'}", list_all)
+
+    def arrow_filesystem(self) -> tuple["pyarrow.fs.FileSystem", str]:
+        """pyarrow's S3 filesystem with this client's endpoint, region and credentials, and the root path."""
+        import pyarrow.fs
+
+        credentials = self.session.get_credentials()
+        frozen = credentials.get_frozen_credentials() if credentials else None
+        endpoint = urlparse(self.endpoint)
+        custom = not endpoint.netloc.endswith("amazonaws.com")
+        fs = pyarrow.fs.S3FileSystem(
+            access_key=frozen.access_key if frozen else None,
+            secret_key=frozen.secret_key if frozen else None,
+            session_token=frozen.token if frozen else None,
+            region=self.client.meta.region_name,
+            endpoint_override=endpoint.netloc if custom else None,
+            scheme=endpoint.scheme,
+            connect_timeout=self.config.connect_timeout_s,
+            request_timeout=self.config.read_timeout_s,
+            retry_strategy=pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=10),
+        )  # fmt: skip
+        return fs, f"{self.bucket}/{self.prefix}".rstrip("/")
 
     def delete(self, key: str) -> None:
         self.call(f"delete {key}", lambda: self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key))
