@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -103,13 +104,16 @@ def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, m
 
 
 def _leftover_processes() -> list[psutil.Process]:
-    me = os.getpid()
-    found = []
-    for proc in psutil.process_iter(["cmdline", "ppid"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if "speedforge.evaluator.child" in cmdline and proc.pid != me:
-            found.append(proc)
-    return found
+    """Processes still alive under this test process's sandbox zygote (a job's own are gone)."""
+    from speedforge.evaluator import sandbox
+
+    zygote = psutil.Process(sandbox._ZYGOTE._proc.pid)
+    for _ in range(50):
+        left = zygote.children(recursive=True)
+        if not left:
+            return []
+        time.sleep(0.1)
+    return left
 
 
 class _ListeningServer:

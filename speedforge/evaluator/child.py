@@ -1,8 +1,9 @@
-"""The sandboxed child: `python -m speedforge.evaluator.child JOB_JSON RESULT_FD`.
+"""The sandboxed child's job: lock down, run the family's build or run, report.
 
 It locks itself down first (resource limits, Landlock), while still single-threaded and before
 any candidate code is imported, then hands the job to its family's module and writes the
-family's result dict as JSON to RESULT_FD. A harness bug becomes an `infra_error` result.
+family's result dict as JSON to the result pipe. A harness bug becomes an `infra_error` result.
+Called by the zygote (speedforge.evaluator.zygote) in a freshly forked, isolated process.
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ import resource
 import site
 import sys
 import sysconfig
+import tempfile
 import traceback
 
 
-def main(argv: list[str]) -> int:
-    job_path, result_fd = argv[0], int(argv[1])
+def execute(job_path: str, result_fd: int, warnings: list[str]) -> None:
+    """Run one job and exit the process; never returns."""
     with open(job_path) as f:
         job = json.load(f)
-    warnings = lock_down(job)
+    os.environ.update(HOME=job["workdir"], TMPDIR=job["workdir"])
+    tempfile.tempdir = job["workdir"]  # the zygote may have resolved it before the fork
+    os.chdir(job["workdir"])
+    warnings = warnings + lock_down(job)
     try:
         from speedforge.evaluator.families import family_module
 
@@ -33,7 +38,7 @@ def main(argv: list[str]) -> int:
             "log": traceback.format_exc()[-4000:],
         }
     result["warnings"] = list(result.get("warnings", [])) + warnings
-    payload = json.dumps(result, default=str, allow_nan=False).encode()
+    payload = json.dumps(_finite(result), default=str).encode()
     view = memoryview(payload)
     while view:
         written = os.write(result_fd, view)
@@ -42,6 +47,17 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+
+
+def _finite(value):
+    """JSON-safe: NaN and infinities become None."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def lock_down(job: dict) -> list[str]:
@@ -56,7 +72,8 @@ def lock_down(job: dict) -> list[str]:
     if config.get("landlock", True):
         from speedforge.evaluator import landlock
 
-        writable = [job["workdir"], job["build_dir"], "/dev"]
+        # the CUDA driver writes below /proc/<pid>: this process's own entry, nothing else of /proc
+        writable = [job["workdir"], job["build_dir"], "/dev", os.path.realpath("/proc/self")]
         warning = landlock.restrict(readable_paths(), writable)
         if warning:
             warnings.append(warning)
@@ -85,6 +102,3 @@ def _limit(which: int, value: int) -> None:
     except (ValueError, OSError):
         pass
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

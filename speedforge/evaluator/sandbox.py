@@ -1,25 +1,29 @@
 """Run one evaluator job in a fresh sandboxed process and bring back its JSON result.
 
-The parent side of the sandbox. The child (speedforge.evaluator.child) starts:
-- in its own process session, so the whole group is killed (SIGKILL) on timeout;
-- in new network and PID namespaces (util-linux `unshare`), so it has no network and every
+The parent side of the sandbox. Jobs run in processes forked from a warm zygote
+(speedforge.evaluator.zygote), each of which:
+- starts its own process session, so the whole group is killed (SIGKILL) on timeout;
+- enters new network, PID and mount namespaces: no network, a /proc of its own, and every
   process it starts dies with it;
-- with an environment scrubbed to an allow-list (no credentials), HOME and TMPDIR in a private
-  temp dir;
-- under a memory watchdog that kills the process tree past the limit.
-Inside, the child adds resource limits and Landlock before any candidate code runs.
+- inherits an environment scrubbed to an allow-list (no credentials), with HOME and TMPDIR in a
+  private temp dir;
+- adds resource limits and Landlock itself, before any candidate code runs;
+- is watched from here: killed past the time limit, the memory limit (proportional set size of
+  its process tree) or the process limit (RLIMIT_NPROC does not bind root).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
-import functools
+import itertools
 import json
 import os
-import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,6 +40,7 @@ ENV_ALLOW = (
     "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "VIRTUAL_ENV",
 )
 STDERR_TAIL_BYTES = 8000
+ZYGOTE_START_TIMEOUT_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +48,7 @@ class Outcome:
     """What became of one sandboxed job."""
 
     result: dict | None  # the child's JSON result, when it wrote one
-    returncode: int | None
+    returncode: int | None  # negative: killed by that signal; above 128: its namespace's process was
     timed_out: bool
     killed_for_memory: bool
     killed_for_processes: bool
@@ -53,98 +58,151 @@ class Outcome:
 
     @property
     def signal_name(self) -> str:
-        if self.returncode is not None and self.returncode < 0:
-            return signal.Signals(-self.returncode).name
-        if self.returncode is not None and self.returncode > 128:  # unshare reports the child's signal so
-            try:
-                return signal.Signals(self.returncode - 128).name
-            except ValueError:
-                return ""
-        return ""
+        code = self.returncode
+        number = -code if code is not None and code < 0 else (code - 128 if code is not None and code > 128 else 0)
+        try:
+            return signal.Signals(number).name if number else ""
+        except ValueError:
+            return ""
 
 
-def scrubbed_env(workdir: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+def scrubbed_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ENV_ALLOW}
     bin_dir = os.path.dirname(sys.executable)  # ninja and friends live beside the interpreter
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    home = tempfile.gettempdir()
     env.update(
-        HOME=workdir,
-        TMPDIR=workdir,
+        HOME=home,
+        TMPDIR=home,
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONNOUSERSITE="1",
         PYTHONPATH=str(Path(speedforge.__file__).resolve().parent.parent),
-        PYTHONHASHSEED="0",
     )
-    env.update(extra or {})
     return env
 
 
-@functools.lru_cache(maxsize=None)
-def namespace_prefix() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The command prefix that puts the child in new network and PID namespaces, and warnings.
+class Zygote:
+    """Client of one zygote process; thread-safe; restarts the zygote if it dies."""
 
-    Tried once per process: as root plain namespaces, else inside a new user namespace.
-    """
-    unshare = shutil.which("unshare")
-    if not unshare:
-        return (), ("util-linux 'unshare' not found: the sandbox has the network and no PID namespace",)
-    candidates = [[unshare, "--net", "--pid", "--fork", "--kill-child"]]
-    if os.geteuid() != 0:
-        candidates.insert(0, [unshare, "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"])
-    for prefix in candidates:
-        try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return tuple(prefix), ()
-    return (), ("the kernel refused new network/PID namespaces: the sandbox keeps the network",)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+        self._ids = itertools.count()
+        self._started: dict[int, dict] = {}
+        self._exits: dict[int, int] = {}
+        self._cond = threading.Condition()
+
+    def _ensure(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-s", "-B", "-m", "speedforge.evaluator.zygote", str(child.fileno())],
+            pass_fds=(child.fileno(),), env=scrubbed_env(), stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        child.close()
+        parent.settimeout(ZYGOTE_START_TIMEOUT_S)
+        hello = parent.recv(1 << 16)
+        if not hello or not json.loads(hello).get("ready"):
+            raise RuntimeError("the sandbox zygote did not start")
+        parent.settimeout(None)
+        self._sock = parent
+        threading.Thread(target=self._read, args=(parent,), daemon=True).start()
+
+    def _read(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                data = sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            with self._cond:
+                if not data:  # zygote gone: wake everyone waiting on it
+                    for waiter in self._started.values():
+                        waiter.setdefault("error", "the sandbox zygote died")
+                    self._cond.notify_all()
+                    return
+                message = json.loads(data)
+                if "id" in message:
+                    self._started.setdefault(message["id"], {}).update(message)
+                else:
+                    self._exits[message["pid"]] = message["status"]
+                self._cond.notify_all()
+
+    def launch(self, job_path: str, fds: tuple[int, int, int], isolate: bool) -> int:
+        """Fork a sandboxed child for the job; returns its pid (its process group id too)."""
+        with self._lock:
+            self._ensure()
+            request_id = next(self._ids)
+            with self._cond:
+                self._started[request_id] = {}
+            socket.send_fds(self._sock, [json.dumps({"id": request_id, "job": job_path, "isolate": isolate}).encode()],
+                            list(fds))
+        with self._cond:
+            self._cond.wait_for(lambda: "pid" in self._started[request_id] or "error" in self._started[request_id])
+            reply = self._started.pop(request_id)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply["pid"]
+
+    def wait(self, pid: int, timeout_s: float) -> int | None:
+        """The child's exit code (negative: signal), or None if it has not ended within timeout_s."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: pid in self._exits or self._proc.poll() is not None, timeout_s):
+                return None
+            if pid not in self._exits:
+                return -signal.SIGKILL  # the zygote died: so did its children
+            status = self._exits.pop(pid)
+        return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
+_ZYGOTE = Zygote()
+atexit.register(_ZYGOTE.close)
 
 
 def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
-            isolate_network: bool = True, env_extra: dict[str, str] | None = None) -> Outcome:
+            isolate_network: bool = True) -> Outcome:
     """Run `job` in a sandboxed child; always returns an Outcome, killing the child if need be."""
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
     job_path.write_text(json.dumps(job))
-    prefix, warnings = namespace_prefix() if isolate_network else ((), ("network isolation disabled by config",))
-    read_fd, write_fd = os.pipe()
-    cmd = [*prefix, sys.executable, "-s", "-B", "-m", "speedforge.evaluator.child", str(job_path), str(write_fd)]
     stderr_path = workdir / "stderr.txt"
+    read_fd, write_fd = os.pipe()
     start = time.perf_counter()
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
         try:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(write_fd,),
-                env=scrubbed_env(str(workdir), env_extra), cwd=workdir, start_new_session=True,
-            )
-        except OSError as exc:
+            pid = _ZYGOTE.launch(str(job_path), (write_fd, out.fileno(), err.fileno()), isolate_network)
+        except (OSError, RuntimeError) as exc:
             os.close(read_fd)
             os.close(write_fd)
-            return Outcome(None, None, False, False, False, 0.0, f"could not start the sandbox: {exc}", tuple(warnings))
-        os.close(write_fd)
-        chunks: list[bytes] = []
-        reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
-        reader.start()
-        timed_out, over_memory, over_processes = _watch(proc, timeout_s, memory_limit_mb, max_processes)
-        _kill_group(proc.pid)
-        reader.join(timeout=5)
-    wall_s = time.perf_counter() - start
+            raise RuntimeError(f"could not start the sandbox: {exc}") from None
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
+    reader.start()
+    returncode, timed_out, over_memory, over_processes = _watch(pid, timeout_s, memory_limit_mb, max_processes)
+    _kill_group(pid)
+    reader.join(timeout=5)
     result = None
-    if not (timed_out or over_memory or over_processes):
+    if not (timed_out or over_memory or over_processes) and chunks:
         try:
-            result = json.loads(b"".join(chunks).decode()) if chunks else None
+            result = json.loads(b"".join(chunks).decode())
         except (ValueError, UnicodeDecodeError):
             result = None
     return Outcome(
         result=result if isinstance(result, dict) else None,
-        returncode=proc.returncode,
+        returncode=returncode,
         timed_out=timed_out,
         killed_for_memory=over_memory,
         killed_for_processes=over_processes,
-        wall_s=wall_s,
+        wall_s=time.perf_counter() - start,
         stderr_tail=_tail(stderr_path),
-        warnings=tuple(warnings),
+        warnings=(),
     )
 
 
@@ -154,29 +212,24 @@ def _drain(fd: int, chunks: list[bytes]) -> None:
             chunks.append(data)
 
 
-def _watch(proc: subprocess.Popen, timeout_s: float, memory_limit_mb: int,
-           max_processes: int) -> tuple[bool, bool, bool]:
+def _watch(pid: int, timeout_s: float, memory_limit_mb: int, max_processes: int) -> tuple[int | None, bool, bool, bool]:
     """Wait for the child; kill it on timeout, or when its process tree exceeds the memory limit
-    or the process limit (RLIMIT_NPROC does not bind root, so the count is watched from here).
-    Returns (timed_out, over_memory, over_processes)."""
+    or the process limit. Returns (returncode, timed_out, over_memory, over_processes)."""
     deadline = time.monotonic() + timeout_s
-    poll_s = 0.01
+    poll_s = 0.005
     while True:
-        try:
-            proc.wait(timeout=poll_s)
-            return False, False, False
-        except subprocess.TimeoutExpired:
-            pass
+        code = _ZYGOTE.wait(pid, poll_s)
+        if code is not None:
+            return code, False, False, False
         poll_s = min(poll_s * 2, 0.2)
         verdict = (time.monotonic() > deadline, False, False)
         if not verdict[0]:
-            procs = _tree(proc.pid)
-            # +2: unshare and the child itself are not the candidate's processes
-            verdict = (False, _memory_mb(procs) > memory_limit_mb, len(procs) > max_processes + 2)
+            procs = _tree(pid)
+            # +1: the namespace's keeper process is the harness's, not the candidate's
+            verdict = (False, _memory_mb(procs) > memory_limit_mb, len(procs) > max_processes + 1)
         if any(verdict):
-            _kill_group(proc.pid)
-            proc.wait()
-            return verdict
+            _kill_group(pid)
+            return _ZYGOTE.wait(pid, 30.0), *verdict
 
 
 def _tree(pid: int) -> list[psutil.Process]:

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU path, proven in one script (CI has no GPU). Run from the repository root on the GPU
+# machine:  bash benchmarks/gpu_check.sh [env] [tests] [evaluator] [service] [generation] [ann]
+# (no arguments: all). It installs what the machine lacks from wheels/ (carried with the tree),
+# runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
+# Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export SPEEDFORGE_CACHE=${SPEEDFORGE_CACHE:-/tmp/speedforge-cache}
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(env tests evaluator service generation ann)
+summary=()
+want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+note() { summary+=("$(printf '%-12s %s' "$1" "$2")"); }
+
+if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --find-links wheels --no-deps wheels/*.whl >"$OUT/pip.log" 2>&1 \
+    && note wheels "installed $(ls wheels/*.whl | wc -l) carried wheels" || note wheels "pip failed (see pip.log)"
+fi
+
+if want env; then
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+    $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+    nvcc --version | tail -1
+    nproc
+    unshare --net --pid --fork --kill-child true && echo "namespaces: ok"
+    $PY -c 'from speedforge.evaluator import landlock; print("landlock abi", landlock.abi_version())'
+  } >"$OUT/env.txt" 2>&1
+  note env "$(head -1 "$OUT/env.txt" | cut -c1-60); $(grep -c ok "$OUT/env.txt") checks ok"
+fi
+
+if want tests; then
+  files=${GPU_TEST_FILES:-$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')}
+  $PY -m pytest -m gpu -p no:cacheprovider -q $files ${GPU_TEST_ARGS:-} >"$OUT/gpu_tests.txt" 2>&1
+  note tests "$(tail -1 "$OUT/gpu_tests.txt")"
+fi
+
+if want evaluator; then
+  $PY benchmarks/bench_evaluator.py --device cuda --out "$OUT/bench_evaluator.json" >"$OUT/bench_evaluator.txt" 2>&1
+  note evaluator "exit $? (bench_evaluator.txt)"
+fi
+
+if want service && [ -f benchmarks/bench_service.py ]; then
+  $PY benchmarks/bench_service.py --device cuda ${SERVICE_ARGS:-} >"$OUT/bench_service.txt" 2>&1
+  note service "exit $? (bench_service.txt)"
+fi
+
+if want generation && [ -f benchmarks/bench_generation.py ]; then
+  $PY benchmarks/bench_generation.py --device cuda >"$OUT/bench_generation.txt" 2>&1
+  note generation "exit $? (bench_generation.txt)"
+fi
+
+if want ann && [ -f benchmarks/bench_ann.py ]; then
+  $PY benchmarks/bench_ann.py ${ANN_ARGS:-} >"$OUT/bench_ann.txt" 2>&1
+  note ann "exit $? (bench_ann.txt)"
+fi
+
+for f in "$OUT"/*.txt; do echo "===== $(basename "$f")"; tail -n 25 "$f"; done
+echo "===== summary"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,71 @@
+"""Linux namespaces through raw libc calls, for the sandbox's forked children.
+
+`isolate()` puts the calling (single-threaded) process into new network, PID and mount
+namespaces and forks: the child it returns in is PID 1 of a namespace of its own, with a fresh
+/proc (the CUDA driver reads /proc/<getpid()>), no network, and the kernel kills every process
+in that namespace when the child exits. The parent side waits and mirrors the child's end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+PR_SET_PDEATHSIG = 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+
+
+def _unshare(flags: int) -> int:
+    return 0 if _libc.unshare(ctypes.c_int(flags)) == 0 else ctypes.get_errno()
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def isolate() -> list[str]:
+    """Enter new namespaces and fork. Returns (in the child only) warnings for what was refused.
+
+    The parent never returns: it waits for the child and exits as the child did.
+    """
+    warnings: list[str] = []
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
+    err = _unshare(flags)
+    if err and uid != 0:  # unprivileged: a user namespace grants the rights for the others
+        err = _unshare(flags | CLONE_NEWUSER)
+        if not err:
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"0 {uid} 1")
+            _write("/proc/self/gid_map", f"0 {gid} 1")
+    if err:
+        warnings.append(f"the kernel refused new namespaces ({os.strerror(err)}): the sandbox keeps the network "
+                        "and its processes are killed by process group only")
+        return warnings
+    pid = os.fork()
+    if pid:
+        _mirror(pid)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0 or \
+            _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        warnings.append(f"could not mount a private /proc ({os.strerror(ctypes.get_errno())})")
+    return warnings
+
+
+def _mirror(pid: int) -> None:
+    """Wait for the namespace's first process and end the same way (signal as 128 + number)."""
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)

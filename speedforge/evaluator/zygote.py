@@ -1,0 +1,112 @@
+"""The fork server behind the sandbox: `python -m speedforge.evaluator.zygote SOCKET_FD`.
+
+Started once per evaluating process with a scrubbed environment, it imports torch and the
+harness (but never initialises CUDA, which does not survive fork), then forks one child per job
+request. Each child starts its own process session, enters new namespaces
+(speedforge.evaluator.namespaces), locks itself down and runs the job
+(speedforge.evaluator.child). Forking a warm interpreter saves the ~2 s of `import torch` that
+a fresh process pays for every candidate.
+
+Protocol over a Unix SOCK_SEQPACKET socket, one JSON object per message: the parent sends
+{"id", "job", "isolate"} with three file descriptors (result pipe, stdout, stderr) attached;
+the zygote answers {"id", "pid"} once forked (or {"id", "error"}), and {"pid", "status"} when
+that child has ended (status as os.waitpid gives it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+
+def preload() -> None:
+    """Import what every job needs, without touching CUDA."""
+    import torch  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401
+
+    from speedforge.evaluator import child, guards, kernels, landlock, namespaces  # noqa: F401
+
+
+def serve(sock: socket.socket) -> None:
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        try:
+            ready, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap(sock)
+        if sock in ready:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+            if not data:
+                return  # the parent went away
+            _start_job(sock, json.loads(data), fds)
+
+
+def _start_job(sock: socket.socket, request: dict, fds: list[int]) -> None:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"id": request["id"], "error": f"fork failed: {exc}"})
+        return
+    if pid == 0:
+        _in_child(sock, request, fds)
+    for fd in fds:
+        os.close(fd)
+    _send(sock, {"id": request["id"], "pid": pid})
+
+
+def _in_child(sock: socket.socket, request: dict, fds: list[int]) -> None:
+    try:
+        sock.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        result_fd, out_fd, err_fd = fds
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.close(out_fd)
+        os.close(err_fd)
+        os.setsid()
+        from speedforge.evaluator import child, namespaces
+
+        warnings = namespaces.isolate() if request["isolate"] else ["network isolation disabled by config"]
+        child.execute(request["job"], result_fd, warnings)
+    finally:
+        os._exit(70)
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"pid": pid, "status": status})
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    preload()
+    _send(sock, {"ready": True})
+    serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
