@@ -64,6 +64,22 @@ def test_every_simd_level_agrees_with_numpy():
     assert eng.simd_level() in levels
 
 
+def test_every_simd_level_computes_the_integer_code_distances_exactly():
+    rng = np.random.default_rng(4)
+    for dim in (5, 25, 48, 128, 960):
+        q = rng.integers(-255, 511, size=dim).astype(np.int16)
+        c = rng.integers(0, 256, size=dim).astype(np.uint8)
+        want_l2 = float(((q.astype(np.int64) - c) ** 2).sum())
+        for level in ("scalar", "avx2", "avx512"):
+            try:
+                got = eng.sq8_distance(q, c, "l2", level)
+            except ValueError:
+                continue
+            assert got == pytest.approx(want_l2, rel=1e-6)
+            assert eng.sq8_distance(q // 8, c, "ip", level) == pytest.approx(
+                -float(((q // 8).astype(np.int64) * c).sum()), rel=1e-6)
+
+
 def test_save_load_round_trip_gives_identical_results(sift, tmp_path):
     index = eng.Index(sift.dim, "l2", M=8, ef_construction=40, quantization="sq8")
     index.build(sift.base, threads=2)

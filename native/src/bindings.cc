@@ -134,6 +134,31 @@ PYBIND11_MODULE(SFANN_MODULE_NAME, m) {
       "a"_a, "b"_a, "metric"_a = "l2", "level"_a = "",
       "Float distance of the engine's kernels (L2: squared; ip: 1 - dot) at a SIMD level (default: detected).");
   m.def(
+      "sq8_distance",
+      [](py::array_t<int16_t, py::array::c_style | py::array::forcecast> q,
+         py::array_t<uint8_t, py::array::c_style | py::array::forcecast> c, const std::string& metric,
+         const std::string& level) {
+        if (q.ndim() != 1 || c.ndim() != 1 || q.shape(0) != c.shape(0)) {
+          throw std::invalid_argument("sq8_distance: q and c must be 1-D arrays of equal length");
+        }
+        const int dim = static_cast<int>(q.shape(0));
+        const int padded = sfann::padded_dim(dim);
+        sfann::AlignedBuffer<int16_t> pq(padded);
+        sfann::AlignedBuffer<uint8_t> pc(padded);
+        std::memcpy(pq.data(), q.data(), sizeof(int16_t) * dim);
+        std::memcpy(pc.data(), c.data(), dim);
+        const sfann::Kernels& k = level.empty() ? sfann::kernels() : sfann::kernels_for(level);
+        const uint32_t id = 0;
+        float batch = 0.f;
+        const bool l2 = sfann::parse_metric(metric) == sfann::Metric::L2;
+        (l2 ? k.l2_sq8_batch : k.ip_sq8_batch)(pq.data(), pc.data(), padded, &id, 1, padded, &batch);
+        const float one = (l2 ? k.l2_sq8 : k.ip_sq8)(pq.data(), pc.data(), padded);
+        if (one != batch) throw std::logic_error("sq8 batch and single kernels disagree");
+        return one;
+      },
+      "q"_a, "c"_a, "metric"_a = "l2", "level"_a = "",
+      "Integer SQ8 kernel (int16 query vs uint8 code; L2: sum of squares, ip: -dot) at a SIMD level.");
+  m.def(
       "engine_sources",
       []() {
         py::dict d;

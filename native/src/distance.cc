@@ -30,19 +30,19 @@ float ip_float_scalar(const float* a, const float* b, int d) {
   return 1.f - s;
 }
 
-float l2_sq8_scalar(const float* q, const uint8_t* c, int d) {
-  float s = 0.f;
+float l2_sq8_scalar(const int16_t* q, const uint8_t* c, int d) {
+  int32_t s = 0;
   for (int i = 0; i < d; ++i) {
-    float t = q[i] - static_cast<float>(c[i]);
+    int32_t t = q[i] - static_cast<int32_t>(c[i]);
     s += t * t;
   }
-  return s;
+  return static_cast<float>(s);
 }
 
-float ip_sq8_scalar(const float* q, const uint8_t* c, int d) {
-  float s = 0.f;
-  for (int i = 0; i < d; ++i) s += q[i] * static_cast<float>(c[i]);
-  return 1.f - s;
+float ip_sq8_scalar(const int16_t* q, const uint8_t* c, int d) {
+  int32_t s = 0;
+  for (int i = 0; i < d; ++i) s += q[i] * static_cast<int32_t>(c[i]);
+  return -static_cast<float>(s);
 }
 
 #ifdef SFANN_X86
@@ -78,28 +78,33 @@ __attribute__((target("avx2,fma"))) float ip_float_avx2(const float* a, const fl
   return 1.f - hsum256(_mm256_add_ps(s0, s1));
 }
 
-__attribute__((target("avx2,fma"))) inline __m256 load_u8x8(const uint8_t* c) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
+__attribute__((target("avx2,fma"))) inline int32_t hsum256_epi32(__m256i v) {
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+  return _mm_cvtsi128_si32(x);
 }
 
-__attribute__((target("avx2,fma"))) float l2_sq8_avx2(const float* q, const uint8_t* c, int d) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  for (int i = 0; i < d; i += 16) {
-    __m256 t0 = _mm256_sub_ps(_mm256_loadu_ps(q + i), load_u8x8(c + i));
-    __m256 t1 = _mm256_sub_ps(_mm256_loadu_ps(q + i + 8), load_u8x8(c + i + 8));
-    s0 = _mm256_fmadd_ps(t0, t0, s0);
-    s1 = _mm256_fmadd_ps(t1, t1, s1);
-  }
-  return hsum256(_mm256_add_ps(s0, s1));
+__attribute__((target("avx2,fma"))) inline __m256i load_u8x16_epi16(const uint8_t* c) {
+  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
 }
 
-__attribute__((target("avx2,fma"))) float ip_sq8_avx2(const float* q, const uint8_t* c, int d) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+__attribute__((target("avx2,fma"))) float l2_sq8_avx2(const int16_t* q, const uint8_t* c, int d) {
+  __m256i acc = _mm256_setzero_si256();
   for (int i = 0; i < d; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_u8x8(c + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load_u8x8(c + i + 8), s1);
+    __m256i t = _mm256_sub_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)), load_u8x16_epi16(c + i));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(t, t));
   }
-  return 1.f - hsum256(_mm256_add_ps(s0, s1));
+  return static_cast<float>(hsum256_epi32(acc));
+}
+
+__attribute__((target("avx2,fma"))) float ip_sq8_avx2(const int16_t* q, const uint8_t* c, int d) {
+  __m256i acc = _mm256_setzero_si256();
+  for (int i = 0; i < d; i += 16) {
+    acc = _mm256_add_epi32(
+        acc, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)), load_u8x16_epi16(c + i)));
+  }
+  return -static_cast<float>(hsum256_epi32(acc));
 }
 
 // ---- AVX-512 (F + BW) ----
@@ -131,43 +136,87 @@ __attribute__((target("avx512f,avx512bw"))) float ip_float_avx512(const float* a
   return 1.f - _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-__attribute__((target("avx512f,avx512bw"))) inline __m512 load_u8x16(const uint8_t* c) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
-}
-
-__attribute__((target("avx512f,avx512bw"))) float l2_sq8_avx512(const float* q, const uint8_t* c, int d) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+__attribute__((target("avx512f,avx512bw"))) float l2_sq8_avx512(const int16_t* q, const uint8_t* c, int d) {
+  __m512i acc = _mm512_setzero_si512();
   int i = 0;
   for (; i + 32 <= d; i += 32) {
-    __m512 t0 = _mm512_sub_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i));
-    __m512 t1 = _mm512_sub_ps(_mm512_loadu_ps(q + i + 16), load_u8x16(c + i + 16));
-    s0 = _mm512_fmadd_ps(t0, t0, s0);
-    s1 = _mm512_fmadd_ps(t1, t1, s1);
+    __m512i code = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i)));
+    __m512i t = _mm512_sub_epi16(_mm512_loadu_si512(q + i), code);
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(t, t));
   }
+  int32_t s = _mm512_reduce_add_epi32(acc);
   if (i < d) {
-    __m512 t0 = _mm512_sub_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i));
-    s0 = _mm512_fmadd_ps(t0, t0, s0);
+    __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i)));
+    __m256i t = _mm256_sub_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)), code);
+    __m256i p = _mm256_madd_epi16(t, t);
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    s += _mm_cvtsi128_si32(x);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return static_cast<float>(s);
 }
 
-__attribute__((target("avx512f,avx512bw"))) float ip_sq8_avx512(const float* q, const uint8_t* c, int d) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+__attribute__((target("avx512f,avx512bw"))) float ip_sq8_avx512(const int16_t* q, const uint8_t* c, int d) {
+  __m512i acc = _mm512_setzero_si512();
   int i = 0;
   for (; i + 32 <= d; i += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), load_u8x16(c + i + 16), s1);
+    __m512i code = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i)));
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_loadu_si512(q + i), code));
   }
-  if (i < d) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_u8x16(c + i), s0);
-  return 1.f - _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  int32_t s = _mm512_reduce_add_epi32(acc);
+  if (i < d) {
+    __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i)));
+    __m256i p = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)), code);
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    s += _mm_cvtsi128_si32(x);
+  }
+  return -static_cast<float>(s);
 }
 
 #endif  // SFANN_X86
 
-const Kernels kScalar{l2_float_scalar, ip_float_scalar, l2_sq8_scalar, ip_sq8_scalar, "scalar"};
+// Batch forms: one indirect call per expanded node; the row kernel is inlined into the loop.
+#define SFANN_FLOAT_BATCH(NAME, ROW, ATTR)                                                                   \
+  ATTR void NAME(const float* q, const float* base, size_t stride, const uint32_t* ids, int m, int d,      \
+                 float* out) {                                                                           \
+    for (int j = 0; j < m; ++j) out[j] = ROW(q, base + ids[j] * stride, d);                               \
+  }
+#define SFANN_CODE_BATCH(NAME, ROW, ATTR)                                                                    \
+  ATTR void NAME(const int16_t* q, const uint8_t* codes, size_t stride, const uint32_t* ids, int m, int d, \
+                 float* out) {                                                                           \
+    for (int j = 0; j < m; ++j) out[j] = ROW(q, codes + ids[j] * stride, d);                              \
+  }
+#define SFANN_NO_ATTR
+SFANN_FLOAT_BATCH(l2_float_batch_scalar, l2_float_scalar, SFANN_NO_ATTR)
+SFANN_FLOAT_BATCH(ip_float_batch_scalar, ip_float_scalar, SFANN_NO_ATTR)
+SFANN_CODE_BATCH(l2_sq8_batch_scalar, l2_sq8_scalar, SFANN_NO_ATTR)
+SFANN_CODE_BATCH(ip_sq8_batch_scalar, ip_sq8_scalar, SFANN_NO_ATTR)
 #ifdef SFANN_X86
-const Kernels kAvx2{l2_float_avx2, ip_float_avx2, l2_sq8_avx2, ip_sq8_avx2, "avx2"};
-const Kernels kAvx512{l2_float_avx512, ip_float_avx512, l2_sq8_avx512, ip_sq8_avx512, "avx512"};
+#define SFANN_AVX2 __attribute__((target("avx2,fma")))
+#define SFANN_AVX512 __attribute__((target("avx512f,avx512bw")))
+SFANN_FLOAT_BATCH(l2_float_batch_avx2, l2_float_avx2, SFANN_AVX2)
+SFANN_FLOAT_BATCH(ip_float_batch_avx2, ip_float_avx2, SFANN_AVX2)
+SFANN_CODE_BATCH(l2_sq8_batch_avx2, l2_sq8_avx2, SFANN_AVX2)
+SFANN_CODE_BATCH(ip_sq8_batch_avx2, ip_sq8_avx2, SFANN_AVX2)
+SFANN_FLOAT_BATCH(l2_float_batch_avx512, l2_float_avx512, SFANN_AVX512)
+SFANN_FLOAT_BATCH(ip_float_batch_avx512, ip_float_avx512, SFANN_AVX512)
+SFANN_CODE_BATCH(l2_sq8_batch_avx512, l2_sq8_avx512, SFANN_AVX512)
+SFANN_CODE_BATCH(ip_sq8_batch_avx512, ip_sq8_avx512, SFANN_AVX512)
+#endif
+
+const Kernels kScalar{l2_float_scalar,       ip_float_scalar,    l2_float_batch_scalar, ip_float_batch_scalar,
+                      l2_sq8_scalar,         ip_sq8_scalar,      l2_sq8_batch_scalar,   ip_sq8_batch_scalar,
+                      "scalar"};
+#ifdef SFANN_X86
+const Kernels kAvx2{l2_float_avx2,       ip_float_avx2,    l2_float_batch_avx2, ip_float_batch_avx2,
+                    l2_sq8_avx2,         ip_sq8_avx2,      l2_sq8_batch_avx2,   ip_sq8_batch_avx2,
+                    "avx2"};
+const Kernels kAvx512{l2_float_avx512,       ip_float_avx512,    l2_float_batch_avx512, ip_float_batch_avx512,
+                      l2_sq8_avx512,         ip_sq8_avx512,      l2_sq8_batch_avx512,   ip_sq8_batch_avx512,
+                      "avx512"};
 #endif
 
 bool cpu_has(const std::string& level) {

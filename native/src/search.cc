@@ -1,18 +1,24 @@
 // Search module (baseline): greedy descent through the upper levels, then a best-first beam
-// search on level 0 over a sorted candidate pool of size ef, prefetching the codes of the
-// neighbours a few steps ahead of the distance computations.
+// search on level 0 over a sorted candidate pool of size ef; the unvisited neighbours of a node
+// are gathered and their codes prefetched together before any distance is computed.
+#include <algorithm>
+
 #include "sfann/modules.h"
 
 namespace sfann {
 namespace {
 
-constexpr int kPrefetchAhead = 4;
+template <typename T>
+T* room(std::vector<T>& buffer, int capacity) {
+  if (buffer.size() < static_cast<size_t>(capacity)) buffer.resize(capacity);
+  return buffer.data();
+}
 
 class BeamSearcher final : public Searcher {
  public:
   const char* name() const override { return "beam-prefetch"; }
 
-  void search(const Graph& graph, const SearchSpace& space, const float* q, int ef,
+  void search(const Graph& graph, const SearchSpace& space, const void* q, int ef,
               SearchScratch& scratch) const override {
     uint32_t cur = graph.entry;
     float cur_dist = space.distance(q, cur);
@@ -40,27 +46,28 @@ class BeamSearcher final : public Searcher {
     pool.reset(ef);
     pool.insert(cur, cur_dist);
     visited.test_and_set(cur);
+    uint32_t* fresh = room(scratch.buffer, std::max(graph.capacity0(), graph.capacity()));
+    float* dist = room(scratch.dists, std::max(graph.capacity0(), graph.capacity()));
     while (pool.has_next()) {
       const uint32_t u = pool.pop();
       const uint32_t* l = graph.links0(u);
       const uint32_t count = l[0];
       const uint32_t* nb = l + 1;
-      for (uint32_t j = 0; j < count && j < static_cast<uint32_t>(kPrefetchAhead); ++j) {
-        visited.prefetch(nb[j]);
-        space.prefetch(nb[j]);
-      }
+      // Gather the unvisited neighbours and start loading all their codes, then compute: the
+      // loads overlap each other instead of each waiting for the previous distance.
+      uint32_t m = 0;
       for (uint32_t j = 0; j < count; ++j) {
-        if (j + kPrefetchAhead < count) {
-          visited.prefetch(nb[j + kPrefetchAhead]);
-          space.prefetch(nb[j + kPrefetchAhead]);
-        }
         const uint32_t v = nb[j];
         if (visited.test_and_set(v)) continue;
-        const float d = space.distance(q, v);
-        if (pool.full() && d >= pool.worst()) continue;
-        pool.insert(v, d);
+        space.prefetch(v);
+        fresh[m++] = v;
       }
-      if (pool.has_next()) __builtin_prefetch(graph.links0(pool.id(0)), 0, 3);
+      if (pool.has_next()) __builtin_prefetch(graph.links0(pool.id_at_cursor()), 0, 3);
+      space.distances(q, fresh, static_cast<int>(m), dist);
+      for (uint32_t j = 0; j < m; ++j) {
+        if (pool.full() && dist[j] >= pool.worst()) continue;
+        pool.insert(fresh[j], dist[j]);
+      }
     }
   }
 };

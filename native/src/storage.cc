@@ -35,8 +35,11 @@ const char* quantization_name(Quantization q) { return q == Quantization::SQ8 ? 
 SearchSpace::SearchSpace(const VectorStore& store, Quantization q)
     : quant_(q), metric_(store.metric()), n_(store.size()), dim_padded_(store.dim_padded()) {
   const Kernels& k = kernels();
-  float_fn_ = metric_ == Metric::L2 ? k.l2_float : k.ip_float;
-  code_fn_ = metric_ == Metric::L2 ? k.l2_sq8 : k.ip_sq8;
+  const bool l2 = metric_ == Metric::L2;
+  float_fn_ = l2 ? k.l2_float : k.ip_float;
+  float_batch_ = l2 ? k.l2_float_batch : k.ip_float_batch;
+  code_fn_ = l2 ? k.l2_sq8 : k.ip_sq8;
+  code_batch_ = l2 ? k.l2_sq8_batch : k.ip_sq8_batch;
   if (q == Quantization::None) {
     code_bytes_ = sizeof(float) * dim_padded_;
     codes_ = n_ ? reinterpret_cast<const uint8_t*>(store.row(0)) : nullptr;
@@ -74,15 +77,26 @@ SearchSpace::SearchSpace(const VectorStore& store, Quantization q)
   prefetch_bytes_ = std::min<size_t>(code_bytes_, 256);
 }
 
-void SearchSpace::prepare_query(const float* query_padded, float* out) const {
+void SearchSpace::prepare_query(const float* query_padded, void* out) const {
   if (quant_ == Quantization::None) {
     std::memcpy(out, query_padded, sizeof(float) * dim_padded_);
-  } else if (metric_ == Metric::L2) {
+    return;
+  }
+  int16_t* q = static_cast<int16_t*>(out);
+  if (metric_ == Metric::L2) {
+    // On the code grid; clamped so that (q - c)^2 summed over 960 dimensions fits in int32.
     const float inv = 1.f / step_;
-    for (int j = 0; j < dim_padded_; ++j) out[j] = (query_padded[j] - offsets_[j]) * inv;
+    for (int j = 0; j < dim_padded_; ++j) {
+      float v = std::nearbyint((query_padded[j] - offsets_[j]) * inv);
+      q[j] = static_cast<int16_t>(std::min(510.f, std::max(-255.f, v)));
+    }
   } else {
-    // 1 - q.x = 1 - q.offsets - step * sum q_j c_j: the constant shift keeps the order.
-    for (int j = 0; j < dim_padded_; ++j) out[j] = query_padded[j] * step_;
+    // q.x = q.offsets + step * sum q_j c_j: ranking by sum q_j c_j needs only q up to a positive
+    // scale, chosen so |q_j| <= 2047 (sums over 960 dimensions fit in int32).
+    float top = 0.f;
+    for (int j = 0; j < dim_padded_; ++j) top = std::max(top, std::fabs(query_padded[j]));
+    const float scale = top > 0.f ? 2047.f / top : 0.f;
+    for (int j = 0; j < dim_padded_; ++j) q[j] = static_cast<int16_t>(std::nearbyint(query_padded[j] * scale));
   }
 }
 

@@ -8,14 +8,24 @@ namespace sfann {
 
 // Float vs float. L2: squared Euclidean distance; IP: 1 - dot (smaller is nearer).
 using FloatDistFn = float (*)(const float* a, const float* b, int dim_padded);
-// Prepared float query vs uint8 code (scalar quantisation): sum (q_i - c_i)^2, or 1 - sum q_i c_i.
-using CodeDistFn = float (*)(const float* query, const uint8_t* code, int dim_padded);
+// Float query vs many float rows: out[j] = dist(query, base + ids[j] * stride).
+using FloatBatchFn = void (*)(const float* query, const float* base, size_t stride, const uint32_t* ids, int m,
+                              int dim_padded, float* out);
+// 8-bit scalar quantisation: an int16 query on the code grid vs uint8 codes, in integer
+// arithmetic. L2: sum (q_i - c_i)^2; IP: -sum q_i c_i.
+using CodeDistFn = float (*)(const int16_t* query, const uint8_t* code, int dim_padded);
+using CodeBatchFn = void (*)(const int16_t* query, const uint8_t* codes, size_t stride, const uint32_t* ids, int m,
+                             int dim_padded, float* out);
 
 struct Kernels {
   FloatDistFn l2_float;
   FloatDistFn ip_float;
+  FloatBatchFn l2_float_batch;
+  FloatBatchFn ip_float_batch;
   CodeDistFn l2_sq8;
   CodeDistFn ip_sq8;
+  CodeBatchFn l2_sq8_batch;
+  CodeBatchFn ip_sq8_batch;
   const char* level;  // "avx512" | "avx2" | "scalar"
 };
 

@@ -35,8 +35,9 @@ struct SearchScratch {
   VisitedList visited;
   CandidatePool pool;
   AlignedBuffer<float> query;     // the padded (and, for angular, normalised) query
-  AlignedBuffer<float> prepared;  // the query prepared for the search space
+  AlignedBuffer<float> prepared;  // the query prepared for the search space (opaque: pass to space)
   std::vector<uint32_t> buffer;   // free for modules to use
+  std::vector<float> dists;       // free for modules to use
 };
 
 // Search: leaves in scratch.pool the (up to) `ef` best candidates it found for the query.
@@ -44,7 +45,7 @@ class Searcher {
  public:
   virtual ~Searcher() = default;
   virtual const char* name() const = 0;
-  virtual void search(const Graph& graph, const SearchSpace& space, const float* prepared, int ef,
+  virtual void search(const Graph& graph, const SearchSpace& space, const void* prepared, int ef,
                       SearchScratch& scratch) const = 0;
 };
 

@@ -74,6 +74,7 @@ class CandidatePool {
     return true;
   }
   bool has_next() const { return cursor_ < size_; }
+  uint32_t id_at_cursor() const { return ids_[cursor_] & ~kExpanded; }
   uint32_t pop() {
     uint32_t id = ids_[cursor_];
     ids_[cursor_] |= kExpanded;

@@ -42,8 +42,10 @@ Quantization parse_quantization(const std::string& name);  // "none" | "sq8"
 const char* quantization_name(Quantization q);
 
 // What the search reads: rows of `code_bytes` bytes, with a distance from a prepared query.
-// Quantization::None: the rows are the float vectors themselves (no copy).
-// Quantization::SQ8: one byte per dimension, per-dimension offset and one global step.
+// Quantization::None: the rows are the float vectors themselves (no copy); the prepared query
+// is the padded float query. Quantization::SQ8: one byte per dimension (per-dimension offset,
+// one global step); the prepared query is int16 on the same grid, and distances are computed
+// in integer arithmetic (exact order up to the grid; the refinement re-ranks exactly).
 class SearchSpace {
  public:
   SearchSpace() = default;
@@ -56,12 +58,21 @@ class SearchSpace {
   bool exact() const { return quant_ == Quantization::None; }
   const uint8_t* code(size_t i) const { return codes_ + i * code_bytes_; }
 
-  // Query -> prepared query of dim_padded() floats (store.prepare_query must have run first).
-  void prepare_query(const float* query_padded, float* out) const;
-  float distance(const float* prepared, size_t i) const {
+  // Padded query (store.prepare_query) -> prepared query; `out` holds dim_padded() floats.
+  void prepare_query(const float* query_padded, void* out) const;
+  float distance(const void* prepared, size_t i) const {
     return quant_ == Quantization::None
-               ? float_fn_(prepared, reinterpret_cast<const float*>(code(i)), dim_padded_)
-               : code_fn_(prepared, code(i), dim_padded_);
+               ? float_fn_(static_cast<const float*>(prepared), reinterpret_cast<const float*>(code(i)), dim_padded_)
+               : code_fn_(static_cast<const int16_t*>(prepared), code(i), dim_padded_);
+  }
+  // out[j] = distance(prepared, ids[j]) for j < m, in one call.
+  void distances(const void* prepared, const uint32_t* ids, int m, float* out) const {
+    if (quant_ == Quantization::None) {
+      float_batch_(static_cast<const float*>(prepared), reinterpret_cast<const float*>(codes_), code_bytes_ / sizeof(float),
+                   ids, m, dim_padded_, out);
+    } else {
+      code_batch_(static_cast<const int16_t*>(prepared), codes_, code_bytes_, ids, m, dim_padded_, out);
+    }
   }
   void prefetch(size_t i) const { prefetch_lines(code(i), prefetch_bytes_); }
   size_t memory_bytes() const { return owned_.bytes() + offsets_.size() * sizeof(float); }
@@ -78,7 +89,9 @@ class SearchSpace {
   std::vector<float> offsets_;  // per dimension: value of code 0
   float step_ = 1.0f;           // value of one code step
   FloatDistFn float_fn_ = nullptr;
+  FloatBatchFn float_batch_ = nullptr;
   CodeDistFn code_fn_ = nullptr;
+  CodeBatchFn code_batch_ = nullptr;
 };
 
 }  // namespace sfann

@@ -1,0 +1,132 @@
+"""The `ann` family end to end through the evaluator's sandbox: an honest candidate is
+measured, cheating and broken candidates get the status they deserve."""
+
+import dataclasses
+
+import pytest
+
+from speedforge.ann import tasks
+from speedforge.ann.engine import module_source
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import evaluate
+from speedforge.records import Candidate, Task
+
+SPEC = """
+module: search
+data: {shape: sift, n: 3000, queries: 200}
+index: {M: 12, ef_construction: 60}
+sweep: {k: 10, ef: [10, 16, 24, 32, 64, 128], repeats: 2}
+"""
+
+# Answers every query with the entry point and its neighbours: results that ignore the query.
+PRECOMPUTED = r"""
+#include "sfann/modules.h"
+namespace sfann {
+namespace {
+class Precomputed final : public Searcher {
+ public:
+  const char* name() const override { return "precomputed"; }
+  void search(const Graph& graph, const SearchSpace&, const void*, int ef, SearchScratch& s) const override {
+    s.pool.reset(ef);
+    const uint32_t* l = graph.links0(graph.entry);
+    s.pool.insert(graph.entry, 0.f);
+    for (uint32_t j = 1; j <= l[0]; ++j) s.pool.insert(l[j], static_cast<float>(j));
+  }
+};
+}  // namespace
+std::unique_ptr<Searcher> make_searcher() { return std::make_unique<Precomputed>(); }
+}  // namespace sfann
+"""
+
+# The baseline search, but it looks at only the first two neighbours of each node: fast, wrong.
+SKIPS_DISTANCES = module_source("search").replace("for (uint32_t j = 0; j < count; ++j) {",
+                                                  "for (uint32_t j = 0; j < count && j < 2; ++j) {")
+
+CRASHES = r"""
+#include "sfann/modules.h"
+namespace sfann {
+namespace {
+class Crash final : public Searcher {
+ public:
+  const char* name() const override { return "crash"; }
+  void search(const Graph&, const SearchSpace&, const void*, int, SearchScratch&) const override {
+    volatile int* p = nullptr;
+    *p = 1;
+  }
+};
+}  // namespace
+std::unique_ptr<Searcher> make_searcher() { return std::make_unique<Crash>(); }
+}  // namespace sfann
+"""
+
+THROWS = CRASHES.replace("volatile int* p = nullptr;\n    *p = 1;", 'throw std::runtime_error("no search today");')
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    return EvaluatorConfig(cache_dir=str(tmp_path_factory.mktemp("ann-cache")), run_timeout_s=240.0)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return Task(task_id="ann/test-sift-search", family="ann", name="test-sift-search", source=SPEC)
+
+
+def _evaluate(task, source, config):
+    return evaluate(task, Candidate.make(task.task_id, source), config)
+
+
+def test_the_baseline_module_as_candidate_scores_about_one(task, config):
+    result = _evaluate(task, module_source("search"), config)
+    assert result.status == "ok", (result.reason, result.log)
+    assert result.correct and 0.5 < result.speedup < 2.0
+    assert result.ref_us > 0 and result.cand_us > 0 and result.trials == 12
+    assert "base_recall" in result.log
+
+
+def test_precomputed_neighbours_are_caught(task, config):
+    result = _evaluate(task, PRECOMPUTED, config)
+    assert result.status == "hack_detected", (result.reason, result.log)
+    assert "same answer" in result.reason
+
+
+def test_skipping_distance_computations_is_caught_by_the_recall_check(task, config):
+    assert SKIPS_DISTANCES != module_source("search")
+    result = _evaluate(task, SKIPS_DISTANCES, config)
+    assert result.status == "incorrect", (result.reason, result.log)
+    assert "recall" in result.reason and result.speedup is None
+
+
+def test_a_candidate_that_does_not_compile_or_lacks_the_factory(task, config):
+    result = _evaluate(task, module_source("search").replace("pool.pop();", "pool.pop()"), config)
+    assert result.status == "compile_error" and "error" in result.reason and result.log
+    result = _evaluate(task, module_source("search").replace("make_searcher()", "make_other()"), config)
+    assert result.status == "compile_error" and "make_searcher" in result.reason
+
+
+def test_a_candidate_that_crashes_or_throws(task, config):
+    crashed = _evaluate(task, CRASHES, config)
+    assert crashed.status == "crashed", (crashed.reason, crashed.log)
+    thrown = _evaluate(task, THROWS, config)
+    assert thrown.status == "runtime_error" and "no search today" in thrown.reason
+
+
+def test_builtin_tasks_parse_and_offer_the_baseline_module_as_reference():
+    builtin = tasks.builtin_tasks()
+    assert {t.task_id for t in builtin} >= {"ann/sift-search", "ann/glove-search", "ann/sift-construction"}
+    for t in builtin:
+        spec = tasks.parse_spec(t.source)
+        assert "make_" in tasks.reference_source(t) and t.family == "ann"
+        assert spec.resolved_metric in ("l2", "angular")
+
+
+def test_a_bad_task_spec_is_reported_in_one_line(config):
+    from speedforge.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown key"):
+        tasks.parse_spec("module: search\nspeed: 11\n")
+    with pytest.raises(ConfigError, match="module 'everything'"):
+        tasks.parse_spec("module: everything\n")
+    bad = Task(task_id="ann/bad", family="ann", name="bad", source="module: search\ndata: {shape: mnist}\n")
+    result = evaluate(bad, Candidate.make(bad.task_id, module_source("search")), config)
+    assert result.status == "runtime_error" and "data.shape 'mnist'" in result.reason
