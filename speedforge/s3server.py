@@ -3,11 +3,13 @@
 Every port is a free one picked at start, everything binds to 127.0.0.1, the data lives in
 its own folder, and the credentials are generated and written to an S3 identities file in
 that folder. The server runs in its own process session and is stopped by signalling that
-whole session, so nothing is left behind; on Linux it also dies with the process that
-started it.
+whole session, so nothing is left behind; on Linux it also gets SIGTERM when the thread that
+started it ends (PR_SET_PDEATHSIG), so start it from a long-lived thread, as the CLI and the
+test fixture do.
 
     with SeaweedServer(data_dir, bucket="speedforge") as server:
-        store = open_store("s3://speedforge/run", endpoint_url=server.endpoint)  # needs server.env()
+        os.environ.update(server.env())   # credentials and $SPEEDFORGE_S3_ENDPOINT
+        store = open_store("s3://speedforge/run")
 """
 
 from __future__ import annotations
@@ -131,8 +133,9 @@ class SeaweedServer:
             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }
-        self.identities_file.write_text(json.dumps({"identities": [identity]}, indent=2))
-        self.identities_file.chmod(0o600)
+        fd = os.open(self.identities_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"identities": [identity]}, fh, indent=2)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -246,23 +249,17 @@ class SeaweedServer:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """Stop the server and everything it started: SIGTERM to its session, SIGKILL after timeout_s."""
+        """Stop the server and everything it started: SIGTERM to its process group, SIGKILL after timeout_s."""
         process, self.process = self.process, None
-        if process is None:
-            return
-        try:
-            pgid = os.getpgid(process.pid)
-        except ProcessLookupError:
-            pgid = None
-        if process.poll() is None:
-            _signal_group(pgid, process, signal.SIGTERM)
+        if process is not None and process.poll() is None:
+            group = process.pid  # it called setsid (or start_new_session) at start: group id == pid
+            _signal_group(group, signal.SIGTERM)
             try:
                 process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                _signal_group(pgid, process, signal.SIGKILL)
+                _signal_group(group, signal.SIGKILL)
                 process.wait()
-        if pgid is not None:
-            _signal_group(pgid, None, signal.SIGKILL)  # anything of its session still alive
+            _signal_group(group, signal.SIGKILL)  # anything of its group still alive
         for path in self.leftover_sockets():
             path.unlink(missing_ok=True)
 
@@ -278,11 +275,8 @@ class SeaweedServer:
         self.stop()
 
 
-def _signal_group(pgid: int | None, process: subprocess.Popen | None, sig: int) -> None:
+def _signal_group(group: int, sig: int) -> None:
     try:
-        if pgid is not None and pgid != os.getpgrp():
-            os.killpg(pgid, sig)
-        elif process is not None:
-            process.send_signal(sig)
-    except ProcessLookupError:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
         pass

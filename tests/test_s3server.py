@@ -115,3 +115,21 @@ def test_serve_command_prints_a_usable_endpoint_and_stops_cleanly_on_sigterm(tmp
 def test_invalid_bucket_name_is_refused_before_starting(tmp_path):
     with pytest.raises(UserError, match="invalid bucket name 'b1'"):
         SeaweedServer(tmp_path, bucket="b1")
+
+
+def test_server_dies_with_a_killed_parent(tmp_path):
+    script = (f"from speedforge.s3server import SeaweedServer\n"
+              f"s = SeaweedServer({str(tmp_path / 's3')!r}, bucket='orphan-check').start()\n"
+              f"print(s.process.pid, flush=True)\n"
+              f"import time; time.sleep(600)\n")  # fmt: skip
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        weed_pid = int(parent.stdout.readline())
+        assert psutil.Process(weed_pid).name() == "weed"
+    finally:
+        parent.kill()  # SIGKILL: no finally, no atexit in the parent
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(weed_pid) and psutil.Process(weed_pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "weed outlived its parent"
+        time.sleep(0.2)
