@@ -1,10 +1,12 @@
 """`speedforge evaluate`: a sweep of candidates over GPU pools on the Ray evaluation service.
 
-    speedforge evaluate --tasks s3://b/staged --candidates s3://b/gen --pools H100,L40 --out s3://b/run1
+    speedforge evaluate --tasks s3://b/p/datasets/kb --candidates s3://b/p/datasets/gen \
+        --pools H100,L40 --out s3://b/runs/r1
 
-Tasks and candidates come from a store (their `tasks` and `candidates` tables) or from the
-built-in suite (`builtin`, `builtin:cuda`, `builtin:cpp`). Results are appended to the `results`
-table under --out as they arrive; run the same command again to finish an interrupted sweep.
+Tasks and candidates come from a staged data set (`STORE/datasets/NAME`, see `speedforge
+stage`), from a store with plain `tasks` / `candidates` tables, or from the built-in suite
+(`builtin`, `builtin:cuda`, `builtin:cpp`). Results are appended to the `results` table under
+--out as they arrive; run the same command again to finish an interrupted sweep.
 """
 
 from __future__ import annotations
