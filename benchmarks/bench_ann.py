@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing
 import os
 import platform
 import sys
@@ -91,6 +92,31 @@ class Faiss:
 LIBS = {cls.name: cls for cls in (Sfann, Hnswlib, Faiss)}
 
 
+def bench_lib(lib, ds, truth, args, threads):
+    """One library on one data set: build, memory, sweeps on one thread and on all threads."""
+    gc.collect()
+    rss0 = psutil.Process().memory_info().rss
+    index = LIBS[lib](ds.dim, ds.metric, args.M, args.ef_construction, args.quantization)
+    start = time.perf_counter()
+    index.build(ds.base, threads)
+    build_s = time.perf_counter() - start
+    mem_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
+    row = {"shape": ds.name.split("-")[0], "lib": lib, "n": len(ds.base), "dim": ds.dim, "build_s": build_s,
+           "mem_mb": mem_mb}
+    for label, t in (("1t", 1), ("all", threads)):
+        points = sweep(lambda q, k, ef: index.search(q, k, ef, t), ds.queries, truth, args.efs, args.k,
+                       args.repeats, stop_recall=0.97)
+        pairs = [p.pair for p in points]
+        row[f"qps90_{label}"] = qps_at(pairs, TARGET_RECALL)
+        row[f"auc_{label}"] = band_auc(pairs)
+        row[f"points_{label}"] = [(p.ef, round(p.recall, 4), round(p.qps, 1)) for p in points]
+    return row
+
+
+def _in_child(queue, *args):
+    queue.put(bench_lib(*args))
+
+
 def bench_shape(shape, args, threads):
     t0 = time.perf_counter()
     ds = synthetic(shape, args.n, args.queries, seed=args.seed)
@@ -98,26 +124,18 @@ def bench_shape(shape, args, threads):
     print(f"[{shape}] {args.n} x {ds.dim} {ds.metric}: data and ground truth in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr, flush=True)
     rows = []
+    ctx = multiprocessing.get_context("fork")
     for lib in args.libs:
-        gc.collect()
-        rss0 = psutil.Process().memory_info().rss
-        index = LIBS[lib](ds.dim, ds.metric, args.M, args.ef_construction, args.quantization)
-        start = time.perf_counter()
-        index.build(ds.base, threads)
-        build_s = time.perf_counter() - start
-        mem_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
-        row = {"shape": shape, "lib": lib, "n": args.n, "dim": ds.dim, "build_s": build_s, "mem_mb": mem_mb}
-        for label, t in (("1t", 1), ("all", threads)):
-            points = sweep(lambda q, k, ef: index.search(q, k, ef, t), ds.queries, truth, args.efs, args.k,
-                           args.repeats, stop_recall=0.97)
-            pairs = [p.pair for p in points]
-            row[f"qps90_{label}"] = qps_at(pairs, TARGET_RECALL)
-            row[f"auc_{label}"] = band_auc(pairs)
-            row[f"points_{label}"] = [(p.ef, round(p.recall, 4), round(p.qps, 1)) for p in points]
-        print(f"[{shape}] {lib}: build {build_s:.1f} s, QPS@0.9 {row['qps90_1t'] or 0:.0f} (1 thread) "
+        # A fresh process per library: memory is measured from a clean heap, and no library's
+        # threads or caches linger into the next one's timing.
+        queue = ctx.Queue()
+        child = ctx.Process(target=_in_child, args=(queue, lib, ds, truth, args, threads))
+        child.start()
+        row = queue.get()
+        child.join()
+        print(f"[{shape}] {lib}: build {row['build_s']:.1f} s, QPS@0.9 {row['qps90_1t'] or 0:.0f} (1 thread) "
               f"{row['qps90_all'] or 0:.0f} ({threads} threads)", file=sys.stderr, flush=True)
         rows.append(row)
-        del index
     return rows
 
 

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "speedforge.commands.s3",
     "speedforge.commands.optimize",
     "speedforge.commands.serve_policy",
+    "speedforge.commands.ann",
 )
 
 
