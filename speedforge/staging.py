@@ -8,7 +8,8 @@ Layout under the destination store:
 A version exists only once its manifest does. The manifest lists each part with its sha256
 and row count, the sha256 of every item (task, candidate) and the counts, and it is the last
 object written, so a staging that dies half-way leaves only unreferenced parts behind and the
-previous version stays the latest. Parts are named by their content, so staging again after
+previous version stays the latest. The manifest is written only if its version number is still free
+(S3 If-None-Match), so concurrent stagings get distinct versions. Parts are named by their content, so staging again after
 an interruption uploads only what is missing, and staging content identical to the latest
 version writes nothing at all.
 """
@@ -26,7 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from speedforge.records import Candidate, Record, Task
-from speedforge.store import CorruptObjectError, Store, StoreError, decode_records, encode_records
+from speedforge.store import CorruptObjectError, ObjectExistsError, Store, StoreError, decode_records, encode_records
 
 FORMAT = "speedforge.dataset/1"
 KINDS: dict[str, type[Record]] = {"tasks": Task, "candidates": Candidate}
@@ -173,11 +174,9 @@ def stage_dataset(store: Store, name: str, tasks: list[Task], candidates: list[C
         finally:
             bar.close()
 
-    version = (latest["version"] if latest else 0) + 1
     manifest = {
         "format": FORMAT,
         "name": name,
-        "version": version,
         "created_at": time.time(),
         "source": source,
         "content_sha256": content,
@@ -190,8 +189,18 @@ def stage_dataset(store: Store, name: str, tasks: list[Task], candidates: list[C
         "items": items,
         "skipped": list(skipped),
     }
-    key = manifest_key(name, version)
-    store.put_bytes(key, json.dumps(manifest, indent=1, sort_keys=True).encode())  # last: makes it visible
+    version = (latest["version"] if latest else 0) + 1
+    while True:  # the manifest goes last, and only to a version number nobody has taken
+        manifest["version"] = version
+        key = manifest_key(name, version)
+        try:
+            store.put_bytes(key, json.dumps(manifest, indent=1, sort_keys=True).encode(), if_absent=True)
+            break
+        except ObjectExistsError:  # another staging took this number meanwhile (or our retried write did)
+            taken = read_manifest(store, name, version)
+            if taken is not None and taken["content_sha256"] == content:
+                break
+            version = list_versions(store, name)[-1] + 1
     return StageResult(name, version, key, True, store.stats.puts - puts_before,
                        store.stats.bytes_put - bytes_before, counts)  # fmt: skip
 

@@ -13,6 +13,7 @@ import pytest
 
 from speedforge.cli import main
 from speedforge.records import Candidate, Task
+from speedforge import staging
 from speedforge.staging import list_versions, load_dataset, read_manifest, stage_dataset
 from speedforge.store import CorruptObjectError, StoreError, open_store
 from speedforge.tasks import builtin_tasks
@@ -190,3 +191,25 @@ def test_stage_command_stages_then_finds_nothing_to_write(s3_uri, capsys):
     assert main(["stage", "--source", "builtin:cpp", "--dest", s3_uri]) == 0
     assert "unchanged: builtin-cpp v1 already holds this content" in capsys.readouterr().out
     assert load_dataset(open_store(s3_uri), "builtin-cpp").tasks == builtin_tasks("cpp")
+
+
+def test_concurrent_staging_takes_the_next_free_version(store, monkeypatch):
+    tasks, candidates = make_items(5)
+    stage_dataset(store, "gen", tasks, candidates, progress=False)
+    v1 = read_manifest(store, "gen")
+    b = [dataclasses.replace(t, notes="b") for t in tasks]
+    stage_dataset(store, "gen", b, candidates, progress=False)  # v2, written after C read the latest
+    c = [dataclasses.replace(t, notes="c") for t in tasks]
+    real_read, calls = staging.read_manifest, []
+
+    def stale_first_read(store_, name, version=None):
+        calls.append(version)
+        return v1 if len(calls) == 1 else real_read(store_, name, version)
+
+    monkeypatch.setattr(staging, "read_manifest", stale_first_read)
+    result = stage_dataset(store, "gen", c, candidates, progress=False)
+    monkeypatch.undo()
+    assert result.created and result.version == 3
+    assert list_versions(store, "gen") == [1, 2, 3]
+    assert load_dataset(store, "gen", 2).tasks == b and load_dataset(store, "gen", 3).tasks == c
+

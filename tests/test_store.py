@@ -12,7 +12,7 @@ from speedforge.config import StoreConfig
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Task, Variant
 from speedforge.s3server import SeaweedServer, free_ports
-from speedforge.store import CorruptObjectError, MissingObjectError, StoreError, open_store
+from speedforge.store import CorruptObjectError, MissingObjectError, ObjectExistsError, StoreError, open_store
 
 TASK = Task(task_id="cpp/add", family="cpp", name="add", source="class Model: ...\n", level=1, notes="adds")
 CANDIDATE = Candidate.make("cpp/add", "class ModelNew: ...\n", origin="human", parent_ids=("p1", "p2"),
@@ -181,3 +181,12 @@ def test_server_stopped_and_restarted_mid_run_is_retried(tmp_path, monkeypatch):
 def test_unknown_aws_profile_is_one_clear_line(s3_env):
     with pytest.raises(StoreError, match="profile .*not.*found"):
         open_store(f"s3://{s3_env.bucket}/x", config=StoreConfig(profile="no-such-profile-here"))
+
+
+def test_write_if_absent_refuses_an_existing_key(store):
+    store.put_bytes("once", b"1", if_absent=True)
+    with pytest.raises(ObjectExistsError, match="once.*already exists"):
+        store.put_bytes("once", b"2", if_absent=True)
+    assert store.get_bytes("once") == b"1"
+    store.put_bytes("once", b"3")
+    assert store.get_bytes("once") == b"3"

@@ -41,6 +41,10 @@ class MissingObjectError(StoreError, KeyError):
         return str(self.args[0])
 
 
+class ObjectExistsError(StoreError):
+    """A write with if_absent=True found the key already there."""
+
+
 class CorruptObjectError(StoreError):
     """An object whose bytes do not match the sha256 recorded for it."""
 
@@ -50,7 +54,7 @@ class Backend(Protocol):
 
     location: str  # the root as a user wrote it, for messages
 
-    def put(self, key: str, data: bytes) -> None: ...
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> None: ...
     def get(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
@@ -125,9 +129,13 @@ class Store:
 
     # -- bytes -------------------------------------------------------------------------------
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        """Write one object (whole, atomically: readers see the old state or the new one)."""
-        self.backend.put(check_key(key), bytes(data))
+    def put_bytes(self, key: str, data: bytes, if_absent: bool = False) -> None:
+        """Write one object (whole, atomically: readers see the old state or the new one).
+
+        With if_absent, the write happens only if the key does not exist yet, checked by the
+        store itself (S3 If-None-Match, a hard link locally); else ObjectExistsError.
+        """
+        self.backend.put(check_key(key), bytes(data), if_absent)
         with self._lock:
             self.stats.puts += 1
             self.stats.bytes_put += len(data)

@@ -6,7 +6,7 @@ import os
 import uuid
 from pathlib import Path
 
-from speedforge.store.base import MissingObjectError, StoreError
+from speedforge.store.base import MissingObjectError, ObjectExistsError, StoreError
 
 TMP_DIR = ".tmp"  # half-written objects live here until renamed; never listed
 
@@ -21,19 +21,27 @@ class LocalBackend:
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*key.split("/"))
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> None:
         path = self._path(key)
         tmp_dir = self.root / TMP_DIR
+        tmp = tmp_dir / f"{uuid.uuid4().hex}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp_dir.mkdir(parents=True, exist_ok=True)
-            tmp = tmp_dir / f"{uuid.uuid4().hex}"
             with open(tmp, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            if if_absent:
+                os.link(tmp, path)  # atomic, and fails if path exists
+                tmp.unlink()
+            else:
+                os.replace(tmp, path)
+        except FileExistsError:
+            tmp.unlink(missing_ok=True)
+            raise ObjectExistsError(f"object {path} already exists") from None
         except OSError as exc:
+            tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
 
     def get(self, key: str) -> bytes:

@@ -24,13 +24,13 @@ import botocore.session
 import botocore.exceptions as bx
 
 from speedforge.config import StoreConfig
-from speedforge.store.base import MissingObjectError, StoreError
+from speedforge.store.base import MissingObjectError, ObjectExistsError, StoreError
 
 T = TypeVar("T")
 
 ENDPOINT_ENV = "SPEEDFORGE_S3_ENDPOINT"
 TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable",
-                   "InternalError", "RequestTimeTooSkewed"}  # fmt: skip
+                   "InternalError", "RequestTimeTooSkewed", "ConditionalRequestConflict"}  # fmt: skip
 CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
                     "InvalidToken", "ExpiredToken"}  # fmt: skip
 CONNECTION_ERRORS = (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ConnectTimeoutError,
@@ -115,6 +115,8 @@ class S3Backend:
                 f"access denied to {self.location} at {self.endpoint} ({code or status}): check "
                 f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the AWS profile"
             )
+        if code == "PreconditionFailed" or status == 412:
+            return ObjectExistsError(f"object {self.location}/{what.split(' ', 1)[-1]} already exists")
         if code in ("NoSuchKey", "404", "NotFound"):
             return MissingObjectError(f"no object {self.location}/{what.split(' ', 1)[-1]}")
         return StoreError(f"S3 {what} failed at {self.endpoint}: {code or status}: {error.get('Message', exc)}")
@@ -125,8 +127,10 @@ class S3Backend:
         """Fail early, with one line, on a missing bucket, bad credentials or no server."""
         self.call(f"check bucket {self.bucket}", lambda: self.client.head_bucket(Bucket=self.bucket), retry_s)
 
-    def put(self, key: str, data: bytes) -> None:
-        self.call(f"put {key}", lambda: self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data))
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> None:
+        extra = {"IfNoneMatch": "*"} if if_absent else {}
+        self.call(f"put {key}", lambda: self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,
+                                                               **extra))  # fmt: skip
 
     def get(self, key: str) -> bytes:
         def fetch() -> bytes:
