@@ -154,6 +154,8 @@ class HFBackend:
         self.config = config
         folder, gguf_file, self.model_name = resolve_model(config.model)
         self.device = pick_device(config.device)
+        if self.device == "cpu" and config.cpu_threads > 0:
+            torch.set_num_threads(config.cpu_threads)
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         transformers.logging.set_verbosity_error()
         try:
