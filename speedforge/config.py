@@ -38,10 +38,10 @@ class EvaluatorConfig:
     atol: float = 1e-2  # default tolerance; per-dtype tolerances below take precedence
     rtol: float = 1e-2
     warmup_calls: int = 3
-    timed_calls: int = 30  # paired calls per side on GPU
-    cpu_timed_calls: int = 15  # paired calls per side on CPU
-    min_timed_s: float = 0.2  # keep timing until each side has this much timed work (or max)
-    max_timed_calls: int = 200
+    timed_calls: int = 30  # paired calls per side on GPU, at least
+    cpu_timed_calls: int = 15  # paired calls per side on CPU, at least
+    min_timed_s: float = 0.1  # more pairs until each side has about this much timed work...
+    max_timed_calls: int = 100  # ...up to this many
     cpu_threads: int = 1  # torch threads in the sandbox for the CPU family
     memory_limit_mb: int = 8192  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
     max_processes: int = 64  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
@@ -86,8 +86,8 @@ class ServiceConfig:
     build_workers: int = 0  # 0 = every CPU the bench workers leave free (at least 1)
     build_num_cpus: float = 1.0
     max_in_flight: int = 256  # candidates taken from the input and not yet finished on every pool
-    batch_size: int = 8  # most candidates per actor call (fewer when the queue is short)
-    calls_per_worker: int = 2  # actor calls queued per worker, so none waits between calls
+    batch_size: int = 1  # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
+    calls_per_worker: int = 1  # actor calls sent to a worker before it answers (2 hides a round trip)
     retries: int = 2  # extra attempts after an infra_error (the only retryable status)
     worker_restarts: int = 3  # dead workers replaced per pool before its work fails as infra_error
     worker_start_timeout_s: float = 120.0  # a pool whose workers cannot start by then is an error

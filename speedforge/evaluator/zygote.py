@@ -24,9 +24,18 @@ import sys
 
 
 def preload() -> None:
-    """Import what every job needs, without touching CUDA."""
-    import torch  # noqa: F401
+    """Import what every job needs, without initialising CUDA.
+
+    torch.utils.cpp_extension asks torch.cuda.is_available() at import; answered by the CUDA
+    runtime, that initialises the driver and every later fork fails ("Cannot re-initialize CUDA
+    in forked subprocess"). Answered through NVML, it does not.
+    """
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    import torch
+
     import torch.utils.cpp_extension  # noqa: F401
+    if torch.cuda.is_initialized():
+        raise RuntimeError("CUDA was initialised in the sandbox zygote; forked jobs could not use the GPU")
 
     from speedforge.evaluator import child, guards, kernels, landlock, namespaces  # noqa: F401
 
