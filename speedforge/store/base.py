@@ -8,6 +8,7 @@ are never rewritten; appending adds one part.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import io
@@ -27,6 +28,7 @@ from speedforge.records import Record
 R = TypeVar("R", bound=Record)
 
 PART_NAME = re.compile(r"^part-(\d{20})-([0-9a-f]{64})\.parquet$")
+READ_THREADS = 8  # parts fetched in parallel by read_records
 TABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]*$")
 
 
@@ -99,7 +101,7 @@ def encode_records(records: list[R], cls: type[R] | None = None) -> bytes:
 def decode_records(data: bytes, cls: type[R], where: str) -> list[R]:
     """Records of class `cls` from parquet bytes; errors name `where`."""
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        table = pq.ParquetFile(pa.BufferReader(data)).read()
     except (pa.ArrowException, OSError) as exc:
         raise CorruptObjectError(f"{where}: not a readable parquet file: {exc}") from None
     missing = [name for name in cls.schema.names if name not in table.column_names]
@@ -187,10 +189,15 @@ class Store:
 
     def read_records(self, table: str, cls: type[R]) -> list[R]:
         """Every record of `table`, oldest part first; each part's sha256 is verified."""
+        parts = self.table_parts(table)
+
+        def fetch(key: str) -> bytes:
+            return self.get_verified(key, PART_NAME.match(key.rsplit("/", 1)[1]).group(2))
+
         records: list[R] = []
-        for key in self.table_parts(table):
-            expected = PART_NAME.match(key.rsplit("/", 1)[1]).group(2)
-            records.extend(decode_records(self.get_verified(key, expected), cls, self.describe(key)))
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(READ_THREADS, len(parts)))) as pool:
+            for key, data in zip(parts, pool.map(fetch, parts)):  # in order; fetching overlaps decoding
+                records.extend(decode_records(data, cls, self.describe(key)))
         return records
 
     def arrow_dataset(self, table: str, cls: type[Record]) -> pads.Dataset:
