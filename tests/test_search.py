@@ -1,0 +1,241 @@
+"""The in-context search loop: sample -> evaluate -> add to variants, every sample accounted for;
+and `speedforge optimize`, once with the default model on a CPU task."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from speedforge.cli import main
+from speedforge.config import EvaluatorConfig, PolicyConfig, SearchConfig
+from speedforge.policy.backends import BackendError, Generation
+from speedforge.records import STATUSES, EvalResult, Variant
+from speedforge.search import BACKEND_ERROR, default_pool, local_evaluator, pool_device, run_search
+from speedforge.store import open_store
+from speedforge.tasks import find_task
+from speedforge.variants import TABLE, VariantsTable
+
+TASK = find_task("cpp/add_relu_scale")
+FAST = """import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, a, b):
+        return torch.relu(a + b).mul_(self.scale)
+"""
+WRONG = FAST.replace("mul_(self.scale)", "mul_(self.scale + 1.0)")
+
+
+def answer(code: str, analysis: str = "The reference makes three passes over memory.") -> str:
+    return f"### Performance Analysis\n{analysis}\n### Algorithm Design\nFuse.\n### Code Implementation\n```python\n{code}```\n"
+
+
+class ScriptedBackend:
+    """Answers from a script (texts, or exceptions to raise) and records every request."""
+
+    name = "scripted"
+    model_name = "scripted-model"
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.requests = []
+
+    def generate(self, messages, n=1, **kwargs):
+        self.requests.append((messages, n, kwargs))
+        out = []
+        for _ in range(n):
+            item = self.script.pop(0)
+            if isinstance(item, Exception):
+                raise item
+            out.append(Generation(text=item, completion_tokens=len(item.split())))
+        return out
+
+
+class ScoringEvaluator:
+    """Scores candidates by a marker in their source; records what it was asked to evaluate."""
+
+    def __init__(self, rules):
+        self.rules = rules  # [(substring, status, speedup, log)]
+        self.seen = []
+
+    def __call__(self, task, candidates, pool):
+        self.seen.extend(c.candidate_id for c in candidates)
+        results = []
+        for c in candidates:
+            status, speedup, log = next(((s, x, l) for m, s, x, l in self.rules if m in c.source), ("compile_error", None, ""))
+            results.append(EvalResult(candidate_id=c.candidate_id, task_id=task.task_id, pool=pool, status=status,
+                                      reason=f"{status} here", speedup=speedup, device_name="Test CPU", log=log))  # fmt: skip
+        return results
+
+
+POLICY = PolicyConfig(exemplars=2, tau=0.5, buckets=4, feedback_log_chars=500)
+
+
+def search(backend, evaluator, variants=None, rounds=2, samples=3, store=None):
+    return run_search(TASK, backend, evaluator, variants if variants is not None else VariantsTable(), POLICY,
+                      SearchConfig(rounds=rounds, samples=samples, seed=3), "cpu", store=store)  # fmt: skip
+
+
+def test_rounds_account_for_every_sample_and_track_the_best():
+    backend = ScriptedBackend([answer("# fast\n" + FAST), answer("# slow\n" + FAST), "I cannot help with that.",
+                               BackendError("cannot reach http://127.0.0.1:9/v1/chat/completions")])  # fmt: skip
+    evaluator = ScoringEvaluator([("# fast", "ok", 1.5, ""), ("# slow", "ok", 0.8, ""), ("cannot help", "screen_rejected", None, "")])
+    result = search(backend, evaluator, rounds=2, samples=3)
+    first, second = result.rounds
+    assert (first.samples, first.valid, first.round_best, first.best) == (3, 2, 1.5, 1.5)
+    assert first.valid_fraction == pytest.approx(2 / 3)
+    assert first.statuses == {"ok": 2, "screen_rejected": 1}
+    assert (second.samples, second.valid, second.round_best, second.best) == (3, 0, None, 1.5)
+    assert second.statuses == {BACKEND_ERROR: 3}
+    assert "cannot reach" in result.samples[-1].reason
+    assert result.best.score == 1.5 and result.best.analysis == "The reference makes three passes over memory."
+    assert result.best.origin == "model:scripted-model@round1"
+    assert not result.backend_failed_everything
+    # the response without code was evaluated as it was, and the parser's findings were kept
+    prose = next(s for s in result.samples if s.status == "screen_rejected")
+    assert "code" in prose.missing
+
+
+def test_exemplars_feedback_and_parents_reach_the_next_round():
+    backend = ScriptedBackend([answer("# fast\n" + FAST), answer("# broken\n" + WRONG), answer("# slow\n" + FAST)]
+                              + [answer("# next\n" + FAST)] * 3)  # fmt: skip
+    evaluator = ScoringEvaluator([("# fast", "ok", 2.0, ""), ("# slow", "ok", 1.1, ""),
+                                  ("# broken", "incorrect", None, "max abs error 0.5 > atol 0.01")])  # fmt: skip
+    variants = VariantsTable()
+    search(backend, evaluator, variants, rounds=2, samples=3)
+    assert len(backend.requests) == 2
+    first_prompt = backend.requests[0][0][1]["content"]
+    assert "None has been measured yet" in first_prompt
+    second_prompt = backend.requests[1][0][1]["content"]
+    assert "2.00x speedup, measured on Test CPU" in second_prompt
+    assert "1.10x speedup, measured on Test CPU" in second_prompt
+    assert "# fast" in second_prompt and "# slow" in second_prompt
+    assert "Your last attempt failed: incorrect" in second_prompt and "max abs error 0.5 > atol 0.01" in second_prompt
+    by_origin = {v.origin: v for v in variants}
+    newest = by_origin["model:scripted-model@round2"]
+    parents = {v.variant_id for v in variants.for_task(TASK.task_id) if v.status == "ok" and v.origin.endswith("round1")}
+    assert set(newest.parent_ids) == parents and len(parents) == 2
+
+
+def test_a_candidate_is_evaluated_once_per_pool():
+    backend = ScriptedBackend([answer(FAST)] * 4)
+    evaluator = ScoringEvaluator([("ModelNew", "ok", 1.2, "")])
+    variants = VariantsTable()
+    result = search(backend, evaluator, variants, rounds=2, samples=2)
+    assert len(evaluator.seen) == 1 and len(variants) == 1
+    assert [s.status for s in result.samples] == ["ok"] * 4
+    assert result.samples[-1].reason == "duplicate of an earlier variant"
+
+
+def test_an_evaluation_service_outage_is_recorded_as_infra_error():
+    def down(task, candidates, pool):
+        raise ConnectionError("Ray cluster gone")
+
+    variants = VariantsTable()
+    result = search(ScriptedBackend([answer(FAST), answer(WRONG)]), down, variants, rounds=1, samples=2)
+    assert result.rounds[0].statuses == {"infra_error": 2}
+    assert all("Ray cluster gone" in s.reason for s in result.samples)
+    assert {v.status for v in variants} == {"infra_error"}
+
+
+def test_variants_are_appended_to_the_store_and_a_new_search_starts_from_them(tmp_path):
+    store = open_store(tmp_path / "store")
+    evaluator = ScoringEvaluator([("# fast", "ok", 3.0, "")])
+    search(ScriptedBackend([answer("# fast\n" + FAST), "nothing"]), evaluator, rounds=1, samples=2, store=store)
+    stored = store.read_records(TABLE, Variant)
+    assert sorted(v.status for v in stored) == ["compile_error", "ok"]
+    resumed = VariantsTable.load(store)
+    backend = ScriptedBackend([answer("# again\n" + FAST)])
+    search(backend, evaluator, resumed, rounds=1, samples=1, store=store)
+    assert "3.00x speedup, measured on cpu" in backend.requests[0][0][1]["content"]  # device from the pool
+    assert len(store.read_records(TABLE, Variant)) == 3
+    assert resumed.best(TASK.task_id, "cpu").score == 3.0
+    assert VariantsTable.load(store).best_per_task()[(TASK.task_id, "cpu")].score == 3.0
+
+
+def test_the_real_evaluator_scores_what_the_policy_wrote(tmp_path):
+    config = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), run_timeout_s=120.0, correctness_trials=2,
+                             cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5, warmup_calls=1)  # fmt: skip
+    backend = ScriptedBackend([answer(FAST), answer(WRONG), "Sorry, here is no code."])
+    variants = VariantsTable()
+    result = search(backend, local_evaluator(config, "cpu"), variants, rounds=1, samples=3)
+    statuses = {s.candidate_id: s.status for s in result.samples}
+    assert sorted(statuses.values()) == ["incorrect", "ok", "screen_rejected"], result.samples
+    best = variants.best(TASK.task_id, "cpu")
+    assert best is not None and best.score > 0 and "mul_(self.scale)" in best.source
+
+
+def test_pools_and_devices():
+    assert default_pool(TASK, "cpu") == "cpu"
+    assert pool_device("cpu") == "cpu" and pool_device("H100") == "cuda"
+
+
+@pytest.fixture
+def quick_config(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"evaluator:\n  cache_dir: {tmp_path / 'cache'}\n  correctness_trials: 2\n  cpu_timed_calls: 5\n"
+        "  min_timed_s: 0.0\n  max_timed_calls: 5\n  warmup_calls: 1\n  run_timeout_s: 120.0\n"
+        "policy:\n  cpu_threads: 1\n  device: cpu\n"
+    )
+    return str(path)
+
+
+def test_optimize_one_round_with_the_default_model(quick_config, s3_uri, capsys):
+    code = main(["--config", quick_config, "optimize", "--task", TASK.task_id, "--rounds", "1", "--samples", "2",
+                 "--max-new-tokens", "24", "--store", s3_uri])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("round  samples  valid"))
+    row = lines[header + 1].split()
+    assert row[:2] == ["1", "2"] and row[3].endswith("%")
+    assert "policy hf:SmolLM2-135M-Instruct, pool cpu" in out
+    assert "no valid variant of cpp/add_relu_scale" in out or "best variant of cpp/add_relu_scale" in out
+    stored = open_store(s3_uri).read_records(TABLE, Variant)
+    assert 1 <= len(stored) <= 2  # two samples; identical ones are one variant
+    for variant in stored:
+        assert variant.status in STATUSES and variant.origin == "model:SmolLM2-135M-Instruct@round1"
+        assert (variant.score is not None) == (variant.status == "ok")
+
+
+def test_optimize_with_the_endpoint_down_ends_with_one_clear_line(capsys):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = main(["optimize", "--task", TASK.task_id, "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1",
+                 "--model", "m", "--rounds", "2", "--samples", "1"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 2
+    assert len([line for line in captured.out.splitlines() if line.endswith(f"{BACKEND_ERROR} 1")]) == 2
+    assert captured.err.strip().splitlines()[-1].startswith(
+        f"speedforge optimize: error: the openai backend produced no sample: BackendError: cannot reach http://127.0.0.1:{port}"
+    )
+
+
+def test_optimize_bad_arguments_are_one_line(capsys):
+    assert main(["optimize", "--task", "cpp/nope"]) == 2
+    assert "unknown task id 'cpp/nope' in builtin; known: " in capsys.readouterr().err
+    assert main(["optimize", "--task", TASK.task_id, "--rounds", "0"]) == 2
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["optimize", "--task", TASK.task_id, "--model", "/nonexistent/model.gguf"]) == 2
+    assert "model path /nonexistent/model.gguf does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_optimize_one_round_on_a_cuda_task_with_the_default_model_on_the_gpu(tmp_path, capsys):
+    task = find_task("cuda/add_relu_scale")
+    code = main(["optimize", "--task", task.task_id, "--rounds", "1", "--samples", "4", "--max-new-tokens", "256",
+                 "--device", "cuda", "--store", str(tmp_path / "store")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    pool = default_pool(task, "cpu")
+    assert pool != "cpu" and f"pool {pool}" in out
+    stored = open_store(tmp_path / "store").read_records(TABLE, Variant)
+    assert stored and all(v.pool == pool and v.status in STATUSES for v in stored)
