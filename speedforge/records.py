@@ -7,6 +7,7 @@ exceptions, no NaN (missing numbers are None), tuples for lists.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -51,16 +52,11 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        names = {f.name for f in dataclasses.fields(cls)}
+        names, tuple_fields = _field_kinds(cls)
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
-        hints = get_type_hints(cls)
-        values = {}
-        for name, value in data.items():
-            if get_origin(hints[name]) is tuple and value is not None:
-                value = tuple(value)
-            values[name] = value
+        values = {k: tuple(v) if k in tuple_fields and v is not None else v for k, v in data.items()}
         return cls(**values)
 
     @classmethod
@@ -75,6 +71,14 @@ class Record:
     @classmethod
     def from_table(cls, table: pa.Table) -> list[Self]:
         return [cls.from_dict(row) for row in table.select(cls.schema.names).to_pylist()]
+
+
+@functools.cache
+def _field_kinds(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+    """(all field names, names of tuple-typed fields) of a record class; resolved once per class."""
+    hints = get_type_hints(cls)
+    names = frozenset(f.name for f in dataclasses.fields(cls))
+    return names, frozenset(n for n in names if get_origin(hints[n]) is tuple)
 
 
 def _json_safe(value: Any) -> Any:
