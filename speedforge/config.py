@@ -40,8 +40,8 @@ class EvaluatorConfig:
     warmup_calls: int = 3
     timed_calls: int = 30  # paired calls per side on GPU, at least
     cpu_timed_calls: int = 15  # paired calls per side on CPU, at least
-    min_timed_s: float = 0.1  # more pairs until each side has about this much timed work...
-    max_timed_calls: int = 100  # ...up to this many
+    min_timed_s: float = 0.2  # more pairs until each side has about this much timed work...
+    max_timed_calls: int = 200  # ...up to this many
     cpu_threads: int = 1  # torch threads in the sandbox for the CPU family
     memory_limit_mb: int = 8192  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
     max_processes: int = 64  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
