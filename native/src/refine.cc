@@ -1,6 +1,7 @@
-// Refinement module (baseline): when the search walked quantised codes, re-rank every candidate
-// in the pool by its exact float distance and keep the k nearest; otherwise keep the pool's k
-// nearest as they are.
+// Refinement module (baseline): when the search walked quantised codes, re-rank the pool's
+// nearest candidates (by code distance) by their exact float distance and keep the k nearest;
+// otherwise keep the pool's k nearest as they are. The true k nearest sit near the top of the
+// code ranking, so re-ranking a few times k of them costs few full-precision reads.
 #include <algorithm>
 #include <limits>
 
@@ -8,6 +9,9 @@
 
 namespace sfann {
 namespace {
+
+constexpr int kRerankFactor = 4;  // re-rank this many times k candidates ...
+constexpr int kRerankMin = 32;    // ... and at least this many
 
 class ExactRerank final : public Refiner {
  public:
@@ -26,8 +30,10 @@ class ExactRerank final : public Refiner {
     } else {
       CandidatePool& best = rerank_pool();
       best.reset(k);
-      for (int j = 0; j < found; ++j) prefetch_lines(store.row(pool.id(j)), 64);
-      for (int j = 0; j < found; ++j) {
+      const int rerank = std::min(found, std::max(kRerankFactor * k, kRerankMin));
+      const size_t row_bytes = sizeof(float) * store.dim_padded();
+      for (int j = 0; j < rerank; ++j) prefetch_lines(store.row(pool.id(j)), std::min<size_t>(row_bytes, 512));
+      for (int j = 0; j < rerank; ++j) {
         const uint32_t id = pool.id(j);
         best.insert(id, store.distance(query, id));
       }

@@ -74,7 +74,7 @@ SearchSpace::SearchSpace(const VectorStore& store, Quantization q)
     }
     codes_ = owned_.data();
   }
-  prefetch_bytes_ = std::min<size_t>(code_bytes_, 256);
+  prefetch_bytes_ = std::min<size_t>(code_bytes_, 512);
 }
 
 void SearchSpace::prepare_query(const float* query_padded, void* out) const {

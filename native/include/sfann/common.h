@@ -10,6 +10,10 @@
 #include <stdexcept>
 #include <string>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace sfann {
 
 enum class Metric : int { L2 = 0, IP = 1, Angular = 2 };
@@ -47,12 +51,20 @@ class AlignedBuffer {
   }
   ~AlignedBuffer() { release(); }
 
+  // Buffers of 2 MiB and more are 2 MiB aligned and asked to live on transparent huge pages:
+  // the search touches them at random, and 4 KiB pages would cost a TLB miss on most accesses.
   void resize(size_t count) {
     release();
     if (count == 0) return;
+    constexpr size_t kHuge = size_t(2) << 20;
     size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    const bool huge = bytes >= kHuge;
+    if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
+    data_ = static_cast<T*>(std::aligned_alloc(huge ? kHuge : 64, bytes));
     if (!data_) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (huge) madvise(static_cast<void*>(data_), bytes, MADV_HUGEPAGE);
+#endif
     std::memset(static_cast<void*>(data_), 0, bytes);
     size_ = count;
   }
