@@ -49,6 +49,15 @@ class Sfann:
         return self.index.search(queries, k, ef, threads)[0]
 
 
+class SfannFp32(Sfann):
+    """The same engine searching the float vectors (no 8-bit codes)."""
+
+    name = "sfann-fp32"
+
+    def __init__(self, dim, metric, M, efc, quantization):
+        super().__init__(dim, metric, M, efc, "none")
+
+
 class Hnswlib:
     name = "hnswlib"
 
@@ -89,7 +98,7 @@ class Faiss:
         return self.index.search(_normalised(queries) if self.angular else queries, k)[1]
 
 
-LIBS = {cls.name: cls for cls in (Sfann, Hnswlib, Faiss)}
+LIBS = {cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss)}
 
 
 def bench_lib(lib, ds, truth, args, threads):
@@ -140,7 +149,7 @@ def bench_shape(shape, args, threads):
 
 
 def table(rows, threads):
-    head = (f"{'shape':<6} {'library':<8} {'build s':>8} {'mem MB':>8} {'QPS@0.9 1T':>11} {'x hnsw':>7} "
+    head = (f"{'shape':<6} {'library':<10} {'build s':>8} {'mem MB':>8} {'QPS@0.9 1T':>11} {'x hnsw':>7} "
             f"{'QPS@0.9 ' + str(threads) + 'T':>12} {'x hnsw':>7} {'AUC 1T':>9} {'x hnsw':>7} {'AUC ' + str(threads) + 'T':>9} "
             f"{'x hnsw':>7}")
     lines = [head, "-" * len(head)]
@@ -155,7 +164,7 @@ def table(rows, threads):
         def num(key, fmt):
             return format(row[key], fmt) if row.get(key) is not None else "n/a"
 
-        lines.append(f"{row['shape']:<6} {row['lib']:<8} {row['build_s']:>8.1f} {row['mem_mb']:>8.0f} "
+        lines.append(f"{row['shape']:<6} {row['lib']:<10} {row['build_s']:>8.1f} {row['mem_mb']:>8.0f} "
                      f"{num('qps90_1t', '11.0f'):>11} {ratio('qps90_1t'):>7} {num('qps90_all', '12.0f'):>12} "
                      f"{ratio('qps90_all'):>7} {row['auc_1t']:>9.0f} {ratio('auc_1t'):>7} {row['auc_all']:>9.0f} "
                      f"{ratio('auc_all'):>7}")
@@ -167,7 +176,8 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=200000, help="base vectors per shape (default 200000)")
     parser.add_argument("--queries", type=int, default=1000, help="queries per shape (default 1000)")
     parser.add_argument("--shapes", default="sift,glove,gist", help="comma list of sift, glove, gist")
-    parser.add_argument("--libs", default="sfann,hnswlib,faiss", help="comma list of sfann, hnswlib, faiss")
+    parser.add_argument("--libs", default="sfann,sfann-fp32,hnswlib,faiss",
+                        help="comma list of sfann, sfann-fp32 (float search, no codes), hnswlib, faiss")
     parser.add_argument("--threads", type=int, default=0, help="threads for build and the all-core sweep (0: all)")
     parser.add_argument("--M", type=int, default=16)
     parser.add_argument("--ef-construction", type=int, default=200)
@@ -191,7 +201,7 @@ def main(argv=None):
     rows = []
     for shape in args.shapes:
         rows += bench_shape(shape, args, threads)
-    print(table(rows, threads))
+    print(table(rows, threads), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
