@@ -49,8 +49,9 @@ def test_routes_to_pools_builds_once_and_deduplicates(tmp_path):
     for pool, infos in workers.items():
         assert infos and all(info["pool"] == pool and info["resources"].get(f"accelerator_type:{pool}") == 1.0
                              for info in infos)  # fmt: skip
-    # one build served both pools: the second pool's run found it in the cache, nothing rebuilt
-    assert [r.build_cached for r in results if r.pool == "H100"] == [False, False]
+    # one build served both pools: a second build would have found the first in the cache
+    assert [r.build_cached for r in results] == [False] * 4
+    assert results[0].build_s == results[1].build_s and results[2].build_s == results[3].build_s
     final = {p.pool: p for p in progress[-1].pools}
     assert final["H100"].duplicates == final["L40"].duplicates == 1
     assert final["H100"].done == final["H100"].submitted == 2 and final["H100"].ok == 1
@@ -81,22 +82,24 @@ def test_candidate_for_an_unknown_task_gets_a_result_saying_so(tmp_path):
 def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_path):
     task = fx.task()
     candidates = [fx.plain_candidate(task, i) for i in range(6)]
-    config = fx.test_config(tmp_path, batch_size=2, calls_per_worker=1)
+    config = fx.test_config(tmp_path, batch_size=4)  # 4 built at once, then 2 per bench worker
     store = open_store(tmp_path / "out")
-    killed, last = [], []
+    killed, running_then, last = [], [], []
 
     def kill_one_mid_batch(progress):
         (cpu,) = progress.pools
         last[:] = [cpu]
-        if not killed and cpu.done >= 2 and cpu.running:  # one batch back, another still running
-            killed.extend(service.bench_workers("cpu", busy=True)[:1])
-            ray.kill(killed[0])
+        busy = service.bench_workers("cpu", busy=True)
+        if not killed and cpu.done >= 2 and len(busy) == 1:  # one batch back, the other still running
+            killed.append(busy[0])
+            running_then.append(cpu.running)
+            ray.kill(busy[0])
 
     with EvaluationService(config) as service:
         results = service.submit(candidates, ["cpu"], [task], store=store, on_progress=kill_one_mid_batch)
         survivors = service.bench_workers("cpu")
     assert killed and killed[0] not in survivors and len(survivors) == 2  # replaced
-    assert last[0].retries == 2  # the killed worker's batch was run again, nothing else
+    assert last[0].retries == running_then[0] >= 1  # the killed worker's batch was run again, nothing else
     assert sorted(keys(results)) == sorted((c.candidate_id, "cpu") for c in candidates)
     assert all(r.status == "ok" for r in results), [(r.status, r.reason) for r in results]
     recorded = store.read_records("results", EvalResult)
@@ -135,7 +138,8 @@ def test_interrupted_sweep_resumes_without_redoing_recorded_pairs(tmp_path):
 
 def test_ten_thousand_candidates_are_taken_only_as_fast_as_they_finish(tmp_path):
     n, max_in_flight, source_bytes = 10_000, 64, 20_000
-    config = fx.test_config(tmp_path, max_in_flight=max_in_flight, batch_size=32, flush_every=1000)
+    config = fx.test_config(tmp_path, max_in_flight=max_in_flight, batch_size=32, calls_per_worker=2,
+                            flush_every=1000)  # fmt: skip
     task = fx.task()
     finished, ahead, alive = [0], [], [0, 0]  # alive: candidates in driver memory now, most ever
 

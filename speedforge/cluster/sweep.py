@@ -9,7 +9,6 @@ puts its items back in the queue (counting an attempt) instead of recording anyt
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -248,7 +247,7 @@ class Sweep:
             worker = workers.free(self.cfg.calls_per_worker)
             if worker is None:
                 return
-            size = min(self.cfg.batch_size, max(1, math.ceil(len(queue) / len(workers.workers))), len(queue))
+            size = max(1, min(self.cfg.batch_size, len(queue) // len(workers.workers)))
             items = [queue.popleft() for _ in range(size)]
             if stage == "build":
                 ref = worker.handle.build.remote([(it.task, it.candidate) for it in items], self.evaluator)
