@@ -18,48 +18,33 @@ index: {M: 12, ef_construction: 60}
 sweep: {k: 10, ef: [10, 16, 24, 32, 64, 128], repeats: 2}
 """
 
+
+def searcher(body: str) -> str:
+    """A search module whose search(graph, space, query, ef, s) runs `body`."""
+    params = "const Graph& graph, const SearchSpace&, const void*, int ef, SearchScratch& s"
+    return (
+        '#include "sfann/modules.h"\nnamespace sfann {\nnamespace {\n'
+        "class Cand final : public Searcher {\n public:\n"
+        '  const char* name() const override { return "cand"; }\n'
+        f"  void search({params}) const override {{\n{body}\n  }}\n}};\n}}  // namespace\n"
+        "std::unique_ptr<Searcher> make_searcher() { return std::make_unique<Cand>(); }\n}  // namespace sfann\n"
+    )
+
+
 # Answers every query with the entry point and its neighbours: results that ignore the query.
-PRECOMPUTED = r"""
-#include "sfann/modules.h"
-namespace sfann {
-namespace {
-class Precomputed final : public Searcher {
- public:
-  const char* name() const override { return "precomputed"; }
-  void search(const Graph& graph, const SearchSpace&, const void*, int ef, SearchScratch& s) const override {
+PRECOMPUTED = searcher("""
     s.pool.reset(ef);
     const uint32_t* l = graph.links0(graph.entry);
     s.pool.insert(graph.entry, 0.f);
-    for (uint32_t j = 1; j <= l[0]; ++j) s.pool.insert(l[j], static_cast<float>(j));
-  }
-};
-}  // namespace
-std::unique_ptr<Searcher> make_searcher() { return std::make_unique<Precomputed>(); }
-}  // namespace sfann
-"""
+    for (uint32_t j = 1; j <= l[0]; ++j) s.pool.insert(l[j], static_cast<float>(j));""")
 
 # The baseline search, but it looks at only the first two neighbours of each node: fast, wrong.
 SKIPS_DISTANCES = module_source("search").replace("for (uint32_t j = 0; j < count; ++j) {",
                                                   "for (uint32_t j = 0; j < count && j < 2; ++j) {")
 
-CRASHES = r"""
-#include "sfann/modules.h"
-namespace sfann {
-namespace {
-class Crash final : public Searcher {
- public:
-  const char* name() const override { return "crash"; }
-  void search(const Graph&, const SearchSpace&, const void*, int, SearchScratch&) const override {
-    volatile int* p = nullptr;
-    *p = 1;
-  }
-};
-}  // namespace
-std::unique_ptr<Searcher> make_searcher() { return std::make_unique<Crash>(); }
-}  // namespace sfann
-"""
+CRASHES = searcher("    volatile int* p = nullptr;\n    *p = 1;")
 
-THROWS = CRASHES.replace("volatile int* p = nullptr;\n    *p = 1;", 'throw std::runtime_error("no search today");')
+THROWS = searcher('    throw std::runtime_error("no search today");')
 
 
 @pytest.fixture(scope="module")
