@@ -134,3 +134,20 @@ def test_parallel_search_equals_single_thread_search(sift):
     one = index.search(sift.queries, 10, 40, threads=1)[0]
     two = index.search(sift.queries, 10, 40, threads=2)[0]
     np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("module", ["construction", "search", "refinement"])
+def test_a_module_rebuilt_from_its_own_source_behaves_exactly_like_the_engine(module, tmp_path, sift):
+    from speedforge.ann.engine import build_candidate, load_extension, module_source
+
+    source = module_source(module)
+    marker = {"construction": "hnsw-heuristic", "search": "beam-prefetch", "refinement": "exact-rerank"}[module]
+    built = build_candidate(source.replace(f'"{marker}"', '"rebuilt"'), module, tmp_path)
+    cand = load_extension(built.path)
+    results = []
+    for mod in (eng, cand):
+        index = mod.Index(sift.dim, "l2", M=8, ef_construction=40)
+        index.build(sift.base[:1500], threads=1)
+        results.append((index.modules, index.search(sift.queries, 10, 32)))
+    assert results[1][0][module] == "rebuilt" and results[0][0][module] == marker
+    np.testing.assert_array_equal(results[0][1][0], results[1][1][0])

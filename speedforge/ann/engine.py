@@ -121,8 +121,15 @@ def build_candidate(source: str, module: str, out_dir: str | os.PathLike, timeou
 
 
 def load_extension(path: str | os.PathLike) -> ModuleType:
-    """Import a candidate extension built by build_candidate (its own module-local types)."""
-    spec = importlib.util.spec_from_file_location(EXTENSION_NAME, str(path))
+    """Import a candidate extension built by build_candidate (its own module-local types).
+
+    The import name is unique per file: the interpreter keeps single-phase extension modules by
+    name, so a second candidate loaded as plain `_annengine` would silently be the first one.
+    (A missing file raises FileNotFoundError, an ImportError's sibling: callers catch both.)
+    """
+    path = Path(path).resolve()
+    unique = hashlib.sha256(f"{path}\0{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    spec = importlib.util.spec_from_file_location(f"sfann_candidate_{unique}.{EXTENSION_NAME}", str(path))
     if spec is None or spec.loader is None:
         raise ImportError(f"not an extension module: {path}")
     module = importlib.util.module_from_spec(spec)

@@ -61,7 +61,7 @@ def run(job: dict) -> dict:
     base_mod = engine.baseline()
     try:
         cand_mod = engine.load_extension(json.loads(manifest.read_text())["extension"])
-    except ImportError as exc:
+    except (ImportError, OSError) as exc:
         return {"status": "runtime_error", "reason": f"the candidate extension does not load: {exc}"}
     return measure(spec, base_mod, cand_mod, int(job["seed"]))
 
