@@ -188,10 +188,20 @@ def run_service(tasks, candidates, config: Config, pool: str) -> Run:
     return Run("service", len(candidates), wall, statuses, gpu.busy_fraction, {"ray_start_s": ray_start_s, **workers})
 
 
+def detected_pool() -> str:
+    """The GPU type of this machine as Ray labels it ("NVIDIA H100 80GB HBM3" -> H100), else cpu."""
+    if not shutil.which("nvidia-smi"):
+        return "cpu"
+    names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=30).stdout.split("\n")  # fmt: skip
+    match = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", names[0].removeprefix("NVIDIA ")) if names[0] else None
+    return match.group(1) if match else "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=16, help="candidates (the same N in both modes)")
-    parser.add_argument("--pools", help="bench pool (default: H100 when a GPU is present, else cpu)")
+    parser.add_argument("--pools", help="bench pool (default: this machine's GPU type, as Ray names it, else cpu)")
     parser.add_argument("--family", choices=["cpp", "cuda"], help="default: cuda for a GPU pool, else cpp")
     parser.add_argument("--serial", action="store_true", help="run the serial loop (default: both modes)")
     parser.add_argument("--service", action="store_true", help="run the service (default: both modes)")
@@ -202,9 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
-    import torch
-
-    pool = args.pools or ("H100" if torch.cuda.is_available() else "cpu")
+    pool = args.pools or detected_pool()
     config = load_config(args.config)
     pool_config = resolve_pools([pool], config.service)[pool]
     if args.workers:
@@ -231,15 +239,18 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_serial(tasks, candidates, mode_config, pool_config.device, pool))
         else:
             runs.append(run_service(tasks, candidates, mode_config, pool))
+        # after each mode, so a run cut short by a time limit still leaves what it finished
+        print(f"{mode} done: {runs[-1].wall_s:.1f} s for {runs[-1].n} candidates", file=sys.stderr, flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs],
+                                                  indent=2))  # fmt: skip
 
     print_table(runs, pool)
-    if args.json:
-        Path(args.json).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs], indent=2))
     return 0
 
 
 def print_table(runs: list[Run], pool: str) -> None:
-    print(f"| mode | N | wall s | candidates/min | GPU busy | statuses | notes |")
+    print("| mode | N | wall s | candidates/min | GPU busy | statuses | notes |")
     print("|---|---:|---:|---:|---:|---|---|")
     for r in runs:
         busy = f"{100 * r.gpu_busy:.0f}%" if r.gpu_busy is not None else "n/a"
