@@ -17,10 +17,24 @@ summary=()
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 note() { summary+=("$(printf '%-12s %s' "$1" "$2")"); }
 
+# Wheels over the carry limit travel in pieces (<wheel>.part-aa, -ab, ...): join them first.
+for first in wheels/*.part-aa; do
+  [ -e "$first" ] || continue
+  whole=${first%.part-aa}
+  cat "$whole".part-* >"$whole" && rm -f "$whole".part-*
+done
 if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --find-links wheels --no-deps wheels/*.whl >"$OUT/pip.log" 2>&1 \
-    && note wheels "installed $(ls wheels/*.whl | wc -l) carried wheels" || note wheels "pip failed (see pip.log)"
+  {
+    $PY -m pip install --no-index --find-links wheels --no-deps wheels/*.whl
+    for sdist in wheels/*.tar.gz; do
+      [ -e "$sdist" ] && $PY -m pip install --no-index --no-build-isolation --no-deps "$sdist"
+    done
+  } >"$OUT/pip.log" 2>&1 && note wheels "installed $(ls wheels/*.whl wheels/*.tar.gz 2>/dev/null | wc -l) carried packages" \
+    || note wheels "pip failed (see pip.log)"
 fi
+# The native ANN engine is built by the package build.
+$PY -m pip install --no-index --no-deps --no-build-isolation -e . >"$OUT/build.log" 2>&1 \
+  && note build "speedforge installed (native engine built)" || note build "package build failed (see build.log)"
 
 if want env; then
   {
