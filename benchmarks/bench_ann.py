@@ -3,7 +3,8 @@
 Same machine, same run, same synthetic data and the same M and ef_construction for every
 library. For each shape: build time (all threads), memory (RSS growth while building), and an
 ef sweep single-threaded and on all threads, giving QPS at recall@10 = 0.90 and the area under
-the QPS-recall curve for recall in [0.85, 0.95]; ratios are to hnswlib.
+the QPS-recall curve for recall in [0.85, 0.95]; ratios are to hnswlib. The libraries' searches
+are interleaved point by point, so a shared machine's load falls on all of them alike.
 
     python benchmarks/bench_ann.py --n 200000 --shapes sift,glove,gist
     python benchmarks/bench_ann.py --n 20000 --queries 500 --shapes sift --libs sfann,hnswlib
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import multiprocessing
 import os
 import platform
 import sys
@@ -26,10 +26,11 @@ import psutil
 from speedforge.ann.auc import band_auc, qps_at
 from speedforge.ann.datasets import synthetic
 from speedforge.ann.engine import baseline
-from speedforge.ann.groundtruth import exact_knn
-from speedforge.ann.sweep import DEFAULT_EFS, sweep
+from speedforge.ann.groundtruth import exact_knn, recall_at_k
+from speedforge.ann.sweep import DEFAULT_EFS
 
 TARGET_RECALL = 0.90
+STOP_RECALL = 0.97  # a library's sweep stops past this recall
 
 
 def _normalised(x):
@@ -101,51 +102,54 @@ class Faiss:
 LIBS = {cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss)}
 
 
-def bench_lib(lib, ds, truth, args, threads):
-    """One library on one data set: build, memory, sweeps on one thread and on all threads."""
-    gc.collect()
-    rss0 = psutil.Process().memory_info().rss
-    index = LIBS[lib](ds.dim, ds.metric, args.M, args.ef_construction, args.quantization)
-    start = time.perf_counter()
-    index.build(ds.base, threads)
-    build_s = time.perf_counter() - start
-    mem_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
-    row = {"shape": ds.name.split("-")[0], "lib": lib, "n": len(ds.base), "dim": ds.dim, "build_s": build_s,
-           "mem_mb": mem_mb}
-    for label, t in (("1t", 1), ("all", threads)):
-        points = sweep(lambda q, k, ef: index.search(q, k, ef, t), ds.queries, truth, args.efs, args.k,
-                       args.repeats, stop_recall=0.97)
-        pairs = [p.pair for p in points]
-        row[f"qps90_{label}"] = qps_at(pairs, TARGET_RECALL)
-        row[f"auc_{label}"] = band_auc(pairs)
-        row[f"points_{label}"] = [(p.ef, round(p.recall, 4), round(p.qps, 1)) for p in points]
-    return row
-
-
-def _in_child(queue, *args):
-    queue.put(bench_lib(*args))
-
-
 def bench_shape(shape, args, threads):
+    """Every library on one data set. All indexes stay alive, so each one's memory is the RSS it
+    added while building; the sweeps interleave the libraries (in random order, best of the
+    repeats per point), so a busy machine slows all of them alike."""
     t0 = time.perf_counter()
     ds = synthetic(shape, args.n, args.queries, seed=args.seed)
     truth = exact_knn(ds.base, ds.queries, args.k, ds.metric)
     print(f"[{shape}] {args.n} x {ds.dim} {ds.metric}: data and ground truth in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr, flush=True)
-    rows = []
-    ctx = multiprocessing.get_context("fork")
+    rows, indexes = {}, {}
     for lib in args.libs:
-        # A fresh process per library: memory is measured from a clean heap, and no library's
-        # threads or caches linger into the next one's timing.
-        queue = ctx.Queue()
-        child = ctx.Process(target=_in_child, args=(queue, lib, ds, truth, args, threads))
-        child.start()
-        row = queue.get()
-        child.join()
-        print(f"[{shape}] {lib}: build {row['build_s']:.1f} s, QPS@0.9 {row['qps90_1t'] or 0:.0f} (1 thread) "
-              f"{row['qps90_all'] or 0:.0f} ({threads} threads)", file=sys.stderr, flush=True)
-        rows.append(row)
-    return rows
+        gc.collect()
+        rss0 = psutil.Process().memory_info().rss
+        index = LIBS[lib](ds.dim, ds.metric, args.M, args.ef_construction, args.quantization)
+        start = time.perf_counter()
+        index.build(ds.base, threads)
+        build_s = time.perf_counter() - start
+        mem_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
+        rows[lib] = {"shape": shape, "lib": lib, "n": args.n, "dim": ds.dim, "build_s": build_s, "mem_mb": mem_mb}
+        indexes[lib] = index
+        print(f"[{shape}] {lib}: built in {build_s:.1f} s, +{mem_mb:.0f} MB", file=sys.stderr, flush=True)
+    rng = np.random.default_rng(args.seed)
+    for label, t in (("1t", 1), ("all", threads)):
+        best = {lib: {} for lib in args.libs}
+        recall = {lib: {} for lib in args.libs}
+        active = list(args.libs)
+        for ef in [e for e in args.efs if e >= args.k]:
+            for _ in range(args.repeats):
+                for lib in rng.permutation(active):
+                    start = time.perf_counter()
+                    labels = indexes[lib].search(ds.queries, args.k, ef, t)
+                    seconds = time.perf_counter() - start
+                    best[lib][ef] = min(best[lib].get(ef, float("inf")), seconds)
+                    if ef not in recall[lib]:
+                        recall[lib][ef] = recall_at_k(labels, truth, args.k)
+            active = [lib for lib in active if recall[lib][ef] < STOP_RECALL]
+            if not active:
+                break
+        for lib in args.libs:
+            points = [(ef, recall[lib][ef], len(ds.queries) / best[lib][ef]) for ef in sorted(best[lib])]
+            pairs = [(r, q) for _, r, q in points]
+            rows[lib][f"qps90_{label}"] = qps_at(pairs, TARGET_RECALL)
+            rows[lib][f"auc_{label}"] = band_auc(pairs)
+            rows[lib][f"points_{label}"] = [(ef, round(r, 4), round(q, 1)) for ef, r, q in points]
+        print(f"[{shape}] sweep on {t} thread(s): " + ", ".join(
+            f"{lib} {rows[lib][f'qps90_{label}'] or 0:.0f}" for lib in args.libs) + " QPS at recall 0.9",
+            file=sys.stderr, flush=True)
+    return list(rows.values())
 
 
 def table(rows, threads):
