@@ -179,7 +179,8 @@ def run_service(tasks, candidates, config: Config, pool: str) -> Run:
         start = time.perf_counter()
         results = service.submit(candidates, [pool], tasks, on_progress=report)
         wall = time.perf_counter() - start
-        workers = {"bench_workers": len(service.bench_workers(pool)), "build_workers": len(service._build.workers)}
+        counts = service.worker_counts()
+        workers = {"bench_workers": counts[pool], "build_workers": counts["build"]}
     import ray
 
     ray.shutdown()

@@ -41,7 +41,8 @@ def test_routes_to_pools_builds_once_and_deduplicates(tmp_path):
     progress = []
     with EvaluationService(fx.test_config(tmp_path)) as service:
         results = service.submit([good, wrong, good], ["H100", "L40", "H100"], [task], on_progress=progress.append)
-        workers = {pool: ray.get([w.ready.remote() for w in service.bench_workers(pool)]) for pool in ("H100", "L40")}
+        workers = {pool: ray.get([w.ready.remote() for w, _ in service.bench_workers(pool)]) for pool in ("H100", "L40")}
+        assert service.worker_counts() == {"build": 1, "H100": 1, "L40": 1}
     assert keys(results) == [(good.candidate_id, "H100"), (good.candidate_id, "L40"),
                              (wrong.candidate_id, "H100"), (wrong.candidate_id, "L40")]  # fmt: skip
     assert [r.status for r in results] == ["ok", "ok", "incorrect", "incorrect"]
@@ -82,24 +83,24 @@ def test_candidate_for_an_unknown_task_gets_a_result_saying_so(tmp_path):
 def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_path):
     task = fx.task()
     candidates = [fx.plain_candidate(task, i) for i in range(6)]
-    config = fx.test_config(tmp_path, batch_size=4)  # 4 built at once, then 2 per bench worker
+    config = fx.test_config(tmp_path, batch_size=4)  # 4 built at once, then sent 2 + 1 to the bench workers
     store = open_store(tmp_path / "out")
-    killed, running_then, last = [], [], []
+    killed, last = [], []
 
     def kill_one_mid_batch(progress):
         (cpu,) = progress.pools
         last[:] = [cpu]
-        busy = service.bench_workers("cpu", busy=True)
-        if not killed and cpu.done >= 2 and len(busy) == 1:  # one batch back, the other still running
+        busy = [(handle, items) for handle, items in service.bench_workers("cpu") if items]
+        if not killed and cpu.done == 0 and busy:  # a batch just sent; an evaluation takes seconds
             killed.append(busy[0])
-            running_then.append(cpu.running)
-            ray.kill(busy[0])
+            ray.kill(busy[0][0])
 
     with EvaluationService(config) as service:
         results = service.submit(candidates, ["cpu"], [task], store=store, on_progress=kill_one_mid_batch)
-        survivors = service.bench_workers("cpu")
-    assert killed and killed[0] not in survivors and len(survivors) == 2  # replaced
-    assert last[0].retries == running_then[0] >= 1  # the killed worker's batch was run again, nothing else
+        survivors = [handle for handle, _ in service.bench_workers("cpu")]
+    (handle, items), = killed
+    assert handle not in survivors and len(survivors) == 2  # replaced
+    assert last[0].retries == items  # the killed worker's batch was run again, nothing else
     assert sorted(keys(results)) == sorted((c.candidate_id, "cpu") for c in candidates)
     assert all(r.status == "ok" for r in results), [(r.status, r.reason) for r in results]
     recorded = store.read_records("results", EvalResult)

@@ -170,10 +170,14 @@ class EvaluationService:
                 "the cluster has the resources, but they are taken (see `ray status`)"
             )
 
-    def bench_workers(self, pool: str, busy: bool = False) -> list[Any]:
-        """Actor handles of the live bench workers of `pool` (only those with a call, if busy)."""
-        workers = self._bench[pool].workers if pool in self._bench else []
-        return [w.handle for w in workers if w.outstanding or not busy]
+    def worker_counts(self) -> dict[str, int]:
+        """Live workers: "build", and one entry per started pool."""
+        counts = {"build": len(self._build.workers) if self._build else 0}
+        return counts | {pool: len(workers.workers) for pool, workers in self._bench.items()}
+
+    def bench_workers(self, pool: str) -> list[tuple[Any, int]]:
+        """The live bench workers of `pool`: (actor handle, candidates it has been sent and not answered)."""
+        return [(w.handle, w.items) for w in self._bench[pool].workers] if pool in self._bench else []
 
     def close(self) -> None:
         """Kill every worker this service started."""

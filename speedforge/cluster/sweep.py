@@ -60,6 +60,7 @@ class SweepProgress:
 class Worker:
     handle: Any  # a Ray actor handle
     outstanding: int = 0  # calls sent and not collected
+    items: int = 0  # candidates in those calls
     alive: bool = True
 
 
@@ -256,6 +257,7 @@ class Sweep:
                 self.progress[stage].queued -= size
                 self.progress[stage].running += size
             worker.outstanding += 1
+            worker.items += size
             self.calls[ref] = Call(stage, worker, items, time.monotonic() + size * per_item_s + CALL_MARGIN_S)
 
     def _kill_overdue(self) -> None:
@@ -274,6 +276,7 @@ class Sweep:
 
         call = self.calls.pop(ref)
         call.worker.outstanding -= 1
+        call.worker.items -= len(call.items)
         workers = self.build_workers if call.stage == "build" else self.bench_workers[call.stage]
         outputs: list[Any]
         try:
