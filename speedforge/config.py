@@ -91,6 +91,7 @@ class ServiceConfig:
     retries: int = 2  # extra attempts after an infra_error (the only retryable status)
     worker_restarts: int = 3  # dead workers replaced per pool before its work fails as infra_error
     worker_start_timeout_s: float = 120.0  # a pool whose workers cannot start by then is an error
+    call_margin_s: float = 60.0  # a call this long past its items' build+run time limits is hung: worker killed
     flush_every: int = 32  # results appended to the results table in parts of at most this many
     flush_s: float = 5.0  # ... or after this many seconds, whichever comes first
     local_cpu_bench_slots: int = 1  # CPU bench slots a locally started Ray declares

@@ -5,6 +5,7 @@ for the evaluator's two stages (for the 10,000-candidate back-pressure test only
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -73,3 +74,14 @@ def cheap_run(task: Task, candidate: Candidate, build: Build, config: EvaluatorC
     """An ok result whose speedup is the source length (so tests can check it came from here)."""
     return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=pool, status="ok",
                       correct=True, speedup=float(len(candidate.source)), device_name=device)  # fmt: skip
+
+
+def hang_once_run(task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig, device: str,
+                  pool: str) -> EvalResult:  # fmt: skip
+    """Hangs on the first attempt at each candidate (a marker under cache_dir remembers), then runs."""
+    marker = Path(config.cache_dir, f"attempted-{candidate.candidate_id}-{pool}")
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        time.sleep(3600)
+    return cheap_run(task, candidate, build, config, device, pool)

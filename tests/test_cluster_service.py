@@ -7,6 +7,7 @@ evaluations use plain-PyTorch candidates of the cpp family, so nothing compiles.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import weakref
@@ -105,6 +106,19 @@ def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_pa
     assert all(r.status == "ok" for r in results), [(r.status, r.reason) for r in results]
     recorded = store.read_records("results", EvalResult)
     assert sorted(keys(recorded)) == sorted(keys(results))  # the table too: one row per pair
+
+
+def test_hung_call_is_killed_after_its_time_limit_and_retried(tmp_path):
+    config = fx.test_config(tmp_path, call_margin_s=2.0)
+    config = dataclasses.replace(config, evaluator=dataclasses.replace(config.evaluator, build_timeout_s=1.0,
+                                                                       run_timeout_s=1.0))  # fmt: skip
+    candidate = fx.plain_candidate(fx.task(), 0)
+    progress = []
+    start = time.monotonic()
+    with EvaluationService(config, build_fn=fx.cheap_build, run_fn=fx.hang_once_run) as service:
+        (result,) = service.submit([candidate], ["cpu"], [fx.task()], on_progress=progress.append)
+    assert result.status == "ok" and progress[-1].pools[0].retries == 1
+    assert time.monotonic() - start < 60  # the hang cost its limit (2 x 1 s + 2 s), not an hour
 
 
 def test_interrupted_sweep_resumes_without_redoing_recorded_pairs(tmp_path):

@@ -19,7 +19,6 @@ from speedforge.config import EvaluatorConfig, ServiceConfig
 from speedforge.records import RETRYABLE_STATUSES, Candidate, EvalResult, Task
 
 Key = tuple[str, str]  # (candidate_id, pool)
-CALL_MARGIN_S = 60.0  # slack over the evaluator's own time limits before a call counts as hung
 WAIT_S = 0.5  # longest the loop blocks waiting for a call; progress is reported at least this often
 
 
@@ -258,7 +257,7 @@ class Sweep:
                 self.progress[stage].running += size
             worker.outstanding += 1
             worker.items += size
-            self.calls[ref] = Call(stage, worker, items, time.monotonic() + size * per_item_s + CALL_MARGIN_S)
+            self.calls[ref] = Call(stage, worker, items, time.monotonic() + size * per_item_s + self.cfg.call_margin_s)
 
     def _kill_overdue(self) -> None:
         """Kill a worker whose call ran past its time limit; its items come back as retries."""
