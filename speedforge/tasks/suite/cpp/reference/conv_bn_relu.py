@@ -1,4 +1,4 @@
-"""A convolution block for inference: 3x3 Conv2d, BatchNorm2d with running statistics, ReLU.
+"""A stem convolution block for inference: 3x3 Conv2d on RGB input, BatchNorm2d, ReLU.
 
 category: convolution, normalization, fused
 The reference runs the convolution, a batch-norm pass and a ReLU pass; at inference the batch
@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BATCH = 8
-IN_CHANNELS = 16
+IN_CHANNELS = 3
 OUT_CHANNELS = 32
 SIZE = 64
 KERNEL = 3

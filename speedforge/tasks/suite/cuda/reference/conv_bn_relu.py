@@ -1,4 +1,4 @@
-"""A convolution block for inference: 3x3 Conv2d, BatchNorm2d with running statistics, ReLU.
+"""A stem convolution block for inference: 3x3 Conv2d on RGB input, BatchNorm2d, ReLU.
 
 category: convolution, normalization, fused
 The reference runs the convolution, a batch-norm pass and a ReLU pass; at inference the batch
@@ -11,9 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BATCH = 32
-IN_CHANNELS = 64
-OUT_CHANNELS = 128
-SIZE = 64
+IN_CHANNELS = 3
+OUT_CHANNELS = 64
+SIZE = 128
 KERNEL = 3
 EPS = 1e-5
 
