@@ -203,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=16, help="candidates (the same N in both modes)")
     parser.add_argument("--pools", help="bench pool (default: this machine's GPU type, as Ray names it, else cpu)")
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        help="cuda: this machine's GPU pool; cpu: the cpu pool (default: cuda when a GPU is present)")
     parser.add_argument("--family", choices=["cpp", "cuda"], help="default: cuda for a GPU pool, else cpp")
     parser.add_argument("--serial", action="store_true", help="run the serial loop (default: both modes)")
     parser.add_argument("--service", action="store_true", help="run the service (default: both modes)")
@@ -213,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
-    pool = args.pools or detected_pool()
+    pool = args.pools or ("cpu" if args.device == "cpu" else detected_pool())
+    if args.device == "cuda" and pool == "cpu":
+        raise SystemExit("--device cuda: no NVIDIA GPU found (nvidia-smi)")
     config = load_config(args.config)
     pool_config = resolve_pools([pool], config.service)[pool]
     if args.workers:
