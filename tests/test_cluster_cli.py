@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 
 import cluster_fixtures as fx  # noqa: E402
 from speedforge.cli import main  # noqa: E402
@@ -26,6 +26,8 @@ def write_config(tmp_path):
 
 
 def test_evaluate_command_records_results_and_a_rerun_skips_them(tmp_path, capsys):
+    if ray.is_initialized():  # the command must start (and stop) its own local Ray
+        ray.shutdown()
     task = fx.task()
     candidates = [fx.plain_candidate(task, i) for i in range(2)]
     stage_dataset(open_store(tmp_path / "data"), "mini", [task], candidates, progress=False)
