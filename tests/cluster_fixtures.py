@@ -32,7 +32,8 @@ def plain_candidate(task: Task, variant: int) -> Candidate:
 
 def wrong_candidate(task: Task) -> Candidate:
     """Runs, but computes the wrong thing: must come back `incorrect`."""
-    source = re.sub(r"\bModel\b", "ModelNew", task.source).replace("return x * torch.sigmoid", "return x + torch.sigmoid")
+    source = re.sub(r"\bModel\b", "ModelNew", task.source)
+    source = source.replace("return x * torch.sigmoid", "return x + torch.sigmoid")
     assert source != task.source
     return Candidate.make(task.task_id, source, origin="test", created_at=0.0)
 

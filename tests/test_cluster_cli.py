@@ -19,7 +19,8 @@ from speedforge.store import open_store  # noqa: E402
 def write_config(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(
-        f"evaluator: {{cache_dir: '{tmp_path / 'cache'}', cpu_timed_calls: 3, min_timed_s: 0.01, correctness_trials: 1}}\n"
+        f"evaluator: {{cache_dir: '{tmp_path / 'cache'}', cpu_timed_calls: 3, min_timed_s: 0.01,"
+        " correctness_trials: 1}\n"
         "service: {build_workers: 1, build_num_cpus: 0.5, flush_every: 1}\n"
     )
     return str(path)

@@ -44,7 +44,8 @@ def test_routes_to_pools_builds_once_and_deduplicates(tmp_path):
     progress = []
     with EvaluationService(fx.test_config(tmp_path)) as service:
         results = service.submit([good, wrong, good], ["H100", "L40", "H100"], [task], on_progress=progress.append)
-        workers = {pool: ray.get([w.ready.remote() for w, _ in service.bench_workers(pool)]) for pool in ("H100", "L40")}
+        workers = {pool: ray.get([w.ready.remote() for w, _ in service.bench_workers(pool)])
+                   for pool in ("H100", "L40")}  # fmt: skip
         assert service.worker_counts() == {"build": 1, "H100": 1, "L40": 1}
     assert keys(results) == [(good.candidate_id, "H100"), (good.candidate_id, "L40"),
                              (wrong.candidate_id, "H100"), (wrong.candidate_id, "L40")]  # fmt: skip

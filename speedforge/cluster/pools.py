@@ -70,7 +70,8 @@ def plan_bench_workers(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[
         need = worker_need(pool)
         fit = fit_count(nodes, need)
         if fit == 0:
-            offered = sorted({k for node in nodes for k in node if not k.startswith(("node:", "memory", "object_store"))})
+            internal = ("node:", "memory", "object_store")
+            offered = sorted({k for node in nodes for k in node if not k.startswith(internal)})
             hint = f"; start Ray with resources={{'{CPU_POOL_RESOURCE}': N}}" if CPU_POOL_RESOURCE in need else ""
             raise UserError(
                 f"pool {name!r} has no workers: no node of the Ray cluster has {_describe(need)} "

@@ -214,7 +214,9 @@ class EvaluationService:
         self.start(pools)
         if not isinstance(tasks, Mapping):
             tasks = {t.task_id: t for t in tasks}
-        sink = ResultsTable(store, flush_every=self.service.flush_every, flush_s=self.service.flush_s) if store else None
+        sink = None
+        if store is not None:
+            sink = ResultsTable(store, flush_every=self.service.flush_every, flush_s=self.service.flush_s)
         evaluator = sweep_evaluator_config(self.config.evaluator, resolve_pools(pools, self.service))
         sweep = Sweep(self.service, evaluator, self._build, {p: self._bench[p] for p in pools}, tasks,
                       sink.recorded() if sink else {}, sink, on_progress)  # fmt: skip

@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "or builtin[:FAMILY]")  # fmt: skip
     parser.add_argument("--pools", required=True, help="comma-separated pools, e.g. H100,L40 (cpu for the CPU family)")
     parser.add_argument("--out", required=True, help="store URI for the results table")
-    parser.add_argument("--address", help="Ray cluster to join, e.g. ray://head:10001 or auto (default: start a local Ray)")
+    parser.add_argument("--address",
+                        help="Ray cluster to join, e.g. ray://head:10001 or auto (default: start a local Ray)")
     parser.add_argument("--endpoint", help="S3 endpoint URL (default: $SPEEDFORGE_S3_ENDPOINT, then AWS settings)")
     parser.add_argument("--limit", type=int, default=0, help="evaluate only the first N candidates (0: all)")
     parser.add_argument("--no-live", action="store_true", help="print a line per update instead of a live table")
