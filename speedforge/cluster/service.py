@@ -89,7 +89,8 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
         else:
             ray.init(resources=local_ray_resources(config), include_dashboard=False, **options)
     except ConnectionError as exc:
-        raise UserError(f"cannot join the Ray cluster at {address}: {exc}") from None
+        raise UserError(f"cannot join the Ray cluster at {address}: {exc} (a cluster with token authentication "
+                        "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
     return True
 
 

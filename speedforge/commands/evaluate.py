@@ -133,7 +133,7 @@ class ProgressView:
             return
         line = " | ".join(f"{p.pool}: {p.done}/{p.submitted} done, {p.ok} ok, {p.skipped} skipped"
                           for p in progress.pools)  # fmt: skip
-        if line != self.last_line or progress.input_done and progress.in_flight == 0:
+        if line != self.last_line:
             print(f"[{progress.elapsed_s:7.1f}s] {line}", file=sys.stderr, flush=True)
             self.last_line = line
 
