@@ -3,6 +3,9 @@ that the command starts itself; a rerun skips what the first run recorded."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -68,3 +71,36 @@ def test_task_and_candidate_sources_by_uri(tmp_path):
     assert {t.family for t in read_records("builtin:cpp", "tasks", config)} == {"cpp"}
     with pytest.raises(Exception, match="no tasks in"):
         read_records(str(tmp_path / "empty"), "tasks", config)
+
+
+HEAD = """
+import ray, sys, time
+ray.init(num_cpus=2, resources={"speedforge_cpu_bench": 1.0}, include_dashboard=False, logging_level="ERROR")
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def test_evaluate_command_joins_an_existing_cluster_at_address(tmp_path, monkeypatch):
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # this test's cluster: no token to hand over
+    head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the head process did not start Ray"
+        task = fx.task()
+        stage_dataset(open_store(tmp_path / "data"), "mini", [task], [fx.plain_candidate(task, 0)], progress=False)
+        dataset = f"{tmp_path / 'data'}/datasets/mini"
+        argv = ["--config", write_config(tmp_path), "evaluate", "--tasks", dataset, "--candidates", dataset,
+                "--pools", "cpu", "--out", str(tmp_path / "out"), "--no-live", "--address", address]  # fmt: skip
+        assert main(argv) == 0
+        assert head.poll() is None  # the command left the cluster it joined running
+    finally:
+        head.stdin.close()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+    (result,) = open_store(tmp_path / "out").read_records("results", EvalResult)
+    assert result.status == "ok"
