@@ -1,4 +1,4 @@
-"""Residual add and LayerNorm fused per row: the sum stays in cache between the three row passes."""
+"""Residual add and LayerNorm fused per row: add and moments in one pass, normalise from cache."""
 
 import torch
 import torch.nn as nn
@@ -16,19 +16,9 @@ CPP_SOURCE = r"""
 
 constexpr int LANES = 32;
 
-// Sum of v[0..n), in LANES independent accumulators so the loop vectorises.
-static inline float lane_sum(const float* __restrict__ v, int64_t n) {
-  float lane[LANES];
-  for (int l = 0; l < LANES; ++l) lane[l] = 0.f;
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int l = 0; l < LANES; ++l) lane[l] += v[i + l];
-  float s = 0.f;
-  for (int l = 0; l < LANES; ++l) s += lane[l];
-  for (; i < n; ++i) s += v[i];
-  return s;
-}
-
+// Per row: one pass writes v = x + res and accumulates the moments of v - shift (shift = the
+// row's first sum, so that the single-pass variance does not cancel catastrophically when the
+// mean is large), one pass normalises in place while the row is still in cache.
 SF_SIMD static void add_layernorm_kernel(const float* __restrict__ x, const float* __restrict__ res,
                                          const float* __restrict__ w, const float* __restrict__ b,
                                          float* __restrict__ y, int64_t rows, int64_t cols, float eps) {
@@ -36,20 +26,35 @@ SF_SIMD static void add_layernorm_kernel(const float* __restrict__ x, const floa
     const float* __restrict__ xr = x + r * cols;
     const float* __restrict__ rr = res + r * cols;
     float* __restrict__ yr = y + r * cols;
-    for (int64_t j = 0; j < cols; ++j) yr[j] = xr[j] + rr[j];
-    const float mean = lane_sum(yr, cols) / static_cast<float>(cols);
-    float lane[LANES];
-    for (int l = 0; l < LANES; ++l) lane[l] = 0.f;
+    const float shift = xr[0] + rr[0];
+    float sum[LANES], sq[LANES];
+    for (int l = 0; l < LANES; ++l) sum[l] = sq[l] = 0.f;
     int64_t i = 0;
     for (; i + LANES <= cols; i += LANES)
       for (int l = 0; l < LANES; ++l) {
-        float d = yr[i + l] - mean;
-        lane[l] += d * d;
+        const float v = xr[i + l] + rr[i + l];
+        yr[i + l] = v;
+        const float d = v - shift;
+        sum[l] += d;
+        sq[l] += d * d;
       }
-    float var = 0.f;
-    for (int l = 0; l < LANES; ++l) var += lane[l];
-    for (; i < cols; ++i) var += (yr[i] - mean) * (yr[i] - mean);
-    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(cols) + eps);
+    float s = 0.f, q = 0.f;
+    for (int l = 0; l < LANES; ++l) {
+      s += sum[l];
+      q += sq[l];
+    }
+    for (; i < cols; ++i) {
+      const float v = xr[i] + rr[i];
+      yr[i] = v;
+      s += v - shift;
+      q += (v - shift) * (v - shift);
+    }
+    const float n = static_cast<float>(cols);
+    const float mean_shifted = s / n;
+    float var = q / n - mean_shifted * mean_shifted;
+    var = var > 0.f ? var : 0.f;
+    const float mean = shift + mean_shifted;
+    const float rstd = 1.0f / std::sqrt(var + eps);
     for (int64_t j = 0; j < cols; ++j) yr[j] = (yr[j] - mean) * rstd * w[j] + b[j];
   }
 }
@@ -92,6 +97,4 @@ class ModelNew(nn.Module):
             self.norm.bias.add_(0.1 * torch.randn(hidden))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if tuple(self.norm.normalized_shape) != (x.shape[-1],):
-            raise ValueError("add_layernorm: LayerNorm must normalise the last dimension only")
         return _ext.add_layernorm(x, residual, self.norm.weight, self.norm.bias, self.norm.eps)

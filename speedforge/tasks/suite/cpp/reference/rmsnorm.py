@@ -1,9 +1,9 @@
 """RMSNorm as written in LLaMA: y = x * rsqrt(mean(x^2, dim=-1) + eps) * weight.
 
 category: normalization
-The reference runs five kernels (pow, mean, add, rsqrt, two multiplies) with full-size
-temporaries; a fused kernel reads each row once for the sum of squares and once more (from
-cache) to write the normalised row.
+The reference runs six kernels (pow, mean, add, rsqrt and two multiplies), two of them
+writing full-size temporaries; a fused kernel reads each row once for the sum of squares and
+once more (from cache) to write the normalised row.
 """
 
 import torch
