@@ -3,6 +3,7 @@ that the command starts itself; a rerun skips what the first run recorded."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -81,11 +82,12 @@ sys.stdin.read()  # until the test closes stdin
 """
 
 
-def test_evaluate_command_joins_an_existing_cluster_at_address(tmp_path, monkeypatch):
-    if ray.is_initialized():
-        ray.shutdown()
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # this test's cluster: no token to hand over
-    head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def test_evaluate_command_joins_an_existing_cluster_at_address(tmp_path):
+    # Both the cluster and the command run in processes of their own: Ray keeps the
+    # authentication mode of the first cluster a process touched, so this one cannot share ours.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # this test's cluster: no token to hand over
+    head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
     try:
         address = head.stdout.readline().strip()
         assert address, "the head process did not start Ray"
@@ -94,7 +96,9 @@ def test_evaluate_command_joins_an_existing_cluster_at_address(tmp_path, monkeyp
         dataset = f"{tmp_path / 'data'}/datasets/mini"
         argv = ["--config", write_config(tmp_path), "evaluate", "--tasks", dataset, "--candidates", dataset,
                 "--pools", "cpu", "--out", str(tmp_path / "out"), "--no-live", "--address", address]  # fmt: skip
-        assert main(argv) == 0
+        command = subprocess.run([sys.executable, "-m", "speedforge.cli", *argv], env=env, capture_output=True,
+                                 text=True, timeout=600)  # fmt: skip
+        assert command.returncode == 0, command.stderr[-2000:]
         assert head.poll() is None  # the command left the cluster it joined running
     finally:
         head.stdin.close()
