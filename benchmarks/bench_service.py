@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             runs.append(run_service(tasks, candidates, mode_config, pool))
         # after each mode, so a run cut short by a time limit still leaves what it finished
-        print(f"{mode} done: {runs[-1].wall_s:.1f} s for {runs[-1].n} candidates", file=sys.stderr, flush=True)
+        print(f"{mode} done: {runs[-1].wall_s:.1f} s for {runs[-1].n} candidates, build cache {cache}",
+              file=sys.stderr, flush=True)  # fmt: skip
         if args.json:
             Path(args.json).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs],
                                                   indent=2))  # fmt: skip
