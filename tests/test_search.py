@@ -239,3 +239,28 @@ def test_optimize_one_round_on_a_cuda_task_with_the_default_model_on_the_gpu(tmp
     assert pool != "cpu" and f"pool {pool}" in out
     stored = open_store(tmp_path / "store").read_records(TABLE, Variant)
     assert stored and all(v.pool == pool and v.status in STATUSES for v in stored)
+
+
+@pytest.mark.slow
+def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
+    from speedforge.cluster.service import EvaluationService, connect_ray
+    from speedforge.config import Config, ServiceConfig
+    from speedforge.search import service_evaluator
+
+    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), correctness_trials=1, cpu_timed_calls=3,
+                                min_timed_s=0.0, max_timed_calls=3, warmup_calls=1)  # fmt: skip
+    config = Config(evaluator=evaluator, service=ServiceConfig(build_workers=1, build_num_cpus=0.25))
+    store = open_store(tmp_path / "store")
+    started = connect_ray(None, config.service)
+    try:
+        with EvaluationService(config) as service:
+            backend = ScriptedBackend([answer(FAST), answer(WRONG)])
+            result = search(backend, service_evaluator(service, store=store), rounds=1, samples=2, store=store)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    assert sorted(s.status for s in result.samples) == ["incorrect", "ok"]
+    assert len(store.read_records("results", EvalResult)) == 2  # the service's results table
+    assert len(store.read_records(TABLE, Variant)) == 2

@@ -165,8 +165,7 @@ class HFBackend:
         self.config = config
         folder, gguf_file, self.model_name = resolve_model(config.model)
         self.device = pick_device(config.device)
-        if self.device == "cpu":
-            torch.set_num_threads(cpu_threads(config.cpu_threads))
+        self.threads = cpu_threads(config.cpu_threads) if self.device == "cpu" else 0
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         transformers.logging.set_verbosity_error()
         try:
@@ -187,12 +186,39 @@ class HFBackend:
             messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )["input_ids"]
 
+    def generate_ids(self, input_ids, n: int, max_new_tokens: int, **generate_kwargs):
+        """Token ids [n x (T + new)] of n continuations of one prompt [1 x T].
+
+        The prompt is run through the model once and its KV cache shared by the n sequences;
+        generate's num_return_sequences would run it n times (measured 27.3 s -> 20.4 s for
+        4 x 16 new tokens after a 714-token prompt on the 2-core dev box, identical tokens).
+        """
+        import torch
+
+        with torch.inference_mode():
+            kwargs = {}
+            if n > 1 and input_ids.shape[1] > 1:
+                cache = self.model(input_ids[:, :-1], use_cache=True).past_key_values
+                cache.batch_repeat_interleave(n)
+                kwargs["past_key_values"] = cache
+            batch = input_ids.repeat(n, 1)
+            return self.model.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                max_new_tokens=max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                **kwargs,
+                **generate_kwargs,
+            )
+
     def generate(self, messages, n=1, *, max_new_tokens=None, temperature=None, top_p=None, seed=None):
         import torch
 
         max_new_tokens = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = self.config.temperature if temperature is None else temperature
         top_p = self.config.top_p if top_p is None else top_p
+        if self.threads:  # per call: OpenMP settings are per thread, and the server generates in its own
+            torch.set_num_threads(self.threads)
         input_ids = self.encode(messages).to(self.device)
         prompt_tokens = int(input_ids.shape[1])
         if self.context_tokens and prompt_tokens >= self.context_tokens:
@@ -201,16 +227,10 @@ class HFBackend:
             max_new_tokens = min(max_new_tokens, self.context_tokens - prompt_tokens)
         if seed is not None:
             torch.manual_seed(seed)
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else dict(do_sample=False)
-        with torch.inference_mode():
-            output = self.model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new_tokens,
-                num_return_sequences=n,
-                pad_token_id=self.tokenizer.pad_token_id,
-                **sampling,
-            )
+        if temperature > 0:
+            output = self.generate_ids(input_ids, n, max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p)
+        else:  # greedy: every sample is the same, decode it once
+            output = self.generate_ids(input_ids, 1, max_new_tokens, do_sample=False).repeat(n, 1)
         generations = []
         eos = self.tokenizer.eos_token_id
         for row in output[:, prompt_tokens:].tolist():
