@@ -217,8 +217,7 @@ def run_search(
                 del fresh[candidate.candidate_id]
                 if not result.ok:
                     feedback = feedback_from_result(result, policy.feedback_log_chars)
-            existing = variants.for_task(task.task_id, pool)
-            variant = next(v for v in existing if v.variant_id == candidate.candidate_id)
+            variant = variants.get(candidate.candidate_id, pool)
             reason = result.reason if result is not None else "duplicate of an earlier variant"
             samples.append(
                 Sample(round_index, candidate.candidate_id, variant.status, reason, variant.score, missing, tokens)

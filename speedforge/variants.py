@@ -54,6 +54,9 @@ class VariantsTable:
     def __contains__(self, key: tuple[str, str]) -> bool:
         return key in self._rows
 
+    def get(self, variant_id: str, pool: str) -> Variant:
+        return self._rows[(variant_id, pool)]
+
     def for_task(self, task_id: str, pool: str | None = None) -> list[Variant]:
         """Every variant of a task (on one pool when given), oldest first."""
         rows = [v for v in self._rows.values() if v.task_id == task_id and (pool is None or v.pool == pool)]

@@ -171,6 +171,30 @@ def test_the_real_evaluator_scores_what_the_policy_wrote(tmp_path):
     assert best is not None and best.score > 0 and "mul_(self.scale)" in best.source
 
 
+def test_variants_table_keeps_one_row_per_candidate_and_pool_and_the_best_per_task():
+    from speedforge.records import Candidate
+    from speedforge.variants import make_variant
+
+    a = Candidate.make(TASK.task_id, "a", origin="model:m@round1", parent_ids=("p",))
+    b = Candidate.make(TASK.task_id, "b")
+    result = lambda c, pool, status, speedup: EvalResult(candidate_id=c.candidate_id, task_id=TASK.task_id,  # noqa: E731
+                                                         pool=pool, status=status, speedup=speedup)  # fmt: skip
+    table = VariantsTable([make_variant(a, result(a, "cpu", "ok", 1.5), "analysis"),
+                           make_variant(b, result(b, "cpu", "ok", 2.5)),
+                           make_variant(a, result(a, "H100", "ok", 4.0)),
+                           make_variant(b, result(b, "H100", "incorrect", 9.0))])  # fmt: skip
+    assert len(table) == 4
+    assert table.get(b.candidate_id, "H100").score is None  # a speedup of a failed result is no score
+    best = table.best_per_task()
+    assert {key: v.variant_id for key, v in best.items()} == {
+        (TASK.task_id, "H100"): a.candidate_id, (TASK.task_id, "cpu"): b.candidate_id}
+    assert table.get(a.candidate_id, "cpu").parent_ids == ("p",) and table.get(a.candidate_id, "cpu").analysis == "analysis"
+    table.add(make_variant(b, result(b, "cpu", "timeout", None)))  # re-measured: the later row wins
+    assert len(table) == 4 and table.best(TASK.task_id, "cpu").variant_id == a.candidate_id
+    with pytest.raises(ValueError, match="is not for candidate"):
+        make_variant(a, result(b, "cpu", "ok", 1.0))
+
+
 def test_pools_and_devices():
     assert default_pool(TASK, "cpu") == "cpu"
     assert pool_device("cpu") == "cpu" and pool_device("H100") == "cuda"
