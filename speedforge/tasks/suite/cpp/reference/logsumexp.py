@@ -4,6 +4,16 @@ category: reduction
 torch.logsumexp computes the row maxima, materialises exp(x - max) as a full-size temporary,
 sums it and then takes the log; a fused kernel needs one pass for the maximum and one pass that
 only reads (no temporary), or a single online pass.
+
+Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
+other jobs at load average 2-3; 3 separate evaluations of fast/logsumexp.py):
+
+| run | reference ms | candidate ms | speedup |
+|---|---|---|---|
+| 1 | 3.17 | 1.27 | 2.50x |
+| 2 | 3.20 | 1.34 | 2.38x |
+| 3 | 3.23 | 1.19 | 2.72x |
+| median | | | 2.50x |
 """
 
 import torch

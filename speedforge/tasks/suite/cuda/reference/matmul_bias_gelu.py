@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BATCH = 8192
-IN_FEATURES = 512
+IN_FEATURES = 256
 OUT_FEATURES = 4096
 
 

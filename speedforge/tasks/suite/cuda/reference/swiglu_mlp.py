@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 TOKENS = 16384
-HIDDEN = 256
+HIDDEN = 128
 INTERMEDIATE = 1024
 
 
