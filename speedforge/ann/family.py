@@ -1,7 +1,7 @@
 """The `ann` task family in the evaluator's sandbox: `build(job)` and `run(job)`.
 
 build: compile the candidate's module and link it with the installed engine (engine.py) into
-job["build_dir"].
+job["build_dir"]/<module>-<engine fingerprint>/ (run builds it there itself when that is missing).
 
 run: load the candidate extension, then draw everything from the secret seed: the data set,
 and a fresh query set for every (ef, repeat) point. Baseline and candidate each build an index
@@ -38,15 +38,10 @@ def build(job: dict) -> dict:
         spec = parse_spec(job["task"]["source"], job["task"]["task_id"])
     except ConfigError as exc:
         return {"status": "runtime_error", "reason": f"bad ann task spec: {exc}"}
-    out = Path(job["build_dir"])
     start = time.perf_counter()
-    try:
-        built = engine.build_candidate(job["candidate"]["source"], spec.module, out,
-                                       timeout_s=float(job["config"]["build_timeout_s"]))
-    except engine.CompileError as exc:
-        return {"status": "compile_error", "reason": str(exc), "log": exc.log[-8000:]}
-    (out / MANIFEST).write_text(json.dumps({"extension": built.path, "module": spec.module,
-                                            "engine": engine.engine_fingerprint()}))
+    built = _build_into(job, spec)
+    if isinstance(built, dict):
+        return built
     return {"status": "ok", "reason": "", "log": built.log[-4000:], "build_s": time.perf_counter() - start}
 
 
@@ -55,15 +50,39 @@ def run(job: dict) -> dict:
         spec = parse_spec(job["task"]["source"], job["task"]["task_id"])
     except ConfigError as exc:
         return {"status": "runtime_error", "reason": f"bad ann task spec: {exc}"}
-    manifest = Path(job["build_dir"]) / MANIFEST
-    if not manifest.is_file():
-        return {"status": "infra_error", "reason": f"no ann build in {job['build_dir']}"}
+    manifest = _build_subdir(job, spec) / MANIFEST
+    if manifest.is_file():
+        extension = json.loads(manifest.read_text())["extension"]
+    else:
+        # The build cache is keyed by the candidate's source alone: the same source may have been
+        # built for another module, or against an engine since rebuilt. Build it for this one.
+        built = _build_into(job, spec)
+        if isinstance(built, dict):
+            return built
+        extension = built.path
     base_mod = engine.baseline()
     try:
-        cand_mod = engine.load_extension(json.loads(manifest.read_text())["extension"])
+        cand_mod = engine.load_extension(extension)
     except (ImportError, OSError) as exc:
         return {"status": "runtime_error", "reason": f"the candidate extension does not load: {exc}"}
     return measure(spec, base_mod, cand_mod, int(job["seed"]))
+
+
+def _build_subdir(job: dict, spec: AnnTaskSpec) -> Path:
+    """Where a candidate is built for one module against one engine."""
+    return Path(job["build_dir"]) / f"{spec.module}-{engine.engine_fingerprint()}"
+
+
+def _build_into(job: dict, spec: AnnTaskSpec) -> engine.CandidateBuild | dict:
+    """The build, or the result dict of a candidate that does not compile."""
+    out = _build_subdir(job, spec)
+    try:
+        built = engine.build_candidate(job["candidate"]["source"], spec.module, out,
+                                       timeout_s=float(job["config"]["build_timeout_s"]))
+    except engine.CompileError as exc:
+        return {"status": "compile_error", "reason": str(exc), "log": exc.log[-8000:]}
+    (out / MANIFEST).write_text(json.dumps({"extension": built.path, "module": spec.module}))
+    return built
 
 
 def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
