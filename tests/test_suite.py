@@ -191,25 +191,19 @@ def test_cpp_reference_call_takes_well_under_100ms_on_one_core(task) -> None:
     assert statistics.median(times[1:]) < CPP_CALL_LIMIT_S, f"{statistics.median(times[1:]) * 1e3:.1f} ms"
 
 
-def _evaluate_suite_candidate(family: str, name: str, device: str):
+def _evaluated_candidates():
+    """cpp candidates run on the CPU (slow: a compile each); cuda ones need a GPU."""
+    return [pytest.param(family, name, device, id=f"{family}/{name}", marks=mark)
+            for family, device, mark in (("cpp", "cpu", pytest.mark.slow), ("cuda", "cuda", pytest.mark.gpu))
+            for name in sorted(_candidates(family))]
+
+
+@pytest.mark.parametrize(("family", "name", "device"), _evaluated_candidates())
+def test_candidate_is_correct_and_faster_in_the_evaluator(family: str, name: str, device: str) -> None:
     from speedforge.evaluator import evaluate
 
-    return evaluate(_tasks(family)[name], _candidates(family)[name], device=device)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(_candidates("cpp")))
-def test_cpp_candidate_is_correct_and_faster_in_the_evaluator(name: str) -> None:
-    result = _evaluate_suite_candidate("cpp", name, "cpu")
-    assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
-    assert result.speedup > 1.0, f"speedup {result.speedup:.2f} (ref {result.ref_us:.0f} us, cand {result.cand_us:.0f} us)"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(_candidates("cuda")))
-def test_cuda_candidate_is_correct_and_faster_in_the_evaluator(name: str) -> None:
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    result = _evaluate_suite_candidate("cuda", name, "cuda")
+    result = evaluate(_tasks(family)[name], _candidates(family)[name], device=device)
     assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
     assert result.speedup > 1.0, f"speedup {result.speedup:.2f} (ref {result.ref_us:.0f} us, cand {result.cand_us:.0f} us)"
