@@ -72,6 +72,7 @@ torch::Tensor logsumexp_lastdim(torch::Tensor x, int64_t dim) {
   int64_t cols = xc.size(-1);
   int64_t rows = cols == 0 ? 0 : xc.numel() / cols;
   auto out = torch::empty(xc.sizes().slice(0, xc.dim() - 1), xc.options());
+  if (cols == 0) return out.fill_(-INFINITY);  // log of an empty sum
   logsumexp_kernel(xc.data_ptr<float>(), out.data_ptr<float>(), rows, cols);
   return out;
 }
