@@ -6,7 +6,7 @@ sums it and then takes the log; a fused kernel needs one pass for the maximum an
 only reads (no temporary), or a single online pass.
 
 Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 4 separate evaluations of fast/logsumexp.py):
+other jobs at load average about 4; 4 separate evaluations of fast/logsumexp.py):
 
 | run | reference ms | candidate ms | speedup |
 |---|---|---|---|
