@@ -2,8 +2,7 @@
 
 Loads the model once with the `hf` backend, warms up, then times `--runs` generations of exactly
 `--new-tokens` tokens each (EOS suppressed) for a fixed contrastive prompt of a built-in task,
-through the backend's own path (`HFBackend.generate_ids`: `--batch` sequences sharing one run of
-the prompt), or with `--plain` through generate's num_return_sequences.
+through the backend's own path (`HFBackend.generate_ids`, `--batch` sequences per call).
 Each run also times the prefill alone (one new token), so it reports end-to-end tokens/s
 (prefill included, what a search round sees) and decode tokens/s ((N - 1) tokens over the time
 after the first), per run and as median with spread (min, max, IQR).
@@ -56,9 +55,6 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per sequence")
     parser.add_argument("--batch", type=int, default=1, help="sequences per generate call (num_return_sequences)")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--plain", action="store_true",
-                        help="generate's num_return_sequences (prompt run once per sequence) instead of the "
-                             "backend's shared-prefix path")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: as the hf backend picks them, from the load average)")
     args = parser.parse_args()
@@ -78,12 +74,7 @@ def main() -> None:
         t0 = time.perf_counter()
         exact = dict(min_new_tokens=new_tokens, suppress_tokens=[eos], do_sample=True, temperature=0.8, top_p=0.95)
         ids = backend.encode(messages).to(backend.device)
-        if args.plain:
-            with torch.inference_mode():
-                out = backend.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                             num_return_sequences=args.batch, pad_token_id=eos, **exact)  # fmt: skip
-        else:
-            out = backend.generate_ids(ids, args.batch, new_tokens, **exact)
+        out = backend.generate_ids(ids, args.batch, new_tokens, **exact)
         if backend.device.startswith("cuda"):
             torch.cuda.synchronize()
         return time.perf_counter() - t0, int(out[:, prompt_tokens:].numel())
@@ -107,8 +98,7 @@ def main() -> None:
     print(
         f"model {backend.model_name} on {backend.device} ({device}), torch {torch.__version__}, "
         f"threads {torch.get_num_threads()}, load {load_s:.1f} s, prompt {prompt_tokens} tokens, "
-        f"batch {args.batch} x {args.new_tokens} new tokens ({'plain' if args.plain else 'shared prefix'}), "
-        f"{args.runs} runs"
+        f"batch {args.batch} x {args.new_tokens} new tokens, {args.runs} runs"
     )
     print(f"end-to-end tokens/s: {spread(total_rates)}")
     print(f"decode tokens/s:     {spread(decode_rates)}")

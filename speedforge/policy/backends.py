@@ -189,25 +189,19 @@ class HFBackend:
     def generate_ids(self, input_ids, n: int, max_new_tokens: int, **generate_kwargs):
         """Token ids [n x (T + new)] of n continuations of one prompt [1 x T].
 
-        The prompt is run through the model once and its KV cache shared by the n sequences;
-        generate's num_return_sequences would run it n times (measured 27.3 s -> 20.4 s for
-        4 x 16 new tokens after a 714-token prompt on the 2-core dev box, identical tokens).
+        generate runs the prompt once per sequence. Running it once and sharing its KV cache
+        (repeated n times) was tried: prefill 7.9 s -> 3.1 s for 4 x 883 tokens, but decode got
+        slower (26.8 -> 18.3 tokens/s), a net loss beyond ~64 new tokens (benchmarks/RESULTS.md).
         """
         import torch
 
         with torch.inference_mode():
-            kwargs = {}
-            if n > 1 and input_ids.shape[1] > 1:
-                cache = self.model(input_ids[:, :-1], use_cache=True).past_key_values
-                cache.batch_repeat_interleave(n)
-                kwargs["past_key_values"] = cache
-            batch = input_ids.repeat(n, 1)
             return self.model.generate(
-                batch,
-                attention_mask=torch.ones_like(batch),
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
                 max_new_tokens=max_new_tokens,
+                num_return_sequences=n,
                 pad_token_id=self.tokenizer.pad_token_id,
-                **kwargs,
                 **generate_kwargs,
             )
 
