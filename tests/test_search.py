@@ -265,7 +265,6 @@ def test_optimize_one_round_on_a_cuda_task_with_the_default_model_on_the_gpu(tmp
     assert stored and all(v.pool == pool and v.status in STATUSES for v in stored)
 
 
-@pytest.mark.slow
 def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
     from speedforge.cluster.service import EvaluationService, connect_ray
     from speedforge.config import Config, ServiceConfig
