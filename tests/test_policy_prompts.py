@@ -62,15 +62,32 @@ def test_prompt_without_exemplars_says_so_and_does_not_ask_to_compare():
     assert all(s in text for s in SECTIONS)
 
 
+def ann_task() -> Task:
+    from speedforge.ann.tasks import builtin_tasks
+
+    return next(t for t in builtin_tasks() if t.task_id == "ann/sift-search")
+
+
 def test_every_family_has_a_template_with_its_code_language():
     assert known_families() == ["ann", "cpp", "cuda"]
-    for family in known_families():
-        text = render_prompt(task(family), [Exemplar("x", "int main() {}", 1.5, "cpu")]).user
+    for t in (task("cpp"), task("cuda"), ann_task()):
+        text = render_prompt(t, [Exemplar("x", "int main() {}", 1.5, "cpu")]).user
         assert "1.50x speedup, measured on cpu" in text
-        assert ("```cpp" in text) == (family == "ann")
+        assert ("```cpp" in text) == (t.family == "ann")
     assert "on the CPU" in render_prompt(task("cpp")).user
     assert "CUDA" in render_prompt(task("cuda")).user
-    assert "QPS-recall" in render_prompt(task("ann")).user
+
+
+def test_ann_prompt_shows_the_benchmark_spec_and_the_engine_module_it_replaces():
+    from speedforge.ann.tasks import reference_source
+
+    t = ann_task()
+    text = render_prompt(t).user
+    assert t.source.strip() in text  # the YAML spec: data set, index parameters, sweep
+    assert reference_source(t).rstrip() in text  # the baseline C++ of src/search.cc
+    assert "`sfann::make_searcher()`" in text and "C++ source of `src/search.cc`" in text
+    assert "QPS-recall" in text
+    assert "About this task" not in text  # the spec's first comment line says it already
 
 
 def test_unknown_family_is_a_clear_error():

@@ -92,12 +92,27 @@ def known_families() -> list[str]:
     return sorted(FAMILY_LANGUAGE)
 
 
+def _ann_context(task: Task) -> dict[str, str]:
+    """An ann task's source is its benchmark spec (YAML); the code to beat is the engine module."""
+    from speedforge.ann.engine import MODULES
+    from speedforge.ann.tasks import parse_spec, reference_source
+
+    module = parse_spec(task.source, task.task_id).module
+    path, factory = MODULES[module]
+    return {"reference": reference_source(task), "module": module, "module_path": path, "factory": factory}
+
+
+# Extra template variables per family; by default the reference code is the task's source.
+_FAMILY_CONTEXT = {"ann": _ann_context}
+
+
 def render_prompt(task: Task, exemplars: Sequence[Exemplar] = (), feedback: Feedback | None = None) -> Prompt:
     """The contrastive prompt for one task."""
     if task.family not in FAMILY_LANGUAGE:
         raise UserError(f"no prompt template for task family {task.family!r}; known: {', '.join(known_families())}")
     template = _ENV.get_template(f"{task.family}.jinja")
-    user = template.render(task=task, exemplars=list(exemplars), feedback=feedback)
+    context = _FAMILY_CONTEXT[task.family](task) if task.family in _FAMILY_CONTEXT else {"reference": task.source}
+    user = template.render(task=task, exemplars=list(exemplars), feedback=feedback, **context)
     return Prompt(
         family=task.family,
         system=SYSTEM_PROMPT,
