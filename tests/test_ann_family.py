@@ -130,3 +130,15 @@ def test_one_source_built_for_another_module_is_rebuilt_for_this_task(task, conf
     assert failed.status == "compile_error" and "make_refiner" in failed.reason
     ok = _evaluate(task, source, config)
     assert ok.status == "ok", (ok.reason, ok.log)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("builtin", tasks.builtin_tasks(), ids=lambda t: t.task_id)
+def test_every_builtin_task_reaches_the_recall_band_with_the_baseline(builtin):
+    from speedforge.ann import family
+    from speedforge.ann.engine import baseline
+
+    spec = tasks.parse_spec(builtin.source, builtin.task_id)
+    result = family.measure(spec, baseline(), baseline(), seed=11)
+    assert result["status"] == "ok", result
+    assert 0.5 < result["speedup"] < 2.0
