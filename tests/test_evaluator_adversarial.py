@@ -88,6 +88,8 @@ def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, m
 
     assert result.status in expected, (result.status, result.reason, result.log[-2000:])
     assert result.status == "ok" or result.speedup is None
+    if result.status == "ok":  # only tricks that may end honest: they must not look faster
+        assert "honest_speed: true" in source and result.speedup < 1.2, result
     assert PLANTED_SECRET not in result.to_json()
     if path.stem == "read_credential":
         assert "secrets found: []" in result.reason

@@ -1,6 +1,10 @@
 """Caches outputs keyed by the input's data pointer: stale results when memory is reused.
+Whether the allocator reuses an address is not up to the test: when it does, the stale output
+is caught (incorrect); when it never does, the cache never hits and the candidate does the
+reference's work plus a copy, so it cannot look faster.
 screen: reject
-runtime: incorrect
+runtime: incorrect|ok
+honest_speed: true
 """
 import torch
 import torch.nn as nn

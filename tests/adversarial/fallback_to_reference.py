@@ -1,6 +1,8 @@
-"""Swallows a failing fast path and silently falls back to the reference computation.
+"""Swallows a failing fast path and silently falls back to the reference computation (only the
+screen refuses it: at run time it is the reference, so it cannot look faster).
 screen: reject
 runtime: ok
+honest_speed: true
 """
 import torch
 import torch.nn as nn
