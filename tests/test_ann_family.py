@@ -117,9 +117,6 @@ def test_a_bad_task_spec_is_reported_in_one_line(config):
     assert result.status == "runtime_error" and "data.shape 'mnist'" in result.reason
 
 
-@pytest.mark.xfail(strict=True, reason="the evaluator's build cache is keyed by candidate source and family only, so "
-                   "a compile_error cached for one ann module is reported for another: the key needs the task's "
-                   "module (e.g. build_key(..., flags=task.source) for family ann)")
 def test_one_source_built_for_another_module_is_rebuilt_for_this_task(task, config):
     # The evaluator caches builds by source: the search baseline offered to a refinement task
     # fails there (no make_refiner), and must still build and score on a search task afterwards.

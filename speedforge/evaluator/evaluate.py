@@ -65,7 +65,9 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         if not needs_build(task, candidate):  # nothing to compile: the run stage imports it
             return Build(**base, ok=True, failure=None, build_s=0.0, screen_findings=findings)
         cache = BuildCache(config.cache_dir)
-        key = build_key(candidate.source, task.family, config.cuda_arch_list)
+        # an ann candidate is linked as the module its task names: the spec is part of the build
+        key = build_key(candidate.source, task.family, config.cuda_arch_list,
+                        flags=task.source if task.family == "ann" else "")
         base.update(key=key, build_dir=str(cache.build_dir(key)))
         cached = cache.lookup(key)
         if cached is None:

@@ -1,5 +1,7 @@
 """The built-in task suite, shipped as package data under speedforge/tasks/suite/.
 
+The ann family's tasks (YAML specs) come from speedforge.ann.tasks.
+
 Layout: `suite/<family>/reference/<name>.py` is the KernelBench-format reference program and
 `suite/<family>/fast/<name>.py` a hand-written faster candidate (defines ModelNew). A task
 whose reference could not be beaten has no fast file and says so in its docstring.
@@ -21,8 +23,12 @@ def _suite_dir(family: str):
 
 
 def builtin_tasks(family: str | None = None) -> list[Task]:
-    """Every built-in task, or those of one family, sorted by id."""
+    """Every built-in task (the kernel families, then the ann family), or those of one family."""
     tasks = []
+    if family in (None, "ann"):
+        from speedforge.ann.tasks import builtin_tasks as ann_tasks
+
+        tasks += ann_tasks()
     for fam in [family] if family else FAMILIES:
         ref_dir = _suite_dir(fam).joinpath("reference")
         if not ref_dir.is_dir():
@@ -36,13 +42,16 @@ def builtin_tasks(family: str | None = None) -> list[Task]:
             tasks.append(
                 Task(task_id=f"{fam}/{name}", family=fam, name=name, source=source, notes=module_docstring(source))
             )
-    return tasks
+    return sorted(tasks, key=lambda t: t.task_id)
 
 
 def builtin_candidates(family: str | None = None) -> list[Candidate]:
-    """The hand-written fast candidate of every built-in task that has one."""
+    """The hand-written fast candidate of every built-in kernel task that has one (the ann
+    family's baselines are in speedforge.ann.tasks: they score 1, they are not faster)."""
     candidates = []
     for task in builtin_tasks(family):
+        if task.family not in FAMILIES:
+            continue
         entry = _suite_dir(task.family).joinpath("fast", f"{task.name}.py")
         if entry.is_file():
             candidates.append(Candidate.make(task.task_id, entry.read_text(), origin="builtin", created_at=0.0))
