@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 import types
@@ -58,6 +59,38 @@ def global_settings() -> dict[str, object]:
     return settings
 
 
+# Process starts from Python raise audit events, and an audit hook cannot be removed once added.
+# Thread starts raise none before Python 3.13, so the thread-start primitives are wrapped
+# instead, the originals kept only in a closure. Either way a thread or process that finished
+# long before the check is still counted.
+PROCESS_EVENTS = ("os.fork", "os.forkpty", "os.system")
+THREAD_STARTERS = (("_thread", "start_new_thread"), ("_thread", "start_joinable_thread"),
+                   ("threading", "_start_new_thread"), ("threading", "_start_joinable_thread"))
+
+
+def install_start_counter():
+    """Count thread and process starts from now on; returns a function reading the counts."""
+    counts = {"threads": 0, "processes": 0}
+
+    def on_event(event: str, args: tuple) -> None:
+        if event in PROCESS_EVENTS:
+            counts["processes"] += 1
+
+    def counting(start):
+        def start_thread(*args, **kwargs):
+            counts["threads"] += 1
+            return start(*args, **kwargs)
+
+        return start_thread
+
+    sys.addaudithook(on_event)
+    for module_name, attr in THREAD_STARTERS:
+        module = sys.modules.get(module_name) or __import__(module_name)
+        if hasattr(module, attr):
+            setattr(module, attr, counting(getattr(module, attr)))
+    return lambda: dict(counts)
+
+
 def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
@@ -81,11 +114,15 @@ class Baseline:
     threads: int
     python_threads: int
     stream: object
+    starts: object  # reads the audit hook's counts of thread and process starts
+    started: dict[str, int]
 
     @staticmethod
     def take(device: torch.device) -> "Baseline":
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        return Baseline(function_table(), global_settings(), thread_count(), threading.active_count(), stream)
+        starts = install_start_counter()
+        return Baseline(function_table(), global_settings(), thread_count(), threading.active_count(), stream,
+                        starts, starts())
 
     def violations(self, device: torch.device, original_current_stream) -> list[str]:
         """What changed since the baseline, one line each; empty when nothing did."""
@@ -98,6 +135,10 @@ class Baseline:
         changed = sorted(k for k, v in self.settings.items() if settings.get(k) != v)
         if changed:
             found.append(f"changed global torch settings: {', '.join(changed)}")
+        started = self.starts()
+        for kind in ("threads", "processes"):
+            if started[kind] > self.started[kind]:
+                found.append(f"started {kind} from Python ({started[kind] - self.started[kind]})")
         if threading.active_count() > self.python_threads:
             found.append(f"started Python threads ({threading.active_count() - self.python_threads} new)")
         elif thread_count() > self.threads:
