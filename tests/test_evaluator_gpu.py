@@ -23,7 +23,8 @@ HERE = Path(__file__).parent / "adversarial_gpu"
 CPU_TRICKS = Path(__file__).parent / "adversarial"
 # GPU-only tricks, plus CPU tricks that behave differently with a caching device allocator
 TRICKS = sorted(p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py")) + [
-    CPU_TRICKS / name for name in ("cache_by_pointer.py", "cache_by_call_count.py", "alias_input.py")]
+    CPU_TRICKS / name for name in (
+        "cache_by_pointer.py", "cache_by_call_count.py", "alias_input.py", "uninitialised_output.py")]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,5 @@
-"""Returns uninitialised memory, hoping to pick up the reference's freed result.
+"""Returns uninitialised memory, hoping to pick up the reference's freed result (on a GPU the
+caching allocator would hand it straight back, were the candidate not run first on NaN-filled memory).
 screen: pass
 runtime: incorrect
 """
