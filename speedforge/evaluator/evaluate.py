@@ -158,25 +158,22 @@ def _sandboxed(cache: BuildCache, job: dict, timeout_s: float, config: Evaluator
 
 def _outcome_dict(outcome: Outcome, stage: str) -> dict:
     """The child's result, or a status for how the child ended when it wrote none."""
-    warnings = list(outcome.warnings)
+    if outcome.result is not None and not (outcome.timed_out or outcome.killed_for_memory
+                                           or outcome.killed_for_processes):
+        result = dict(outcome.result)
+        if result.get("status") != "ok" and not result.get("log"):
+            result["log"] = outcome.stderr_tail
+        return result
     if outcome.timed_out:
-        return {"status": "timeout", "reason": f"the {stage} did not finish in time and was killed",
-                "log": outcome.stderr_tail, "warnings": warnings}
-    if outcome.killed_for_memory:
-        return {"status": "crashed", "reason": f"the {stage} exceeded the memory limit and was killed",
-                "log": outcome.stderr_tail, "warnings": warnings}
-    if outcome.killed_for_processes:
-        return {"status": "hack_detected", "reason": f"the {stage} started more processes than allowed and was killed",
-                "log": outcome.stderr_tail, "warnings": warnings}
-    if outcome.result is None:
+        status, why = "timeout", "did not finish in time and was killed"
+    elif outcome.killed_for_memory:
+        status, why = "crashed", "exceeded the memory limit and was killed"
+    elif outcome.killed_for_processes:
+        status, why = "hack_detected", "started more processes than allowed and was killed"
+    else:
         how = f"died of {outcome.signal_name}" if outcome.signal_name else f"exited with code {outcome.returncode}"
-        return {"status": "crashed", "reason": f"the {stage} process {how} without a result",
-                "log": outcome.stderr_tail, "warnings": warnings}
-    result = dict(outcome.result)
-    result["warnings"] = warnings + list(result.get("warnings", []))
-    if result.get("status") != "ok" and not result.get("log"):
-        result["log"] = outcome.stderr_tail
-    return result
+        status, why = "crashed", f"process {how} without a result"
+    return {"status": status, "reason": f"the {stage} {why}", "log": outcome.stderr_tail}
 
 
 def _build_from(task: Task, candidate: Candidate, base: dict, built: dict, findings: tuple[str, ...], cached: bool,

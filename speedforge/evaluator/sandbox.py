@@ -54,7 +54,6 @@ class Outcome:
     killed_for_processes: bool
     wall_s: float
     stderr_tail: str
-    warnings: tuple[str, ...]
 
     @property
     def signal_name(self) -> str:
@@ -202,7 +201,6 @@ def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, ma
         killed_for_processes=over_processes,
         wall_s=time.perf_counter() - start,
         stderr_tail=_tail(stderr_path),
-        warnings=(),
     )
 
 
