@@ -50,7 +50,7 @@ class EvaluatorConfig:
     landlock: bool = True  # restrict file writes (and reads) of the sandbox with Landlock
     seed: int | None = None  # None: a fresh secret seed per evaluation
     cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
-    build_jobs: int = 0  # parallel compile jobs per build; 0 = all cores
+    build_jobs: int = 0  # parallel compile jobs per build; 0 = min(cores, 8)
 
 
 @dataclasses.dataclass(frozen=True)
