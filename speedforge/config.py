@@ -212,10 +212,3 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return from_mapping(Config, data, where=str(path))
 
-
-def load_section(cls: type[T], path: str | os.PathLike) -> T:
-    """Load one component's config from its own YAML file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    return from_mapping(cls, yaml.safe_load(path.read_text()), where=str(path))
