@@ -65,8 +65,11 @@ if want service && [ -f benchmarks/bench_service.py ]; then
 fi
 
 if want generation && [ -f benchmarks/bench_generation.py ]; then
-  $PY benchmarks/bench_generation.py --device cuda >"$OUT/bench_generation.txt" 2>&1
-  note generation "exit $? (bench_generation.txt)"
+  # batch 1 (one search sample at a time) and batch 8 (a round's samples in one call)
+  for batch in ${GENERATION_BATCHES:-1 8}; do
+    $PY benchmarks/bench_generation.py --device cuda --batch "$batch" >"$OUT/bench_generation_b$batch.txt" 2>&1
+    note generation "batch $batch: exit $? (bench_generation_b$batch.txt)"
+  done
 fi
 
 if want ann && [ -f benchmarks/bench_ann.py ]; then

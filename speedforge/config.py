@@ -85,6 +85,13 @@ class ServiceConfig:
     pools: dict[str, PoolConfig] = dataclasses.field(default_factory=default_pools)
     build_workers: int = 0  # 0 = every CPU the bench workers leave free (at least 1)
     build_num_cpus: float = 1.0
+    # How much nicer (lower CPU priority) than the bench workers the build workers run, spread
+    # from the first build worker to the last (capped at niceness 19): bench timing loops get a
+    # CPU at once, and builds at unequal priorities finish one after another instead of all
+    # together, so benching starts early. A locally started Ray runs workers at niceness 0;
+    # a cluster's Ray at its RAY_worker_niceness (Ray's default 15 leaves room for 4 steps).
+    build_nice_first: int = 2
+    build_nice_last: int = 7
     max_in_flight: int = 256  # candidates taken from the input and not yet finished on every pool
     batch_size: int = 1  # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
     calls_per_worker: int = 1  # actor calls sent to a worker before it answers (2 hides a round trip)
@@ -96,6 +103,11 @@ class ServiceConfig:
     flush_s: float = 5.0  # ... or after this many seconds, whichever comes first
     local_cpu_bench_slots: int = 1  # CPU bench slots a locally started Ray declares
 
+
+    def __post_init__(self) -> None:
+        for name in ("build_nice_first", "build_nice_last"):
+            if not 0 <= getattr(self, name) <= 19:
+                raise ConfigError(f"service.{name}: {getattr(self, name)} is not a niceness step from 0 to 19")
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:

@@ -4,6 +4,9 @@ harness exception into an infra_error result instead of dying."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+import textwrap
 
 import cluster_fixtures as fx
 from speedforge.cluster.actors import BenchWorker, BuildWorker, build_device
@@ -71,3 +74,31 @@ def test_bench_worker_rebuilds_a_build_whose_folder_is_on_another_node(tmp_path)
     here = dataclasses.replace(remote, build_dir=str(tmp_path))
     worker.run([(task, candidate, here)], config)
     assert seen[1] is here  # on this node's disk: used as it is
+
+
+def test_build_worker_lowers_its_priority_for_every_thread_and_what_it_forks():
+    # in a fresh interpreter: the test process must keep its own priority
+    script = textwrap.dedent("""
+        import os, subprocess, threading
+        from types import SimpleNamespace
+        from speedforge.cluster.actors import BuildWorker
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        seen, go = {}, threading.Event()
+        def build_fn(task, candidate, config, device):
+            seen["thread"] = os.getpriority(os.PRIO_PROCESS, 0)
+            seen["child"] = int(subprocess.check_output(["sh", "-c", "cut -d' ' -f19 /proc/self/stat"]))
+        item = (SimpleNamespace(family="cpp", task_id="t"), SimpleNamespace(candidate_id="c"))
+        def later():  # a thread already running when the worker lowers the priority
+            go.wait()
+            BuildWorker(build_fn).build([item], None)
+        thread = threading.Thread(target=later)
+        thread.start()
+        worker = BuildWorker(build_fn, nice=3)
+        go.set(); thread.join()
+        print(base, worker.nice, worker.ready()["nice"], seen["thread"], seen["child"])
+        print(BuildWorker(build_fn, nice=0).nice - 3)  # a step of 0 leaves it where it is
+        print(BuildWorker(build_fn, nice=40).nice - 19)  # niceness stops at 19
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    base = int(out[0])
+    assert [int(v) - base for v in out[1:5]] == [3, 3, 3, 3] and out[5:] == [str(base), "0"]

@@ -6,6 +6,7 @@ import pytest
 
 from speedforge.cluster.pools import (
     actor_options,
+    build_nice,
     fit_count,
     parse_pool_names,
     plan_bench_workers,
@@ -74,6 +75,16 @@ def test_build_workers_use_the_cpus_bench_workers_leave():
     assert plan_build_workers(ServiceConfig(), [{"CPU": 16.0}], bench_cpus=1.0) == 15
     assert plan_build_workers(ServiceConfig(), [{"CPU": 1.0}], bench_cpus=1.0) == 1
     assert plan_build_workers(ServiceConfig(build_workers=3), [{"CPU": 16.0}], bench_cpus=1.0) == 3
+
+
+def test_build_niceness_is_spread_from_first_to_last_worker_and_replacements_reuse_slots():
+    config = ServiceConfig(build_nice_first=2, build_nice_last=7)
+    nice = [build_nice(config, i, 15) for i in range(15)]
+    assert nice[0] == 2 and nice[-1] == 7 and nice == sorted(nice) and len(set(nice)) == 6
+    assert build_nice(config, 15, 15) == 2 and build_nice(config, 0, 1) == 2
+    assert {build_nice(ServiceConfig(build_nice_first=0, build_nice_last=0), i, 8) for i in range(8)} == {0}
+    with pytest.raises(ConfigError, match="build_nice_last: 20 is not a niceness"):
+        from_mapping(Config, {"service": {"build_nice_last": 20}})
 
 
 def test_service_config_loads_pools_strictly_from_a_mapping():

@@ -62,6 +62,16 @@ def test_routes_to_pools_builds_once_and_deduplicates(tmp_path):
     assert final["H100"].done == final["H100"].submitted == 2 and final["H100"].ok == 1
 
 
+def test_build_workers_run_below_bench_workers_at_staggered_priorities(tmp_path):
+    config = fx.test_config(tmp_path, build_workers=3, build_nice_first=2, build_nice_last=6)
+    with EvaluationService(config) as service:
+        service.start(["cpu"])
+        build = [info["nice"] for info in ray.get([w.handle.ready.remote() for w in service._build.workers])]
+        (bench,) = {ray.get(w.ready.remote())["nice"] for w, _ in service.bench_workers("cpu")}
+    # Ray starts every worker at one niceness; builds step down from it, capped at 19
+    assert build == [min(19, bench + step) for step in (2, 4, 6)]
+
+
 def test_unknown_pool_is_a_clear_error(tmp_path):
     with EvaluationService(fx.test_config(tmp_path)) as service:
         with pytest.raises(UserError, match=r"unknown pool\(s\) V100.*configured pools: A100, H100, L40, cpu"):

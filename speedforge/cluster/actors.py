@@ -45,8 +45,9 @@ def build_device(task: Task) -> str:
 
 
 def worker_info(role: str, pool: str = "") -> dict:
-    """Where a worker runs and what it holds (Ray's assigned resources when inside Ray)."""
-    info = {"role": role, "pool": pool, "host": socket.gethostname(), "pid": os.getpid(), "resources": {}}
+    """Where a worker runs, at which niceness, and what it holds (Ray's assigned resources)."""
+    info = {"role": role, "pool": pool, "host": socket.gethostname(), "pid": os.getpid(),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0), "resources": {}}  # fmt: skip
     try:
         import ray
 
@@ -58,11 +59,30 @@ def worker_info(role: str, pool: str = "") -> dict:
     return info
 
 
-class BuildWorker:
-    """Screens and builds candidates on CPU; one build serves every bench pool."""
+def lower_priority(step: int) -> int:
+    """Make this process `step` nicer (at most niceness 19): every thread, so whatever it
+    forks later too. Returns the niceness now."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    target = min(19, current + step)
+    if target > current:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), target)
+            except ProcessLookupError:  # a thread that just ended
+                pass
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
-    def __init__(self, build_fn: BuildFn) -> None:
+
+class BuildWorker:
+    """Screens and builds candidates on CPU; one build serves every bench pool.
+
+    `nice` lowers the worker's CPU priority by that many steps (its compilers inherit it): see
+    `ServiceConfig.build_nice_first`.
+    """
+
+    def __init__(self, build_fn: BuildFn, nice: int = 0) -> None:
         self.build_fn = build_fn
+        self.nice = lower_priority(nice)
 
     def ready(self) -> dict:
         return worker_info("build")

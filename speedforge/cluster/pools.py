@@ -89,6 +89,15 @@ def plan_build_workers(config: ServiceConfig, nodes: Sequence[Mapping[str, float
     return max(1, math.floor((cpus - bench_cpus) / config.build_num_cpus + 1e-9))
 
 
+def build_nice(config: ServiceConfig, index: int, workers: int) -> int:
+    """The niceness of the `index`-th build worker of `workers` (a replacement takes the
+    dead worker's slot, modulo `workers`): evenly spread from first to last."""
+    if workers <= 1:
+        return config.build_nice_first
+    step = (config.build_nice_last - config.build_nice_first) / (workers - 1)
+    return config.build_nice_first + round(step * (index % workers))
+
+
 def local_ray_resources(config: ServiceConfig) -> dict[str, float]:
     """Custom resources a locally started Ray declares: the CPU bench slots."""
     return {CPU_POOL_RESOURCE: float(config.local_cpu_bench_slots)}

@@ -21,6 +21,7 @@ The evaluation functions are plain callables (the evaluator's `build_candidate` 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from speedforge.cluster.actors import BenchWorker, BuildFn, BuildWorker, RunFn
 from speedforge.cluster.pools import (
     actor_options,
+    build_nice,
     local_ray_resources,
     plan_bench_workers,
     plan_build_workers,
@@ -87,7 +89,10 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
         if address:
             ray.init(address=address, **options)
         else:
-            ray.init(resources=local_ray_resources(config), include_dashboard=False, **options)
+            # workers at niceness 0 (Ray's default is 15), so the build workers' steps below the
+            # bench workers have room (see ServiceConfig.build_nice_first)
+            ray.init(resources=local_ray_resources(config), include_dashboard=False,
+                     _system_config={"worker_niceness": 0}, **options)  # fmt: skip
     except ConnectionError as exc:
         raise UserError(f"cannot join the Ray cluster at {address}: {exc} (a cluster with token authentication "
                         "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
@@ -134,8 +139,11 @@ class EvaluationService:
             bench_cpus = sum(worker_need(configs[p]).get("CPU", 0.0) * n for p, n in plan.items())
             actor = ray.remote(BuildWorker).options(**actor_options({"CPU": self.service.build_num_cpus}),
                                                     max_restarts=0)  # fmt: skip
-            self._build = WorkerSet("build", lambda: actor.remote(self.build_fn), self.service.worker_restarts)
-            starting["build"] = self._build.grow_to(plan_build_workers(self.service, nodes, bench_cpus))
+            count = plan_build_workers(self.service, nodes, bench_cpus)
+            spawned = itertools.count()  # a replacement takes the next slot's niceness
+            spawn = lambda: actor.remote(self.build_fn, build_nice(self.service, next(spawned), count))  # noqa: E731
+            self._build = WorkerSet("build", spawn, self.service.worker_restarts)
+            starting["build"] = self._build.grow_to(count)
         for name, count in plan.items():
             if name not in self._bench:
                 pool = configs[name]
