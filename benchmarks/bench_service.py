@@ -11,7 +11,12 @@ differs by a comment only (same build work, own hash). The table says how many o
 
 Reports throughput of both modes (candidates per minute), the ratio, the statuses, and the GPU
 busy fraction during each sweep (mean of `utilization.gpu`, sampled from NVML or nvidia-smi).
-Options --warm and --workers measure bench-bound throughput (builds cached) per GPU count.
+Options --warm and --workers measure bench-bound throughput (builds cached) per GPU count;
+--bench-bound does it in one run: it builds every candidate once (the `prebuild` row), then
+sweeps the warm cache with one bench worker and with one per GPU, alternating, --repeats times
+each, and prints the ratio of the medians.
+
+    python benchmarks/bench_service.py --bench-bound --n 32 --repeats 3   # on a 2-GPU machine
 """
 
 from __future__ import annotations
@@ -162,7 +167,7 @@ def report_failures(mode: str, results: list[EvalResult]) -> None:
             print(f"{mode}: {r.status} {r.task_id} {r.candidate_id}: {r.reason[:200]}", file=sys.stderr)
 
 
-def run_service(tasks, candidates, config: Config, pool: str) -> Run:
+def run_service(tasks, candidates, config: Config, pool: str, mode: str = "service") -> Run:
     start = time.perf_counter()
     connect_ray(None, config.service)
     ray_start_s = time.perf_counter() - start
@@ -171,7 +176,7 @@ def run_service(tasks, candidates, config: Config, pool: str) -> Run:
     def report(progress) -> None:
         (p,) = progress.pools
         if p.done != last[0] or progress.input_done and not progress.in_flight:
-            print(f"service [{progress.elapsed_s:6.1f}s] build {p.building} queue {p.queued} run {p.running} "
+            print(f"{mode} [{progress.elapsed_s:6.1f}s] build {p.building} queue {p.queued} run {p.running} "
                   f"done {p.done}/{p.submitted}", file=sys.stderr, flush=True)  # fmt: skip
             last[0] = p.done
 
@@ -184,9 +189,9 @@ def run_service(tasks, candidates, config: Config, pool: str) -> Run:
     import ray
 
     ray.shutdown()
-    report_failures("service", results)
+    report_failures(mode, results)
     statuses = dict(Counter(r.status for r in results))
-    return Run("service", len(candidates), wall, statuses, gpu.busy_fraction, {"ray_start_s": ray_start_s, **workers})
+    return Run(mode, len(candidates), wall, statuses, gpu.busy_fraction, {"ray_start_s": ray_start_s, **workers})
 
 
 def detected_pool() -> str:
@@ -212,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", action="store_true", help="reuse --cache-dir as it is (bench-bound throughput)")
     parser.add_argument("--workers", type=int, default=0, help="bench workers of the pool (0: one per GPU)")
     parser.add_argument("--config", help="YAML config (default: embedded defaults)")
+    parser.add_argument("--bench-bound", action="store_true",
+                        help="build once, then 1 bench worker vs one per GPU on the warm cache")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3, help="--bench-bound: sweeps per worker count")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
@@ -233,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
           f"comment variants) on pool {pool}, cache under {base}, cuda_arch_list={evaluator.cuda_arch_list!r}, "
           f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
 
+    if args.bench_bound:
+        mode_config = dataclasses.replace(config, service=service,
+                                          evaluator=dataclasses.replace(evaluator, cache_dir=str(base)))  # fmt: skip
+        return bench_bound(tasks, candidates, mode_config, pool, args.repeats, args.json)
+
     runs = []
     for mode in modes:
         cache = base if args.warm else base / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -253,6 +266,40 @@ def main(argv: list[str] | None = None) -> int:
 
     print_table(runs, pool)
     return 0
+
+
+def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json_path: str | None) -> int:
+    """Build once, then sweep the warm cache with 1 bench worker and with one per GPU."""
+    gpus = gpu_count()
+    if gpus < 2:
+        raise SystemExit(f"--bench-bound compares 1 GPU with all of them: this machine has {gpus}")
+
+    def sweep(mode: str, workers: int) -> Run:
+        pool_config = dataclasses.replace(config.service.pools[pool], workers=workers)
+        service = dataclasses.replace(config.service, pools={**config.service.pools, pool: pool_config})
+        run = run_service(tasks, candidates, dataclasses.replace(config, service=service), pool, mode)
+        print(f"{mode}: {run.wall_s:.1f} s for {run.n} candidates", file=sys.stderr, flush=True)
+        return run
+
+    runs = [sweep("prebuild", gpus)]
+    for _ in range(repeats):  # alternating, so drift hits both counts alike
+        runs += [sweep("1 GPU", 1), sweep(f"{gpus} GPUs", gpus)]
+        if json_path:
+            Path(json_path).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs],
+                                                  indent=2))  # fmt: skip
+    print_table(runs, pool)
+    one = [r.per_min for r in runs if r.mode == "1 GPU"]
+    many = [r.per_min for r in runs if r.mode == f"{gpus} GPUs"]
+    print(f"\nbench-bound throughput, candidates/min, median (min-max) of {repeats}: 1 GPU "
+          f"{statistics.median(one):.1f} ({min(one):.1f}-{max(one):.1f}), {gpus} GPUs {statistics.median(many):.1f} "
+          f"({min(many):.1f}-{max(many):.1f}); ratio of medians {statistics.median(many) / statistics.median(one):.2f}x")
+    return 0
+
+
+def gpu_count() -> int:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30) if shutil.which(
+        "nvidia-smi") else None  # fmt: skip
+    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")]) if out else 0
 
 
 def print_table(runs: list[Run], pool: str) -> None:

@@ -27,7 +27,8 @@ if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1; then
   {
     $PY -m pip install --no-index --find-links wheels --no-deps wheels/*.whl
     for sdist in wheels/*.tar.gz; do
-      [ -e "$sdist" ] && $PY -m pip install --no-index --no-build-isolation --no-deps "$sdist"
+      [ -e "$sdist" ] || continue
+      $PY -m pip install --no-index --no-build-isolation --no-deps "$sdist"
     done
   } >"$OUT/pip.log" 2>&1 && note wheels "installed $(ls wheels/*.whl wheels/*.tar.gz 2>/dev/null | wc -l) carried packages" \
     || note wheels "pip failed (see pip.log)"

@@ -60,7 +60,7 @@ class PoolConfig:
     device: str = "cuda"  # device the bench worker passes to the evaluator: cuda | cpu
     workers: int = 0  # bench workers; 0 = as many as the cluster's resources fit (one per GPU)
     num_gpus: float = 1.0
-    num_cpus: float = 1.0
+    num_cpus: float = 1.0  # logical CPUs a bench worker reserves (the built-in GPU pools: 0)
     resources: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. accelerator_type:H100
     cuda_arch: str = ""  # compute capability builds target for this pool, e.g. "9.0"
 
@@ -73,7 +73,9 @@ CPU_POOL_RESOURCE = "speedforge_cpu_bench"  # custom Ray resource: one unit per 
 def default_pools() -> dict[str, PoolConfig]:
     """A `cpu` pool on a custom resource, and one pool per GPU type on Ray's accelerator_type."""
     pools = {"cpu": PoolConfig(device="cpu", num_gpus=0.0, resources={CPU_POOL_RESOURCE: 1.0})}
-    pools.update({name: PoolConfig(resources={f"accelerator_type:{name}": 0.001}, cuda_arch=arch)
+    # A GPU bench worker reserves no logical CPU: it mostly waits on its GPU, and when it times
+    # it outranks the builds (build_nice_first), so a reserved core would idle a build worker.
+    pools.update({name: PoolConfig(num_cpus=0.0, resources={f"accelerator_type:{name}": 0.001}, cuda_arch=arch)
                   for name, arch in GPU_POOLS.items()})  # fmt: skip
     return pools
 

@@ -102,3 +102,10 @@ def test_build_worker_lowers_its_priority_for_every_thread_and_what_it_forks():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     base = int(out[0])
     assert [int(v) - base for v in out[1:5]] == [3, 3, 3, 3] and out[5:] == [str(base), "0"]
+
+
+def test_build_worker_stretches_the_build_time_limit_by_its_slowdown(tmp_path):
+    seen = []
+    worker = BuildWorker(lambda task, candidate, config, device: seen.append(config.build_timeout_s), 0, 3.0)
+    worker.build([(fx.task(), fx.plain_candidate(fx.task(), 0))], EvaluatorConfig(build_timeout_s=100.0))
+    assert seen == [300.0]

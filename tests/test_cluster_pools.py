@@ -7,6 +7,7 @@ import pytest
 from speedforge.cluster.pools import (
     actor_options,
     build_nice,
+    build_slowdown,
     fit_count,
     parse_pool_names,
     plan_bench_workers,
@@ -33,10 +34,13 @@ def test_unknown_pool_name_lists_the_configured_pools():
         resolve_pools(["H100", "Z99"], ServiceConfig())
 
 
-def test_gpu_pools_pin_to_accelerator_type_and_one_gpu():
+def test_gpu_pools_pin_to_accelerator_type_and_one_gpu_and_leave_the_cpus_to_builds():
     need = worker_need(ServiceConfig().pools["H100"])
-    assert need == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:H100": 0.001}
-    assert actor_options(need) == {"num_cpus": 1.0, "num_gpus": 1.0, "resources": {"accelerator_type:H100": 0.001}}
+    assert need == {"GPU": 1.0, "accelerator_type:H100": 0.001}
+    assert actor_options(need) == {"num_cpus": 0.0, "num_gpus": 1.0, "resources": {"accelerator_type:H100": 0.001}}
+    pools = resolve_pools(["H100"], ServiceConfig())
+    bench_cpus = sum(worker_need(p).get("CPU", 0.0) for p in pools.values())
+    assert plan_build_workers(ServiceConfig(), [{"CPU": 16.0, "GPU": 1.0}], bench_cpus) == 16
 
 
 def test_cpu_pool_takes_a_custom_resource_and_no_gpu():
@@ -83,6 +87,8 @@ def test_build_niceness_is_spread_from_first_to_last_worker_and_replacements_reu
     assert nice[0] == 2 and nice[-1] == 7 and nice == sorted(nice) and len(set(nice)) == 6
     assert build_nice(config, 15, 15) == 2 and build_nice(config, 0, 1) == 2
     assert {build_nice(ServiceConfig(build_nice_first=0, build_nice_last=0), i, 8) for i in range(8)} == {0}
+    # a build's time limit stretches with the scheduler's weight ratio to the first worker
+    assert [round(build_slowdown(config, n), 3) for n in (2, 3, 7)] == [1.0, 1.25, 3.052]
     with pytest.raises(ConfigError, match="build_nice_last: 20 is not a niceness"):
         from_mapping(Config, {"service": {"build_nice_last": 20}})
 

@@ -80,15 +80,18 @@ class BuildWorker:
     `ServiceConfig.build_nice_first`.
     """
 
-    def __init__(self, build_fn: BuildFn, nice: int = 0) -> None:
+    def __init__(self, build_fn: BuildFn, nice: int = 0, timeout_scale: float = 1.0) -> None:
         self.build_fn = build_fn
         self.nice = lower_priority(nice)
+        self.timeout_scale = timeout_scale  # builds at a low priority get longer (see build_slowdown)
 
     def ready(self) -> dict:
         return worker_info("build")
 
     def build(self, items: Sequence[tuple[Task, Candidate]], config: EvaluatorConfig) -> list[Any]:
         """A Build per item, or an infra_error EvalResult (pool "") when the build stage raised."""
+        if self.timeout_scale != 1.0:
+            config = dataclasses.replace(config, build_timeout_s=config.build_timeout_s * self.timeout_scale)
         out: list[Any] = []
         for task, candidate in items:
             try:

@@ -98,6 +98,13 @@ def build_nice(config: ServiceConfig, index: int, workers: int) -> int:
     return config.build_nice_first + round(step * (index % workers))
 
 
+def build_slowdown(config: ServiceConfig, nice: int) -> float:
+    """How much longer than the first build worker's a build at niceness step `nice` may take
+    when every worker is busy: the ratio of the scheduler's weights (1.25 per step). A build's
+    time limit is stretched by it, so a low priority never turns into a build timeout."""
+    return 1.25 ** max(0, nice - config.build_nice_first)
+
+
 def local_ray_resources(config: ServiceConfig) -> dict[str, float]:
     """Custom resources a locally started Ray declares: the CPU bench slots."""
     return {CPU_POOL_RESOURCE: float(config.local_cpu_bench_slots)}

@@ -30,6 +30,7 @@ from speedforge.cluster.actors import BenchWorker, BuildFn, BuildWorker, RunFn
 from speedforge.cluster.pools import (
     actor_options,
     build_nice,
+    build_slowdown,
     local_ray_resources,
     plan_bench_workers,
     plan_build_workers,
@@ -141,7 +142,11 @@ class EvaluationService:
                                                     max_restarts=0)  # fmt: skip
             count = plan_build_workers(self.service, nodes, bench_cpus)
             spawned = itertools.count()  # a replacement takes the next slot's niceness
-            spawn = lambda: actor.remote(self.build_fn, build_nice(self.service, next(spawned), count))  # noqa: E731
+
+            def spawn() -> Any:
+                nice = build_nice(self.service, next(spawned), count)
+                return actor.remote(self.build_fn, nice, build_slowdown(self.service, nice))
+
             self._build = WorkerSet("build", spawn, self.service.worker_restarts)
             starting["build"] = self._build.grow_to(count)
         for name, count in plan.items():

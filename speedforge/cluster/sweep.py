@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from speedforge.cluster.actors import infra_error
+from speedforge.cluster.pools import build_slowdown
 from speedforge.config import EvaluatorConfig, ServiceConfig
 from speedforge.records import RETRYABLE_STATUSES, Candidate, EvalResult, Task
 
@@ -234,7 +235,8 @@ class Sweep:
     def _dispatch(self) -> None:
         if self.build_queue and not self.build_workers.workers:
             self._stage_gone(self.build_queue, "build", "building")
-        self._fill(self.build_queue, self.build_workers, "build", self.evaluator.build_timeout_s)
+        slowest = build_slowdown(self.cfg, max(self.cfg.build_nice_first, self.cfg.build_nice_last))
+        self._fill(self.build_queue, self.build_workers, "build", self.evaluator.build_timeout_s * slowest)
         per_item = self.evaluator.build_timeout_s + self.evaluator.run_timeout_s
         for pool, queue in self.bench_queues.items():
             if queue and not self.bench_workers[pool].workers:
