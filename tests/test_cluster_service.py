@@ -72,6 +72,27 @@ def test_build_workers_run_below_bench_workers_at_staggered_priorities(tmp_path)
     assert build == [min(19, bench + step) for step in (2, 4, 6)]
 
 
+def test_worker_the_cluster_has_no_room_for_is_dropped_not_waited_on(tmp_path, capfd):
+    @ray.remote(num_cpus=0, resources={fx.CPU_POOL_RESOURCE: 1.0})
+    class Squatter:  # takes one of the two CPU bench slots the plan counts on
+        def ping(self):
+            return True
+
+    squatter = Squatter.remote()
+    ray.get(squatter.ping.remote())
+    task = fx.task()
+    try:
+        with EvaluationService(fx.test_config(tmp_path, worker_start_timeout_s=5.0)) as service:
+            start = time.monotonic()
+            results = service.submit([fx.plain_candidate(task, 0)], ["cpu"], [task])
+            assert time.monotonic() - start < 60
+            assert service.worker_counts()["cpu"] == 1
+    finally:
+        ray.kill(squatter)
+    assert [r.status for r in results] == ["ok"]
+    assert "1 of 2 cpu workers did not start within 5 s" in capfd.readouterr().err
+
+
 def test_unknown_pool_is_a_clear_error(tmp_path):
     with EvaluationService(fx.test_config(tmp_path)) as service:
         with pytest.raises(UserError, match=r"unknown pool\(s\) V100.*configured pools: A100, H100, L40, cpu"):

@@ -22,6 +22,7 @@ The evaluation functions are plain callables (the evaluator's `build_candidate` 
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -160,29 +161,52 @@ class EvaluationService:
         return {name: len(self._bench[name].workers) for name in plan}
 
     def _wait_ready(self, starting: dict[str, list[Any]]) -> None:
-        """Wait until every stage that is starting workers has at least one up."""
+        """Wait until every worker being started is up, at most `worker_start_timeout_s`.
+
+        A stage none of whose new workers started is a UserError; workers still pending at the
+        deadline (the cluster has no room for them: resources taken by other actors) are killed
+        and dropped with a warning, so no work is ever sent to a worker that cannot run.
+        """
         import ray
 
-        refs = {handle.ready.remote(): name for name, handles in starting.items() for handle in handles}
-        waiting = {name for name, handles in starting.items() if handles}
+        refs = {handle.ready.remote(): (name, handle) for name, handles in starting.items() for handle in handles}
+        up = {name: 0 for name, handles in starting.items() if handles}
         deadline = time.monotonic() + self.service.worker_start_timeout_s
         pending = list(refs)
-        while waiting and pending:
+        failure: dict[str, str] = {}
+        while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
-            name = refs[ready[0]]
+            name, handle = refs[ready[0]]
             try:
                 ray.get(ready[0])
-                waiting.discard(name)
+                up[name] += 1
             except ray.exceptions.RayError as exc:
-                if not any(refs[r] == name for r in pending):
-                    raise UserError(f"{name} workers failed to start: {str(exc).strip().splitlines()[0]}") from None
-        if waiting:
-            raise UserError(
-                f"no worker of {', '.join(sorted(waiting))} started within {self.service.worker_start_timeout_s:g} s: "
-                "the cluster has the resources, but they are taken (see `ray status`)"
-            )
+                failure[name] = str(exc).strip().splitlines()[0]
+                self._drop(name, handle)
+        for ref in pending:  # never placed: drop, or a sweep would wait on them
+            self._drop(*refs[ref])
+        down = sorted(name for name, count in up.items() if count == 0)
+        if down:
+            timeout = self.service.worker_start_timeout_s
+            raise UserError("; ".join(
+                f"{name} workers failed to start: {failure[name]}" if name in failure else
+                f"no worker of {name} started within {timeout:g} s: the cluster has the resources, but they are "
+                "taken (see `ray status`)" for name in down))  # fmt: skip
+        dropped = {name: len(starting[name]) - count for name, count in up.items() if count < len(starting[name])}
+        if dropped:
+            print("speedforge: " + ", ".join(f"{n} of {len(starting[name])} {name} workers" for name, n in dropped.items())
+                  + f" did not start within {self.service.worker_start_timeout_s:g} s (resources taken?) and were "
+                  "dropped; the sweep runs on the others", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _drop(self, name: str, handle: Any) -> None:
+        """Kill a worker that did not start and forget it."""
+        import ray
+
+        ray.kill(handle)
+        worker_set = self._build if name == "build" else self._bench[name]
+        worker_set.workers = [w for w in worker_set.workers if w.handle is not handle]
 
     def worker_counts(self) -> dict[str, int]:
         """Live workers: "build", and one entry per started pool."""
