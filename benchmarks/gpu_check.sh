@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one script (CI has no GPU). Run from the repository root on the GPU
-# machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [service] [generation] [ann]
+# machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [service] [benchbound] [generation] [ann]
 # (no arguments: all). It installs what the machine lacks from wheels/ (carried with the tree),
 # runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
 # Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
@@ -12,7 +12,7 @@ PY=${PY:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SPEEDFORGE_CACHE=${SPEEDFORGE_CACHE:-/tmp/speedforge-cache}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests service generation ann)
+[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests service benchbound generation ann)
 summary=()
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 note() { summary+=("$(printf '%-12s %s' "$1" "$2")"); }
@@ -63,6 +63,15 @@ fi
 if want service && [ -f benchmarks/bench_service.py ]; then
   $PY benchmarks/bench_service.py --device cuda ${SERVICE_ARGS:-} >"$OUT/bench_service.txt" 2>&1
   note service "exit $? (bench_service.txt)"
+fi
+
+if want benchbound; then  # needs 2+ GPUs: 1 bench worker vs one per GPU on a warm cache
+  if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ]; then
+    $PY benchmarks/bench_service.py --bench-bound ${BENCHBOUND_ARGS:---n 24 --repeats 2} >"$OUT/bench_bound.txt" 2>&1
+    note benchbound "exit $? (bench_bound.txt)"
+  else
+    note benchbound "skipped: one GPU"
+  fi
 fi
 
 if want generation && [ -f benchmarks/bench_generation.py ]; then
