@@ -172,14 +172,11 @@ def run_service(tasks, candidates, config: Config, pool: str, mode: str = "servi
     connect_ray(None, config.service)
     ray_start_s = time.perf_counter() - start
     last = [0]
-    first_s, last_s = [None], [None]  # sweep clock when the first and the last result came
+    clock: dict[int, float] = {}  # results done -> sweep clock when that count was first reached
 
     def report(progress) -> None:
         (p,) = progress.pools
-        if p.done >= 1 and first_s[0] is None:
-            first_s[0] = progress.elapsed_s
-        if p.done == len(candidates):
-            last_s[0] = progress.elapsed_s if last_s[0] is None else last_s[0]
+        clock.setdefault(p.done, progress.elapsed_s)
         if p.done != last[0] or progress.input_done and not progress.in_flight:
             print(f"{mode} [{progress.elapsed_s:6.1f}s] build {p.building} queue {p.queued} run {p.running} "
                   f"done {p.done}/{p.submitted}", file=sys.stderr, flush=True)  # fmt: skip
@@ -197,9 +194,10 @@ def run_service(tasks, candidates, config: Config, pool: str, mode: str = "servi
     report_failures(mode, results)
     statuses = dict(Counter(r.status for r in results))
     extra = {"ray_start_s": ray_start_s, **workers}
-    if first_s[0] is not None and last_s[0] is not None and last_s[0] > first_s[0]:
+    first_s, last_s = clock.get(1), clock.get(len(candidates))
+    if first_s is not None and last_s is not None and last_s > first_s:
         # after the first result: what the sweep sustains once workers are up (bench-bound figure)
-        extra |= {"first_result_s": first_s[0], "steady_per_min": 60.0 * (len(candidates) - 1) / (last_s[0] - first_s[0])}
+        extra |= {"first_result_s": first_s, "steady_per_min": 60.0 * (len(candidates) - 1) / (last_s - first_s)}
     return Run(mode, len(candidates), wall, statuses, gpu.busy_fraction, extra)
 
 
@@ -297,18 +295,16 @@ def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json
             Path(json_path).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs],
                                                   indent=2))  # fmt: skip
     print_table(runs, pool)
-    one = [r.per_min for r in runs if r.mode == "1 GPU"]
-    many = [r.per_min for r in runs if r.mode == f"{gpus} GPUs"]
-    print(f"\nbench-bound throughput, candidates/min, median (min-max) of {repeats}: 1 GPU "
-          f"{statistics.median(one):.1f} ({min(one):.1f}-{max(one):.1f}), {gpus} GPUs {statistics.median(many):.1f} "
-          f"({min(many):.1f}-{max(many):.1f}); ratio of medians {statistics.median(many) / statistics.median(one):.2f}x "
-          "(whole sweeps, worker start included)")
-    one = [r.extra["steady_per_min"] for r in runs if r.mode == "1 GPU" and "steady_per_min" in r.extra]
-    many = [r.extra["steady_per_min"] for r in runs if r.mode == f"{gpus} GPUs" and "steady_per_min" in r.extra]
-    if one and many:
-        print(f"steady state (first result to last), candidates/min: 1 GPU {statistics.median(one):.1f} "
-              f"({min(one):.1f}-{max(one):.1f}), {gpus} GPUs {statistics.median(many):.1f} ({min(many):.1f}-"
-              f"{max(many):.1f}); ratio of medians {statistics.median(many) / statistics.median(one):.2f}x")
+    print()
+    modes = ("1 GPU", f"{gpus} GPUs")
+    whole = {m: [r.per_min for r in runs if r.mode == m] for m in modes}
+    steady = {m: [r.extra["steady_per_min"] for r in runs if r.mode == m and "steady_per_min" in r.extra] for m in modes}
+    for label, per_mode in (("whole sweeps, worker start included", whole), ("steady state, first result to last", steady)):
+        if all(per_mode.values()):
+            medians = [statistics.median(v) for v in per_mode.values()]
+            spread = ", ".join(f"{m} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for m, v in per_mode.items())
+            print(f"bench-bound throughput ({label}), candidates/min, median (min-max) of {repeats}: {spread}; "
+                  f"ratio of medians {medians[1] / medians[0]:.2f}x")
     return 0
 
 

@@ -105,11 +105,11 @@ class ServiceConfig:
     flush_s: float = 5.0  # ... or after this many seconds, whichever comes first
     local_cpu_bench_slots: int = 1  # CPU bench slots a locally started Ray declares
 
-
     def __post_init__(self) -> None:
         for name in ("build_nice_first", "build_nice_last"):
             if not 0 <= getattr(self, name) <= 19:
                 raise ConfigError(f"service.{name}: {getattr(self, name)} is not a niceness step from 0 to 19")
+
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:

@@ -95,9 +95,9 @@ def test_build_worker_lowers_its_priority_for_every_thread_and_what_it_forks():
         thread.start()
         worker = BuildWorker(build_fn, nice=3)
         go.set(); thread.join()
-        print(base, worker.nice, worker.ready()["nice"], seen["thread"], seen["child"])
-        print(BuildWorker(build_fn, nice=0).nice - 3)  # a step of 0 leaves it where it is
-        print(BuildWorker(build_fn, nice=40).nice - 19)  # niceness stops at 19
+        print(base, os.getpriority(os.PRIO_PROCESS, 0), worker.ready()["nice"], seen["thread"], seen["child"])
+        print(BuildWorker(build_fn, nice=0).ready()["nice"] - 3)  # a step of 0 leaves it where it is
+        print(BuildWorker(build_fn, nice=40).ready()["nice"] - 19)  # niceness stops at 19
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     base = int(out[0])

@@ -59,9 +59,9 @@ def worker_info(role: str, pool: str = "") -> dict:
     return info
 
 
-def lower_priority(step: int) -> int:
+def lower_priority(step: int) -> None:
     """Make this process `step` nicer (at most niceness 19): every thread, so whatever it
-    forks later too. Returns the niceness now."""
+    forks later too."""
     current = os.getpriority(os.PRIO_PROCESS, 0)
     target = min(19, current + step)
     if target > current:
@@ -70,7 +70,6 @@ def lower_priority(step: int) -> int:
                 os.setpriority(os.PRIO_PROCESS, int(tid), target)
             except ProcessLookupError:  # a thread that just ended
                 pass
-    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 class BuildWorker:
@@ -82,7 +81,7 @@ class BuildWorker:
 
     def __init__(self, build_fn: BuildFn, nice: int = 0, timeout_scale: float = 1.0) -> None:
         self.build_fn = build_fn
-        self.nice = lower_priority(nice)
+        lower_priority(nice)
         self.timeout_scale = timeout_scale  # builds at a low priority get longer (see build_slowdown)
 
     def ready(self) -> dict:

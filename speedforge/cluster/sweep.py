@@ -133,6 +133,9 @@ class Sweep:
     ) -> None:
         self.cfg = config
         self.evaluator = evaluator
+        # a build call's limit: the slowest build worker's stretched build time limit
+        slowest = build_slowdown(config, max(config.build_nice_first, config.build_nice_last))
+        self.build_limit_s = evaluator.build_timeout_s * slowest
         self.build_workers = build_workers
         self.bench_workers = dict(bench_workers)
         self.pools = list(bench_workers)
@@ -235,8 +238,7 @@ class Sweep:
     def _dispatch(self) -> None:
         if self.build_queue and not self.build_workers.workers:
             self._stage_gone(self.build_queue, "build", "building")
-        slowest = build_slowdown(self.cfg, max(self.cfg.build_nice_first, self.cfg.build_nice_last))
-        self._fill(self.build_queue, self.build_workers, "build", self.evaluator.build_timeout_s * slowest)
+        self._fill(self.build_queue, self.build_workers, "build", self.build_limit_s)
         per_item = self.evaluator.build_timeout_s + self.evaluator.run_timeout_s
         for pool, queue in self.bench_queues.items():
             if queue and not self.bench_workers[pool].workers:
