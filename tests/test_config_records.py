@@ -64,3 +64,12 @@ def test_candidate_ids_are_content_hashes():
     assert a.candidate_id == Candidate.make("cpp/x", "source one").candidate_id
     assert a.candidate_id != Candidate.make("cpp/x", "source two").candidate_id
     assert a.candidate_id != Candidate.make("cpp/y", "source one").candidate_id
+
+
+def test_first_line_of_a_message_or_of_an_exception():
+    from speedforge.errors import first_line
+
+    assert first_line(ValueError("\n  bad value\nsecond line")) == "bad value"
+    assert first_line(RuntimeError()) == "RuntimeError"
+    assert first_line("") == ""
+    assert first_line("x" * 500, 300) == "x" * 300

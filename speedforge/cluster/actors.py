@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from speedforge.config import EvaluatorConfig
+from speedforge.errors import first_line
 from speedforge.records import Candidate, EvalResult, Task
 
 # (task, candidate, config, device) -> Build
@@ -34,8 +35,7 @@ def infra_error(task_id: str, candidate_id: str, pool: str, reason: str, log: st
 
 
 def _harness_error(task: Task, candidate: Candidate, pool: str, stage: str, exc: BaseException) -> EvalResult:
-    detail = str(exc).splitlines()[0] if str(exc) else ""
-    reason = f"{stage} raised {type(exc).__name__}: {detail}"[:300]
+    reason = f"{stage} raised {type(exc).__name__}: {first_line(str(exc))}"[:300]
     return infra_error(task.task_id, candidate.candidate_id, pool, reason, traceback.format_exc())
 
 

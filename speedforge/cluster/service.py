@@ -41,7 +41,7 @@ from speedforge.cluster.pools import (
 )
 from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet
 from speedforge.config import Config, ServiceConfig
-from speedforge.errors import UserError
+from speedforge.errors import UserError, first_line
 from speedforge.records import Candidate, EvalResult, Task
 
 
@@ -183,7 +183,7 @@ class EvaluationService:
                 ray.get(ready[0])
                 up[name] += 1
             except ray.exceptions.RayError as exc:
-                failure[name] = str(exc).strip().splitlines()[0]
+                failure[name] = first_line(exc)
                 self._drop(name, handle)
         for ref in pending:  # never placed: drop, or a sweep would wait on them
             self._drop(*refs[ref])

@@ -17,6 +17,7 @@ from typing import Any
 from speedforge.cluster.actors import infra_error
 from speedforge.cluster.pools import build_slowdown
 from speedforge.config import EvaluatorConfig, ServiceConfig
+from speedforge.errors import first_line
 from speedforge.records import RETRYABLE_STATUSES, Candidate, EvalResult, Task
 
 Key = tuple[str, str]  # (candidate_id, pool)
@@ -288,9 +289,9 @@ class Sweep:
                 raise RuntimeError(f"{len(outputs)} outputs for {len(call.items)} items")
         except ray.exceptions.RayActorError as exc:
             workers.lost(call.worker)
-            outputs = [f"{call.stage} worker died: {_first_line(exc)}"] * len(call.items)
+            outputs = [f"{call.stage} worker died: {first_line(exc, 200)}"] * len(call.items)
         except Exception as exc:  # the call failed as a whole (e.g. a result that did not pickle)
-            outputs = [f"{call.stage} call failed: {type(exc).__name__}: {_first_line(exc)}"] * len(call.items)
+            outputs = [f"{call.stage} call failed: {type(exc).__name__}: {first_line(exc, 200)}"] * len(call.items)
         for item, output in zip(call.items, outputs):
             if call.stage == "build":
                 self._built(item, output)
@@ -365,8 +366,3 @@ def _unknown_task(candidate: Candidate, pool: str) -> EvalResult:
         status="runtime_error",
         reason=f"unknown task {candidate.task_id!r}: it is not among the tasks given to the evaluation service",
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__

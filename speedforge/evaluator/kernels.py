@@ -30,6 +30,8 @@ import time
 import traceback
 from pathlib import Path
 
+from speedforge.errors import first_line
+
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
 
 FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
@@ -82,13 +84,8 @@ def _load_candidate(job: dict):
         text = f"{type(exc).__name__}: {exc}"
         log = traceback.format_exc()[-6000:]
         if "Error building extension" in text or "ninja" in text.lower() or "undefined symbol" in text:
-            raise Verdict("compile_error", _first_line(text), text[-6000:]) from None
-        raise Verdict("runtime_error", f"candidate module raised on import: {_first_line(text)}", log) from None
-
-
-def _first_line(text: str, limit: int = 300) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line[:limit]
+            raise Verdict("compile_error", first_line(text, 300), text[-6000:]) from None
+        raise Verdict("runtime_error", f"candidate module raised on import: {first_line(text, 300)}", log) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +145,7 @@ class _Harness:
             raise
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
-            raise Verdict("runtime_error", f"{what} raised {_first_line(text)}", traceback.format_exc()[-6000:]) from None
+            raise Verdict("runtime_error", f"{what} raised {first_line(text, 300)}", traceback.format_exc()[-6000:]) from None
 
     def _reference(self):
         torch = self.torch

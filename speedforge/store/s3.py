@@ -24,6 +24,7 @@ import botocore.session
 import botocore.exceptions as bx
 
 from speedforge.config import StoreConfig
+from speedforge.errors import first_line
 from speedforge.store.base import MissingObjectError, ObjectExistsError, StoreError
 
 T = TypeVar("T")
@@ -95,7 +96,7 @@ class S3Backend:
                 if time.monotonic() + delay > deadline:
                     raise StoreUnreachableError(
                         f"cannot reach S3 endpoint {self.endpoint} ({what}; {attempt} attempts): "
-                        f"{_first_line(exc)}; is the server running? set the endpoint with --endpoint "
+                        f"{first_line(exc)}; is the server running? set the endpoint with --endpoint "
                         f"or ${ENDPOINT_ENV}"
                     ) from None
             time.sleep(delay * (0.5 + random.random()))
@@ -206,7 +207,3 @@ def _is_transient(exc: bx.ClientError) -> bool:
     code = str(exc.response.get("Error", {}).get("Code", ""))
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
     return code in TRANSIENT_CODES or status >= 500
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
