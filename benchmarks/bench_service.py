@@ -201,13 +201,19 @@ def run_service(tasks, candidates, config: Config, pool: str, mode: str = "servi
     return Run(mode, len(candidates), wall, statuses, gpu.busy_fraction, extra)
 
 
+def gpu_names() -> list[str]:
+    """The name of every NVIDIA GPU of this machine (none without nvidia-smi)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30).stdout  # fmt: skip
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def detected_pool() -> str:
     """The GPU type of this machine as Ray labels it ("NVIDIA H100 80GB HBM3" -> H100), else cpu."""
-    if not shutil.which("nvidia-smi"):
-        return "cpu"
-    names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=30).stdout.split("\n")  # fmt: skip
-    match = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", names[0].removeprefix("NVIDIA ")) if names[0] else None
+    names = gpu_names()
+    match = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", names[0].removeprefix("NVIDIA ")) if names else None
     return match.group(1) if match else "cpu"
 
 
@@ -277,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json_path: str | None) -> int:
     """Build once, then sweep the warm cache with 1 bench worker and with one per GPU."""
-    gpus = gpu_count()
+    gpus = len(gpu_names())
     if gpus < 2:
         raise SystemExit(f"--bench-bound compares 1 GPU with all of them: this machine has {gpus}")
 
@@ -306,12 +312,6 @@ def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json
             print(f"bench-bound throughput ({label}), candidates/min, median (min-max) of {repeats}: {spread}; "
                   f"ratio of medians {medians[1] / medians[0]:.2f}x")
     return 0
-
-
-def gpu_count() -> int:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30) if shutil.which(
-        "nvidia-smi") else None  # fmt: skip
-    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")]) if out else 0
 
 
 def print_table(runs: list[Run], pool: str) -> None:
