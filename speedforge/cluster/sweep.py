@@ -134,9 +134,11 @@ class Sweep:
     ) -> None:
         self.cfg = config
         self.evaluator = evaluator
-        # a build call's limit: the slowest build worker's stretched build time limit
+        # per item of a call: the slowest build worker's stretched build limit; a bench worker
+        # may rebuild (at its own priority) before it runs
         slowest = build_slowdown(config, max(config.build_nice_first, config.build_nice_last))
         self.build_limit_s = evaluator.build_timeout_s * slowest
+        self.bench_limit_s = evaluator.build_timeout_s + evaluator.run_timeout_s
         self.build_workers = build_workers
         self.bench_workers = dict(bench_workers)
         self.pools = list(bench_workers)
@@ -240,11 +242,10 @@ class Sweep:
         if self.build_queue and not self.build_workers.workers:
             self._stage_gone(self.build_queue, "build", "building")
         self._fill(self.build_queue, self.build_workers, "build", self.build_limit_s)
-        per_item = self.evaluator.build_timeout_s + self.evaluator.run_timeout_s
         for pool, queue in self.bench_queues.items():
             if queue and not self.bench_workers[pool].workers:
                 self._stage_gone(queue, pool, "queued")
-            self._fill(queue, self.bench_workers[pool], pool, per_item)
+            self._fill(queue, self.bench_workers[pool], pool, self.bench_limit_s)
 
     def _fill(self, queue: deque[Item], workers: WorkerSet, stage: str, per_item_s: float) -> None:
         """Send batches to free workers; a short queue is spread over all of them."""
@@ -281,7 +282,7 @@ class Sweep:
         call = self.calls.pop(ref)
         call.worker.outstanding -= 1
         call.worker.items -= len(call.items)
-        workers = self.build_workers if call.stage == "build" else self.bench_workers[call.stage]
+        workers = self._workers(call.stage)
         outputs: list[Any]
         try:
             outputs = ray.get(ref)
@@ -331,9 +332,12 @@ class Sweep:
         else:
             self._finish(item, pool, output, "running")
 
+    def _workers(self, stage: str) -> WorkerSet:
+        return self.build_workers if stage == "build" else self.bench_workers[stage]
+
     def _stage_gone(self, queue: deque[Item], stage: str, counter: str) -> None:
         """Every worker of a stage died and none may be restarted: fail what waits for it."""
-        workers = self.build_workers if stage == "build" else self.bench_workers[stage]
+        workers = self._workers(stage)
         reason = f"{stage} workers: none left ({workers.died} died, restart budget spent)"
         while queue:
             item = queue.popleft()
