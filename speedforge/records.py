@@ -28,6 +28,7 @@ STATUSES = (
     "infra_error",
 )
 RETRYABLE_STATUSES = ("infra_error",)
+MODEL_MODES = ("train", "eval")
 
 
 def content_id(*parts: str, length: int = 16) -> str:
@@ -70,7 +71,10 @@ class Record:
 
     @classmethod
     def from_table(cls, table: pa.Table) -> list[Self]:
-        return [cls.from_dict(row) for row in table.select(cls.schema.names).to_pylist()]
+        """Records from a table; columns added to the record since the table was written take
+        their defaults (a field without a default must be there)."""
+        present = [name for name in cls.schema.names if name in table.column_names]
+        return [cls.from_dict(row) for row in table.select(present).to_pylist()]
 
 
 @functools.cache
@@ -119,6 +123,20 @@ class Task(Record):
     level: int = 0  # KernelBench level; 0 for tasks of our own
     notes: str = ""
     origin: str = "builtin"  # builtin | kernelbench | cuda-l1 | file:<path>
+    # How Model and ModelNew are run: their module mode, and whether autograd is on. The default
+    # is KernelBench's semantics (modules as constructed, i.e. train mode, under no_grad);
+    # CUDA-L1's harness calls .eval() on both, so tasks imported from it carry "eval".
+    mode: str = "train"  # train | eval
+    grad: bool = False  # autograd enabled during the calls
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODEL_MODES:
+            raise ValueError(f"task {self.task_id}: unknown mode {self.mode!r}; expected one of {MODEL_MODES}")
+
+    @property
+    def run_mode(self) -> str:
+        """The mode as a result records it: "train" or "eval", with "+grad" when autograd is on."""
+        return self.mode + ("+grad" if self.grad else "")
 
     @property
     def source_sha256(self) -> str:
@@ -157,6 +175,9 @@ class EvalResult(Record):
     device_name: str = ""
     correct: bool = False
     speedup: float | None = None  # median(ref_us) / median(cand_us)
+    speedup_lo: float | None = None  # 95% confidence interval of the speedup (bootstrap over pairs)
+    speedup_hi: float | None = None
+    unstable: bool = False  # the interval stayed wider than the target after measuring again: discount it
     ref_us: float | None = None  # median time of the reference, microseconds
     cand_us: float | None = None  # median time of the candidate, microseconds
     ref_iqr_us: float | None = None  # interquartile range of the reference times
@@ -164,6 +185,7 @@ class EvalResult(Record):
     max_abs_err: float | None = None  # worst |candidate - reference| over the trials
     trials: int = 0  # correctness trials run
     timed_calls: int = 0  # timed calls per side
+    mode: str = ""  # the model mode it ran in (Task.run_mode), e.g. "train" or "eval"
     timed_s: float = 0.0  # seconds inside timed regions (both sides)
     build_s: float = 0.0  # seconds spent building (0 when the build was cached)
     build_cached: bool = False

@@ -13,7 +13,9 @@ from speedforge.errors import UserError
 from speedforge.staging import load_dataset
 from speedforge.store import open_store
 from speedforge.tasks import builtin_candidates, builtin_tasks
-from speedforge.tasks.importers import ImportProblems, detect_kind, import_source
+from speedforge.tasks.importers import ImportProblems, detect_kind, import_kernelbench_folder, import_source
+
+from shared_data import KERNELBENCH, require
 
 REF = '''"""{doc}"""
 import torch
@@ -82,13 +84,43 @@ def test_kernelbench_folder_with_bad_items_is_refused_naming_them(tmp_path):
         import_source(source)
     problems = info.value.imported.problems
     assert any("20_Broken.py" in p and "missing Model" in p for p in problems)
-    assert any("extras" in p and "unknown level folder" in p for p in problems)
     assert "--skip-bad" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_skip_bad_imports_the_rest(tmp_path):
     imported = import_source(str(kernelbench_checkout(tmp_path / "kb", bad=True)), skip_bad=True)
-    assert len(imported.tasks) == 2 and len(imported.problems) == 2
+    assert len(imported.tasks) == 2 and len(imported.problems) == 1
+
+
+def test_folders_beside_the_levels_are_skipped_and_named_not_problems(tmp_path):
+    root = kernelbench_checkout(tmp_path / "kb")
+    (root / "changelog").mkdir()
+    (root / "changelog" / "v0.1.md").write_text("notes")
+    imported = import_source(str(root))
+    assert [t.task_id for t in imported.tasks] == ["kernelbench/level1/19_ReLU", "kernelbench/level2/7_Scale"]
+    assert imported.problems == []
+    assert imported.notes == ("skipped 1 folder(s) that are not levelN: changelog",)
+
+
+def test_a_folder_without_levels_is_refused(tmp_path):
+    (tmp_path / "kb" / "changelog").mkdir(parents=True)
+    with pytest.raises(UserError, match="no level folders"):
+        import_kernelbench_folder(str(tmp_path / "kb"), "cuda")
+
+
+def test_published_kernelbench_checkout_imports_every_level():
+    root = require(KERNELBENCH)
+    imported = import_source(str(root))
+    assert imported.problems == []
+    assert {t.level for t in imported.tasks} == {1, 2, 3, 4}
+    assert len(imported.tasks) == 270
+    assert any("changelog" in line for line in imported.notes)
+
+
+def test_cuda_l1_tasks_run_in_eval_mode(tmp_path):
+    imported = import_source(str(cuda_l1_jsonl(tmp_path / "a.jsonl")), skip_bad=True)
+    assert {t.mode for t in imported.tasks} == {"eval"}
+    assert {t.run_mode for t in imported.tasks} == {"eval"}
 
 
 def test_kernelbench_parquet_gives_the_same_tasks_as_the_checkout(tmp_path):

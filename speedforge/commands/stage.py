@@ -42,6 +42,8 @@ def default_name(source: str) -> str:
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config).store
     imported = import_source(args.source, kind=args.kind, family=args.family, skip_bad=args.skip_bad)
+    for line in imported.notes:
+        print(line, file=sys.stderr)
     for problem in imported.problems:
         print(f"skipped: {problem}", file=sys.stderr)
     store = open_store(args.dest or config.uri, endpoint_url=args.endpoint, config=config)

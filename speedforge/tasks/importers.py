@@ -2,7 +2,7 @@
 
 Each importer is a plain function registered by name, `fn(source, family) -> Imported`. It
 reads and parses, never runs, what it imports. An item that is not what it claims to be (no
-`Model`, a bad JSON line, an unknown level folder) becomes one line in `Imported.problems`
+`Model`, a bad JSON line) becomes one line in `Imported.problems`
 naming the item and why; `import_source` refuses the whole import when there are problems,
 unless skip_bad is set, in which case the rest is imported and the problems are kept.
 
@@ -44,6 +44,7 @@ class Imported:
     tasks: list[Task]
     candidates: list[Candidate]
     problems: list[str]
+    notes: tuple[str, ...] = ()  # what was passed over on purpose, one line each (not a problem)
 
 
 class ImportProblems(UserError):
@@ -105,12 +106,13 @@ def import_source(source: str, kind: str = "auto", family: str = "cuda", skip_ba
 @importer("kernelbench-folder")
 def import_kernelbench_folder(source: str, family: str) -> Imported:
     try:
-        tasks, problems = load_task_folder(source, family=family, prefix="kernelbench")
+        tasks, problems, others = load_task_folder(source, family=family, prefix="kernelbench")
     except TaskFormatError as exc:
         raise UserError(str(exc)) from None
     # the loader records the local path as origin; keep records equal across checkouts
     tasks = [dataclasses.replace(task, origin="kernelbench") for task in tasks]
-    return Imported("kernelbench-folder", source, tasks, [], problems)
+    notes = (f"skipped {len(others)} folder(s) that are not levelN: {', '.join(others)}",) if others else ()
+    return Imported("kernelbench-folder", source, tasks, [], problems, notes)
 
 
 @importer("kernelbench-parquet")
@@ -204,7 +206,7 @@ def _cuda_l1_item(line: str, family: str, where: str) -> tuple[Task, Candidate |
     name = f"level{level}_task{number}"
     check_reference_source(item["ref_code"], f"{where} ({name}) ref_code")
     task = Task(task_id=f"cuda-l1/level{level}/{number}", family=family, name=name, source=item["ref_code"],
-                level=level, origin="cuda-l1")  # fmt: skip
+                level=level, origin="cuda-l1", mode="eval")  # fmt: skip  (its harness calls .eval() on both)
     code = item.get("custom_code")
     if code in NO_CODE:
         return task, None

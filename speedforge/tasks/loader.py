@@ -64,20 +64,27 @@ def load_task_file(path: str | Path, family: str = "cuda", task_id: str | None =
     )
 
 
-def load_task_folder(root: str | Path, family: str = "cuda", prefix: str = "kernelbench") -> tuple[list[Task], list[str]]:
+def load_task_folder(root: str | Path, family: str = "cuda",
+                     prefix: str = "kernelbench") -> tuple[list[Task], list[str], list[str]]:
     """Tasks from a folder laid out by level (`level1/19_ReLU.py`, ...).
 
-    Returns (tasks, problems): one problem line per file or folder that was skipped and why.
+    Returns (tasks, problems, other_folders): one problem line per task file that could not be
+    used and why, and the names of folders beside the levels that hold no tasks (a published
+    KernelBench checkout has a `changelog/`): those are skipped, not problems.
     """
     root = Path(root)
     if not root.is_dir():
         raise TaskFormatError(f"task folder not found: {root}")
     tasks: list[Task] = []
     problems: list[str] = []
-    for level_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    others = [p.name for p in folders if not LEVEL_DIR.match(p.name)]
+    if not any(LEVEL_DIR.match(p.name) for p in folders):
+        raise TaskFormatError(f"{root}: no level folders (expected level1/, level2/, ...)"
+                              + (f"; found only {', '.join(others)}" if others else ""))
+    for level_dir in folders:
         match = LEVEL_DIR.match(level_dir.name)
         if not match:
-            problems.append(f"{level_dir}: unknown level folder (expected level1, level2, ...)")
             continue
         level = int(match.group(1))
         for path in sorted(level_dir.glob("*.py")):
@@ -87,7 +94,7 @@ def load_task_folder(root: str | Path, family: str = "cuda", prefix: str = "kern
                 )
             except TaskFormatError as exc:
                 problems.append(str(exc))
-    return tasks, problems
+    return tasks, problems, others
 
 
 def module_docstring(source: str) -> str:
