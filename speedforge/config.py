@@ -42,6 +42,8 @@ class EvaluatorConfig:
     cpu_timed_calls: int = 15  # paired calls per side on CPU, at least
     min_timed_s: float = 0.2  # more pairs until each side has about this much timed work...
     max_timed_calls: int = 200  # ...up to this many
+    ci_target: float = 0.01  # stop pairing once the speedup's 95% interval is within +- this (relative)
+    unstable_ci: float = 0.05  # still wider than +- this after max_timed_calls: measure again, then mark unstable
     cpu_threads: int = 1  # torch threads in the sandbox for the CPU family
     memory_limit_mb: int = 8192  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
     max_processes: int = 64  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)

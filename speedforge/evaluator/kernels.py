@@ -294,29 +294,34 @@ class _Harness:
         return err
 
     def timing(self, ref_model, cand_model) -> dict:
+        """Paired timing that stops once the answer is decided.
+
+        Pairs (fresh inputs, random order) are taken until the speedup's 95% interval is within
+        +-ci_target, or max_timed_calls is reached. A round that ends wider than +-unstable_ci
+        is measured again from scratch; the narrower round is reported, marked unstable when
+        both stayed too wide (a reward discounts it).
+        """
         config = self.config
         flush = None
         if self.is_cuda and int(config["l2_flush_mb"]) > 0:
             flush = self.torch.empty(int(config["l2_flush_mb"]) << 20, dtype=self.torch.int8, device=self.device)
-        warmup = int(config["warmup_calls"])
         est = {"ref": 0.0, "cand": 0.0}
-        for i in range(warmup):
+        for i in range(int(config["warmup_calls"])):
             inputs = self.fresh_inputs(10_000 + i)
             for side, model in (("cand", cand_model), ("ref", ref_model)):
                 est[side] = self._timed_call(model, self.clone(inputs), flush, side)[1]
         per_call = max(max(est.values()), 1e-6)
         base = int(config["timed_calls"] if self.is_cuda else config["cpu_timed_calls"])
-        n = min(max(base, math.ceil(float(config["min_timed_s"]) / per_call)), int(config["max_timed_calls"]))
-        times: dict[str, list[float]] = {"ref": [], "cand": []}
-        for i in range(n):
-            inputs = self.fresh_inputs(20_000 + i)
-            order = [("ref", ref_model), ("cand", cand_model)]
-            self.rng.shuffle(order)
-            outs = {}
-            for side, model in order:
-                outs[side], seconds = self._timed_call(model, inputs if side == "ref" else self.clone(inputs), flush, side)
-                times[side].append(seconds * 1e6)
-            self.compare(outs["cand"], outs["ref"], [], [], f"timed call {i + 1}", exact_error=False)
+        most = int(config["max_timed_calls"])
+        least = min(max(base, math.ceil(float(config["min_timed_s"]) / per_call)), most)
+        wide = max(float(config["unstable_ci"]), float(config["ci_target"]))  # wider than this: undecided
+        rounds = []
+        for attempt in range(2):
+            rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt))
+            if rounds[-1]["width"] <= wide:
+                break
+        chosen = min(rounds, key=lambda r: r["width"])
+        times = chosen["times"]
         ref_us, cand_us = statistics.median(times["ref"]), statistics.median(times["cand"])
         return {
             "ref_us": ref_us,
@@ -324,12 +329,43 @@ class _Harness:
             "ref_iqr_us": _iqr(times["ref"]),
             "cand_iqr_us": _iqr(times["cand"]),
             "speedup": ref_us / cand_us if cand_us > 0 else None,
-            "timed_calls": n,
-            "timed_s": (sum(times["ref"]) + sum(times["cand"])) / 1e6,
+            "speedup_lo": chosen["lo"],
+            "speedup_hi": chosen["hi"],
+            "unstable": chosen["width"] > wide,
+            "timed_calls": len(times["ref"]),
+            "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
         }
+
+    def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int) -> dict:
+        """Pairs until the interval is within +-ci_target (checked every few pairs past `least`)
+        or `most` pairs; returns the times (us) and the interval (lo, hi, relative half-width)."""
+        target = float(self.config["ci_target"])
+        times: dict[str, list[float]] = {"ref": [], "cand": []}
+        lo = hi = None
+        width = math.inf
+        check_every = max(5, least // 4)
+        for i in range(most):
+            inputs = self.fresh_inputs(first_index + i)
+            order = [("ref", ref_model), ("cand", cand_model)]
+            self.rng.shuffle(order)
+            outs = {}
+            for side, model in order:
+                outs[side], seconds = self._timed_call(model, inputs if side == "ref" else self.clone(inputs), flush, side)
+                times[side].append(seconds * 1e6)
+            self.compare(outs["cand"], outs["ref"], [], [], f"timed call {i + 1}", exact_error=False)
+            del outs
+            n = i + 1
+            if n == most or (n >= least and (n - least) % check_every == 0):
+                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31))
+                if width <= target:
+                    break
+        return {"times": times, "lo": lo, "hi": hi, "width": width}
 
     def _timed_call(self, model, args: list, flush, side: str):
         what = "ModelNew.forward" if side == "cand" else "the reference"
+        switch = getattr(self, "_switch", None)  # TEMP until the backend-knob policy lands
+        if switch is not None:
+            switch(side)  # the side's backend knobs, set outside the timed region
         if self.is_cuda:
             if flush is not None:
                 flush.zero_()  # evicts L2, outside the timed region
@@ -344,6 +380,26 @@ class _Harness:
         t0 = _perf_counter()
         out = self._call(what, model, *args)
         return out, _perf_counter() - t0
+
+
+def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int,
+                     resamples: int = 400) -> tuple[float, float, float]:
+    """95% bootstrap interval of median(ref) / median(cand), resampling whole pairs.
+
+    Returns (lo, hi, relative half-width (hi - lo) / 2 / point estimate); inf width for fewer
+    than 4 pairs or a zero median."""
+    n = len(ref_us)
+    point_c = statistics.median(cand_us) if cand_us else 0.0
+    if n < 4 or point_c <= 0:
+        return None, None, math.inf
+    point = statistics.median(ref_us) / point_c
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (resamples, n), generator=gen)
+    ref = torch.tensor(ref_us, dtype=torch.float64)[idx].median(dim=1).values
+    cand = torch.tensor(cand_us, dtype=torch.float64)[idx].median(dim=1).values
+    ratios = (ref / cand.clamp_min(1e-12)).sort().values
+    lo, hi = float(ratios[int(0.025 * resamples)]), float(ratios[int(0.975 * resamples) - 1])
+    return lo, hi, (hi - lo) / 2 / point
 
 
 def _flatten(torch, out) -> list:
