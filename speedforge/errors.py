@@ -1,8 +1,32 @@
 """Errors that reach the user as one clear line."""
 
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
 
 class UserError(Exception):
     """An error the user can fix; the CLI prints it as one line, without a traceback."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C, so the same clean-up runs for both."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def interrupt_on_sigterm() -> object:
+    """Make SIGTERM raise Terminated in the main thread; returns the handler it replaced (None
+    off the main thread, where it does nothing). Call it again after `ray.init`, which installs
+    its own handlers (one prints a C++ stack dump on SIGTERM)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminate)
 
 
 def first_line(what: BaseException | str, limit: int | None = None) -> str:
@@ -12,3 +36,19 @@ def first_line(what: BaseException | str, limit: int | None = None) -> str:
     if not text:
         return type(what).__name__ if isinstance(what, BaseException) else ""
     return text.splitlines()[0][:limit]
+
+
+def read_text(path: str | os.PathLike, what: str = "file", error: type[UserError] = UserError) -> str:
+    """The UTF-8 text of a file the user named (`what` says which, e.g. "candidate file"), or
+    `error` in one line when it is missing, not a file, unreadable or binary."""
+    path = Path(path)
+    if not path.exists():
+        raise error(f"{what} not found: {path}")
+    if not path.is_file():
+        raise error(f"{what} {path} is not a file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not UTF-8 text (a binary file?)") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or first_line(exc)}") from None

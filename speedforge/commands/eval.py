@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from speedforge.config import load_config
-from speedforge.errors import UserError
+from speedforge.errors import UserError, read_text
 from speedforge.evaluator import evaluate
 from speedforge.records import Candidate
 from speedforge.report import describe_result
@@ -31,21 +31,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     task = _task(args)
-    path = Path(args.candidate)
-    if not path.is_file():
-        raise UserError(f"candidate file not found: {path}")
-    candidate = Candidate.make(task.task_id, path.read_text(), origin=f"file:{path}")
+    source = read_text(args.candidate, "candidate file")
+    candidate = Candidate.make(task.task_id, source, origin=f"file:{args.candidate}")
     device = args.device or ("cuda" if task.family == "cuda" else "cpu")
+    if device == "cuda":
+        _require_gpu(task.task_id)
     result = evaluate(task, candidate, config.evaluator, device=device)
     print(json.dumps(result.to_dict(), indent=2) if args.json else describe_result(result))
     return 0 if result.ok else 1
 
 
 def _task(args: argparse.Namespace):
-    if args.task.endswith(".py") or Path(args.task).is_file():
+    if args.task.endswith(".py") or Path(args.task).exists():
+        read_text(args.task, "task file")  # missing, unreadable or binary: one line
         family = args.family or ("cuda" if args.device == "cuda" else "cpp")
         try:
             return load_task_file(args.task, family=family)
         except TaskFormatError as exc:
             raise UserError(str(exc)) from None
     return find_task(args.task)
+
+
+def _require_gpu(task_id: str) -> None:
+    """Fail at once where no GPU is visible, instead of building for a run that cannot start."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(f"{task_id} runs on a CUDA GPU and torch sees none here: run it on a machine with a GPU "
+                        "(or evaluate a cpp task here)")  # fmt: skip

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from speedforge.config import Config, load_config
-from speedforge.errors import UserError
+from speedforge.errors import UserError, interrupt_on_sigterm
 from speedforge.records import Candidate, EvalResult, Task
 from speedforge.search import (
     RoundStats,
@@ -147,6 +147,7 @@ def evaluation(config: Config, args: argparse.Namespace, tasks: dict[str, Task],
 
     resolve_pools([pool], config.service)
     started_ray = connect_ray(args.address, config.service)
+    interrupt_on_sigterm()  # ray.init replaced the CLI's SIGTERM handler
     try:
         with EvaluationService(config) as service:
             yield service_evaluator(service, tasks, store)
@@ -171,13 +172,13 @@ def _environ(values: dict[str, str]):
                 os.environ[k] = v
 
 
-def search_suite(config: Config, tasks: list[Task], candidates: list[Candidate], results: list[EvalResult],
-                 data_dir: Path, search_ids: list[str]) -> list[list[object]]:  # fmt: skip
+def search_suite(config: Config, backend, tasks: list[Task], candidates: list[Candidate],
+                 results: list[EvalResult], data_dir: Path, search_ids: list[str]) -> list[list[object]]:  # fmt: skip
     """What `speedforge run` does after evaluating the built-in candidates: stage the suite to the
     embedded S3, seed the variants table with the measured built-in candidates (the first
-    exemplars), run the search on the tasks `search_ids`, and return a table row per searched task
-    with its best variant."""
-    from speedforge.policy.backends import make_backend
+    exemplars), run the search with `backend` (made by the caller before the evaluation, so a bad
+    backend or model fails first) on the tasks `search_ids`, and return a table row per searched
+    task with its best variant."""
     from speedforge.s3server import SeaweedServer
     from speedforge.staging import load_dataset, stage_dataset
     from speedforge.store import open_store
@@ -192,7 +193,6 @@ def search_suite(config: Config, tasks: list[Task], candidates: list[Candidate],
         seeds = [make_variant(by_id[r.candidate_id], r) for r in results if r.candidate_id in by_id]
         VariantsTable.append(store, seeds)
         variants = VariantsTable.load(store)  # earlier runs' variants too: each run goes on from them
-        backend = make_backend(config.policy)
         searched = [t for t in dataset.tasks if t.task_id in search_ids]
         outcomes = {}
         for task in searched:

@@ -4,10 +4,13 @@ machine, the cuda family where a GPU is present, else the cpp family, and print 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
 
 from tqdm import tqdm
 
-from speedforge.config import load_config
+from speedforge.config import Config, load_config
+from speedforge.errors import UserError
 from speedforge.evaluator import evaluate
 from speedforge.report import print_table
 from speedforge.tasks import builtin_candidates, builtin_tasks
@@ -40,6 +43,15 @@ def _run(args: argparse.Namespace) -> int:
     device = "cuda" if family == "cuda" else "cpu"
     tasks = {t.task_id: t for t in builtin_tasks(family)}
     wanted = set(args.tasks.split(",")) if args.tasks else set(tasks)
+    if wanted - set(tasks):
+        raise UserError(f"not {family} tasks: {', '.join(sorted(wanted - set(tasks)))} "
+                        f"(see `speedforge tasks list --family {family}`)")  # fmt: skip
+    backend = None
+    if args.search_tasks > 0:  # the search's backend before any evaluation: a bad model fails at once
+        from speedforge.policy.backends import make_backend
+
+        config = search_config(config, args)
+        backend = make_backend(config.policy)
     candidates = [c for c in builtin_candidates(family) if c.task_id in wanted]
     print(f"evaluating {len(candidates)} built-in {family} candidates on {device} "
           f"(builds are cached in {config.evaluator.cache_dir})")
@@ -52,22 +64,26 @@ def _run(args: argparse.Namespace) -> int:
     print_table(["task", "status", "ref us", "cand us", "speedup", "build", "why"], rows)
     ok = [r for r in rows if r[1] == "ok"]
     print(f"{len(ok)}/{len(rows)} ok")
-    if args.search_tasks > 0:
-        _search(args, config, family, sorted(wanted & set(tasks))[: args.search_tasks], results)
+    if backend is not None:
+        _search(config, backend, family, sorted(wanted & set(tasks))[: args.search_tasks], results)
     return 0 if len(ok) == len(rows) else 1
 
 
-def _search(args, config, family, task_ids, results) -> None:
-    """The short in-context search of issue 5 (speedforge.commands.optimize.search_suite)."""
-    import dataclasses
-    from pathlib import Path
-
-    from speedforge.commands.optimize import search_suite
-
-    config = dataclasses.replace(
+def search_config(config: Config, args: argparse.Namespace) -> Config:
+    """The config of the short search: one round, the --search-* sample count and tokens."""
+    for flag, value in (("--search-samples", args.search_samples), ("--search-tokens", args.search_tokens)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
+    return dataclasses.replace(
         config, search=dataclasses.replace(config.search, rounds=1, samples=args.search_samples),
         policy=dataclasses.replace(config.policy, max_new_tokens=args.search_tokens))  # fmt: skip
-    rows = search_suite(config, builtin_tasks(family), builtin_candidates(family), results,
+
+
+def _search(config: Config, backend, family: str, task_ids: list[str], results: list) -> None:
+    """The short in-context search of issue 5 (speedforge.commands.optimize.search_suite)."""
+    from speedforge.commands.optimize import search_suite
+
+    rows = search_suite(config, backend, builtin_tasks(family), builtin_candidates(family), results,
                         Path(config.evaluator.cache_dir) / "run-s3", task_ids)  # fmt: skip
     print("best variant per task (built-in candidates and the policy's samples):")
     print_table(["task", "best", "origin", "variant", "policy samples ok"], rows)

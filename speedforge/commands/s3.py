@@ -7,7 +7,8 @@ import signal
 import threading
 from pathlib import Path
 
-from speedforge.config import default_cache_dir
+from speedforge.config import load_config
+from speedforge.errors import UserError
 from speedforge.s3server import SeaweedServer
 
 
@@ -21,18 +22,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "with its own data dir and generated credentials (kept in the data dir). Prints the "
                     "endpoint and the environment to use it; runs until Ctrl-C or SIGTERM, then stops "
                     "every process it started.")  # fmt: skip
-    serve.add_argument("--dir", default=str(Path(default_cache_dir()) / "s3"),
-                       help="data dir (default: <cache>/s3); credentials persist here")  # fmt: skip
+    serve.add_argument("--dir", help="data dir (default: <evaluator.cache_dir>/s3); credentials persist here")
     serve.add_argument("--bucket", default="speedforge", help="bucket to create (default: speedforge)")
     serve.add_argument("--env-file", help="also write the export lines to this file")
     serve.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    data_dir = Path(args.dir or Path(load_config(args.config).evaluator.cache_dir) / "s3")
+    if data_dir.exists() and not data_dir.is_dir():
+        raise UserError(f"data dir {data_dir} is a file, not a folder")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the data dir {data_dir}: {exc.strerror}") from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with SeaweedServer(args.dir, bucket=args.bucket) as server:
+    with SeaweedServer(data_dir, bucket=args.bucket) as server:
         exports = "".join(f"export {k}={v}\n" for k, v in server.env().items())
         if args.env_file:
             path = Path(args.env_file)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from speedforge.report import print_table
 from speedforge.tasks import builtin_candidates, builtin_tasks, find_task
@@ -37,7 +38,7 @@ def _show(args: argparse.Namespace) -> int:
         if not matches:
             print(f"# {task.task_id} has no hand-written fast candidate (see its notes)")
             return 1
-        print(matches[0].source)
+        sys.stdout.write(matches[0].source)  # byte-exact: a saved copy hits the same build cache
     else:
-        print(task.source)
+        sys.stdout.write(task.source)
     return 0

@@ -1,0 +1,110 @@
+"""Config values are checked at load and when built in code: each mistake is one line naming the
+file, the key and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from speedforge.config import (
+    Config,
+    ConfigError,
+    EvaluatorConfig,
+    PolicyConfig,
+    PoolConfig,
+    SearchConfig,
+    ServiceConfig,
+    StoreConfig,
+    load_config,
+)
+from speedforge.errors import UserError
+
+TYPOS = [  # (YAML, what the one-line error must say after "<file>: ")
+    ("evaluator:\n  screen: bogus\n", "evaluator.screen: expected one of enforce, report, got 'bogus'"),
+    ("evaluator:\n  screen: off\n", "evaluator.screen: expected one of enforce, report, got false (YAML reads"),
+    ("evaluator:\n  screen: yes\n", "evaluator.screen: expected one of enforce, report, got true (YAML reads"),
+    ("policy:\n  model: no\n", "policy.model: expected a string, got false (YAML reads"),
+    ("evaluator:\n  cache_dir: ''\n", "evaluator.cache_dir: expected a non-empty string, got ''"),
+    ("evaluator:\n  run_timeout_s: -1\n", "evaluator.run_timeout_s: expected a number > 0, got -1"),
+    ("evaluator:\n  build_timeout_s: 0\n", "evaluator.build_timeout_s: expected a number > 0, got 0"),
+    ("evaluator:\n  correctness_trials: 0\n", "evaluator.correctness_trials: expected a number >= 1, got 0"),
+    ("evaluator:\n  timed_calls: 0\n", "evaluator.timed_calls: expected a number >= 1, got 0"),
+    ("evaluator:\n  build_jobs: -2\n", "evaluator.build_jobs: expected a number >= 0, got -2"),
+    ("evaluator:\n  atol: -0.1\n", "evaluator.atol: expected a number >= 0, got -0.1"),
+    ("evaluator:\n  correctness_trials: three\n", "evaluator.correctness_trials: expected int, got 'three'"),
+    ("evaluator:\n  scren: report\n", "evaluator: unknown key(s) 'scren'; known: screen, cache_dir"),
+    ("policy:\n  backend: vllm\n", "policy.backend: unknown generation backend 'vllm'; known: hf, openai"),
+    ("policy:\n  backend: off\n", "policy.backend: unknown generation backend false; known: hf, openai (YAML reads"),
+    ("policy:\n  device: gpu\n", "policy.device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
+    ("policy:\n  top_p: 1.5\n", "policy.top_p: expected a number > 0 and <= 1, got 1.5"),
+    ("policy:\n  max_new_tokens: 0\n", "policy.max_new_tokens: expected a number >= 1, got 0"),
+    ("search:\n  samples: 0\n", "search.samples: expected a number >= 1, got 0"),
+    ("store:\n  upload_threads: 0\n", "store.upload_threads: expected a number >= 1, got 0"),
+    ("service:\n  build_nice_last: 20\n", "service.build_nice_last: 20 is not a niceness step from 0 to 19"),
+    ("service:\n  retries: -1\n", "service.retries: expected a number >= 0, got -1"),
+    ("service:\n  pools:\n    T4:\n      device: gpu\n", "service.pools.T4.device: expected one of cuda, cpu, got 'gpu'"),
+    ("service:\n  pools:\n    T4:\n      cuda_arch: sm75\n", "service.pools.T4.cuda_arch: expected \"\" or a compute"),
+    ("- evaluator\n", "expected a mapping, got ['evaluator']"),
+    ("evaluator: [1, 2\n", "not valid YAML at line 2, column 1"),
+]
+
+
+@pytest.mark.parametrize("text, message", TYPOS, ids=[t.split("\n")[0] + t.split("\n")[1].strip() for t, _ in TYPOS])
+def test_a_config_mistake_is_one_line_naming_the_file_the_key_and_what_is_allowed(tmp_path, text, message):
+    path = tmp_path / "speedforge.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    line = str(caught.value)
+    assert line.startswith(f"{path}: ") and message in line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("write, message", [
+    (None, "config file not found"),
+    (lambda p: p.mkdir(), "is not a file"),
+    (lambda p: p.write_bytes(b"\xff\xfe\x00\x81 binary"), "is not UTF-8 text"),
+])  # fmt: skip
+def test_a_missing_folder_or_binary_config_file_is_one_line(tmp_path, write, message):
+    path = tmp_path / "speedforge.yaml"
+    if write:
+        write(path)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_config_errors_are_user_errors():
+    assert issubclass(ConfigError, UserError)
+
+
+def test_documented_special_values_and_quoted_words_are_accepted(tmp_path):
+    path = tmp_path / "speedforge.yaml"
+    path.write_text('evaluator:\n  screen: "report"\n  build_jobs: 0\n  seed: null\n  l2_flush_mb: 0\n'
+                    "service:\n  build_workers: 0\n  pools:\n    T4: {workers: 0, cuda_arch: '7.5'}\n"
+                    "policy:\n  backend: openai\n  device: cuda:1\n  cpu_threads: 0\n  tau: 0\n")  # fmt: skip
+    config = load_config(path)
+    assert config.evaluator.screen == "report" and config.evaluator.build_jobs == 0
+    assert config.service.pools["T4"].workers == 0 and config.policy.device == "cuda:1"
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: EvaluatorConfig(screen="bogus"), "EvaluatorConfig.screen: expected one of enforce, report"),
+    (lambda: EvaluatorConfig(run_timeout_s=-1.0), "EvaluatorConfig.run_timeout_s: expected a number > 0"),
+    (lambda: PoolConfig(device="tpu"), "PoolConfig.device: expected one of cuda, cpu"),
+    (lambda: ServiceConfig(max_in_flight=0), "ServiceConfig.max_in_flight: expected a number >= 1"),
+    (lambda: PolicyConfig(backend="vllm"), "PolicyConfig.backend: unknown generation backend 'vllm'"),
+    (lambda: SearchConfig(rounds=0), "SearchConfig.rounds: expected a number >= 1"),
+    (lambda: StoreConfig(read_timeout_s=0.0), "StoreConfig.read_timeout_s: expected a number > 0"),
+    (lambda: dataclasses.replace(EvaluatorConfig(), correctness_trials=0), "correctness_trials: expected a number >= 1"),
+])  # fmt: skip
+def test_dataclasses_built_in_code_are_checked_too(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def test_valid_dataclasses_built_in_code_keep_working(tmp_path):
+    config = EvaluatorConfig(screen="report", cache_dir=str(tmp_path), run_timeout_s=60.0)
+    assert dataclasses.replace(config, screen="enforce").screen == "enforce"
+    assert Config().policy.backend == "hf"
