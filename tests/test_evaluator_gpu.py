@@ -86,3 +86,146 @@ def test_every_builtin_cuda_candidate_is_correct(tmp_path) -> None:
         if result.status != "ok":
             failures.append((candidate.task_id, result.status, result.reason, result.log[-1500:]))
     assert not failures, failures
+
+
+# -- torch's own threads and wrappers, backend knobs, model mode (on the GPU) ---------------------
+
+COMPILED_GPU = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        self.fn = torch.compile(self.compute{backend})
+        self.table = torch.zeros(1 << 26)  # 256 MB on the CPU: filled by every thread of torch's pool
+
+    def compute(self, x):
+        return torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
+
+    def forward(self, x):
+        return self.fn(x)
+"""
+
+
+@pytest.mark.parametrize("backend", ["", ', backend="eager"'], ids=["inductor", "eager"])
+def test_gpu_torch_compile_and_parallel_cpu_work_are_not_the_candidates_threads(task, config, backend) -> None:
+    candidate = Candidate.make(task.task_id, COMPILED_GPU.format(backend=backend))
+    result = evaluate(task, candidate, dataclasses.replace(config, run_timeout_s=300.0), device="cuda")
+    assert result.status == "ok", (result.reason, result.log[-3000:])
+
+
+GPU_KNOB_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.{layer}
+
+    def forward(self, x):
+        return self.layer(x) + float({knob})
+
+
+def get_inputs():
+    return [torch.randn({shape})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+GPU_KNOB_SETTER = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.{layer}
+        {knob} = True
+
+    def forward(self, x):
+        return self.layer(x) + 1.0 - float({knob})
+"""
+
+CONV = dict(layer="layer = nn.Conv2d(16, 32, 3)", shape="16, 16, 64, 64")
+LINEAR = dict(layer="layer = nn.Linear(1024, 1024)", shape="256, 1024")
+
+
+def _gpu_knob_pair(knob: str, layer: dict) -> tuple[Task, Candidate]:
+    task = Task(task_id=f"test/gpu_knob/{knob}", family="cuda", name="gpu_knob",
+                source=GPU_KNOB_TASK.format(knob=knob, **layer))
+    return task, Candidate.make(task.task_id, GPU_KNOB_SETTER.format(knob=knob, **layer))
+
+
+def test_gpu_cudnn_benchmark_applies_to_the_candidates_convolutions_only(config) -> None:
+    task, candidate = _gpu_knob_pair("torch.backends.cudnn.benchmark", CONV)
+    result = evaluate(task, candidate, config, device="cuda")
+    assert result.status == "ok", (result.reason, result.log[-3000:])
+
+
+def test_gpu_tf32_matmul_is_rejected_unless_allowed_and_then_the_candidates_only(config) -> None:
+    task, candidate = _gpu_knob_pair("torch.backends.cuda.matmul.allow_tf32", LINEAR)
+    result = evaluate(task, candidate, config, device="cuda")
+    assert result.status == "hack_detected" and "precision downgrade" in result.reason, result.reason
+    assert "torch.backends.cuda.matmul.allow_tf32" in result.reason
+    allowed = evaluate(task, candidate, dataclasses.replace(config, allow_precision_downgrade=True), device="cuda")
+    assert allowed.status == "ok", (allowed.reason, allowed.log[-3000:])
+
+
+BATCHNORM3D_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(8, 16, 3)
+        self.bn = nn.BatchNorm3d(16)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def get_inputs():
+    return [torch.randn(4, 8, 16, 32, 32) * 3 + 1]
+
+
+def get_init_inputs():
+    return []
+"""
+
+BATCHNORM3D_FOLDED = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(8, 16, 3)
+        self.bn = nn.BatchNorm3d(16)
+
+    def forward(self, x):  # batch norm folded into the convolution: right in eval mode only
+        bn = self.bn
+        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        weight = self.conv.weight * scale.view(-1, 1, 1, 1, 1)
+        bias = (self.conv.bias - bn.running_mean) * scale + bn.bias
+        return torch.relu(F.conv3d(x, weight, bias))
+"""
+
+
+@pytest.mark.parametrize("mode, status", [("eval", "ok"), ("train", "incorrect")])
+def test_gpu_batchnorm_folded_into_a_convolution_is_right_in_eval_mode_only(config, mode, status) -> None:
+    task = Task(task_id="test/gpu_conv_bn", family="cuda", name="gpu_conv_bn", source=BATCHNORM3D_TASK, mode=mode)
+    result = evaluate(task, Candidate.make(task.task_id, BATCHNORM3D_FOLDED), config, device="cuda")
+    assert result.status == status, (result.reason, result.log[-3000:])
+    assert result.mode == mode

@@ -1,6 +1,16 @@
 """Runtime guards, taken inside the sandbox before the candidate is imported and checked after
 each phase: timer and torch functions unchanged, global torch settings unchanged, no new
 threads, no child processes, no switched CUDA stream.
+
+What torch itself does is not the candidate's: its intra-op (OpenMP) pool is warmed to full
+size before the baseline (`warm_thread_pools`), dynamo's wrapping and inductor's in-process
+compilation are set up in the zygote (speedforge.evaluator.zygote.preload), and native threads
+that torch or the CUDA driver name as theirs (`TORCH_THREAD_NAMES`) are not counted. A thread
+the candidate starts, from Python or from C++, is.
+
+Backend knobs are not global settings here: `read_knobs`/`apply_knobs` let the harness give
+each side its own (speedforge.evaluator.kernels `_Harness._switch`), and `precision_downgrades`
+names the candidate's knobs that lower float32 precision (a contract violation unless allowed).
 """
 
 from __future__ import annotations
@@ -40,23 +50,126 @@ def function_table() -> dict[str, int]:
 
 
 def global_settings() -> dict[str, object]:
-    """Process-wide torch settings that would change the reference's speed or numerics too."""
-    settings: dict[str, object] = {
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    """Process-wide torch settings that would change the reference's speed or numerics too (the
+    backend knobs below are switched per side instead)."""
+    return {
         "num_threads": torch.get_num_threads(),
         "grad_enabled": torch.is_grad_enabled(),
         "default_dtype": str(torch.get_default_dtype()),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cudnn.deterministic": torch.backends.cudnn.deterministic,
     }
-    if torch.cuda.is_available():
-        matmul = torch.backends.cuda.matmul
-        settings["cuda.matmul.allow_tf32"] = matmul.allow_tf32
-        settings["cuda.matmul.fp16_reduced"] = matmul.allow_fp16_reduced_precision_reduction
-        settings["cuda.matmul.bf16_reduced"] = matmul.allow_bf16_reduced_precision_reduction
-    return settings
+
+
+# Backend knobs, in the order they are applied: the legacy setters first (each also sets the
+# fp32_precision entries it stands for), then the fp32_precision tree (parents before ops), then
+# the rest. The legacy getters raise once legacy and new APIs were mixed: read as MIXED, and the
+# fp32_precision entries (which always read) still tell what is on.
+MIXED = "mixed legacy/new API"
+ALGORITHM_KNOBS = ("torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic")
+_FP32_KNOBS = {  # the Python spelling -> the (backend, op) entry of torch's fp32_precision tree
+    "torch.backends.fp32_precision": ("generic", "all"),
+    "torch.backends.cudnn.fp32_precision": ("cuda", "all"),
+    "torch.backends.cuda.matmul.fp32_precision": ("cuda", "matmul"),
+    "torch.backends.cudnn.conv.fp32_precision": ("cuda", "conv"),
+    "torch.backends.cudnn.rnn.fp32_precision": ("cuda", "rnn"),
+    "torch.backends.mkldnn.fp32_precision": ("mkldnn", "all"),
+    "torch.backends.mkldnn.matmul.fp32_precision": ("mkldnn", "matmul"),
+    "torch.backends.mkldnn.conv.fp32_precision": ("mkldnn", "conv"),
+    "torch.backends.mkldnn.rnn.fp32_precision": ("mkldnn", "rnn"),
+}
+_MEANS = {"torch.backends.cuda.matmul.fp32_precision": "TF32 matmul, as torch.backends.cuda.matmul.allow_tf32 = True sets",
+          "torch.backends.cudnn.conv.fp32_precision": "TF32 convolutions, as torch.backends.cudnn.allow_tf32 = True sets"}
+_MATMUL_RANK = {"highest": 2, "high": 1, "medium": 0}
+_FP32_RANK = {"none": 2, "ieee": 2, "tf32": 1, "bf16": 0}  # "none": inherits, never lower than its parent's
+
+
+def _legacy(getter):
+    def read():
+        try:
+            return getter()
+        except RuntimeError:
+            return MIXED
+
+    return read
+
+
+def _fp32(backend: str, op: str):
+    return (lambda: torch._C._get_fp32_precision_getter(backend, op),
+            lambda value: torch._C._set_fp32_precision_setter(backend, op, value))
+
+
+def _knob_table() -> dict[str, tuple]:
+    """name -> (read, write); the knobs this torch build has."""
+    C = torch._C
+    table = {
+        "torch.set_float32_matmul_precision": (_legacy(C._get_float32_matmul_precision), C._set_float32_matmul_precision),
+        "torch.backends.cudnn.allow_tf32": (_legacy(C._get_cudnn_allow_tf32), C._set_cudnn_allow_tf32),
+    }
+    table.update({name: _fp32(*entry) for name, entry in _FP32_KNOBS.items()})
+    table.update({
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
+            C._get_cublas_allow_fp16_reduced_precision_reduction,
+            lambda value: C._set_cublas_allow_fp16_reduced_precision_reduction(*value)),
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
+            C._get_cublas_allow_bf16_reduced_precision_reduction,
+            lambda value: C._set_cublas_allow_bf16_reduced_precision_reduction(*value)),
+        "torch.backends.cuda.matmul.allow_fp16_accumulation": (
+            C._get_cublas_allow_fp16_accumulation, C._set_cublas_allow_fp16_accumulation),
+        "torch.backends.cudnn.benchmark": (C._get_cudnn_benchmark, C._set_cudnn_benchmark),
+        "torch.backends.cudnn.deterministic": (C._get_cudnn_deterministic, C._set_cudnn_deterministic),
+    })
+    readable = {}
+    for name, (read, write) in table.items():
+        try:
+            read()
+        except (AttributeError, RuntimeError):
+            continue  # not in this build
+        readable[name] = (read, write)
+    return readable
+
+
+KNOBS = _knob_table()
+
+
+def read_knobs() -> dict[str, object]:
+    """The backend knobs now in effect (a few microseconds)."""
+    return {name: read() for name, (read, _) in KNOBS.items()}
+
+
+def apply_knobs(target: dict[str, object], current: dict[str, object]) -> None:
+    """Make `target` the knobs in effect, `current` being those in effect now; nothing is set
+    when they agree. A MIXED legacy value is left to the fp32_precision entries."""
+    if target == current:
+        return
+    for name, (_, write) in KNOBS.items():
+        if target[name] != MIXED:
+            write(target[name])
+
+
+def _lowered(name: str, ref: object, cand: object) -> bool:
+    if ref == MIXED or cand == MIXED or name in ALGORITHM_KNOBS:
+        return False
+    if name == "torch.set_float32_matmul_precision":
+        return _MATMUL_RANK.get(cand, 2) < _MATMUL_RANK.get(ref, 2)
+    if name in _FP32_KNOBS:
+        return _FP32_RANK.get(cand, 2) < _FP32_RANK.get(ref, 2)
+    if name == "torch.backends.cudnn.allow_tf32" or "accumulation" in name:
+        return bool(cand) and not ref
+    return bool(cand[0]) and not ref[0]  # (allow, allow split-K) of a reduced-precision reduction
+
+
+def precision_downgrades(ref: dict[str, object], cand: dict[str, object]) -> list[str]:
+    """The candidate's knobs that lower float32 precision below the reference's, one line each."""
+    found = []
+    for name in KNOBS:
+        if _lowered(name, ref[name], cand[name]):
+            meaning = f" ({_MEANS[name]})" if name in _MEANS else ""
+            found.append(f"{name} {_show(cand[name])}, the reference's {_show(ref[name])}{meaning}")
+    return found
+
+
+def _show(value: object) -> str:
+    return repr(value[0] if isinstance(value, tuple) else value)
 
 
 # Process starts from Python raise audit events, and an audit hook cannot be removed once added.
@@ -91,8 +204,32 @@ def install_start_counter():
     return lambda: dict(counts)
 
 
-def thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
+# Native threads that torch, its allocator and the CUDA driver start and name as theirs, as
+# /proc/self/task/*/comm shows them. Any other new thread counts: a thread the candidate starts
+# (std::thread, pthreads, OpenMP of its own) carries the name of the thread that started it.
+# OpenMP threads of torch's intra-op pool carry that name too: warm_thread_pools starts them
+# all before the baseline.
+TORCH_THREAD_NAMES = ("pt_autograd_", "pt_thread_pool", "pt_main_thread", "cuda-EvtHandlr", "cuda0",
+                      "jemalloc_bg_thd")
+
+
+def native_threads() -> dict[int, str]:
+    """tid -> name of every thread of this process."""
+    found: dict[int, str] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                found[int(tid)] = f.read().strip()
+        except OSError:
+            continue  # it ended meanwhile
+    return found
+
+
+def warm_thread_pools() -> None:
+    """Start torch's intra-op pool at its full size (torch.get_num_threads()) now: a parallel op
+    of two grains (2 x 32768 elements) per thread. The pool's threads then predate the baseline,
+    and a candidate whose work is parallel (a large torch.zeros) starts none."""
+    torch.zeros(torch.get_num_threads() << 16).add_(1)
 
 
 def child_pids() -> list[int]:
@@ -111,7 +248,7 @@ def child_pids() -> list[int]:
 class Baseline:
     functions: dict[str, int]
     settings: dict[str, object]
-    threads: int
+    threads: dict[int, str]  # tid -> name
     python_threads: int
     stream: object
     starts: object  # reads the audit hook's counts of thread and process starts
@@ -121,7 +258,7 @@ class Baseline:
     def take(device: torch.device) -> "Baseline":
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         starts = install_start_counter()
-        return Baseline(function_table(), global_settings(), thread_count(), threading.active_count(), stream,
+        return Baseline(function_table(), global_settings(), native_threads(), threading.active_count(), stream,
                         starts, starts())
 
     def violations(self, device: torch.device, original_current_stream) -> list[str]:
@@ -141,8 +278,11 @@ class Baseline:
                 found.append(f"started {kind} from Python ({started[kind] - self.started[kind]})")
         if threading.active_count() > self.python_threads:
             found.append(f"started Python threads ({threading.active_count() - self.python_threads} new)")
-        elif thread_count() > self.threads:
-            found.append(f"started native threads ({thread_count() - self.threads} new)")
+        python_tids = {t.native_id for t in threading.enumerate()}
+        native = {tid: name for tid, name in native_threads().items()
+                  if tid not in self.threads and tid not in python_tids and not name.startswith(TORCH_THREAD_NAMES)}
+        if native:
+            found.append(f"started native threads ({len(native)} new, named {', '.join(sorted(set(native.values())))})")
         if child_pids():
             found.append(f"started child processes ({len(child_pids())})")
         if device.type == "cuda" and original_current_stream(device) != self.stream:

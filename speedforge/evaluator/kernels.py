@@ -6,6 +6,8 @@ this (sandboxed) process and measures them:
 
 - same weights: both constructed under the same seed, then the reference's parameters and
   buffers copied into the candidate wherever names and shapes match;
+- the task's model mode: both models in train or eval mode (`.train()`/`.eval()`), every call
+  under no_grad unless the task asks for autograd;
 - fresh inputs from the task's own `get_inputs()` under a secret seed for every trial and every
   timed pair (created directly on the device), cloned so neither side can corrupt the other;
 - correctness: the candidate runs first, right after the allocator was filled with NaN, so an
@@ -14,7 +16,11 @@ this (sandboxed) process and measures them:
 - timing: warm-up, then pairs in random order; on GPU, L2 flushed before each call, outside the
   timed region, and a device-wide synchronize before the end event, so side-stream work counts;
   every timed output is checked against its pair's reference output;
-- guards after every phase (speedforge.evaluator.guards).
+- backend knobs per side: those the candidate sets (cudnn.benchmark, and TF32 or reduced-precision
+  reductions where the config allows them) apply to its calls only, the reference's calls run
+  with the knobs it had before the candidate loaded (`_Harness._switch`);
+- guards after every phase (speedforge.evaluator.guards): a knob that lowers float32 precision is
+  a violation unless `allow_precision_downgrade`.
 """
 
 from __future__ import annotations
@@ -62,6 +68,9 @@ def build(job: dict) -> dict:
 
 def _prepare_environment(job: dict) -> None:
     os.environ["TORCH_EXTENSIONS_DIR"] = job["build_dir"]
+    # torch.compile's caches in the job's own folder (the zygote's import of inductor set /tmp's)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(job["workdir"], "torchinductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(job["workdir"], "triton")
     os.environ.setdefault("MAX_JOBS", str(job["config"].get("build_jobs") or min(os.cpu_count() or 1, 8)))
     if job.get("cuda_arch_list"):
         os.environ["TORCH_CUDA_ARCH_LIST"] = job["cuda_arch_list"]
@@ -107,7 +116,8 @@ def run(job: dict) -> dict:
         return {"status": "infra_error", "reason": "device cuda asked for, but torch sees no CUDA GPU"}
     run_start = _perf_counter()
     seed = int(job["seed"])
-    metrics: dict = {"device_name": _device_name(torch, device)}
+    task = job["task"]
+    metrics: dict = {"device_name": _device_name(torch, device), "mode": task["mode"] + ("+grad" if task["grad"] else "")}
     try:
         harness = _Harness(torch, guards, job, device, seed)
         metrics.update(harness.measure())
@@ -135,6 +145,9 @@ class _Harness:
         self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
         self.Event = torch.cuda.Event if self.is_cuda else None
         self.current_stream = torch.cuda.current_stream if self.is_cuda else None
+        self.training = job["task"]["mode"] == "train"
+        self.knobs = {"ref": guards.read_knobs()}  # the reference's backend knobs; the candidate's once it loads
+        self.active = "ref"  # whose knobs are in effect
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -155,6 +168,8 @@ class _Harness:
             self.init_inputs = ref.get_init_inputs()
             torch.manual_seed(self.seed)
             model = ref.Model(*copy.deepcopy(self.init_inputs)).to(self.device)
+            model.train(self.training)
+            self.knobs["ref"] = self.guards.read_knobs()
         except Exception as exc:  # the task itself is broken: not the candidate's fault
             raise Verdict("infra_error", f"the task's reference failed: {type(exc).__name__}: {exc}",
                           traceback.format_exc()[-4000:]) from None
@@ -163,6 +178,7 @@ class _Harness:
 
     def _candidate(self):
         torch = self.torch
+        self.active = "cand"  # knobs its module or constructor sets are its own
         module = _load_candidate(self.job)
         if not hasattr(module, "ModelNew"):
             raise Verdict("runtime_error", "the candidate defines no ModelNew")
@@ -171,6 +187,7 @@ class _Harness:
         if not isinstance(model, torch.nn.Module):
             raise Verdict("runtime_error", "ModelNew(...) did not produce a torch.nn.Module")
         model = self._call("ModelNew.to(device)", model.to, self.device)
+        self._call("ModelNew.train(mode)", model.train, self.training)
         return model
 
     def _copy_weights(self, ref_model, cand_model) -> None:
@@ -203,13 +220,15 @@ class _Harness:
 
     def measure(self) -> dict:
         torch = self.torch
-        with torch.no_grad():
+        with torch.enable_grad() if self.job["task"]["grad"] else torch.no_grad():
             ref_model = self._reference()
             warm = self.fresh_inputs(-1)
-            ref_out = self._call("the reference", ref_model, *self.clone(warm))  # initialises pools, CUDA
+            self._switch("ref")
+            ref_out = self._call("the reference", ref_model, *self.clone(warm))  # initialises CUDA
             self.sync()
             self.out_bytes = sum(t.numel() * t.element_size() for t in _flatten(torch, ref_out))
             del ref_out
+            self.guards.warm_thread_pools()  # torch's own threads, all started before the baseline
             baseline = self.guards.Baseline.take(self.device)
             cand_model = self._candidate()
             self._copy_weights(ref_model, cand_model)
@@ -222,8 +241,26 @@ class _Harness:
 
     def _guard(self, baseline, phase: str) -> None:
         found = baseline.violations(self.device, self.current_stream)
+        if self.active == "cand":
+            self.knobs["cand"] = self.guards.read_knobs()
+        lowered = self.guards.precision_downgrades(self.knobs["ref"], self.knobs.get("cand", self.knobs["ref"]))
+        if lowered and not self.config["allow_precision_downgrade"]:
+            found.append("lowered float32 precision, a precision downgrade the config does not allow "
+                         f"(allow_precision_downgrade): {'; '.join(lowered)}")
         if found:
             raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
+
+    def _switch(self, side: str) -> None:
+        """Put the backend knobs of `side` ("ref" or "cand") in effect, before a call of that side.
+
+        The knobs in effect while the candidate was active are recorded as its own first (its
+        module, constructor or forward may have set them). The reference always runs with the
+        knobs it had before the candidate loaded; the candidate with the ones it set. Costs a
+        few microseconds, and sets nothing when both sides agree."""
+        if self.active == "cand":
+            self.knobs["cand"] = self.guards.read_knobs()
+        self.guards.apply_knobs(self.knobs.get(side, self.knobs["ref"]), self.knobs[self.active])
+        self.active = side
 
     def correctness(self, ref_model, cand_model) -> tuple[float, int]:
         trials = int(self.config["correctness_trials"])
@@ -233,8 +270,10 @@ class _Harness:
             inputs = self.fresh_inputs(trial)
             cand_in, ref_in = self.clone(inputs), inputs
             self.poison_allocator(2 * self.out_bytes)
+            self._switch("cand")
             out_c = self._call("ModelNew.forward", cand_model, *cand_in)
             self.sync()
+            self._switch("ref")
             out_r = self._call("the reference", ref_model, *ref_in)
             self.sync()
             err = self.compare(out_c, out_r, cand_in, held, f"trial {trial + 1}")
@@ -251,7 +290,8 @@ class _Harness:
             return 0.0
         if len(flat_c) != len(flat_r):
             raise Verdict("incorrect", f"{where}: returned {len(flat_c)} tensors, the reference {len(flat_r)}")
-        guarded = [x for x in cand_in if isinstance(x, torch.Tensor)] + _flatten(torch, held)
+        inputs = [(j, x) for j, x in enumerate(cand_in) if isinstance(x, torch.Tensor)]
+        earlier = _flatten(torch, held)
         worst = 0.0
         for i, (c, r) in enumerate(zip(flat_c, flat_r)):
             label = f"{where}, output {i}"
@@ -264,9 +304,13 @@ class _Harness:
             if c.device != r.device or c.dtype != r.dtype or c.shape != r.shape:
                 raise Verdict("incorrect", f"{label}: got {c.dtype} {tuple(c.shape)} on {c.device}, "
                                            f"expected {r.dtype} {tuple(r.shape)} on {r.device}")
-            for other in guarded:
-                if _overlaps(c, other):
-                    raise Verdict("hack_detected", f"{label}: shares storage with an input or an earlier output")
+            for j, x in inputs:
+                if _overlaps(c, x):
+                    raise Verdict("hack_detected", f"{where}: output {i} is a view of input {j} (shares its storage; "
+                                                   "outputs must be fresh tensors)")
+            if any(_overlaps(c, x) for x in earlier):
+                raise Verdict("hack_detected", f"{label}: shares storage with an earlier call's output "
+                                               "(outputs must be fresh tensors)")
             worst = max(worst, self._close(c, r, label, exact_error))
         return worst
 

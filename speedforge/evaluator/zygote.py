@@ -29,11 +29,26 @@ def preload() -> None:
     torch.utils.cpp_extension asks torch.cuda.is_available() at import; answered by the CUDA
     runtime, that initialises the driver and every later fork fails ("Cannot re-initialize CUDA
     in forked subprocess"). Answered through NVML, it does not.
+
+    What `torch.compile` sets up on first use is set up here, so that it predates every job's
+    guard baseline and is not taken for the candidate's doing: dynamo's wrapping of
+    torch.manual_seed (at import) and of nn.Module.__init__/__setstate__ (generation tagging);
+    inductor compiles in-process (TORCHINDUCTOR_COMPILE_THREADS=1, read when its config is
+    imported) instead of in a pool of worker processes; and torch's progress bars (tqdm, in
+    torch.fx's interpreter) start no monitor thread.
     """
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     import torch
 
     import torch.utils.cpp_extension  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.config  # noqa: F401
+    from torch._dynamo.mutation_guard import install_generation_tagging_init
+    from torch.hub import tqdm
+
+    install_generation_tagging_init()
+    tqdm.monitor_interval = 0
     if torch.cuda.is_initialized():
         raise RuntimeError("CUDA was initialised in the sandbox zygote; forked jobs could not use the GPU")
 
