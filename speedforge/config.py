@@ -144,7 +144,6 @@ class EvaluatorConfig(Checked):
     network_isolation: bool = True  # run the sandbox in its own network namespace
     landlock: bool = True  # restrict file writes (and reads) of the sandbox with Landlock
     allow_precision_downgrade: bool = False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
-    allow_precision_downgrade: bool = False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
     seed: int | None = None  # None: a fresh secret seed per evaluation
     cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
     build_jobs: int = setting(0, AT_LEAST_0)  # parallel compile jobs per build; 0 = min(cores, 8)
