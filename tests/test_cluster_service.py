@@ -107,12 +107,24 @@ def test_pool_with_no_workers_in_the_cluster_fails_fast(tmp_path):
     assert time.monotonic() - start < 20
 
 
-def test_candidate_for_an_unknown_task_gets_a_result_saying_so(tmp_path):
+def test_a_list_with_a_candidate_of_an_unknown_task_fails_before_anything_runs(tmp_path):
     orphan = Candidate.make("cpp/no_such_task", "class ModelNew: pass\n", created_at=0.0)
+    store = open_store(tmp_path / "out")
     with EvaluationService(fx.test_config(tmp_path)) as service:
-        (result,) = service.submit([orphan], ["cpu"], [fx.task()])
+        with pytest.raises(UserError, match=r"1 of 2 candidates name a task .*'cpp/no_such_task' \(1 candidate\)"):
+            service.submit([fx.plain_candidate(fx.task(), 0), orphan], ["cpu"], [fx.task()], store=store)
+        assert service.worker_counts() == {"build": 0}  # no worker was started
+    assert store.read_records("results", EvalResult) == []
+
+
+def test_a_streamed_candidate_of_an_unknown_task_gets_a_result_that_is_not_recorded(tmp_path):
+    orphan = Candidate.make("cpp/no_such_task", "class ModelNew: pass\n", created_at=0.0)
+    store = open_store(tmp_path / "out")
+    with EvaluationService(fx.test_config(tmp_path)) as service:
+        (result,) = service.submit(iter([orphan]), ["cpu"], [fx.task()], store=store)
     assert result.status == "runtime_error" and "unknown task 'cpp/no_such_task'" in result.reason
     assert (result.candidate_id, result.pool) == (orphan.candidate_id, "cpu")
+    assert store.read_records("results", EvalResult) == []  # a rerun with the right tasks evaluates it
 
 
 def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_path):

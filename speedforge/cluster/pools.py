@@ -16,6 +16,16 @@ from speedforge.config import CPU_POOL_RESOURCE, EvaluatorConfig, PoolConfig, Se
 from speedforge.errors import UserError
 
 
+# The devices a task family runs on; a family not named here runs on any pool's device.
+FAMILY_DEVICES = {"cuda": ("cuda",)}
+
+
+def unable_pools(pools: Mapping[str, PoolConfig], families: Iterable[str]) -> list[tuple[str, str]]:
+    """(pool, family) pairs where the pool's device can never run tasks of the family."""
+    return [(name, family) for name, pool in pools.items() for family in families
+            if pool.device not in FAMILY_DEVICES.get(family, (pool.device,))]  # fmt: skip
+
+
 def parse_pool_names(text: str) -> list[str]:
     """`"H100, L40"` -> `["H100", "L40"]`, in order, without repeats."""
     names = []

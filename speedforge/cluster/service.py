@@ -13,7 +13,11 @@ service:
   earlier ones finish, so a generator of 10,000 candidates is never held in memory at once;
 - retries only `infra_error` (a worker that died, a harness exception), at most `retries` times;
 - appends results to the results table as they arrive, so a restarted sweep skips what is done
-  (every recorded result counts as done, infra_error included: one result per pair).
+  (every recorded result counts as done, infra_error included: one result per pair);
+- writes to a results table only while it holds the table's lease (one sweep per table), and
+  keeps what the store cannot take in a local spill that the next run writes first (ResultsTable);
+- checks a list of candidates before it starts: every task given, every pool able to run their
+  families (sweep.check_inputs).
 
 The evaluation functions are plain callables (the evaluator's `build_candidate` and
 `run_candidate` by default), so tests can inject cheap ones.
@@ -39,26 +43,62 @@ from speedforge.cluster.pools import (
     sweep_evaluator_config,
     worker_need,
 )
-from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet
+from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet, check_inputs
 from speedforge.config import Config, ServiceConfig
 from speedforge.errors import UserError, first_line
 from speedforge.records import Candidate, EvalResult, Task
 
 
 class ResultsTable:
-    """The results table of a store, appended to in small parts as results arrive."""
+    """The results table of a store, appended to in small parts as results arrive, by one run.
 
-    def __init__(self, store: Any, table: str = "results", flush_every: int = 32, flush_s: float = 5.0) -> None:
+        with ResultsTable.open(store, config) as table:   # the lease first: a second run refuses
+            service.submit(candidates, pools, tasks, store=table)
+
+    open() takes the table's lease (speedforge.store.lease: LeaseHeldError while another run
+    holds it) and writes the parts an earlier run spilled; recorded() counts what is still
+    spilled as done too. A part the store does not take within its retry_s is spilled
+    (speedforge.store.spill), and so is every later part of this run, without waiting on the
+    store again: an outage costs one retry_s, and no result is lost. close() tries once more to
+    write the spill, then releases the lease.
+    """
+
+    def __init__(self, store: Any, table: str = "results", flush_every: int = 32, flush_s: float = 5.0,
+                 spill: Any = None, lease: Any = None) -> None:  # fmt: skip
         self.store = store
         self.table = table
         self.flush_every = flush_every
         self.flush_s = flush_s
+        self.spill = spill  # a speedforge.store.spill.Spill, or None: a failed write raises
+        self.lease = lease  # a held speedforge.store.lease.Lease, or None
+        self.down: str | None = None  # why the store stopped taking parts in this run
         self.buffer: list[EvalResult] = []
         self.last_flush = time.monotonic()
+        self.kept_parts = 0  # parts left in the spill when the table was closed
+
+    @classmethod
+    def open(cls, store: Any, config: Config, force: bool = False, table: str = "results") -> "ResultsTable":
+        """Take the lease on `table` of `store` (force: an expired one too), then write its spill."""
+        from speedforge.store.lease import Lease
+        from speedforge.store.spill import Spill
+
+        lease = Lease.acquire(store, table, config.service.lease_s, force=force).start_heartbeat()
+        try:
+            spill = Spill.beside(store, config.store.spill_dir)
+            written = spill.deliver(table)
+        except BaseException:
+            lease.release()
+            raise
+        if written:
+            print(f"speedforge: wrote {written} part(s) of results that an earlier run kept in {spill.folder} to "
+                  f"{store.uri}", file=sys.stderr, flush=True)  # fmt: skip
+        return cls(store, table, config.service.flush_every, config.service.flush_s, spill, lease)
 
     def recorded(self) -> dict[Key, EvalResult]:
-        """Results already in the table, by (candidate_id, pool)."""
-        return {(r.candidate_id, r.pool): r for r in self.store.read_records(self.table, EvalResult)}
+        """Results already in the table or waiting in its spill, by (candidate_id, pool)."""
+        spilled = self.spill.read_records(self.table, EvalResult) if self.spill else []
+        stored = self.store.read_records(self.table, EvalResult)
+        return {(r.candidate_id, r.pool): r for r in [*stored, *spilled]}
 
     def add(self, result: EvalResult) -> None:
         self.buffer.append(result)
@@ -66,14 +106,59 @@ class ResultsTable:
             self.flush()
 
     def tick(self) -> None:
+        if self.lease is not None and self.lease.lost:
+            raise UserError(f"lost the lease on {self.store.uri}: {self.lease.lost}; this run stops writing there")
         if self.buffer and time.monotonic() - self.last_flush >= self.flush_s:
             self.flush()
 
     def flush(self) -> None:
         if self.buffer:
-            self.store.append_records(self.table, self.buffer)
+            from speedforge.store import StoreError
+
+            key, data = self.store.encode_part(self.table, self.buffer)
+            lost = self.lease is not None and self.lease.lost
+            if self.down is None and not lost:
+                try:
+                    self.store.put_bytes(key, data)
+                except StoreError as exc:
+                    if self.spill is None:
+                        raise
+                    self.down = first_line(exc)
+                    print(f"speedforge: cannot write results to {self.store.uri} ({self.down}); this run keeps "
+                          f"them in {self.spill.folder} and the next run on it writes them first",
+                          file=sys.stderr, flush=True)  # fmt: skip
+            if self.down is not None or lost:
+                self.spill.keep(key, data)
             self.buffer = []
         self.last_flush = time.monotonic()
+
+    def close(self) -> None:
+        """Flush; if the store went down, try once more to write the spill; release the lease."""
+        from speedforge.store import StoreError
+
+        try:
+            self.flush()
+            if self.down is not None and not (self.lease and self.lease.lost):
+                try:
+                    self.spill.deliver(self.table, retry_s=0)
+                    self.down = None
+                except StoreError:
+                    pass
+            kept = self.spill.parts(self.table) if self.spill else []
+            self.kept_parts = len(kept)
+            if kept:
+                print(f"speedforge: {len(kept)} part(s) of results are kept in {self.spill.folder}, not yet in "
+                      f"{self.store.uri}; run the same command again once the store is back: it writes them first "
+                      "and skips their pairs", file=sys.stderr, flush=True)  # fmt: skip
+        finally:
+            if self.lease is not None:
+                self.lease.release()
+
+    def __enter__(self) -> "ResultsTable":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def connect_ray(address: str | None, config: ServiceConfig) -> bool:
@@ -87,6 +172,8 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
     if ray.is_initialized():
         return False
     options = dict(logging_level="WARNING", log_to_driver=False)
+    if address:
+        probe_ray(address, config.connect_timeout_s)
     try:
         if address:
             ray.init(address=address, **options)
@@ -95,10 +182,64 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
             # bench workers have room (see ServiceConfig.build_nice_first)
             ray.init(resources=local_ray_resources(config), include_dashboard=False,
                      _system_config={"worker_niceness": 0}, **options)  # fmt: skip
-    except ConnectionError as exc:
-        raise UserError(f"cannot join the Ray cluster at {address}: {exc} (a cluster with token authentication "
-                        "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
+    except (ConnectionError, SystemExit) as exc:  # Ray exits (SystemExit) when the GCS never answers
+        raise UserError(f"cannot join the Ray cluster at {address}: {first_line(exc) or type(exc).__name__} (a "
+                        "cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
+                        "RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
     return True
+
+
+RAY_ADDRESS_HELP = "give the GCS address host:6379, or ray://head:10001 for the Ray Client"
+PROBE = """
+import sys, ray
+try:
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+except BaseException as exc:
+    print(f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300], flush=True)
+    sys.exit(1)
+ray.shutdown()
+"""
+
+
+def probe_ray(address: str, timeout_s: float) -> None:
+    """Fail within `timeout_s`, with one line, unless a Ray cluster answers at `address`.
+
+    Ray itself waits minutes on an address that does not answer, printing warnings, so the
+    port is tried first and then a whole join, in a child process that is killed at the deadline.
+    """
+    import subprocess
+
+    deadline = time.monotonic() + timeout_s
+    client = address.startswith("ray://")
+    if client:
+        try:
+            import grpc  # noqa: F401  (the Ray Client's transport, from the ray[client] extra)
+        except ImportError:
+            import ray
+
+            raise UserError(f"{address}: ray:// addresses need the Ray Client: pip install "
+                            f"'ray[client]=={ray.__version__}'; or give the GCS address host:6379") from None
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if address != "auto" and not (sep and host and port.isdigit()):
+        raise UserError(f"invalid Ray address {address!r}: {RAY_ADDRESS_HELP}, or auto")
+    if sep:
+        import socket
+
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except OSError as exc:
+            raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (within "
+                            f"{timeout_s:g} s, service.connect_timeout_s); is it up? {RAY_ADDRESS_HELP}") from None
+    try:
+        child = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True, text=True,
+                               timeout=max(1.0, deadline - time.monotonic()), stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise UserError(f"the Ray cluster at {address} did not answer within {timeout_s:g} s "
+                        f"(service.connect_timeout_s): is a Ray cluster listening there? {RAY_ADDRESS_HELP}") from None
+    if child.returncode != 0:
+        reason = (child.stdout.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+        raise UserError(f"cannot join the Ray cluster at {address}: {reason} (a cluster with token authentication "
+                        "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")  # fmt: skip
 
 
 class EvaluationService:
@@ -242,29 +383,39 @@ class EvaluationService:
         tasks: Mapping[str, Task] | Iterable[Task],
         store: Any = None,
         on_progress: Callable[[SweepProgress], None] | None = None,
+        force: bool = False,
     ) -> list[EvalResult]:
         """One EvalResult per distinct (candidate, pool), in input order.
 
-        Pairs already in `store`'s results table are not evaluated again; their recorded
-        results are returned. New results are appended to the table as they arrive.
+        `store`: a Store, whose results table this call opens (and holds the lease of; force
+        takes over an expired lease), or a ResultsTable the caller opened and closes. Pairs
+        already in the table are not evaluated again; their recorded results are returned. New
+        results are appended to the table as they arrive. A list of candidates is checked first
+        (sweep.check_inputs): a missing task or a pool that cannot run a family is a UserError
+        before anything starts.
         """
         pools = list(dict.fromkeys(pools))
-        self.start(pools)
         if not isinstance(tasks, Mapping):
             tasks = {t.task_id: t for t in tasks}
-        sink = None
-        if store is not None:
-            sink = ResultsTable(store, flush_every=self.service.flush_every, flush_s=self.service.flush_s)
-        evaluator = sweep_evaluator_config(self.config.evaluator, resolve_pools(pools, self.service))
-        sweep = Sweep(self.service, evaluator, self._build, {p: self._bench[p] for p in pools}, tasks,
-                      sink.recorded() if sink else {}, sink, on_progress)  # fmt: skip
+        configs = resolve_pools(pools, self.service)
+        if isinstance(candidates, Sequence):
+            check_inputs(candidates, tasks, configs)
+        sink = store if isinstance(store, ResultsTable) or store is None else ResultsTable.open(store, self.config,
+                                                                                                force)  # fmt: skip
         try:
-            sweep.run(candidates)
-        except BaseException:
-            self._abandon(sweep)
-            raise
+            self.start(pools)
+            sweep = Sweep(self.service, sweep_evaluator_config(self.config.evaluator, configs), self._build,
+                          {p: self._bench[p] for p in pools}, tasks, sink.recorded() if sink else {}, sink,
+                          on_progress)  # fmt: skip
+            try:
+                sweep.run(candidates)
+            except BaseException:
+                self._abandon(sweep)
+                raise
         finally:
-            if sink:
+            if sink is not store:
+                sink.close()
+            elif sink is not None:
                 sink.flush()
         return sweep.ordered_results()
 

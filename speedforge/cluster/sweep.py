@@ -4,20 +4,25 @@ The loop keeps every candidate in one of four places: the build queue, a pool's 
 a running actor call, or finished. Exactly one result is recorded per (candidate, pool): a
 result is final unless it is an `infra_error` with retries left, and a call whose worker died
 puts its items back in the queue (counting an attempt) instead of recording anything.
+
+Nothing is recorded that a rerun could not trust: `check_inputs` fails a sweep whose candidates
+name a task it was not given (or a pool that cannot run their family) before it starts, and a
+candidate of an unknown task that only shows up in a streamed input gets its `runtime_error`
+result returned but not recorded, so a rerun with the right tasks evaluates it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from speedforge.cluster.actors import infra_error
-from speedforge.cluster.pools import build_slowdown
-from speedforge.config import EvaluatorConfig, ServiceConfig
-from speedforge.errors import first_line
+from speedforge.cluster.pools import build_slowdown, unable_pools
+from speedforge.config import EvaluatorConfig, PoolConfig, ServiceConfig
+from speedforge.errors import UserError, first_line
 from speedforge.records import RETRYABLE_STATUSES, Candidate, EvalResult, Task
 
 Key = tuple[str, str]  # (candidate_id, pool)
@@ -230,9 +235,9 @@ class Sweep:
             self.in_flight += 1
             task = self.tasks.get(candidate.task_id)
             item = Item(task, candidate, owed)  # type: ignore[arg-type]
-            if task is None:
+            if task is None:  # returned, never recorded: see the module docstring
                 for pool in list(owed):
-                    self._finish(item, pool, _unknown_task(candidate, pool), "building")
+                    self._finish(item, pool, _unknown_task(candidate, pool), "building", record=False)
             else:
                 self.build_queue.append(item)
 
@@ -270,9 +275,11 @@ class Sweep:
         import ray
 
         now = time.monotonic()
-        for call in self.calls.values():
-            if call.deadline < now and call.worker.alive:
-                ray.kill(call.worker.handle)
+        overdue = [ref for ref, call in self.calls.items() if call.deadline < now and call.worker.alive]
+        if overdue:  # a call that finished while the loop was busy (a slow store write) is not hung
+            finished, _ = ray.wait(overdue, num_returns=len(overdue), timeout=0)
+            for ref in set(overdue) - set(finished):
+                ray.kill(self.calls[ref].worker.handle)
 
     # -- collect ------------------------------------------------------------------------------
 
@@ -345,7 +352,7 @@ class Sweep:
                 self._finish(item, pool, infra_error(item.task.task_id, item.candidate.candidate_id, pool, reason),
                              counter)
 
-    def _finish(self, item: Item, pool: str, result: EvalResult, counter: str) -> None:
+    def _finish(self, item: Item, pool: str, result: EvalResult, counter: str, record: bool = True) -> None:
         """Record the one result of (item, pool); `counter` is the stage count it leaves."""
         key = (item.candidate.candidate_id, pool)
         result = dataclasses.replace(result, pool=pool, candidate_id=key[0], task_id=item.candidate.task_id)
@@ -355,7 +362,7 @@ class Sweep:
         progress.ok += result.ok
         self.results[key] = result
         self.owed_keys.discard(key)
-        if self.sink:
+        if self.sink and record:
             self.sink.add(result)
         item.owed.remove(pool)
         if not item.owed:
@@ -370,3 +377,27 @@ def _unknown_task(candidate: Candidate, pool: str) -> EvalResult:
         status="runtime_error",
         reason=f"unknown task {candidate.task_id!r}: it is not among the tasks given to the evaluation service",
     )
+
+
+def check_inputs(candidates: Sequence[Candidate], tasks: Mapping[str, Task], pools: Mapping[str, PoolConfig]) -> None:
+    """Fail, before anything runs or is recorded, when a candidate's task is not in `tasks` or a
+    pool can never run the family of a task (a cuda task on a cpu pool): one line, with the
+    count and a few of the offenders."""
+    missing = Counter(repr(c.task_id) for c in candidates if c.task_id not in tasks)
+    if missing:
+        raise UserError(f"{missing.total()} of {len(candidates)} candidates name a task that is not among the tasks "
+                        f"given: {_few(missing)}; give the tasks they were written for. Nothing was evaluated "
+                        "or recorded")  # fmt: skip
+    families = Counter(tasks[c.task_id].family for c in candidates)
+    unable = Counter({f"pool {pool} for {family} tasks": families[family]
+                      for pool, family in unable_pools(pools, families)})  # fmt: skip
+    if unable:
+        raise UserError(f"{len(unable)} pool(s) can never run the family of some candidates: {_few(unable)}; choose "
+                        "pools whose device the family runs on (cuda tasks need a GPU pool, e.g. H100). Nothing was "
+                        "evaluated or recorded")  # fmt: skip
+
+
+def _few(counts: Counter, shown: int = 3) -> str:
+    """`'a' (5 candidates), 'b' (2 candidates) and 4 more`: the most common few of `counts`."""
+    text = ", ".join(f"{name} ({n} candidate{'s' * (n != 1)})" for name, n in counts.most_common(shown))
+    return text + (f" and {len(counts) - shown} more" if len(counts) > shown else "")

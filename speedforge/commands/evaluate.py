@@ -7,6 +7,10 @@ Tasks and candidates come from a staged data set (`STORE/datasets/NAME`, see `sp
 stage`), from a store with plain `tasks` / `candidates` tables, or from the built-in suite
 (`builtin`, `builtin:cuda`, `builtin:cpp`). Results are appended to the `results` table under
 --out as they arrive; run the same command again to finish an interrupted sweep.
+
+Before anything is recorded: every candidate's task must be among --tasks and every pool able
+to run their family, and the run takes the lease of --out (one sweep per --out at a time).
+Results that the store does not take are kept locally and written by the next run.
 """
 
 from __future__ import annotations
@@ -41,38 +45,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pools", required=True, help="comma-separated pools, e.g. H100,L40 (cpu for the CPU family)")
     parser.add_argument("--out", required=True, help="store URI for the results table")
     parser.add_argument("--address",
-                        help="Ray cluster to join, e.g. ray://head:10001 or auto (default: start a local Ray)")
+                        help="Ray cluster to join: its GCS address head:6379, ray://head:10001 (Ray Client), or "
+                             "auto (default: start a local Ray); gives up after service.connect_timeout_s")  # fmt: skip
     parser.add_argument("--endpoint", help="S3 endpoint URL (default: $SPEEDFORGE_S3_ENDPOINT, then AWS settings)")
     parser.add_argument("--limit", type=int, default=0, help="evaluate only the first N candidates (0: all)")
     parser.add_argument("--no-live", action="store_true", help="print a line per update instead of a live table")
+    parser.add_argument("--force", action="store_true",
+                        help="take over the lease of --out left by a run that stopped without releasing it, once "
+                             "it has expired (a live lease is never taken)")  # fmt: skip
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from speedforge.cluster.service import EvaluationService, connect_ray
+    from speedforge.cluster.service import EvaluationService, ResultsTable, connect_ray
+    from speedforge.cluster.sweep import check_inputs
     from speedforge.store import open_store
 
     config = load_config(args.config)
     pools = parse_pool_names(args.pools)
-    resolve_pools(pools, config.service)  # an unknown pool fails before anything starts
+    pool_configs = resolve_pools(pools, config.service)  # an unknown pool fails before anything starts
     tasks = {t.task_id: t for t in read_records(args.tasks, "tasks", config, args.endpoint)}
     candidates = read_records(args.candidates, "candidates", config, args.endpoint)
     if args.limit > 0:
         candidates = candidates[: args.limit]
     if not candidates:
         raise UserError(f"no candidates in {args.candidates}")
-    out = open_store(args.out, endpoint_url=args.endpoint, config=config.store)
-    started_ray = connect_ray(args.address, config.service)
     try:
-        with EvaluationService(config) as service, ProgressView(live=not args.no_live) as view:
-            results = service.submit(candidates, pools, tasks, store=out, on_progress=view.update)
-    finally:
-        if started_ray:
-            import ray
+        check_inputs(candidates, tasks, pool_configs)
+    except UserError as exc:
+        raise UserError(str(exc).replace("the tasks given", "--tasks")) from None
+    out = open_store(args.out, endpoint_url=args.endpoint, config=config.store)
+    with ResultsTable.open(out, config, force=args.force) as table:  # before Ray: a second run refuses at once
+        started_ray = connect_ray(args.address, config.service)
+        try:
+            with EvaluationService(config) as service, ProgressView(live=not args.no_live) as view:
+                results = service.submit(candidates, pools, tasks, store=table, on_progress=view.update)
+        finally:
+            if started_ray:
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()
     print_summary(results, out.uri)
-    return 0
+    return 1 if table.kept_parts else 0
 
 
 DATASET_URI = re.compile(r"^(?P<store>.+?)/datasets/(?P<name>[^/]+)(?:/versions/(?P<version>\d+)\.json)?/?$")

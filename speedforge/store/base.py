@@ -56,7 +56,7 @@ class Backend(Protocol):
 
     location: str  # the root as a user wrote it, for messages
 
-    def put(self, key: str, data: bytes, if_absent: bool = False) -> None: ...
+    def put(self, key: str, data: bytes, if_absent: bool = False, retry_s: float | None = None) -> None: ...
     def get(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
@@ -131,13 +131,14 @@ class Store:
 
     # -- bytes -------------------------------------------------------------------------------
 
-    def put_bytes(self, key: str, data: bytes, if_absent: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, if_absent: bool = False, retry_s: float | None = None) -> None:
         """Write one object (whole, atomically: readers see the old state or the new one).
 
         With if_absent, the write happens only if the key does not exist yet, checked by the
-        store itself (S3 If-None-Match, a hard link locally); else ObjectExistsError.
+        store itself (S3 If-None-Match, a hard link locally); else ObjectExistsError. `retry_s`
+        bounds the retries of transient failures (None: the store's own retry_s; 0: one try).
         """
-        self.backend.put(check_key(key), bytes(data), if_absent)
+        self.backend.put(check_key(key), bytes(data), if_absent, retry_s)
         with self._lock:
             self.stats.puts += 1
             self.stats.bytes_put += len(data)
@@ -173,13 +174,22 @@ class Store:
 
         Existing parts are never touched. The part's sha256 goes into its name.
         """
-        _check_table(table)
         if not records:
+            _check_table(table)
             return None
-        data = encode_records(list(records))
-        key = f"{table}/part-{time.time_ns():020d}-{sha256_hex(data)}.parquet"
+        key, data = self.encode_part(table, records)
         self.put_bytes(key, data)
         return key
+
+    def encode_part(self, table: str, records: list[Record]) -> tuple[str, bytes]:
+        """The key and bytes of a new part of `table` holding `records`, not written yet.
+
+        Writing the same (key, bytes) again is harmless, so a part whose first write may or may
+        not have landed can be kept and written later without duplicating its records.
+        """
+        _check_table(table)
+        data = encode_records(list(records))
+        return f"{table}/part-{time.time_ns():020d}-{sha256_hex(data)}.parquet", data
 
     def table_parts(self, table: str) -> list[str]:
         """Keys of a table's parts, oldest first."""

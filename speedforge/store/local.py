@@ -21,7 +21,8 @@ class LocalBackend:
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*key.split("/"))
 
-    def put(self, key: str, data: bytes, if_absent: bool = False) -> None:
+    def put(self, key: str, data: bytes, if_absent: bool = False, retry_s: float | None = None) -> None:
+        # a folder is written at once or not at all: nothing to retry
         path = self._path(key)
         tmp_dir = self.root / TMP_DIR
         tmp = tmp_dir / f"{uuid.uuid4().hex}"

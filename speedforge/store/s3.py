@@ -5,14 +5,16 @@ Credentials, region and profile come from the usual AWS environment variables an
 $SPEEDFORGE_S3_ENDPOINT, then boto3's own ($AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, profile).
 
 Transient failures (connection refused or reset, timeouts, 5xx, throttling) are retried with
-exponential back-off and jitter until `retry_s` has passed. Permanent ones (missing bucket,
-wrong credentials) fail at once with one line that says what to do.
+exponential back-off and jitter until `retry_s` has passed, with one line on stderr at most
+every REPORT_EVERY_S saying what is retried and for how much longer. Permanent ones (missing
+bucket, wrong credentials) fail at once with one line that says what to do.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 import time
 from typing import Callable, TypeVar
@@ -36,6 +38,7 @@ CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied
                     "InvalidToken", "ExpiredToken"}  # fmt: skip
 CONNECTION_ERRORS = (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ConnectTimeoutError,
                      bx.ReadTimeoutError, bx.ResponseStreamingError, bx.ProxyConnectionError)  # fmt: skip
+REPORT_EVERY_S = 10.0  # while retrying, one line on stderr at most this often (per backend, over all threads)
 
 
 class StoreUnreachableError(StoreError):
@@ -73,12 +76,15 @@ class S3Backend:
         self.endpoint = self.client.meta.endpoint_url
         self.session = session
         self.retry_s = self.config.retry_s
+        self._report_lock = threading.Lock()
+        self._last_report = -REPORT_EVERY_S
 
     # -- the retry loop ---------------------------------------------------------------------
 
     def call(self, what: str, fn: Callable[[], T], retry_s: float | None = None) -> T:
         """Run fn, retrying transient failures with back-off for up to retry_s seconds."""
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        start = time.monotonic()
+        deadline = start + (self.retry_s if retry_s is None else retry_s)
         delay, attempt = 0.1, 0
         while True:
             attempt += 1
@@ -92,15 +98,27 @@ class S3Backend:
             except bx.ClientError as exc:
                 if not _is_transient(exc) or time.monotonic() + delay > deadline:
                     raise self._translate(what, exc) from None
+                self._report_retry(what, first_line(exc), start, deadline)
             except CONNECTION_ERRORS as exc:
                 if time.monotonic() + delay > deadline:
                     raise StoreUnreachableError(
-                        f"cannot reach S3 endpoint {self.endpoint} ({what}; {attempt} attempts): "
-                        f"{first_line(exc)}; is the server running? set the endpoint with --endpoint "
-                        f"or ${ENDPOINT_ENV}"
+                        f"cannot reach S3 endpoint {self.endpoint} ({what}; {attempt} attempts in "
+                        f"{time.monotonic() - start:.0f} s): {first_line(exc)}; is the server running? set the "
+                        f"endpoint with --endpoint or ${ENDPOINT_ENV}"
                     ) from None
+                self._report_retry(what, first_line(exc), start, deadline)
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 5.0)
+
+    def _report_retry(self, what: str, reason: str, start: float, deadline: float) -> None:
+        """One line on stderr, unless another was printed less than REPORT_EVERY_S ago."""
+        now = time.monotonic()
+        with self._report_lock:
+            if now - self._last_report < REPORT_EVERY_S:
+                return
+            self._last_report = now
+        print(f"speedforge: S3 {what} at {self.endpoint} failed ({reason}); retrying for up to "
+              f"{max(0.0, deadline - now):.0f} s more ({now - start:.0f} s so far)", file=sys.stderr, flush=True)
 
     def _translate(self, what: str, exc: bx.ClientError) -> StoreError:
         error = exc.response.get("Error", {})
@@ -128,10 +146,10 @@ class S3Backend:
         """Fail early, with one line, on a missing bucket, bad credentials or no server."""
         self.call(f"check bucket {self.bucket}", lambda: self.client.head_bucket(Bucket=self.bucket), retry_s)
 
-    def put(self, key: str, data: bytes, if_absent: bool = False) -> None:
+    def put(self, key: str, data: bytes, if_absent: bool = False, retry_s: float | None = None) -> None:
         extra = {"IfNoneMatch": "*"} if if_absent else {}
         self.call(f"put {key}", lambda: self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,
-                                                               **extra))  # fmt: skip
+                                                               **extra), retry_s)  # fmt: skip
 
     def get(self, key: str) -> bytes:
         def fetch() -> bytes:
