@@ -2,8 +2,11 @@
 
 Every trick file says in its docstring what the static screen must do (`screen: reject|pass`)
 and which status the runtime layers must give with the screen in report mode (`runtime: ...`),
-so each layer is shown to hold on its own. After every trick, an honest candidate must still
-evaluate to ok: one cheater never breaks the evaluator for the next.
+so each layer is shown to hold on its own. The screen rejects only named exploits; a trick that
+abuses a pattern the screen merely records as a finding passes it, and must then be caught at run
+time with the default (enforce) screen too. Every finding rule has such a trick (here or in
+tests/adversarial_gpu/). After every trick, an honest candidate must still evaluate to ok: one
+cheater never breaks the evaluator for the next.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import pytest
 
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
-from speedforge.evaluator.screen import screen
+from speedforge.evaluator.screen import RULES, screen
 from speedforge.records import Candidate, Task
 
 HERE = Path(__file__).parent / "adversarial"
 TRICKS = sorted(p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py"))
+GPU_TRICKS = sorted(p for p in (HERE.parent / "adversarial_gpu").glob("*.py") if p.name not in ("task.py", "good.py"))
 PLANTED_SECRET = "planted-secret-6f1c2e"
 ESCAPE_PROBE = Path("/tmp/speedforge-escape-probe.txt")
 
@@ -59,8 +63,21 @@ def _candidate(task: Task, path: Path, source: str | None = None) -> Candidate:
 @pytest.mark.parametrize("path", TRICKS + [HERE / "good.py"], ids=lambda p: p.stem)
 def test_screen_verdict_matches_the_trick(path: Path) -> None:
     rule, _ = _expectations(path)
-    findings = screen(path.read_text(), "cpp").findings
-    assert bool(findings) == (rule == "reject"), findings
+    report = screen(path.read_text(), "cpp")
+    assert report.passed == (rule == "pass"), report.findings
+
+
+def test_every_finding_rule_has_a_trick_that_abuses_it_past_the_screen() -> None:
+    """A rule that only records a finding is relaxed: some trick must abuse it, pass the screen,
+    and be caught at run time (CPU tricks below, GPU ones in test_evaluator_gpu.py)."""
+    abused = set()
+    for path in TRICKS + GPU_TRICKS:
+        report = screen(path.read_text(), "cpp")
+        if _expectations(path)[0] == "pass":
+            assert report.passed, (path.name, report.rejections)
+            abused |= {hit.rule.id for hit in report.hits}
+    findings_only = {rule.id for rule in RULES if not rule.rejects}
+    assert findings_only - abused == set()
 
 
 @pytest.mark.parametrize("path", [p for p in TRICKS if _expectations(p)[0] == "reject"], ids=lambda p: p.stem)
@@ -83,6 +100,34 @@ def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, m
 
     result = evaluate(task, _candidate(task, path, source), report_config)
 
+    _assert_caught(path, source, result, expected)
+    if server is not None:
+        assert server.connections == 0
+    if path.stem == "fork_storm":
+        assert not _leftover_processes(), "processes of the sandbox outlived it"
+    # the next candidate is evaluated as usual
+    good = evaluate(task, _candidate(task, HERE / "good.py"), report_config)
+    assert good.status == "ok", (good.reason, good.log[-2000:])
+    assert good.speedup and good.speedup > 0
+
+
+@pytest.mark.parametrize("path", [p for p in TRICKS if _expectations(p)[0] == "pass"], ids=lambda p: p.stem)
+def test_tricks_past_the_screen_are_caught_at_run_time_with_the_default_screen(path: Path, task: Task, report_config,
+                                                                               monkeypatch) -> None:
+    config = dataclasses.replace(report_config, screen=EvaluatorConfig().screen)
+    assert config.screen == "enforce"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", PLANTED_SECRET)
+    ESCAPE_PROBE.unlink(missing_ok=True)
+    source = path.read_text()
+
+    result = evaluate(task, _candidate(task, path, source), config)
+
+    _assert_caught(path, source, result, _expectations(path)[1])
+    assert result.screen_findings == screen(source, "cpp").findings
+
+
+def _assert_caught(path: Path, source: str, result, expected: set[str]) -> None:
+    """The runtime verdict the trick names; never a faster-looking ok; nothing leaked or escaped."""
     assert result.status in expected, (result.status, result.reason, result.log[-2000:])
     assert result.status == "ok" or result.speedup is None
     if result.status == "ok":  # only tricks that may end honest: they must not look faster
@@ -92,14 +137,6 @@ def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, m
         assert "secrets found: []" in result.reason
     if path.stem == "write_outside":
         assert not ESCAPE_PROBE.exists()
-    if server is not None:
-        assert server.connections == 0
-    if path.stem == "fork_storm":
-        assert not _leftover_processes(), "processes of the sandbox outlived it"
-    # the next candidate is evaluated as usual
-    good = evaluate(task, _candidate(task, HERE / "good.py"), report_config)
-    assert good.status == "ok", (good.reason, good.log[-2000:])
-    assert good.speedup and good.speedup > 0
 
 
 def _leftover_processes() -> list[psutil.Process]:

@@ -55,7 +55,7 @@ def _expect(path: Path) -> tuple[str, set[str], bool]:
 @pytest.mark.parametrize("path", TRICKS, ids=lambda p: p.stem)
 def test_gpu_trick_is_caught(path: Path, task: Task, config: EvaluatorConfig) -> None:
     rule, expected, honest_speed = _expect(path)
-    assert bool(screen(path.read_text(), "cuda").findings) == (rule == "reject")
+    assert screen(path.read_text(), "cuda").passed == (rule == "pass")
     candidate = Candidate.make(task.task_id, path.read_text())
     if rule == "reject":
         assert evaluate(task, candidate, dataclasses.replace(config, screen="enforce"), device="cuda").status == "screen_rejected"

@@ -57,9 +57,10 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         problem = _input_problem(task, candidate, device)
         if problem:
             return Build(**base, ok=False, build_s=0.0, failure=_result(task, candidate, "runtime_error", problem))
-        findings = screen(candidate.source, task.family).findings
-        if findings and config.screen == "enforce":
-            reason = findings[0] + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else "")
+        report = screen(candidate.source, task.family)  # all findings are recorded; only rejections refuse
+        findings, rejections = report.findings, report.rejections
+        if rejections and config.screen == "enforce":
+            reason = rejections[0] + (f" (and {len(rejections) - 1} more)" if len(rejections) > 1 else "")
             failure = _result(task, candidate, "screen_rejected", reason, screen_findings=findings)
             return Build(**base, ok=False, build_s=0.0, failure=failure, screen_findings=findings)
         if not needs_build(task, candidate):  # nothing to compile: the run stage imports it

@@ -1,9 +1,14 @@
-"""Static screen: reject candidates whose source shows a known trick before anything runs.
+"""Static screen: a table of rules checked against a candidate's source before anything runs.
 
-Two passes: one over the Python AST of the candidate, one over every string constant in it (the
-embedded C++/CUDA sources) and, for the `ann` family, over the whole C++ source. Each finding
-is a short reason. The screen is a first line only: the sandbox and the runtime guards catch
-what slips through (obfuscated imports and the like), and each layer has its own tests.
+Only named exploits reject (`Rule.rejects`): patched timers or torch functions, threads and
+processes, network, tensor subclasses, introspection, raw memory, dynamic code, falling back to
+the reference. Patterns that are merely risky (a swallowed exception, `data_ptr()`, a cudnn
+knob, a CUDA event) are findings: recorded on the result and left to the run-time layers, which
+see what actually ran (`Rule.at_run_time` says which layer catches an abuse).
+
+Two passes: the Python AST of the candidate, and C++/CUDA source (every string constant of the
+candidate that is not a docstring, or, for the `ann` family, the whole file, comments stripped).
+`rules_table()` renders the table for the README; the adversarial suite holds a trick per rule.
 """
 
 from __future__ import annotations
@@ -12,231 +17,403 @@ import ast
 import dataclasses
 import re
 
-# Modules a candidate may not import: processes, threads, files, network, timers, introspection.
-BANNED_MODULES = {
-    "os": "operating-system access",
-    "sys": "interpreter access",
-    "subprocess": "subprocesses",
-    "multiprocessing": "processes",
-    "threading": "threads",
-    "_thread": "threads",
-    "concurrent": "threads or processes",
-    "asyncio": "background tasks",
-    "signal": "signals",
-    "socket": "network access",
-    "ssl": "network access",
-    "http": "network access",
-    "urllib": "network access",
-    "requests": "network access",
-    "ctypes": "raw memory and native calls",
-    "cffi": "raw memory and native calls",
-    "mmap": "raw memory",
-    "time": "timers",
-    "timeit": "timers",
-    "importlib": "dynamic imports",
-    "builtins": "patching builtins",
-    "gc": "heap introspection",
-    "inspect": "introspection",
-    "pickle": "arbitrary code loading",
-    "marshal": "arbitrary code loading",
-    "shutil": "file access",
-    "pathlib": "file access",
-    "io": "file access",
-    "tempfile": "file access",
-    "glob": "file access",
-    "resource": "resource limits",
-    "psutil": "process access",
-    "weakref": "object lifetime tricks",
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    id: str
+    reason: str  # shown to users after the construct that was seen
+    rejects: bool  # True only for a named exploit; False: a finding, checked at run time
+    at_run_time: str  # the run-time layer that catches an abuse of it
+    cpp: str = ""  # regex over C++/CUDA source, when the rule has a C++ side
+
+
+_SAME_OUTPUTS = "fresh inputs every call; every output checked; aliasing of inputs or earlier outputs refused"
+RULES = (
+    # named exploits: rejected in enforce mode
+    Rule("not-python", "not valid Python, so it cannot be screened", True, "the import fails"),
+    Rule("no-model-new", "defines no ModelNew (class or name): nothing to evaluate", True, "runtime_error: no ModelNew"),
+    Rule("reference-fallback", "falls back to the reference Model", True, "it is timed as the reference: no speedup"),
+    Rule("patch", "patches a module's functions (the timer or the check would lie)", True,
+         "function tables of time, torch and torch.cuda.Event compared after every phase",
+         r"\b(?:cudaError_t|CUresult)\s+(?:\w+\s+)?(?:cudaEvent\w*|cuEvent\w*|cudaStreamSynchronize"
+         r"|cudaDeviceSynchronize|cuStreamSynchronize|cuCtxSynchronize)\s*\("),
+    Rule("threads", "threads (work can finish after the timer stops)", True,
+         "thread starts counted, /proc/self/task compared after every phase",
+         r"\bstd::j?thread\b|\bpthread_create\b|\bstd::async\b|#\s*pragma\s+omp\b|\bomp_\w+\s*\("),
+    Rule("processes", "processes or signals (work outside the timer and the sandbox's view)", True,
+         "PID namespace, process limit, process starts counted",
+         r"\b(?:fork|vfork|system|popen|posix_spawnp?|exec[lv]p?e?|syscall|kill)\s*\("),
+    Rule("network", "network access (fetching answers, leaking data)", True, "a network namespace with no interfaces",
+         r"\b(?:socket|connect|getaddrinfo|gethostbyname|curl_easy_init)\s*\("),
+    Rule("tensor-subclass", "tensor subclasses (lazy results computed after the timer)", True,
+         "outputs must be plain torch.Tensor"),
+    Rule("introspection", "frame, heap or harness introspection (reaching what measures it)", True,
+         "function tables compared after every phase"),
+    Rule("raw-memory", "raw memory or native loading (can rewrite anything in the process)", True,
+         "nothing reliable: rejected here",
+         r"\b(?:dlopen|dlsym|mprotect|ptrace|mmap|process_vm_writev|process_vm_readv)\s*\(|/proc/self/mem"),
+    Rule("dynamic-code", "code built at run time (hides what it does from this screen)", True,
+         "the guards, on whatever it did"),
+    Rule("sleep", "sleeps in C++ or on the GPU (stalls a worker; with threads, finishes work late)", True,
+         "the time limit",
+         r"\b(?:sleep|usleep|nanosleep|__nanosleep)\s*\(|\bsleep_for\b|\bsleep_until\b"),
+    # risky patterns: findings recorded on the result, checked at run time
+    Rule("exception-fallback", "swallows an exception (a silent fallback)", False,
+         "a fallback's outputs are checked like any other: " + _SAME_OUTPUTS),
+    Rule("os-sys", "imports os or sys", False, "their risky parts have rules of their own; the sandbox confines the rest"),
+    Rule("environment", "environment variables", False, "the sandbox's environment is scrubbed of credentials",
+         r"\b(?:secure_)?getenv\s*\(|\benviron\b"),
+    Rule("file-access", "file access", False, "Landlock: writes only to its private temp and build dirs; a private /proc",
+         r"\b(?:fopen|freopen|unlink)\s*\(|\bstd::[io]?fstream\b|\bstd::filesystem\b|\b(?:open|remove)\s*\(\s*\""),
+    Rule("clock", "reads a clock", False, "the harness's timers are captured before import; every timed output checked",
+         r"\bclock_gettime\b|\bgettimeofday\b|\brdtsc\b|\bstd::chrono\b|\bclock64\s*\("),
+    Rule("pointer-cache", "data pointers (caching by address)", False, _SAME_OUTPUTS),
+    Rule("global-state", "module-level state kept across calls", False, _SAME_OUTPUTS),
+    Rule("weakref", "weak references (object lifetime tricks)", False, _SAME_OUTPUTS),
+    Rule("computed-getattr", "getattr() with a computed name", False, "the guards, on whatever it reached"),
+    Rule("dynamic-setattr", "setattr()/delattr(), or a dunder assigned, on an object of its own", False,
+         "function tables compared after every phase"),
+    Rule("backend-knob", "changes a global torch setting (cudnn, TF32, threads, compiler config)", False,
+         "global torch settings watched by the run-time guards"),
+    Rule("side-stream", "side CUDA streams", False,
+         "a device-wide synchronize before the end event counts their work; a switched current stream is caught",
+         r"\bcudaStreamCreate\w*|\bgetStreamFromPool\b|\bcudaStreamNonBlocking\b|\bgetStreamFromExternal\b"
+         r"|\bsetCurrentCUDAStream\b|\bCUDAStreamGuard\b|\bcudaStreamPerThread\b"),
+    Rule("cuda-events", "CUDA events or graphs", False,
+         "the harness times with its own events, captured before import; " + _SAME_OUTPUTS,
+         r"\bcudaEvent\w*|\bcudaGraph\w*|\bcuEvent\w*|\bcuGraph\w*|\bCUDAEvent\b|\bCUDAGraph\b"),
+    Rule("static-cache", "static tensors or maps in C++ (outputs kept across calls)", False, _SAME_OUTPUTS,
+         r"\bstatic\s+(?:const\s+)?(?:torch::Tensor|at::Tensor|std::(?:unordered_)?map\b"
+         r"|std::vector\s*<\s*(?:torch|at)::Tensor)"),
+)
+RULE = {rule.id: rule for rule in RULES}
+_CPP = [(rule, re.compile(rule.cpp)) for rule in RULES if rule.cpp]
+
+
+def _each(names: str, rule: str, prefix: str = "") -> dict[str, str]:
+    return {prefix + name: rule for name in names.split()}
+
+
+# Python: modules (and their submodules) whose import is a finding or a rejection
+MODULES = {
+    **_each("threading _thread concurrent asyncio", "threads"),
+    **_each("subprocess multiprocessing signal resource psutil pty torch.multiprocessing", "processes"),
+    **_each("socket ssl http urllib urllib3 requests httpx aiohttp ftplib smtplib socketserver xmlrpc", "network"),
+    **_each("ctypes _ctypes cffi mmap", "raw-memory"),
+    **_each("importlib pickle marshal runpy code codeop dill cloudpickle shelve zipimport", "dynamic-code"),
+    **_each("gc inspect speedforge sf_candidate __main__", "introspection"),
+    **_each("torch.utils._python_dispatch torch.overrides", "tensor-subclass"),
+    **_each("pathlib shutil tempfile glob io", "file-access"),
+    **_each("time timeit", "clock"),
+    **_each("os sys", "os-sys"),
+    "sf_reference": "reference-fallback",
+    "builtins": "patch",
+    "weakref": "weakref",
 }
-
-BANNED_CALLS = {
-    "eval": "eval()",
-    "exec": "exec()",
-    "compile": "compile()",
-    "__import__": "__import__()",
-    "open": "file access (open())",
-    "globals": "globals()",
-    "vars": "vars()",
-    "breakpoint": "breakpoint()",
-    "input": "input()",
-    "setattr": "setattr() (monkey-patching)",
-    "delattr": "delattr() (monkey-patching)",
+# Python: names reached through a module (imports and aliases resolved), this name or below
+NAMES = {
+    **_each("fork forkpty system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle "
+            "spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp kill killpg", "processes", "os."),
+    **_each("environ environb getenv getenvb putenv unsetenv", "environment", "os."),
+    **_each("open listdir scandir walk remove unlink rename renames replace mkdir makedirs rmdir removedirs chmod "
+            "chown symlink link chdir truncate mkfifo fdopen", "file-access", "os."),
+    **_each("_getframe _current_frames settrace setprofile addaudithook modules meta_path path_hooks", "introspection",
+            "sys."),
+    **_each("Stream ExternalStream stream streams set_stream StreamContext", "side-stream", "torch.cuda."),
+    **_each("Event CUDAGraph graph graphs make_graphed_callables", "cuda-events", "torch.cuda."),
+    **_each("set_num_threads set_num_interop_threads set_float32_matmul_precision set_flush_denormal "
+            "use_deterministic_algorithms set_default_dtype", "backend-knob", "torch."),
+    "torch.cuda._sleep": "sleep",
+    "contextlib.suppress": "exception-fallback",
 }
-
-# Attribute names that betray a trick wherever they appear in Python code.
-BANNED_ATTRIBUTES = {
-    "Stream": "side CUDA streams (torch.cuda.Stream)",
-    "stream": "side CUDA streams (torch.cuda.stream)",
-    "set_stream": "side CUDA streams",
-    "ExternalStream": "side CUDA streams",
-    "Event": "CUDA events (timing tricks)",
-    "data_ptr": "pointer-keyed caching (data_ptr() in Python)",
-    "_make_subclass": "tensor subclasses",
-    "_make_wrapper_subclass": "tensor subclasses",
-    "__torch_function__": "tensor subclasses (__torch_function__)",
-    "__torch_dispatch__": "tensor subclasses (__torch_dispatch__)",
-    "__subclasses__": "introspection",
-    "__globals__": "introspection",
-    "__builtins__": "patching builtins",
-    "__code__": "code patching",
-    "__dict__": "attribute tricks",
-    "environ": "environment access",
-    "getenv": "environment access",
-    "fork": "processes",
-    "system": "subprocesses",
+# Python: attributes suspicious on any object
+ATTRIBUTES = {
+    "data_ptr": "pointer-cache",
+    **_each("_make_subclass _make_wrapper_subclass __torch_function__ __torch_dispatch__", "tensor-subclass"),
+    **_each("_getframe settrace setprofile f_back f_globals f_locals f_builtins tb_frame gi_frame cr_frame "
+            "__globals__ __code__ __closure__ __subclasses__ __dict__", "introspection"),
+    **_each("Stream ExternalStream set_stream", "side-stream"),
+    "__builtins__": "patch",
 }
+BUILTIN_CALLS = {
+    **_each("eval exec compile __import__ breakpoint", "dynamic-code"),
+    "open": "file-access",
+    "vars": "introspection",
+    "globals": "global-state",
+}
+SETTINGS = ("torch.backends.", "torch._dynamo.config.", "torch._inductor.config.")  # knobs, not functions
+DEFAULT_ALIASES = {"torch": "torch", "F": "torch.nn.functional", "nn": "torch.nn", "np": "numpy"}
 
-# Roots whose attributes a candidate may not assign to (monkey-patching).
-PATCH_ROOTS = {"torch", "time", "math", "numpy", "np", "F", "nn"}
 
-# Patterns in embedded C++/CUDA source.
-CPP_RULES = [
-    (r"\bcudaStreamCreate\w*|\bgetStreamFromPool\b|\bcudaStreamNonBlocking\b|\bgetStreamFromExternal\b"
-     r"|\bsetCurrentCUDAStream\b|\bCUDAStreamGuard\b", "side CUDA streams in C++"),
-    (r"\bcudaEvent\w*|\bcudaGraph\w*", "CUDA events or graphs in C++ (timing tricks)"),
-    (r"\bstd::thread\b|\bpthread_create\b|\bstd::async\b|\bstd::jthread\b|#\s*pragma\s+omp\b|\bomp_\w+",
-     "threads in C++ (std::thread, pthreads, OpenMP)"),
-    (r"\bfork\s*\(|\bvfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|\bexec[lv]p?e?\s*\(|\bposix_spawn",
-     "processes in C++"),
-    (r"\bfopen\s*\(|\bstd::[io]?fstream\b|\bopen\s*\(\s*\"|\bunlink\s*\(|\bremove\s*\(\s*\"", "file access in C++"),
-    (r"\bsocket\s*\(|\bconnect\s*\(|\bgetaddrinfo\b|\bcurl_", "network access in C++"),
-    (r"\bsleep\s*\(|\busleep\s*\(|\bnanosleep\b|\bsleep_for\b|\bsleep_until\b|__nanosleep", "sleeps in C++"),
-    (r"\bgetenv\s*\(|\benviron\b", "environment access in C++"),
-    (r"\bstatic\s+(?:const\s+)?(?:torch::Tensor|at::Tensor|std::(?:unordered_)?map|std::vector\s*<\s*(?:torch|at)::Tensor)",
-     "static tensors or maps in C++ (cached outputs)"),
-    (r"\bdlopen\s*\(|\bdlsym\s*\(|\bmprotect\s*\(|\bptrace\s*\(", "dynamic loading or memory patching in C++"),
-    (r"\bclock_gettime\b|\bgettimeofday\b|\brdtsc\b|std::chrono", "timers in C++"),
-    (r"#\s*include\s*<\s*(?:thread|future|fstream|unistd\.h|sys/\w+\.h|dlfcn\.h|omp\.h)\s*>",
-     "includes for threads, files or processes in C++"),
-]
-_CPP_PATTERNS = [(re.compile(pattern), reason) for pattern, reason in CPP_RULES]
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    line: int  # 0: the source as a whole
+    rule: Rule
+    what: str  # the construct seen: "import threading", "assigns to torch.relu", "std::thread"
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        return f"{where}{self.what}: {self.rule.reason} [{self.rule.id}]"
 
 
 @dataclasses.dataclass(frozen=True)
 class ScreenReport:
-    findings: tuple[str, ...]
+    hits: tuple[Finding, ...]  # sorted by line
+
+    @property
+    def findings(self) -> tuple[str, ...]:
+        """Every hit, one line each: what the result records."""
+        return tuple(str(hit) for hit in self.hits)
+
+    @property
+    def rejections(self) -> tuple[str, ...]:
+        """The hits of rejecting rules: why enforce mode refuses the candidate."""
+        return tuple(str(hit) for hit in self.hits if hit.rule.rejects)
+
+    @property
+    def rejected_by(self) -> frozenset[str]:
+        return frozenset(hit.rule.id for hit in self.hits if hit.rule.rejects)
 
     @property
     def passed(self) -> bool:
-        return not self.findings
+        return not self.rejections
 
 
 def screen(source: str, family: str = "cpp") -> ScreenReport:
-    """Screen a candidate's source; findings are sorted, de-duplicated, one reason each."""
+    """Screen a candidate's source (Python, or C++ for the `ann` family) against RULES."""
     if family == "ann":
-        return ScreenReport(tuple(sorted(set(screen_cpp(source)))))
-    findings: list[str] = []
+        return _report(_screen_cpp(source, 1))
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
-        return ScreenReport((f"not valid Python: line {exc.lineno}: {exc.msg}",))
-    visitor = _PythonScreen()
+        return _report([Finding(exc.lineno or 0, RULE["not-python"], exc.msg)])
+    visitor = _PythonScreen(tree)
     visitor.visit(tree)
-    findings.extend(visitor.findings)
+    hits = visitor.hits
     if not visitor.defines_model_new:
-        findings.append("defines no class ModelNew")
-    for text in visitor.strings:
-        findings.extend(screen_cpp(text))
-    return ScreenReport(tuple(sorted(set(findings))))
+        hits.append(Finding(0, RULE["no-model-new"], "the source"))
+    for line, text in visitor.strings:
+        hits += _screen_cpp(text, line)
+    return _report(hits)
 
 
 def screen_cpp(text: str) -> list[str]:
-    """Findings in C++/CUDA source text (comments are stripped first)."""
+    """Findings in C++/CUDA source text, one line each (comments are ignored)."""
+    return list(_report(_screen_cpp(text, 1)).findings)
+
+
+def rules_table() -> str:
+    """RULES as the Markdown table the README shows."""
+    rows = ["| Rule | Verdict | Reason | Caught at run time by |", "|---|---|---|---|"]
+    for rule in RULES:
+        verdict = "rejects" if rule.rejects else "finding"
+        rows.append(f"| `{rule.id}` | {verdict} | {rule.reason} | {rule.at_run_time} |")
+    return "\n".join(rows) + "\n"
+
+
+def _report(hits: list[Finding]) -> ScreenReport:
+    unique: dict[tuple[int, str], Finding] = {}
+    for hit in hits:  # one hit per rule and line: the first construct seen
+        unique.setdefault((hit.line, hit.rule.id), hit)
+    return ScreenReport(tuple(unique[key] for key in sorted(unique)))
+
+
+def _screen_cpp(text: str, first_line: int) -> list[Finding]:
     code = _strip_cpp_comments(text)
-    return [reason for pattern, reason in _CPP_PATTERNS if pattern.search(code)]
+    hits = []
+    for rule, pattern in _CPP:
+        match = pattern.search(code)
+        if match:
+            hits.append(Finding(first_line + code.count("\n", 0, match.start()), rule, match.group(0).strip()))
+    return hits
 
 
 def _strip_cpp_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    """Comments blanked out, line breaks kept (so that line numbers still hold)."""
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n") or " ", text, flags=re.S)
     return re.sub(r"//[^\n]*", " ", text)
 
 
 class _PythonScreen(ast.NodeVisitor):
-    def __init__(self) -> None:
-        self.findings: list[str] = []
-        self.strings: list[str] = []
+    def __init__(self, tree: ast.Module) -> None:
+        self.hits: list[Finding] = []
+        self.strings: list[tuple[int, str]] = []  # (line, text) of string constants: embedded C++
+        self.aliases = dict(DEFAULT_ALIASES) | _aliases(tree)  # local name -> dotted module path
+        self.docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                           if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                           and node.body and isinstance(node.body[0], ast.Expr)}
         self.defines_model_new = False
-        self._class_stack: list[str] = []
 
-    def _add(self, node: ast.AST, reason: str) -> None:
-        self.findings.append(f"line {getattr(node, 'lineno', '?')}: {reason}")
+    def _add(self, node: ast.AST, rule: str, what: str) -> None:
+        self.hits.append(Finding(getattr(node, "lineno", 0), RULE[rule], what))
+
+    def _dotted(self, node: ast.AST) -> str:
+        """`node` as a dotted path through a module (`F.relu` -> torch.nn.functional.relu), or ""."""
+        return _dotted_in(node, self.aliases)
+
+    def _check_name(self, node: ast.AST, dotted: str) -> None:
+        parts = dotted.split(".")
+        for end in range(len(parts), 0, -1):
+            name = ".".join(parts[:end])
+            if name in NAMES:
+                self._add(node, NAMES[name], name)
+                return
+
+    def _check_module(self, node: ast.AST, module: str) -> None:
+        parts = module.split(".")
+        for end in range(len(parts), 0, -1):
+            name = ".".join(parts[:end])
+            if name in MODULES:
+                self._add(node, MODULES[name], f"import {module}")
+                break
+        self._check_name(node, module)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             self._check_module(node, alias.name)
-        self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        self._check_module(node, node.module or "")
+        module = "." * node.level + (node.module or "")
+        self._check_module(node, module)
         for alias in node.names:
-            if alias.name in BANNED_ATTRIBUTES:
-                self._add(node, BANNED_ATTRIBUTES[alias.name])
-            if alias.name in BANNED_CALLS:
-                self._add(node, BANNED_CALLS[alias.name])
-        self.generic_visit(node)
-
-    def _check_module(self, node: ast.AST, module: str) -> None:
-        root = module.split(".")[0]
-        if root in BANNED_MODULES:
-            self._add(node, f"imports {module} ({BANNED_MODULES[root]})")
-        if module.startswith("torch.multiprocessing") or module.startswith("torch.cuda.streams"):
-            self._add(node, f"imports {module}")
+            self._check_name(node, f"{module}.{alias.name}")
+            if alias.name in ATTRIBUTES:
+                self._add(node, ATTRIBUTES[alias.name], f"import {alias.name}")
+            if alias.name == "ModelNew" or alias.asname == "ModelNew":
+                self.defines_model_new = True
 
     def visit_Call(self, node: ast.Call) -> None:
-        if isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
-            self._add(node, BANNED_CALLS[node.func.id])
-        if isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
-            if not isinstance(node.args[1], ast.Constant):
-                self._add(node, "getattr() with a computed name")
-            elif node.args[1].value in BANNED_ATTRIBUTES:
-                self._add(node, BANNED_ATTRIBUTES[node.args[1].value])
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in BUILTIN_CALLS and func.id not in self.aliases:
+            self._add(node, BUILTIN_CALLS[func.id], f"{func.id}()")
+        if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:
+            name = node.args[1]
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                self._add(node, "computed-getattr", ast.unparse(node)[:60])
+            else:
+                self._check_attribute(node, node.args[0], name.value)
+        if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and len(node.args) >= 2:
+            name = node.args[1].value if isinstance(node.args[1], ast.Constant) else ""
+            what = f"{func.id}({ast.unparse(node.args[0])}, {ast.unparse(node.args[1])}, ...)"
+            self._check_store(node, node.args[0], what, str(name), own="dynamic-setattr")
+        aten = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("aten")]
+        if aten and self._dotted(func).startswith("torch.library."):
+            self._add(node, "patch", f"{ast.unparse(func)}({aten[0]!r}, ...) overrides an aten operator")
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if node.attr in BANNED_ATTRIBUTES:
-            self._add(node, BANNED_ATTRIBUTES[node.attr])
-        if isinstance(node.ctx, (ast.Store, ast.Del)) and _root_name(node) in PATCH_ROOTS:
-            self._add(node, f"assigns to {ast.unparse(node)} (monkey-patching)")
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            self._check_store(node, node.value, f"assigns to {ast.unparse(node)}", node.attr)
+        self._check_attribute(node, node.value, node.attr)
         self.generic_visit(node)
 
-    def visit_Name(self, node: ast.Name) -> None:
-        if node.id == "Model" and self._class_stack:
-            self._add(node, "refers to the reference Model inside the candidate (fallback to the reference)")
-        if node.id in ("__builtins__", "__loader__", "__spec__"):
-            self._add(node, f"uses {node.id}")
+    def _check_attribute(self, node: ast.AST, obj: ast.AST, attr: str) -> None:
+        if attr in ATTRIBUTES:
+            self._add(node, ATTRIBUTES[attr], f".{attr}")
+        base = self._dotted(obj)
+        if base:
+            self._check_name(node, f"{base}.{attr}")
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            self._check_store(node, node.value, f"assigns to {ast.unparse(node)}")
         self.generic_visit(node)
+
+    def _check_store(self, node: ast.AST, obj: ast.AST, what: str, attr: str = "", own: str = "") -> None:
+        """A change to `obj` (assignment, deletion, setattr of `attr`): a setting, the environment,
+        or a patch when `obj` is reached through a module or `attr` is a dunder of an object not its
+        own (`type(x).__sub__`); else the `own` rule, if any."""
+        dotted = self._dotted(obj)
+        if re.fullmatch(r"__\w+__", attr) and not dotted:
+            own_object = _root(obj) in ("self", "cls")
+            self._add(node, "dynamic-setattr" if own_object else "patch", what)
+        elif not dotted:
+            if own:
+                self._add(node, own, what)
+        elif any(f"{dotted}.".startswith(prefix) for prefix in SETTINGS):
+            self._add(node, "backend-knob", what)
+        elif dotted == "os.environ":
+            self._add(node, "environment", what)
+        else:
+            self._add(node, "patch", what)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id == "Model" and isinstance(node.ctx, ast.Load):
+            self._add(node, "reference-fallback", "uses Model")
+        if node.id == "__builtins__":
+            self._add(node, "patch", node.id)
+        if node.id in ("__loader__", "__spec__"):
+            self._add(node, "introspection", node.id)
+        if node.id == "ModelNew" and isinstance(node.ctx, ast.Store):
+            self.defines_model_new = True
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         if node.name == "ModelNew":
             self.defines_model_new = True
         for base in node.bases:
             text = ast.unparse(base)
-            if text in ("Model",):
-                self._add(node, "ModelNew subclasses the reference Model (fallback to the reference)")
+            if text == "Model" or text.endswith(".Model"):
+                self._add(node, "reference-fallback", f"class {node.name}({text})")
             if text.endswith("Tensor"):
-                self._add(node, f"class {node.name} subclasses {text} (tensor subclass)")
-        self._class_stack.append(node.name)
+                self._add(node, "tensor-subclass", f"class {node.name}({text})")
         self.generic_visit(node)
-        self._class_stack.pop()
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        if node.name in ATTRIBUTES:
+            self._add(node, ATTRIBUTES[node.name], f"def {node.name}")
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Try(self, node: ast.Try) -> None:
         for handler in node.handlers:
             if not any(isinstance(n, ast.Raise) for n in ast.walk(handler)):
-                self._add(handler, "try/except that swallows errors (a silent fallback hides a failing kernel)")
+                self._add(handler, "exception-fallback", "except without raise")
         self.generic_visit(node)
 
     visit_TryStar = visit_Try
 
     def visit_Global(self, node: ast.Global) -> None:
-        self._add(node, "global statement (state kept across calls)")
-        self.generic_visit(node)
+        self._add(node, "global-state", f"global {', '.join(node.names)}")
 
     def visit_Constant(self, node: ast.Constant) -> None:
-        if isinstance(node.value, str) and len(node.value) > 20:
-            self.strings.append(node.value)
+        if isinstance(node.value, str) and len(node.value) > 20 and id(node) not in self.docstrings:
+            self.strings.append((node.lineno, node.value))
 
 
-def _root_name(node: ast.AST) -> str:
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Names bound to modules or to names in modules: imports, and `name = module.attr` assignments."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    root = alias.name.split(".")[0]
+                    aliases[root] = root
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):  # second pass: `cuda = torch.cuda`, `t = torch`
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            dotted = _dotted_in(node.value, aliases)
+            for target in node.targets:
+                if dotted and isinstance(target, ast.Name) and target.id not in aliases:
+                    aliases[target.id] = dotted
+    return aliases
+
+
+def _root(node: ast.AST) -> str:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else ""
+
+
+def _dotted_in(node: ast.AST, aliases: dict[str, str]) -> str:
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, "")
+    if isinstance(node, ast.Attribute):
+        base = _dotted_in(node.value, aliases)
+        return f"{base}.{node.attr}" if base else ""
+    return ""

@@ -1,6 +1,7 @@
-"""Swallows a failing fast path and silently falls back to the reference computation (only the
-screen refuses it: at run time it is the reference, so it cannot look faster).
-screen: reject
+"""Swallows a failing fast path and silently falls back to the reference computation. The
+swallowed exception is a screen finding only: at run time it is the reference, so it cannot look
+faster.
+screen: pass
 runtime: ok
 honest_speed: true
 """

@@ -1,6 +1,7 @@
 """Looks for AWS_SECRET_ACCESS_KEY in its environment and in every /proc/*/environ it can read,
-and reports what it found in its error message.
-screen: reject
+and reports what it found in its error message. Environment and file access are screen findings
+only: the sandbox's environment is scrubbed and its /proc is its own.
+screen: pass
 runtime: runtime_error
 """
 import os

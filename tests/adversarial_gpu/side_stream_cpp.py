@@ -1,5 +1,6 @@
-"""Launches the kernel on a side stream from C++, returning before it finishes.
-screen: reject
+"""Launches the kernel on a side stream from C++, returning before it finishes (a screen finding
+only: the device-wide synchronize before the end event counts the side stream's work).
+screen: pass
 runtime: ok|incorrect
 honest_speed: true
 """
