@@ -3,6 +3,11 @@ target architectures, flags), and an index of build outcomes written only by the
 
 Layout under `cache_dir`: `builds/<key>/` (the sandbox may write here, its own key only),
 `index/<key>.json` (outcome of the build, never writable by a sandbox), `locks/<key>.lock`.
+
+A build is cached only once it has finished: its index record is written after the sandbox
+reported the outcome. A build directory without a record, found when its lock is taken, is
+what an interrupted or failed build left (object files, a half-linked .so, torch's `lock`
+file, which would make the next build wait for a build that is gone): it is emptied first.
 """
 
 from __future__ import annotations
@@ -81,10 +86,14 @@ class BuildCache:
 
     @contextlib.contextmanager
     def locked(self, key: str):
-        """Serialise builds of one key across processes (build workers share the cache)."""
+        """Serialise builds of one key across processes (build workers share the cache); the
+        build directory of a key not yet built is emptied of what an unfinished build left."""
         with open(self.root / "locks" / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
+                if self.lookup(key) is None:
+                    shutil.rmtree(self.root / "builds" / key, ignore_errors=True)
+                    self.build_dir(key)
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)

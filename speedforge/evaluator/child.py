@@ -3,12 +3,14 @@
 It locks itself down first (resource limits, Landlock), while still single-threaded and before
 any candidate code is imported, then hands the job to its family's module and writes the
 family's result dict as JSON to the result pipe. A harness bug becomes an `infra_error` result.
-Called by the zygote (speedforge.evaluator.zygote) in a freshly forked, isolated process.
+Called by the zygote (speedforge.evaluator.zygote) in a freshly forked, isolated process; its
+CPU-time limit is set before the namespaces, so the keeper shares it (see `limit_cpu_time`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import site
@@ -18,10 +20,42 @@ import tempfile
 import traceback
 
 
-def execute(job_path: str, result_fd: int, warnings: list[str]) -> None:
-    """Run one job and exit the process; never returns."""
+CPU_HARD_MARGIN_S = 1  # the hard CPU-time limit (SIGKILL) this far above the soft one (SIGXCPU)
+
+
+def load_job(job_path: str) -> dict:
     with open(job_path) as f:
-        job = json.load(f)
+        return json.load(f)
+
+
+def cpu_time_limit_s(job: dict) -> float:
+    """CPU seconds each process of the job may use: the configured limit, or else the stage's
+    time limit times the threads it may keep busy (a build's compilers each count apart)."""
+    config = job["config"]
+    if config.get("cpu_time_limit_s"):
+        return float(config["cpu_time_limit_s"])
+    if job["kind"] == "build":
+        return float(config["build_timeout_s"])
+    threads = int(config["cpu_threads"]) if job["device"] == "cpu" else (os.cpu_count() or 1)
+    return float(config["run_timeout_s"]) * max(1, threads)
+
+
+def limit_cpu_time(job: dict) -> None:
+    """RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one, so a spinning job (an
+    orphan too) ends even if nobody watches it. Set before the namespaces: the keeper inherits
+    it and knows that a SIGKILL at the hard limit was this (speedforge.evaluator.namespaces)."""
+    soft = math.ceil(cpu_time_limit_s(job))
+    try:
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        wanted = soft + CPU_HARD_MARGIN_S
+        hard = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
+    except (ValueError, OSError):
+        pass
+
+
+def execute(job: dict, result_fd: int, warnings: list[str]) -> None:
+    """Run one job and exit the process; never returns."""
     os.environ.update(HOME=job["workdir"], TMPDIR=job["workdir"])
     tempfile.tempdir = job["workdir"]  # the zygote may have resolved it before the fork
     os.chdir(job["workdir"])
@@ -61,7 +95,8 @@ def _finite(value):
 
 
 def lock_down(job: dict) -> list[str]:
-    """Apply resource limits and Landlock; return warnings for what the kernel refused."""
+    """Apply resource limits (the CPU-time limit is already set) and Landlock; return warnings
+    for what the kernel refused."""
     config = job["config"]
     warnings: list[str] = []
     _limit(resource.RLIMIT_CORE, 0)

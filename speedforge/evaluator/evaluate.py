@@ -171,6 +171,8 @@ def _outcome_dict(outcome: Outcome, stage: str) -> dict:
         status, why = "crashed", "exceeded the memory limit and was killed"
     elif outcome.killed_for_processes:
         status, why = "hack_detected", "started more processes than allowed and was killed"
+    elif outcome.signal_name == "SIGXCPU":
+        status, why = "timeout", "exceeded its CPU-time limit and was killed"
     else:
         how = f"died of {outcome.signal_name}" if outcome.signal_name else f"exited with code {outcome.returncode}"
         status, why = "crashed", f"process {how} without a result"

@@ -3,13 +3,16 @@
 `isolate()` puts the calling (single-threaded) process into new network, PID and mount
 namespaces and forks: the child it returns in is PID 1 of a namespace of its own, with a fresh
 /proc (the CUDA driver reads /proc/<getpid()>), no network, and the kernel kills every process
-in that namespace when the child exits. The parent side waits and mirrors the child's end.
+in that namespace when the child exits. The parent side (the keeper) waits and mirrors the
+child's end; the child dies with the keeper (a parent-death signal), and `die_with_parent` ties
+any other harness process to its parent the same way.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
@@ -18,6 +21,17 @@ PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+
+
+def die_with_parent(sig: int, parent_pid: int) -> bool:
+    """Have the kernel send `sig` to this process when its parent ends; False when the parent
+    `parent_pid` has already ended (then the signal will never come: the caller should exit).
+
+    Linux sends it when the parent *thread* that forked this process ends, so a process started
+    from a short-lived thread must be started from one that lives as long as its process.
+    """
+    _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    return os.getppid() == parent_pid
 
 
 def _unshare(flags: int) -> int:
@@ -59,13 +73,23 @@ def isolate() -> list[str]:
 
 
 def _mirror(pid: int) -> None:
-    """Wait for the namespace's first process and end the same way (signal as 128 + number)."""
+    """Wait for the namespace's first process and end the same way (signal as 128 + number).
+
+    As PID 1 of its namespace that process ignores SIGXCPU (the kernel drops default-action
+    signals to a namespace's init), so past its CPU-time limit only the hard limit's SIGKILL
+    ends it: a SIGKILL after more CPU time than the soft limit reads as SIGXCPU (the kernel's
+    accounting of the child, sampled, falls a little short of the hard limit it enforced).
+    """
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
+            _, status, usage = os.wait4(pid, 0)
             break
         except InterruptedError:
             continue
     if os.WIFSIGNALED(status):
-        os._exit(128 + os.WTERMSIG(status))
+        number = os.WTERMSIG(status)
+        soft, _ = resource.getrlimit(resource.RLIMIT_CPU)  # inherited: the child's limit too
+        if number == signal.SIGKILL and soft != resource.RLIM_INFINITY and usage.ru_utime + usage.ru_stime >= soft:
+            number = signal.SIGXCPU
+        os._exit(128 + number)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)

@@ -10,6 +10,13 @@ The parent side of the sandbox. Jobs run in processes forked from a warm zygote
 - adds resource limits and Landlock itself, before any candidate code runs;
 - is watched from here: killed past the time limit, the memory limit (proportional set size of
   its process tree) or the process limit (RLIMIT_NPROC does not bind root).
+
+No sandbox process outlives the process that launched it: a job interrupted here
+(KeyboardInterrupt included) has its process group killed on the way out, `close` (at exit)
+kills every live job and the zygote, and if this process dies without cleaning up (SIGKILL,
+SIGTERM) the zygote's parent-death signal makes it kill its jobs. The zygote is started from
+one thread that lives as long as this process: a parent-death signal follows the thread that
+forked, and evaluations may run in short-lived threads (Ray actors, thread pools).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -80,52 +88,100 @@ def scrubbed_env() -> dict[str, str]:
     return env
 
 
+class _Launcher:
+    """Starts processes from one daemon thread that lives as long as this process."""
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, args: list[str], **kwargs) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="speedforge-sandbox-launcher", daemon=True)
+                self._thread.start()
+        done = threading.Event()
+        reply: dict = {}
+        self._requests.put((args, kwargs, reply, done))
+        done.wait()
+        if "error" in reply:
+            raise reply["error"]
+        return reply["proc"]
+
+    def _serve(self) -> None:
+        while True:
+            args, kwargs, reply, done = self._requests.get()
+            try:
+                reply["proc"] = subprocess.Popen(args, **kwargs)
+            except BaseException as exc:  # handed to the caller
+                reply["error"] = exc
+            done.set()
+
+
 class Zygote:
     """Client of one zygote process; thread-safe; restarts the zygote if it dies."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._launcher = _Launcher()
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
         self._ids = itertools.count()
         self._started: dict[int, dict] = {}
-        self._exits: dict[int, int] = {}
+        self._exits: dict[int, int] = {}  # pid: wait status
+        self._live: set[int] = set()  # jobs of the current zygote not seen to end
         self._cond = threading.Condition()
 
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             return
+        self._stop()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-s", "-B", "-m", "speedforge.evaluator.zygote", str(child.fileno())],
-            pass_fds=(child.fileno(),), env=scrubbed_env(), stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        child.close()
-        parent.settimeout(ZYGOTE_START_TIMEOUT_S)
-        hello = parent.recv(1 << 16)
-        if not hello or not json.loads(hello).get("ready"):
-            raise RuntimeError("the sandbox zygote did not start")
-        parent.settimeout(None)
+        try:
+            command = [sys.executable, "-s", "-B", "-m", "speedforge.evaluator.zygote", str(child.fileno()),
+                       str(os.getpid())]  # fmt: skip
+            self._proc = self._launcher.popen(command, pass_fds=(child.fileno(),), env=scrubbed_env(),
+                                              stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        finally:
+            child.close()
+        try:
+            parent.settimeout(ZYGOTE_START_TIMEOUT_S)
+            hello = parent.recv(1 << 16)
+            if not hello or not json.loads(hello).get("ready"):
+                raise RuntimeError("the sandbox zygote did not start")
+            parent.settimeout(None)
+        except BaseException:  # failed or interrupted: no half-started zygote is left behind
+            self._sock = parent
+            self._stop()
+            raise
         self._sock = parent
-        threading.Thread(target=self._read, args=(parent,), daemon=True).start()
+        self._live = set()
+        threading.Thread(target=self._read, args=(parent, self._live), daemon=True).start()
 
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, sock: socket.socket, live: set[int]) -> None:
         while True:
             try:
                 data = sock.recv(1 << 16)
             except OSError:
                 data = b""
             with self._cond:
-                if not data:  # zygote gone: wake everyone waiting on it
+                if not data:  # zygote gone, and its jobs with it: wake everyone waiting on it
                     for waiter in self._started.values():
                         waiter.setdefault("error", "the sandbox zygote died")
+                    for pid in live:
+                        self._exits[pid] = signal.SIGKILL  # a wait status: killed by SIGKILL
+                    live.clear()
                     self._cond.notify_all()
                     return
                 message = json.loads(data)
                 if "id" in message:
                     self._started.setdefault(message["id"], {}).update(message)
+                    if "pid" in message:
+                        live.add(message["pid"])
                 else:
                     self._exits[message["pid"]] = message["status"]
+                    live.discard(message["pid"])
                 self._cond.notify_all()
 
     def launch(self, job_path: str, fds: tuple[int, int, int], isolate: bool) -> int:
@@ -147,17 +203,32 @@ class Zygote:
     def wait(self, pid: int, timeout_s: float) -> int | None:
         """The child's exit code (negative: signal), or None if it has not ended within timeout_s."""
         with self._cond:
-            if not self._cond.wait_for(lambda: pid in self._exits or self._proc.poll() is not None, timeout_s):
+            if not self._cond.wait_for(lambda: pid in self._exits, timeout_s):
                 return None
-            if pid not in self._exits:
-                return -signal.SIGKILL  # the zygote died: so did its children
             status = self._exits.pop(pid)
         return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        """Kill every live job and the zygote (registered to run at exit)."""
+        with self._cond:
+            live = list(self._live)
+        for pid in live:
+            _kill_group(pid)
+        self._stop()
+
+    def _stop(self) -> None:
+        """End the zygote: SIGTERM makes it kill its jobs and exit; SIGKILL if it has not within 5 s."""
+        proc, sock, self._proc, self._sock = self._proc, self._sock, None, None
+        if sock is not None:
+            sock.close()
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 _ZYGOTE = Zygote()
@@ -184,8 +255,10 @@ def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, ma
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
     reader.start()
-    returncode, timed_out, over_memory, over_processes = _watch(pid, timeout_s, memory_limit_mb, max_processes)
-    _kill_group(pid)
+    try:
+        returncode, timed_out, over_memory, over_processes = _watch(pid, timeout_s, memory_limit_mb, max_processes)
+    finally:  # what the job left running, or all of it when interrupted (KeyboardInterrupt)
+        _kill_group(pid)
     reader.join(timeout=5)
     result = None
     if not (timed_out or over_memory or over_processes) and chunks:

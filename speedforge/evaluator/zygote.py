@@ -1,4 +1,4 @@
-"""The fork server behind the sandbox: `python -m speedforge.evaluator.zygote SOCKET_FD`.
+"""The fork server behind the sandbox: `python -m speedforge.evaluator.zygote SOCKET_FD PARENT_PID`.
 
 Started once per evaluating process with a scrubbed environment, it imports torch and the
 harness (but never initialises CUDA, which does not survive fork), then forks one child per job
@@ -11,6 +11,10 @@ Protocol over a Unix SOCK_SEQPACKET socket, one JSON object per message: the par
 {"id", "job", "isolate"} with three file descriptors (result pipe, stdout, stderr) attached;
 the zygote answers {"id", "pid"} once forked (or {"id", "error"}), and {"pid", "status"} when
 that child has ended (status as os.waitpid gives it).
+
+Its jobs never outlive the process that started the zygote: the zygote gets SIGTERM when that
+process ends (a parent-death signal), and on SIGTERM or the end of its socket it kills the
+process group of every live job before it exits; each job gets SIGKILL when the zygote ends.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import select
 import signal
 import socket
 import sys
+
+_JOBS: set[int] = set()  # live job children, each the leader of its process group
 
 
 def preload() -> None:
@@ -70,12 +76,13 @@ def serve(sock: socket.socket) -> None:
             _reap(sock)
         if sock in ready:
             data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
-            if not data:
-                return  # the parent went away
+            if not data:  # the parent went away: its jobs go with it (main)
+                return
             _start_job(sock, json.loads(data), fds)
 
 
 def _start_job(sock: socket.socket, request: dict, fds: list[int]) -> None:
+    zygote_pid = os.getpid()
     try:
         pid = os.fork()
     except OSError as exc:
@@ -84,27 +91,33 @@ def _start_job(sock: socket.socket, request: dict, fds: list[int]) -> None:
         _send(sock, {"id": request["id"], "error": f"fork failed: {exc}"})
         return
     if pid == 0:
-        _in_child(sock, request, fds)
+        _in_child(sock, request, fds, zygote_pid)
+    _JOBS.add(pid)
     for fd in fds:
         os.close(fd)
     _send(sock, {"id": request["id"], "pid": pid})
 
 
-def _in_child(sock: socket.socket, request: dict, fds: list[int]) -> None:
+def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: int) -> None:
     try:
         sock.close()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        from speedforge.evaluator import child, namespaces
+
+        if not namespaces.die_with_parent(signal.SIGKILL, zygote_pid):
+            return
         result_fd, out_fd, err_fd = fds
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
         os.close(out_fd)
         os.close(err_fd)
         os.setsid()
-        from speedforge.evaluator import child, namespaces
-
+        job = child.load_job(request["job"])
+        child.limit_cpu_time(job)
         warnings = namespaces.isolate() if request["isolate"] else ["network isolation disabled by config"]
-        child.execute(request["job"], result_fd, warnings)
+        child.execute(job, result_fd, warnings)
     finally:
         os._exit(70)
 
@@ -117,7 +130,24 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
+        _JOBS.discard(pid)
         _send(sock, {"pid": pid, "status": status})
+
+
+def _kill_jobs() -> None:
+    """SIGKILL the process group of every live job (its namespace dies with its first process)."""
+    for pid in _JOBS:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:  # forked, not yet the leader of its group
+            os.kill(pid, signal.SIGKILL)
+        except PermissionError:
+            pass
+
+
+def _on_sigterm(*_) -> None:
+    _kill_jobs()
+    os._exit(0)
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -125,10 +155,18 @@ def _send(sock: socket.socket, message: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
+    from speedforge.evaluator import namespaces
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if not namespaces.die_with_parent(signal.SIGTERM, int(argv[1])):
+        return 0  # the parent is already gone
     sock = socket.socket(fileno=int(argv[0]))
     preload()
     _send(sock, {"ready": True})
-    serve(sock)
+    try:
+        serve(sock)
+    finally:
+        _kill_jobs()
     return 0
 
 
