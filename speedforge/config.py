@@ -134,8 +134,8 @@ class EvaluatorConfig(Checked):
     cpu_timed_calls: int = setting(15, AT_LEAST_1)  # paired calls per side on CPU, at least
     min_timed_s: float = setting(0.2, AT_LEAST_0)  # more pairs until each side has about this much timed work...
     max_timed_calls: int = setting(200, AT_LEAST_1)  # ...up to this many
-    ci_target: float = 0.01  # stop pairing once the speedup's 95% interval is within +- this (relative)
-    unstable_ci: float = 0.05  # still wider than +- this after max_timed_calls: measure again, then mark unstable
+    ci_target: float = setting(0.01, AT_LEAST_0)  # stop pairing once the speedup's 95% interval is within +- this (relative)
+    unstable_ci: float = setting(0.05, AT_LEAST_0)  # still wider than +- this after max_timed_calls: measure again, then mark unstable
     cpu_threads: int = setting(1, AT_LEAST_1)  # torch threads in the sandbox for the CPU family
     memory_limit_mb: int = setting(8192, AT_LEAST_1)  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
     max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)

@@ -45,7 +45,7 @@ from speedforge.cluster.pools import (
 )
 from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet, check_inputs
 from speedforge.config import Config, ServiceConfig
-from speedforge.errors import UserError, first_line
+from speedforge.errors import UserError, first_line, interrupt_on_sigterm
 from speedforge.records import Candidate, EvalResult, Task
 
 
@@ -186,6 +186,7 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
         raise UserError(f"cannot join the Ray cluster at {address}: {first_line(exc) or type(exc).__name__} (a "
                         "cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
                         "RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
+    interrupt_on_sigterm()  # ray.init replaced SIGTERM's handler with one that dumps a C++ stack
     return True
 
 

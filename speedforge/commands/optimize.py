@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from speedforge.config import Config, load_config
-from speedforge.errors import UserError, interrupt_on_sigterm
+from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Task
 from speedforge.search import (
     RoundStats,
@@ -147,7 +147,6 @@ def evaluation(config: Config, args: argparse.Namespace, tasks: dict[str, Task],
 
     resolve_pools([pool], config.service)
     started_ray = connect_ray(args.address, config.service)
-    interrupt_on_sigterm()  # ray.init replaced the CLI's SIGTERM handler
     try:
         with EvaluationService(config) as service:
             yield service_evaluator(service, tasks, store)

@@ -194,6 +194,7 @@ def _build_from(task: Task, candidate: Candidate, base: dict, built: dict, findi
 
 def _result(task: Task, candidate: Candidate, status: str, reason: str = "", **fields) -> EvalResult:
     fields.setdefault("pool", "")
+    fields.setdefault("mode", task.run_mode)
     for name in ("warnings", "screen_findings"):
         if name in fields:
             fields[name] = tuple(fields[name])

@@ -38,6 +38,12 @@ def _watched_objects() -> dict[str, object]:
     }
 
 
+# A callable added to a watched class shadows what it inherits (torch.Tensor.all is
+# TensorBase.all until assigned), so on classes a new entry counts as a patch. Modules gain
+# attributes of their own as torch loads lazily, so there only changed entries do.
+_WATCHED_CLASSES = frozenset(name for name, obj in _watched_objects().items() if isinstance(obj, type))
+
+
 def function_table() -> dict[str, int]:
     """id() of every callable attribute of the watched modules and classes."""
     table: dict[str, int] = {}
@@ -266,6 +272,7 @@ class Baseline:
         found: list[str] = []
         now = function_table()
         patched = sorted(k for k, v in self.functions.items() if now.get(k, v) != v)
+        patched += sorted(k for k in now.keys() - self.functions.keys() if k.rsplit(".", 1)[0] in _WATCHED_CLASSES)
         if patched:
             found.append(f"patched functions: {', '.join(patched[:5])}")
         settings = global_settings()

@@ -407,9 +407,7 @@ class _Harness:
 
     def _timed_call(self, model, args: list, flush, side: str):
         what = "ModelNew.forward" if side == "cand" else "the reference"
-        switch = getattr(self, "_switch", None)  # TEMP until the backend-knob policy lands
-        if switch is not None:
-            switch(side)  # the side's backend knobs, set outside the timed region
+        self._switch(side)  # the side's backend knobs, set outside the timed region
         if self.is_cuda:
             if flush is not None:
                 flush.zero_()  # evicts L2, outside the timed region
