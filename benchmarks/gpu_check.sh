@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one script (CI has no GPU). Run from the repository root on the GPU
-# machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [service] [benchbound] [generation] [ann]
+# machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [fidelity] [service] [benchbound] [generation] [ann]
 # (no arguments: all). It installs what the machine lacks from wheels/ (carried with the tree),
 # runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
 # Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
@@ -12,7 +12,7 @@ PY=${PY:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SPEEDFORGE_CACHE=${SPEEDFORGE_CACHE:-/tmp/speedforge-cache}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests service benchbound generation ann)
+[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests fidelity service benchbound generation ann)
 summary=()
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 note() { summary+=("$(printf '%-12s %s' "$1" "$2")"); }
@@ -58,6 +58,15 @@ if want tests; then
   files=${GPU_TEST_FILES:-$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')}
   $PY -m pytest -m gpu -p no:cacheprovider -q $files ${GPU_TEST_ARGS:-} >"$OUT/gpu_tests.txt" 2>&1
   note tests "$(tail -1 "$OUT/gpu_tests.txt")"
+fi
+
+if want fidelity; then  # issue 10: CUDA-L1's published kernels, its harness vs speedforge (needs ../shared/data or FIDELITY_ARGS)
+  fid=${FIDELITY_OUT:-$OUT/fidelity}
+  for step in ${FIDELITY_STEPS:-cuda-l1 speedforge repeat report}; do
+    $PY benchmarks/bench_fidelity.py "$step" --out "$fid" ${FIDELITY_ARGS:-} >>"$OUT/fidelity.txt" 2>&1 \
+      || { note fidelity "$step failed (fidelity.txt)"; break; }
+  done
+  note fidelity "$(grep -m1 'kernels: accepted by both' "$OUT/fidelity.txt" || echo 'no report')"
 fi
 
 if want service && [ -f benchmarks/bench_service.py ]; then

@@ -56,13 +56,23 @@ class Verdict(Exception):
 
 
 def build(job: dict) -> dict:
+    """Import the candidate (compiling what it loads at import), then compile every other
+    inline extension its source loads, recording each outcome for the run stage
+    (speedforge.evaluator.extensions)."""
+    from speedforge.evaluator import extensions
+
     _prepare_environment(job)
     start = _perf_counter()
+    recorder = extensions.install(job["build_dir"], replay=False)
     try:
-        _load_candidate(job)
+        module = _load_candidate(job)
+        extensions.prebuild(job["candidate"]["source"], vars(module))
+        extensions.construct(module, job["task"]["source"], job["workdir"], _load_module)
     except Verdict as verdict:
         return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
                 "build_s": _perf_counter() - start}
+    finally:
+        extensions.save(recorder)
     return {"status": "ok", "build_s": _perf_counter() - start}
 
 
@@ -105,7 +115,10 @@ def run(job: dict) -> dict:
     _prepare_environment(job)
     import torch
 
-    from speedforge.evaluator import guards
+    from speedforge.evaluator import extensions, guards
+
+    if job["build_dir"]:
+        extensions.install(job["build_dir"], replay=True)  # what the build stage compiled is not compiled again
 
     config = job["config"]
     device = torch.device(job["device"])

@@ -1,0 +1,118 @@
+"""Inline extensions compile in the build stage only (issue 10): a candidate that calls
+load_inline in ModelNew.__init__ (or behind a GPU check, or in forward) is compiled by the build
+stage, and the run stage invokes no compiler; a compile that failed in the build stage is not
+attempted again, the run stage raises the recorded error at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import build_candidate, extensions, run_candidate
+from speedforge.records import Candidate, Task
+
+HERE = Path(__file__).parent
+TASK = Task(task_id="ext/scaled_relu", family="cpp", name="scaled_relu", source=(HERE / "adversarial" / "task.py").read_text())
+
+# Compiles `good` from __init__ and tries `broken`, which fails at its first line, in a
+# try/except fallback. The fallback checks that the run stage raised
+# the build stage's recorded error instead of compiling again: otherwise its output is wrong.
+LAZY = r'''
+import os
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+BROKEN = "#error deliberately broken\n"
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        good = """
+        #include <torch/extension.h>
+        torch::Tensor f(torch::Tensor x, double s) { return torch::relu(x) * s + x.sum(1, true) * 0.01; }
+        """
+        # a local source, a name unique per process, a build directory of its own: as published
+        self.ext = load_inline(name=f"sf_lazy_good_{os.getpid()}", cpp_sources=good, functions=["f"],
+                               build_directory="/tmp/elsewhere")
+        self.recorded = False
+        try:
+            load_inline(name="sf_lazy_broken", cpp_sources=BROKEN, functions=["g"])
+        except Exception as exc:
+            self.recorded = type(exc).__name__ == "RecordedBuildError"
+
+    def forward(self, x):
+        out = self.ext.f(x, self.scale)
+        return out if self.recorded else out * 0
+'''
+
+
+def _compiles(build_dir: str) -> list[str]:
+    """The compile steps ninja ran in a build dir (its logs list each command that ran)."""
+    lines = []
+    for log in Path(build_dir).rglob(".ninja_log"):
+        lines += [line.split("\t")[3] for line in log.read_text().splitlines() if not line.startswith("#")]
+    return [target for target in lines if target.endswith(".o")]
+
+
+def test_static_calls_finds_loads_in_any_function() -> None:
+    source = (
+        "import torch.utils.cpp_extension as cpp_extension\n"
+        "from torch.utils.cpp_extension import load_inline, load\n"
+        "a = load_inline(name='a', cpp_sources='')\n"
+        "class M:\n    def __init__(self):\n        self.b = load(name='b', sources=['b.cpp'])\n"
+        "    def forward(self):\n        return torch.utils.cpp_extension.load_inline('c', '')\n"
+        "def helper():\n    return cpp_extension.load('d', ['d.cpp'])\n"
+        "other = loader.load('e')\n"
+    )
+    names = [ast_call.args[0].value if ast_call.args else ast_call.keywords[0].value.value
+             for ast_call in extensions.static_calls(source)]
+    assert sorted(names) == ["a", "b", "c", "d"]
+
+
+def test_load_is_not_a_loader_unless_imported_from_cpp_extension() -> None:
+    assert extensions.static_calls("import json\nx = load('f')\n") == []
+    assert extensions.static_calls("not python (") == []
+
+
+def test_call_key_ignores_where_and_how_loudly_it_builds() -> None:
+    a = extensions.call_key("load_inline", ("n",), {"cpp_sources": "x", "verbose": True, "build_directory": "/a"})
+    b = extensions.call_key("load_inline", ("n",), {"cpp_sources": "x"})
+    c = extensions.call_key("load_inline", ("n",), {"cpp_sources": "y"})
+    assert a == b != c
+
+
+@pytest.fixture()
+def config(tmp_path) -> EvaluatorConfig:
+    return EvaluatorConfig(cache_dir=str(tmp_path / "cache"), run_timeout_s=120.0, build_timeout_s=600.0,
+                           correctness_trials=2, max_timed_calls=10, warmup_calls=1)
+
+
+def test_a_lazy_load_is_built_by_the_build_stage_and_never_compiled_in_the_run_stage(config) -> None:
+    candidate = Candidate.make(TASK.task_id, LAZY)
+    build = build_candidate(TASK, candidate, config)
+    assert build.ok, build.failure
+    built = _compiles(build.build_dir)
+    assert built == ["main.o"], "the build stage compiled the extension ModelNew.__init__ loads"
+    outcomes = extensions.load_outcomes(build.build_dir)
+    assert sorted(o["ok"] for o in outcomes.values()) == [False, True]
+
+    result = run_candidate(TASK, candidate, build, config)
+    assert result.status == "ok", (result.reason, result.log[-3000:])
+    assert _compiles(build.build_dir) == built, "the run stage invoked the compiler"
+
+    again = run_candidate(TASK, candidate, build_candidate(TASK, candidate, config), config)
+    assert again.status == "ok" and again.build_cached
+    assert _compiles(build.build_dir) == built
+
+    # the check can fail: without the recorded outcomes the broken load is attempted again,
+    # and the candidate's fallback then returns zeros
+    (Path(build.build_dir) / extensions.OUTCOMES_FILE).unlink()
+    unrecorded = run_candidate(TASK, candidate, build, config)
+    assert unrecorded.status == "incorrect", (unrecorded.status, unrecorded.reason)
+
