@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,25 @@ def test_cli_help_works_everywhere(command):
     out = subprocess.run([sys.executable, "-m", "speedforge.cli", *command, "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "usage:" in out.stdout
+
+
+class _ReplayedGraphOutput:
+    """Stands in for a CUDA graph's output after the next replay overwrote it: torch raises on
+    any access to its storage (the real one needs a GPU: tests/test_evaluator_gpu.py)."""
+
+    device = "cuda:0"
+
+    def untyped_storage(self):
+        raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run.")
+
+
+def test_an_output_overwritten_by_a_graph_replay_counts_as_aliasing() -> None:
+    import torch
+
+    from speedforge.evaluator.kernels import _overlaps
+
+    fresh = types.SimpleNamespace(device="cuda:0", untyped_storage=lambda: torch.empty(4).untyped_storage())
+    assert _overlaps(fresh, _ReplayedGraphOutput())
+    broken = types.SimpleNamespace(device="cuda:0", untyped_storage=lambda: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="other"):
+        _overlaps(fresh, broken)
