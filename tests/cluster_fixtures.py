@@ -4,7 +4,9 @@ for the evaluator's two stages (for the 10,000-candidate back-pressure test only
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -86,3 +88,20 @@ def hang_once_run(task: Task, candidate: Candidate, build: Build, config: Evalua
         marker.touch()
         time.sleep(3600)
     return cheap_run(task, candidate, build, config, device, pool)
+
+
+@contextlib.contextmanager
+def local_ray():
+    """A local Ray of 2 CPUs with these fixtures' resources, for one test module (a Ray left
+    over by another module is shut down first: this one needs its own resources)."""
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, resources=RAY_RESOURCES, logging_level="WARNING",
+             log_to_driver=False)  # fmt: skip
+    try:
+        yield
+    finally:
+        ray.shutdown()

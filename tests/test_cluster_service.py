@@ -8,7 +8,6 @@ evaluations use plain-PyTorch candidates of the cpp family, so nothing compiles.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 import weakref
 
@@ -25,13 +24,8 @@ from speedforge.store import open_store  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.cloudpickle.register_pickle_by_value(sys.modules["cluster_fixtures"])  # workers cannot import tests/
-    if ray.is_initialized():  # left over by another module: this one needs its own resources
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, resources=fx.RAY_RESOURCES, logging_level="WARNING",
-             log_to_driver=False)  # fmt: skip
-    yield
-    ray.shutdown()
+    with fx.local_ray():
+        yield
 
 
 def keys(results):

@@ -8,7 +8,6 @@ import dataclasses
 import os
 import re
 import socket
-import sys
 
 import pytest
 
@@ -25,13 +24,8 @@ from speedforge.store.lease import Lease, LeaseHeldError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.cloudpickle.register_pickle_by_value(sys.modules["cluster_fixtures"])  # workers cannot import tests/
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, resources=fx.RAY_RESOURCES, logging_level="WARNING",
-             log_to_driver=False)  # fmt: skip
-    yield
-    ray.shutdown()
+    with fx.local_ray():
+        yield
 
 
 def pairs(results):
