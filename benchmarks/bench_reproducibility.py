@@ -70,11 +70,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=6, help="sandboxes per kernel (default 6)")
     parser.add_argument("--min-us", type=float, default=200.0, help="kernels whose reference takes at least this count")
     parser.add_argument("--only", choices=["all", "example"], default="all")
+    parser.add_argument("--match", default="", help="only kernels whose task id contains this")
     args = parser.parse_args()
     config = EvaluatorConfig(cache_dir=os.environ.get("SPEEDFORGE_CACHE") or tempfile.mkdtemp(prefix="sf-repro-"))
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.repeats} sandboxes per kernel", flush=True)
     rows, cvs = [], []
-    for task, candidate in kernels(args.only):
+    for task, candidate in (k for k in kernels(args.only) if args.match in k[0].task_id):
         results = []
         for i in range(args.repeats):
             result = evaluate(task, candidate, config)
