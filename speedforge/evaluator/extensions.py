@@ -65,6 +65,7 @@ class Recorder:
         self.build_dir = build_dir
         self.outcomes: dict[str, dict] = load_outcomes(build_dir) if replay else {}
         self.replay = replay
+        self.loaded: dict[str, object] = {}  # key -> the module a load returned in this process
 
     def wrap(self, loader: str, original):
         def wrapped(*args, **kwargs):
@@ -79,6 +80,8 @@ class Recorder:
             seen = self.outcomes.get(key)
             if seen is not None and not seen["ok"]:  # compiled once already, and it failed
                 raise RecordedBuildError(seen["error"])
+            if key in self.loaded:  # loaded by this process already (prebuild meets import's loads)
+                return self.loaded[key]
             start = time.perf_counter()
             try:
                 result = original(*args, **kwargs)
@@ -89,6 +92,7 @@ class Recorder:
                 raise
             if not self.replay:
                 self.outcomes[key] = {"ok": True, "error": "", "s": time.perf_counter() - start}
+            self.loaded[key] = result
             return result
 
         wrapped.__wrapped__ = original
