@@ -37,8 +37,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
-import time
 from pathlib import Path
 
 OUTCOMES_FILE = "speedforge_extensions.json"
@@ -71,7 +69,7 @@ class Recorder:
         def wrapped(*args, **kwargs):
             args, kwargs = list(args), dict(kwargs)
             kwargs.pop("build_directory", None)  # builds live in the job's build dir only
-            key = call_key(loader, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "name"})
+            key = call_key(loader, tuple(args[1:]), kwargs)
             name = f"sf_{key}"  # by content: a name with a PID in it builds once, not per process
             if args:
                 args[0] = name
@@ -82,16 +80,14 @@ class Recorder:
                 raise RecordedBuildError(seen["error"])
             if key in self.loaded:  # loaded by this process already (prebuild meets import's loads)
                 return self.loaded[key]
-            start = time.perf_counter()
             try:
                 result = original(*args, **kwargs)
             except Exception as exc:
                 if not self.replay:
-                    self.outcomes[key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-4000:],
-                                          "s": time.perf_counter() - start}  # fmt: skip
+                    self.outcomes[key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-4000:]}
                 raise
             if not self.replay:
-                self.outcomes[key] = {"ok": True, "error": "", "s": time.perf_counter() - start}
+                self.outcomes[key] = {"ok": True, "error": ""}
             self.loaded[key] = result
             return result
 
