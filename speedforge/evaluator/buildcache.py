@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-HARNESS_VERSION = "1"
+HARNESS_VERSION = "2"  # 2: extensions built by the build stage, named by content (evaluator.extensions)
 CACHEABLE_STATUSES = ("ok", "compile_error", "runtime_error")
 
 
