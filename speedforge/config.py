@@ -137,6 +137,7 @@ class EvaluatorConfig(Checked):
     ci_target: float = setting(0.01, AT_LEAST_0)  # stop pairing once the speedup's 95% interval is within +- this (relative)
     unstable_ci: float = setting(0.05, AT_LEAST_0)  # still wider than +- this after max_timed_calls: measure again, then mark unstable
     cpu_threads: int = setting(1, AT_LEAST_1)  # torch threads in the sandbox for the CPU family
+    pin_cpus: bool = True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
     memory_limit_mb: int = setting(8192, AT_LEAST_1)  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
     max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
     cpu_time_limit_s: float = setting(0.0, AT_LEAST_0)  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads

@@ -116,3 +116,106 @@ def test_a_lazy_load_is_built_by_the_build_stage_and_never_compiled_in_the_run_s
     unrecorded = run_candidate(TASK, candidate, build, config)
     assert unrecorded.status == "incorrect", (unrecorded.status, unrecorded.reason)
 
+
+
+# -- loads inside functions: evaluated ahead of time with the function's own string locals -------
+
+SCOPED = '''
+PREFIX = "// shared\\n"
+
+
+class Fused:
+    @staticmethod
+    def forward(ctx, x, scale):
+        source = PREFIX + """
+        float f(float v) { return v; }
+        """
+        flags = ["-O3"] + ["-DSCALE=" + str(2)]
+        out = x.clone()  # needs the real input: not evaluated
+        if not hasattr(Fused, "kernel"):
+            Fused.kernel = load_inline(name=f"fused_{os.getpid()}", cpp_sources=source, extra_cflags=flags)
+        return out
+
+
+class ModelNew:
+    def __init__(self):
+        self.src = "// from the constructor\\n"
+
+    def forward(self, x):
+        load_inline(name="method", cpp_sources=self.src + "int g();")
+        load_inline(name="shaped", cpp_sources="int n = %d;" % x.shape[0])  # needs the input
+        return x
+'''
+
+
+def _fake_loader_namespace() -> tuple[dict, list]:
+    seen: list = []
+    return {"load_inline": lambda *a, **k: seen.append(k), "os": __import__("os")}, seen
+
+
+def test_prebuild_evaluates_a_load_in_a_function_with_the_locals_that_build_its_source() -> None:
+    namespace, seen = _fake_loader_namespace()
+    exec(compile(SCOPED, "<candidate>", "exec"), namespace)  # the candidate's import
+    extensions.prebuild(SCOPED, namespace)
+    assert seen == [{"name": seen[0]["name"], "cpp_sources": "// shared\n\n        float f(float v) { return v; }\n        ",
+                     "extra_cflags": ["-O3", "-DSCALE=2"]}]
+    assert "source" not in namespace and "flags" not in namespace, "the module's namespace is left as it was"
+
+
+def test_prebuild_binds_self_to_the_constructed_model_in_its_methods() -> None:
+    namespace, seen = _fake_loader_namespace()
+    exec(compile(SCOPED, "<candidate>", "exec"), namespace)
+    seen.clear()
+    extensions.prebuild(SCOPED, namespace, namespace["ModelNew"]())
+    assert [k["name"] for k in seen] == [seen[0]["name"], "method"]
+    assert seen[1]["cpp_sources"] == "// from the constructor\nint g();"
+
+
+def test_prebuild_does_not_run_calls_that_are_not_string_building() -> None:
+    namespace, seen = _fake_loader_namespace()
+    ran: list = []
+    namespace["launch"] = lambda: ran.append(1) or "x"
+    source = "def forward(x):\n    src = launch()\n    return load_inline(name='n', cpp_sources=src)\n"
+    extensions.prebuild(source, namespace)
+    assert ran == [] and seen == []
+
+
+# An autograd Function that compiles its kernel on the first forward, with the source and the
+# loader's import local to that forward: as CUDA-L1's level 2 kernels 17 and 20 do.
+IN_FORWARD = r'''
+import torch
+import torch.nn as nn
+
+
+class ScaledRelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        source = """
+        #include <torch/extension.h>
+        torch::Tensor f(torch::Tensor x, double s) { return torch::relu(x) * s + x.sum(1, true) * 0.01; }
+        """
+        if not hasattr(ScaledRelu, "kernel"):
+            from torch.utils.cpp_extension import load_inline
+            ScaledRelu.kernel = load_inline(name="scaled_relu_in_forward", cpp_sources=source, functions=["f"])
+        return ScaledRelu.kernel.f(x, scale)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return ScaledRelu.apply(x, self.scale)
+'''
+
+
+def test_a_load_in_the_first_forward_is_built_by_the_build_stage(config) -> None:
+    candidate = Candidate.make(TASK.task_id, IN_FORWARD)
+    build = build_candidate(TASK, candidate, config)
+    assert build.ok, build.failure
+    built = _compiles(build.build_dir)
+    assert built == ["main.o"], "the build stage compiled the extension the first forward loads"
+    result = run_candidate(TASK, candidate, build, config)
+    assert result.status == "ok", (result.reason, result.log[-3000:])
+    assert _compiles(build.build_dir) == built, "the run stage invoked the compiler"

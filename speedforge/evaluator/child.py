@@ -59,6 +59,8 @@ def execute(job: dict, result_fd: int, warnings: list[str]) -> None:
     os.environ.update(HOME=job["workdir"], TMPDIR=job["workdir"])
     tempfile.tempdir = job["workdir"]  # the zygote may have resolved it before the fork
     os.chdir(job["workdir"])
+    if job.get("cpus"):  # claimed by the parent for this job (speedforge.evaluator.cpus)
+        os.sched_setaffinity(0, job["cpus"])
     warnings = warnings + lock_down(job)
     try:
         from speedforge.evaluator.families import family_module

@@ -12,6 +12,7 @@ import time
 import traceback
 
 from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import cpus
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
 from speedforge.evaluator.families import known_families
 from speedforge.evaluator.sandbox import Outcome, run_job
@@ -101,8 +102,10 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     try:
         cache = BuildCache(config.cache_dir)
         seed = config.seed if config.seed is not None else secrets.randbits(30)
-        outcome = _sandboxed(cache, _job("run", task, candidate, config, device, build.build_dir, seed),
-                             config.run_timeout_s, config)
+        job = _job("run", task, candidate, config, device, build.build_dir, seed)
+        pin = config.cpu_threads if device == "cpu" and task.family == "cpp" and config.pin_cpus else 0
+        with cpus.claim(pin) as job["cpus"]:
+            outcome = _sandboxed(cache, job, config.run_timeout_s, config)
         measured = _outcome_dict(outcome, "run")
         measured["warnings"] = list(build.warnings) + list(measured.get("warnings", []))
         fields = {k: v for k, v in measured.items() if k in _RESULT_FIELDS}

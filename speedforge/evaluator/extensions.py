@@ -11,10 +11,14 @@ The build stage therefore:
 
 1. wraps `load_inline` and `load` (`install`) so every call made while importing the candidate
    is recorded with its outcome;
-2. finds every other `load_inline(...)`/`load(...)` call in the source (`static_calls`) and
-   evaluates the call expression in the module's namespace; a call whose arguments name
-   anything local (`self.x`) cannot be evaluated there and is left to the run stage;
-3. writes the outcomes to the build directory (`save`).
+2. constructs `ModelNew(*get_init_inputs())` on the CPU (best effort: `construct`), which
+   compiles the loads in its constructor;
+3. finds every other `load_inline(...)`/`load(...)` call in the source (`static_calls`) and
+   evaluates it ahead of time (`prebuild`): in the module's namespace, with the imports and
+   string-building assignments that precede it in its function (sources are often locals of
+   `forward`), and `self` bound to the constructed model in a method of ModelNew. A call whose
+   arguments need the real inputs (a shape baked into the source) is left to the run stage;
+4. writes the outcomes to the build directory (`save`).
 
 The run stage installs the same wrapper with those outcomes (`install(build_dir, replay=True)`):
 a call the build stage saw fail raises the same error at once, without a compiler; a call it
@@ -26,10 +30,8 @@ candidate gave: published kernels put `os.getpid()` in the name "to avoid confli
 made every process build anew. A `build_directory` the candidate names is dropped: builds live
 in the job's build directory (TORCH_EXTENSIONS_DIR), the only place one may be written and kept.
 
-Loads that need what only the constructor computes (sources in local variables, names with a
-PID) are reached by constructing `ModelNew(*get_init_inputs())` in the build stage (on the CPU,
-best effort: `construct`). A load behind a GPU check in the constructor, on a build worker
-without one, still compiles in the run stage.
+A load behind a GPU check in the constructor, on a build worker without one, is reached by
+step 3 (control flow is not followed: every load the source names is compiled).
 """
 
 from __future__ import annotations
@@ -115,19 +117,37 @@ def static_calls(source: str) -> list[ast.Call]:
         tree = ast.parse(source)
     except SyntaxError:
         return []
+    return [call for call, _ in _scoped_calls(tree)]
+
+
+def _scoped_calls(tree: ast.Module) -> list[tuple[ast.Call, list[tuple[str, ast.AST]]]]:
+    """The loader calls of `tree`, each with its enclosing scopes, outermost first:
+    (enclosing class name or "", function) for every function the call sits in."""
     plain_load = any(isinstance(node, ast.ImportFrom) and node.module == "torch.utils.cpp_extension"
                      and any(alias.name == "load" and alias.asname in (None, "load") for alias in node.names)
                      for node in ast.walk(tree))  # fmt: skip
-    calls = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        if isinstance(func, ast.Name) and (func.id == "load_inline" or (func.id == "load" and plain_load)):
-            calls.append(node)
-        elif isinstance(func, ast.Attribute) and func.attr in LOADERS and _names_cpp_extension(func.value):
-            calls.append(node)
-    return calls
+    found: list[tuple[ast.Call, list[tuple[str, ast.AST]]]] = []
+
+    def visit(node: ast.AST, scopes: list[tuple[str, ast.AST]], owner: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, scopes + [(owner, child)], "")
+                continue
+            if isinstance(child, ast.ClassDef):
+                visit(child, scopes, child.name)
+                continue
+            if isinstance(child, ast.Call) and _is_loader(child.func, plain_load):
+                found.append((child, scopes))
+            visit(child, scopes, owner)
+
+    visit(tree, [], "")
+    return found
+
+
+def _is_loader(func: ast.AST, plain_load: bool) -> bool:
+    if isinstance(func, ast.Name):
+        return func.id == "load_inline" or (func.id == "load" and plain_load)
+    return isinstance(func, ast.Attribute) and func.attr in LOADERS and _names_cpp_extension(func.value)
 
 
 def _names_cpp_extension(node: ast.AST) -> bool:
@@ -135,15 +155,78 @@ def _names_cpp_extension(node: ast.AST) -> bool:
         isinstance(node, ast.Attribute) and node.attr == "cpp_extension")
 
 
-def prebuild(source: str, namespace: dict) -> None:
-    """Evaluate the source's loader calls in the module's namespace (a call importing it made
-    already is a no-op: its build is up to date). A call that fails is left to the run stage:
-    a compile error is recorded and raised there again at once; arguments naming a local
-    (`self.x`) cannot be evaluated here, and that call compiles in the run stage."""
-    for call in static_calls(source):
+# Calls an assignment may make and still be evaluated ahead of time: those that build strings
+# (sources, flags, names). Anything else (a tensor, a kernel launch) is not run here.
+_STRING_CALLS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "dedent", "lower", "upper",
+                 "str", "int", "float", "repr", "len", "getpid", "hex", "abs", "min", "max", "sorted",
+                 "list", "tuple", "dict", "set"}  # fmt: skip
+
+
+def _evaluable(value: ast.AST) -> bool:
+    for node in ast.walk(value):
+        if isinstance(node, (ast.Lambda, ast.Yield, ast.YieldFrom, ast.Await, ast.NamedExpr)):
+            return False
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name not in _STRING_CALLS:
+                return False
+    return True
+
+
+def _preceding_statements(function: ast.AST, line: int) -> list[ast.stmt]:
+    """The imports and string-building assignments of `function` before `line`, in source order
+    (in any branch or loop of its body, not in nested functions or classes)."""
+    kept: list[ast.stmt] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            if getattr(child, "lineno", line) >= line:
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                kept.append(child)
+            elif isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                if child.value is not None and _evaluable(child.value) and all(
+                        isinstance(t, (ast.Name, ast.Tuple)) for t in targets):
+                    kept.append(child)
+            elif isinstance(child, ast.stmt):
+                visit(child)
+
+    visit(function)
+    return sorted(kept, key=lambda stmt: (stmt.lineno, stmt.col_offset))
+
+
+def prebuild(source: str, namespace: dict, instance: object = None) -> None:
+    """Evaluate the source's loader calls ahead of time (a call importing it made already is a
+    no-op: its build is up to date). A call inside a function (a forward, an autograd Function,
+    a helper) is evaluated with that function's imports and string-building assignments that
+    precede it, and, in a method of ModelNew, with `self` bound to `instance` (constructed in
+    the build stage). A call that fails is left to the run stage: a compile error is recorded
+    and raised there again at once; arguments that need the call's real inputs (a shape in
+    the source, a tensor) cannot be evaluated here, and that call compiles in the run stage."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    for call, scopes in _scoped_calls(tree):
+        module_names = dict(namespace)  # a copy: the module's own names stay as its import left them
+        local: dict = {}
+        for owner, function in scopes:
+            params = function.args.posonlyargs + function.args.args
+            if owner == "ModelNew" and instance is not None and params and params[0].arg == "self":
+                local["self"] = instance
+            for statement in _preceding_statements(function, call.lineno):
+                try:
+                    exec(compile(ast.Module(body=[statement], type_ignores=[]), "<candidate>", "exec"),
+                         module_names, local)  # fmt: skip
+                except Exception:  # noqa: BLE001 - a name only the real call has: skip it
+                    continue
         try:
             code = compile(ast.fix_missing_locations(ast.Expression(body=call)), "<candidate>", "eval")
-            eval(code, dict(namespace))  # a copy: the module's own names stay as its import left them
+            eval(code, module_names, local)
         except Exception:  # noqa: BLE001 - see above
             continue
 
@@ -160,11 +243,12 @@ def load_outcomes(build_dir: str) -> dict[str, dict]:
     return data if isinstance(data, dict) else {}
 
 
-def construct(module, task_source: str, workdir: str, load_module) -> None:
-    """Construct ModelNew from the task's init inputs, so loads in its constructor compile here;
-    any failure (a GPU it needs, memory) is the run stage's to report, not the build's."""
+def construct(module, task_source: str, workdir: str, load_module) -> object:
+    """Construct ModelNew from the task's init inputs, so loads in its constructor compile here,
+    and return it (None when that failed); any failure (a GPU it needs, memory) is the run
+    stage's to report, not the build's."""
     try:
         reference = load_module(task_source, "sf_reference", workdir)
-        module.ModelNew(*reference.get_init_inputs())
+        return module.ModelNew(*reference.get_init_inputs())
     except Exception:  # noqa: BLE001 - see above
-        pass
+        return None

@@ -66,8 +66,8 @@ def build(job: dict) -> dict:
     recorder = extensions.install(job["build_dir"], replay=False)
     try:
         module = _load_candidate(job)
-        extensions.prebuild(job["candidate"]["source"], vars(module))
-        extensions.construct(module, job["task"]["source"], job["workdir"], _load_module)
+        model = extensions.construct(module, job["task"]["source"], job["workdir"], _load_module)
+        extensions.prebuild(job["candidate"]["source"], vars(module), model)
     except Verdict as verdict:
         return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
                 "build_s": _perf_counter() - start}

@@ -1,0 +1,64 @@
+"""CPUs for a CPU-family run stage, claimed host-wide so that every measurement of a kernel runs
+on the same CPU, alone.
+
+Where a process runs changes what it measures. On the 2-vCPU dev box the same cpp kernel
+measured 1.55x pinned to CPU 0 and 1.20x pinned to CPU 1, each steady within its process
+(benchmarks/RESULTS.md); unpinned, a sandbox kept to whichever CPU the scheduler first gave it,
+so the figure over 6 sandboxes was bimodal. A run stage therefore claims `count` CPUs of this
+process's allowed set, the highest-numbered free ones first (CPU 0 takes most interrupts and
+housekeeping), and the sandbox pins itself to them. A claim is an exclusive `flock` on a file
+per CPU in a host-wide folder, so concurrent evaluations (threads of one process, Ray actors,
+other users of the same build cache host) never share a CPU; it ends with the job, or with the
+process that held it. When fewer CPUs are free than asked for, the run goes unpinned, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+LOCK_DIR_NAME = "speedforge-cpus"
+
+
+def lock_dir() -> Path:
+    path = Path(tempfile.gettempdir()) / LOCK_DIR_NAME
+    path.mkdir(mode=0o1777, exist_ok=True)
+    return path
+
+
+def allowed() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@contextlib.contextmanager
+def claim(count: int, candidates: list[int] | None = None) -> Iterator[list[int]]:
+    """Hold `count` CPUs exclusively for the block, highest-numbered free first; yields them
+    (sorted), or [] when that many are not free or `count` is not less than the CPUs allowed
+    (pinning every CPU changes nothing)."""
+    cpus = sorted(candidates if candidates is not None else allowed())
+    held: list[tuple[int, int]] = []  # (cpu, fd)
+    try:
+        if 0 < count < len(cpus):
+            folder = lock_dir()
+            for cpu in reversed(cpus):
+                if len(held) == count:
+                    break
+                fd = os.open(folder / f"{cpu}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue
+                held.append((cpu, fd))
+        if len(held) < count:  # not enough free: hold none
+            for _, fd in held:
+                os.close(fd)
+            held = []
+        yield sorted(cpu for cpu, _ in held)
+    finally:
+        for _, fd in held:
+            os.close(fd)  # closing the descriptor releases its lock
