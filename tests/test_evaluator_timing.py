@@ -65,3 +65,14 @@ def test_an_undecided_answer_is_measured_again_then_marked_unstable(task, config
     assert result.status == "ok", result.reason
     assert result.timed_calls == 12  # the reported round ran to the maximum
     assert result.unstable
+
+
+def test_a_ratio_that_drifts_between_batches_widens_the_interval():
+    # the machine's state drifts over the window (a memory-bound reference slows from 200 to
+    # 260 us): the median is well determined, so the pairs' bootstrap alone calls it decided
+    ref = [200.0 + 0.3 * i for i in range(200)]
+    cand = [100.0] * 200
+    steady = speedup_interval(torch, [230.0 + 0.0001 * i for i in range(200)], cand, seed=3)
+    drifting = speedup_interval(torch, ref, cand, seed=3)
+    assert steady[2] < 0.01
+    assert drifting[2] > 0.05 and drifting[0] < 2.1 and drifting[1] > 2.5
