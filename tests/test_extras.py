@@ -78,4 +78,22 @@ def test_make_installs_every_extra_and_all_names_every_optional_one():
     make_extras = re.search(r"^EXTRAS := (.+)$", (ROOT / "Makefile").read_text(), re.M)[1].split(",")
     assert sorted(make_extras) == sorted(set(extras) - {"all"})
     (everything,) = extras["all"]
-    assert re.fullmatch(r"speedforge\[(.+)\]", everything)[1].split(",") == [e for e in extras if e not in ("all", "dev")]
+    optional = [e for e in extras if e not in ("all", "dev")]
+    assert re.fullmatch(r"speedforge\[(.+)\]", everything)[1].split(",") == optional
+
+
+def test_library_service_without_ray_is_the_same_user_error():
+    code = """
+import sys
+sys.modules["ray"] = None
+from speedforge.cluster import EvaluationService
+from speedforge.errors import UserError
+try:
+    with EvaluationService() as service:  # closing a service that never started needs no Ray
+        service.start(["cpu"])
+except UserError as exc:
+    print(exc)
+"""
+    child = python("-c", code)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip().startswith("the Ray evaluation service needs the 'cluster' extra (ray: ")
