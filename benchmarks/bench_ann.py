@@ -8,6 +8,8 @@ are interleaved point by point, so a shared machine's load falls on all of them 
 
     python benchmarks/bench_ann.py --n 200000 --shapes sift,glove,gist
     python benchmarks/bench_ann.py --n 20000 --queries 500 --shapes sift --libs sfann,hnswlib
+
+hnswlib and faiss-cpu come with the `ann-bench` extra (`make test` installs it).
 """
 
 from __future__ import annotations

