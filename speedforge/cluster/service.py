@@ -46,7 +46,7 @@ from speedforge.cluster.pools import (
 from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet, check_inputs
 from speedforge.config import Config, ServiceConfig
 from speedforge.errors import UserError, first_line, interrupt_on_sigterm
-from speedforge.records import Candidate, EvalResult, Task
+from speedforge.records import TABLES, Candidate, EvalResult, Task
 
 
 class ResultsTable:
@@ -63,7 +63,10 @@ class ResultsTable:
     write the spill, then releases the lease.
     """
 
-    def __init__(self, store: Any, table: str = "results", flush_every: int = 32, flush_s: float = 5.0,
+    name = "results"  # the store table, and the class of its rows (speedforge.records.TABLES)
+    record = TABLES[name]
+
+    def __init__(self, store: Any, table: str = name, flush_every: int = 32, flush_s: float = 5.0,
                  spill: Any = None, lease: Any = None) -> None:  # fmt: skip
         self.store = store
         self.table = table
@@ -77,7 +80,7 @@ class ResultsTable:
         self.kept_parts = 0  # parts left in the spill when the table was closed
 
     @classmethod
-    def open(cls, store: Any, config: Config, force: bool = False, table: str = "results") -> "ResultsTable":
+    def open(cls, store: Any, config: Config, force: bool = False, table: str = name) -> "ResultsTable":
         """Take the lease on `table` of `store` (force: an expired one too), then write its spill."""
         from speedforge.store.lease import Lease
         from speedforge.store.spill import Spill
@@ -96,8 +99,8 @@ class ResultsTable:
 
     def recorded(self) -> dict[Key, EvalResult]:
         """Results already in the table or waiting in its spill, by (candidate_id, pool)."""
-        spilled = self.spill.read_records(self.table, EvalResult) if self.spill else []
-        stored = self.store.read_records(self.table, EvalResult)
+        spilled = self.spill.read_records(self.table, self.record) if self.spill else []
+        stored = self.store.read_records(self.table, self.record)
         return {(r.candidate_id, r.pool): r for r in [*stored, *spilled]}
 
     def add(self, result: EvalResult) -> None:
