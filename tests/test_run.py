@@ -1,16 +1,16 @@
 """The main job (`speedforge run`, what `make run` does) end to end on a tiny budget: the built-in
 candidates measured, the suite staged to a real embedded S3, the search seeded with them.
 
-The test at CI speed runs the same recipe and printer with a scripted policy and a scripted
-evaluator (no compiler, no model), since speedforge ships no deterministic generation backend;
-the `slow` one runs the command itself with the default model and the real sandbox, one task
-(about 2 minutes on 2 cores, most of it compiling the task's fast candidate once)."""
+The last test runs the command itself with the default model and the real sandbox on one task
+(61 s on 2 cores, most of it compiling the task's fast candidate once: under the 2 minutes that
+would make it `slow`). The others run the same recipe and printer with a scripted policy and a
+scripted evaluator (no compiler, no model; speedforge ships no deterministic generation
+backend), which lets them check what a real model cannot be relied on to produce: a passing
+sample, and a second run that starts from the first one's variants."""
 
 from __future__ import annotations
 
 import dataclasses
-
-import pytest
 
 from speedforge.cli import main
 from speedforge.commands.run import RunPrinter, best_rows
@@ -86,7 +86,6 @@ def test_the_main_job_without_a_search_makes_no_backend_and_stages_nothing(tmp_p
     assert not (tmp_path / "cache" / "run-s3").exists()
 
 
-@pytest.mark.slow
 def test_speedforge_run_end_to_end_on_one_task_with_the_default_model(tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_text(
