@@ -26,8 +26,7 @@ class CurveView(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Curve:
-    points: list  # speedforge.ann.sweep points: ef, recall, qps, in ef order
-    k: int
+    points: list  # speedforge.ann.sweep points: ef, recall@k, qps, in ef order
     auc: float  # area under QPS over the recall band (speedforge.ann.auc.BAND)
     qps_at_90: float | None  # QPS at recall 0.90, None when never reached
 
@@ -56,4 +55,4 @@ def ann_curve(ds, efs: Sequence[int], view: CurveView, k: int = 10, M: int = 16,
     view.built(index.build_seconds, index.memory_bytes)
     points = sweep(lambda q, n, ef: index.search(q, n, ef, threads)[0], ds.queries, truth, efs, k, progress=view.swept)
     pairs = [p.pair for p in points]
-    return Curve(points, k, band_auc(pairs), qps_at(pairs, 0.90))
+    return Curve(points, band_auc(pairs), qps_at(pairs, 0.90))
