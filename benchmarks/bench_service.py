@@ -36,8 +36,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from speedforge.cluster.pools import resolve_pools, sweep_evaluator_config
-from speedforge.cluster.service import EvaluationService, connect_ray
+from speedforge.cluster.pools import local_gpu_names, local_gpu_pool, resolve_pools, sweep_evaluator_config
+from speedforge.cluster.service import EvaluationService
+from speedforge.cluster.session import ray_session
 from speedforge.config import Config, load_config
 from speedforge.evaluator.evaluate import evaluate
 from speedforge.records import Candidate, EvalResult
@@ -168,9 +169,6 @@ def report_failures(mode: str, results: list[EvalResult]) -> None:
 
 
 def run_service(tasks, candidates, config: Config, pool: str, mode: str = "service") -> Run:
-    start = time.perf_counter()
-    connect_ray(None, config.service)
-    ray_start_s = time.perf_counter() - start
     last = [0]
     clock: dict[int, float] = {}  # results done -> sweep clock when that count was first reached
 
@@ -182,15 +180,15 @@ def run_service(tasks, candidates, config: Config, pool: str, mode: str = "servi
                   f"done {p.done}/{p.submitted}", file=sys.stderr, flush=True)  # fmt: skip
             last[0] = p.done
 
-    with GpuSampler() as gpu, EvaluationService(config) as service:
-        start = time.perf_counter()
-        results = service.submit(candidates, [pool], tasks, on_progress=report)
-        wall = time.perf_counter() - start
-        counts = service.worker_counts()
-        workers = {"bench_workers": counts[pool], "build_workers": counts["build"]}
-    import ray
-
-    ray.shutdown()
+    start = time.perf_counter()
+    with ray_session(None, config.service):
+        ray_start_s = time.perf_counter() - start
+        with GpuSampler() as gpu, EvaluationService(config) as service:
+            start = time.perf_counter()
+            results = service.submit(candidates, [pool], tasks, on_progress=report)
+            wall = time.perf_counter() - start
+            counts = service.worker_counts()
+            workers = {"bench_workers": counts[pool], "build_workers": counts["build"]}
     report_failures(mode, results)
     statuses = dict(Counter(r.status for r in results))
     extra = {"ray_start_s": ray_start_s, **workers}
@@ -201,26 +199,10 @@ def run_service(tasks, candidates, config: Config, pool: str, mode: str = "servi
     return Run(mode, len(candidates), wall, statuses, gpu.busy_fraction, extra)
 
 
-def gpu_names() -> list[str]:
-    """The name of every NVIDIA GPU of this machine (none without nvidia-smi)."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True, timeout=30).stdout  # fmt: skip
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def detected_pool() -> str:
-    """The GPU type of this machine as Ray labels it ("NVIDIA H100 80GB HBM3" -> H100), else cpu."""
-    names = gpu_names()
-    match = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", names[0].removeprefix("NVIDIA ")) if names else None
-    return match.group(1) if match else "cpu"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=16, help="candidates (the same N in both modes)")
-    parser.add_argument("--pools", help="bench pool (default: this machine's GPU type, as Ray names it, else cpu)")
+    parser.add_argument("--pools", help="bench pool (default: this machine's GPU's pool, else cpu)")
     parser.add_argument("--device", choices=["cpu", "cuda"],
                         help="cuda: this machine's GPU pool; cpu: the cpu pool (default: cuda when a GPU is present)")
     parser.add_argument("--family", choices=["cpp", "cuda"], help="default: cuda for a GPU pool, else cpp")
@@ -236,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
-    pool = args.pools or ("cpu" if args.device == "cpu" else detected_pool())
+    pool = args.pools or ("cpu" if args.device == "cpu" else local_gpu_pool() or "cpu")
     if args.device == "cuda" and pool == "cpu":
-        raise SystemExit("--device cuda: no NVIDIA GPU found (nvidia-smi)")
+        raise SystemExit("--device cuda: no NVIDIA GPU of a known pool found here (name the pool with --pools)")
     config = load_config(args.config)
     pool_config = resolve_pools([pool], config.service)[pool]
     if args.workers:
@@ -283,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json_path: str | None) -> int:
     """Build once, then sweep the warm cache with 1 bench worker and with one per GPU."""
-    gpus = len(gpu_names())
+    gpus = len(local_gpu_names())
     if gpus < 2:
         raise SystemExit(f"--bench-bound compares 1 GPU with all of them: this machine has {gpus}")
 

@@ -220,3 +220,9 @@ class Variant(Record):
     parent_ids: tuple[str, ...] = ()
     analysis: str = ""  # the model's performance analysis, when it wrote one
     created_at: float = 0.0
+
+
+# The one mapping from a store table's name to the record class of its rows: every reader and
+# writer of a table (staging, the results and variants tables, `speedforge evaluate`'s inputs)
+# looks the class up here instead of naming it again.
+TABLES: dict[str, type[Record]] = {"tasks": Task, "candidates": Candidate, "results": EvalResult, "variants": Variant}

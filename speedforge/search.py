@@ -13,7 +13,6 @@ import collections
 import dataclasses
 import json
 import random
-import re
 import time
 from collections.abc import Callable
 
@@ -63,15 +62,9 @@ def default_pool(task: Task, configured: str) -> str:
     GPU's pool name (H100, A100, ... as in the service's pools), else "cuda"."""
     if task.family != "cuda":
         return configured
-    import torch
+    from speedforge.cluster.pools import local_gpu_pool
 
-    from speedforge.config import GPU_POOLS
-
-    if not torch.cuda.is_available():
-        return "cuda"
-    name = torch.cuda.get_device_name()
-    matches = [pool for pool in GPU_POOLS if re.search(rf"(?<![A-Za-z0-9]){pool}(?![A-Za-z0-9])", name)]
-    return matches[0] if matches else "cuda"
+    return local_gpu_pool() or "cuda"
 
 
 def pool_device(pool: str) -> str:

@@ -26,11 +26,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from speedforge.records import Candidate, Record, Task
+from speedforge.records import TABLES, Candidate, Record, Task
 from speedforge.store import CorruptObjectError, ObjectExistsError, Store, StoreError, decode_records, encode_records
 
 FORMAT = "speedforge.dataset/1"
-KINDS: dict[str, type[Record]] = {"tasks": Task, "candidates": Candidate}
+KINDS: dict[str, type[Record]] = {kind: TABLES[kind] for kind in ("tasks", "candidates")}
 ID_FIELDS = {"tasks": "task_id", "candidates": "candidate_id"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 VERSION_FILE = re.compile(r"^(\d{6})\.json$")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from speedforge.records import Candidate, EvalResult, Variant
+from speedforge.records import TABLES, Candidate, EvalResult, Variant
 
 TABLE = "variants"
 
@@ -36,6 +36,9 @@ def make_variant(candidate: Candidate, result: EvalResult, analysis: str = "") -
 
 class VariantsTable:
     """Variants keyed by (variant_id, pool); a later add for the same key replaces the earlier."""
+
+    name = TABLE  # the store table, and the class of its rows (speedforge.records.TABLES)
+    record = TABLES[TABLE]
 
     def __init__(self, variants: Iterable[Variant] = ()) -> None:
         self._rows: dict[tuple[str, str], Variant] = {}
@@ -84,10 +87,10 @@ class VariantsTable:
     @classmethod
     def load(cls, store) -> "VariantsTable":
         """The variants table of a store (empty when the store has none yet)."""
-        return cls(store.read_records(TABLE, Variant))
+        return cls(store.read_records(cls.name, cls.record))
 
-    @staticmethod
-    def append(store, variants: list[Variant]) -> None:
+    @classmethod
+    def append(cls, store, variants: list[Variant]) -> None:
         """Append variants to the store's table (one new part)."""
         if variants:
-            store.append_records(TABLE, variants)
+            store.append_records(cls.name, variants)

@@ -121,9 +121,9 @@ def test_bad_input_files_and_values_are_one_line(run_cli, files, command, words)
 
 
 def test_run_checks_the_policy_model_before_evaluating_anything(run_cli, files, tmp_path, monkeypatch):
-    import speedforge.commands.run as run_command
+    import speedforge.evaluator
 
-    monkeypatch.setattr(run_command, "evaluate", lambda *a, **k: pytest.fail("evaluated before the model check"))
+    monkeypatch.setattr(speedforge.evaluator, "evaluate", lambda *a, **k: pytest.fail("evaluated before the model check"))
     config = tmp_path / "speedforge.yaml"
     config.write_text(f"policy:\n  model: {files['missing']}.gguf\n")
     code, err, out = run_cli(["--config", str(config), "run", "--family", "cpp"])

@@ -102,3 +102,17 @@ def test_service_config_loads_pools_strictly_from_a_mapping():
     assert config.service.pools == {"A10": PoolConfig(num_cpus=2.0, resources={"accelerator_type:A10": 1.0})}
     with pytest.raises(ConfigError, match="unknown key"):
         from_mapping(Config, {"service": {"pools": {"A10": {"gpus": 1}}}})
+
+
+@pytest.mark.parametrize("names, pool", [
+    (["NVIDIA H100 80GB HBM3"], "H100"),
+    (["NVIDIA L40S", "NVIDIA L40S"], "L40S"),  # not L40: a pool name matches whole words only
+    (["NVIDIA A100-SXM4-80GB"], "A100"),
+    (["NVIDIA GeForce RTX 4090"], None),  # a GPU no pool names
+    ([], None),  # no GPU
+])  # fmt: skip
+def test_the_local_gpu_pool_is_the_pool_named_in_the_gpu_name(monkeypatch, names, pool):
+    from speedforge.cluster import pools
+
+    monkeypatch.setattr(pools, "local_gpu_names", lambda: names)
+    assert pools.local_gpu_pool() == pool

@@ -8,7 +8,6 @@ evaluations use plain-PyTorch candidates of the cpp family, so nothing compiles.
 from __future__ import annotations
 
 import dataclasses
-import time
 import weakref
 
 import pytest
@@ -77,9 +76,7 @@ def test_worker_the_cluster_has_no_room_for_is_dropped_not_waited_on(tmp_path, c
     task = fx.task()
     try:
         with EvaluationService(fx.test_config(tmp_path, worker_start_timeout_s=5.0)) as service:
-            start = time.monotonic()
             results = service.submit([fx.plain_candidate(task, 0)], ["cpu"], [task])
-            assert time.monotonic() - start < 60
             assert service.worker_counts()["cpu"] == 1
     finally:
         ray.kill(squatter)
@@ -93,12 +90,11 @@ def test_unknown_pool_is_a_clear_error(tmp_path):
             service.submit([fx.plain_candidate(fx.task(), 0)], ["cpu", "V100"], [fx.task()])
 
 
-def test_pool_with_no_workers_in_the_cluster_fails_fast(tmp_path):
-    start = time.monotonic()
+def test_pool_with_no_workers_in_the_cluster_fails_before_starting_any(tmp_path):
     with EvaluationService(fx.test_config(tmp_path)) as service:
         with pytest.raises(UserError, match=r"pool 'A100' has no workers.*accelerator_type:A100"):
             service.submit([fx.plain_candidate(fx.task(), 0)], ["A100"], [fx.task()])
-    assert time.monotonic() - start < 20
+        assert service.worker_counts() == {"build": 0}  # the plan refused before any worker was started
 
 
 def test_a_list_with_a_candidate_of_an_unknown_task_fails_before_anything_runs(tmp_path):
@@ -154,11 +150,9 @@ def test_hung_call_is_killed_after_its_time_limit_and_retried(tmp_path):
                                                                        run_timeout_s=1.0))  # fmt: skip
     candidate = fx.plain_candidate(fx.task(), 0)
     progress = []
-    start = time.monotonic()
     with EvaluationService(config, build_fn=fx.cheap_build, run_fn=fx.hang_once_run) as service:
         (result,) = service.submit([candidate], ["cpu"], [fx.task()], on_progress=progress.append)
-    assert result.status == "ok" and progress[-1].pools[0].retries == 1
-    assert time.monotonic() - start < 60  # the hang cost its limit (2 x 1 s + 2 s), not an hour
+    assert result.status == "ok" and progress[-1].pools[0].retries == 1  # killed at its limit, then run again
 
 
 def test_interrupted_sweep_resumes_without_redoing_recorded_pairs(tmp_path):

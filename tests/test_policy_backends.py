@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -105,7 +104,7 @@ def test_openai_backend_against_serve_policy(policy_server):
         assert isinstance(generation.text, str)
         assert 1 <= generation.completion_tokens <= 8
         assert generation.prompt_tokens > 10
-        assert generation.finish_reason in ("stop", "length")
+        assert generation.finish_reason == ("length" if generation.completion_tokens == 8 else "stop"), generation
     again = backend.generate(MESSAGES, 2, seed=7)
     assert [g.text for g in again] == [g.text for g in first]  # same seed, same samples
     greedy = backend.generate(MESSAGES, 2, temperature=0.0, max_new_tokens=4)
@@ -228,7 +227,6 @@ def test_base_url_from_the_environment(garbage, monkeypatch):
 
 
 def test_serve_policy_with_a_missing_model_exits_with_one_line(tmp_path):
-    started = time.monotonic()
     process = subprocess.run(
         [sys.executable, "-m", "speedforge.cli", "serve-policy", "--model", str(tmp_path / "missing.gguf")],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"},
@@ -238,4 +236,3 @@ def test_serve_policy_with_a_missing_model_exits_with_one_line(tmp_path):
         f"speedforge serve-policy: error: model path {tmp_path / 'missing.gguf'} does not exist "
         "(expected a .gguf file or a checkpoint folder)"
     )
-    assert time.monotonic() - started < 300

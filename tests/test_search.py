@@ -221,12 +221,13 @@ def test_optimize_one_round_with_the_default_model(quick_config, s3_uri, capsys)
     row = lines[header + 1].split()
     assert row[:2] == ["1", "2"] and row[3].endswith("%")
     assert "policy hf:SmolLM2-135M-Instruct, pool cpu" in out
-    assert "no valid variant of cpp/add_relu_scale" in out or "best variant of cpp/add_relu_scale" in out
+    # 24 tokens hold no whole program: nothing passes, and the outcome says why
+    assert "no valid variant of cpp/add_relu_scale on cpu after 2 sample(s)" in out
     stored = open_store(s3_uri).read_records(TABLE, Variant)
-    assert 1 <= len(stored) <= 2  # two samples; identical ones are one variant
+    assert len(stored) == 2  # two samples of 24 tokens at temperature 0.8, seeded: two distinct candidates
     for variant in stored:
-        assert variant.status in STATUSES and variant.origin == "model:SmolLM2-135M-Instruct@round1"
-        assert (variant.score is not None) == (variant.status == "ok")
+        assert variant.status in STATUSES and variant.status != "ok"
+        assert variant.origin == "model:SmolLM2-135M-Instruct@round1" and variant.score is None
 
 
 def test_optimize_with_the_endpoint_down_ends_with_one_clear_line(capsys):
@@ -266,7 +267,8 @@ def test_optimize_one_round_on_a_cuda_task_with_the_default_model_on_the_gpu(tmp
 
 
 def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
-    from speedforge.cluster.service import EvaluationService, connect_ray
+    from speedforge.cluster.service import EvaluationService
+    from speedforge.cluster.session import ray_session
     from speedforge.config import Config, ServiceConfig
     from speedforge.search import service_evaluator
 
@@ -274,16 +276,9 @@ def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
                                 min_timed_s=0.0, max_timed_calls=3, warmup_calls=1)  # fmt: skip
     config = Config(evaluator=evaluator, service=ServiceConfig(build_workers=1, build_num_cpus=0.25))
     store = open_store(tmp_path / "store")
-    started = connect_ray(None, config.service)
-    try:
-        with EvaluationService(config) as service:
-            backend = ScriptedBackend([answer(FAST), answer(WRONG)])
-            result = search(backend, service_evaluator(service, store=store), rounds=1, samples=2, store=store)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+    with ray_session(None, config.service), EvaluationService(config) as service:
+        backend = ScriptedBackend([answer(FAST), answer(WRONG)])
+        result = search(backend, service_evaluator(service, store=store), rounds=1, samples=2, store=store)
     assert sorted(s.status for s in result.samples) == ["incorrect", "ok"]
     assert len(store.read_records("results", EvalResult)) == 2  # the service's results table
     assert len(store.read_records(TABLE, Variant)) == 2

@@ -125,11 +125,9 @@ def test_wrong_credentials_are_one_clear_line(s3_env, monkeypatch):
 
 def test_unreachable_endpoint_is_one_clear_line(s3_env):
     (port,) = free_ports(1)
-    started = time.monotonic()
     with pytest.raises(StoreError, match=f"cannot reach S3 endpoint http://127.0.0.1:{port}") as info:
         open_store("s3://b/x", endpoint_url=f"http://127.0.0.1:{port}", config=StoreConfig(open_retry_s=1.0))
     assert "\n" not in str(info.value)
-    assert time.monotonic() - started < 15
 
 
 def test_endpoint_comes_from_env_or_argument(s3_env, monkeypatch):

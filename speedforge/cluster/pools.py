@@ -3,16 +3,20 @@
 A bench pool is named by GPU type (`H100`, `A100`, `L40`, ...) and pinned with Ray's
 `accelerator_type:<type>` resource, which Ray sets on every node with that GPU; the `cpu` pool
 (the CPU family) takes a custom resource that a node declares per CPU bench slot. Everything
-here is plain arithmetic on resource dicts, so it is tested without Ray.
+here is plain arithmetic on resource dicts, so it is tested without Ray; only `local_gpu_pool`
+asks this machine which GPU it has.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import shutil
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 
-from speedforge.config import CPU_POOL_RESOURCE, EvaluatorConfig, PoolConfig, ServiceConfig
+from speedforge.config import CPU_POOL_RESOURCE, GPU_POOLS, EvaluatorConfig, PoolConfig, ServiceConfig
 from speedforge.errors import UserError
 
 
@@ -134,3 +138,29 @@ def sweep_evaluator_config(config: EvaluatorConfig, pools: Mapping[str, PoolConf
 
 def _describe(need: Mapping[str, float]) -> str:
     return ", ".join(f"{k}: {v:g}" for k, v in sorted(need.items()))
+
+
+def local_gpu_names() -> list[str]:
+    """The name of every NVIDIA GPU of this machine: nvidia-smi's list (which makes no CUDA
+    context in this process, so a sandbox forked later can still use the GPU), else torch's."""
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout  # fmt: skip
+        return [line.strip() for line in out.splitlines() if line.strip()]
+    import torch
+
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def local_gpu_pool(pools: Iterable[str] = GPU_POOLS) -> str | None:
+    """The pool this machine's first GPU belongs to, named as in `pools` ("NVIDIA H100 80GB HBM3"
+    -> H100, "NVIDIA L40S" -> L40S, not L40); None without a GPU or for a GPU no pool names.
+
+    The one place that tells which pool a local measurement is on: the search labels its
+    variants with it, the benchmarks pick the service's pool with it.
+    """
+    names = local_gpu_names()
+    if not names:
+        return None
+    matches = [pool for pool in pools if re.search(rf"(?<![A-Za-z0-9]){re.escape(pool)}(?![A-Za-z0-9])", names[0])]
+    return matches[0] if matches else None

@@ -1,7 +1,6 @@
 """The evaluation service: candidates in, exactly one EvalResult per (candidate, pool) out.
 
-    connect_ray(address, config.service)
-    with EvaluationService(config) as service:
+    with ray_session(address, config.service), EvaluationService(config) as service:
         results = service.submit(candidates, ["H100", "L40"], tasks, store=store)
 
 Each candidate is screened and built once by a CPU build worker (the build cache is shared, so
@@ -36,7 +35,6 @@ from speedforge.cluster.pools import (
     actor_options,
     build_nice,
     build_slowdown,
-    local_ray_resources,
     plan_bench_workers,
     plan_build_workers,
     resolve_pools,
@@ -45,9 +43,9 @@ from speedforge.cluster.pools import (
 )
 from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet, check_inputs
 from speedforge.config import Config, ServiceConfig
-from speedforge.errors import UserError, first_line, interrupt_on_sigterm
+from speedforge.errors import UserError, first_line
 from speedforge.extras import require
-from speedforge.records import Candidate, EvalResult, Task
+from speedforge.records import TABLES, Candidate, EvalResult, Task
 
 
 class ResultsTable:
@@ -64,7 +62,10 @@ class ResultsTable:
     write the spill, then releases the lease.
     """
 
-    def __init__(self, store: Any, table: str = "results", flush_every: int = 32, flush_s: float = 5.0,
+    name = "results"  # the store table, and the class of its rows (speedforge.records.TABLES)
+    record = TABLES[name]
+
+    def __init__(self, store: Any, table: str = name, flush_every: int = 32, flush_s: float = 5.0,
                  spill: Any = None, lease: Any = None) -> None:  # fmt: skip
         self.store = store
         self.table = table
@@ -78,7 +79,7 @@ class ResultsTable:
         self.kept_parts = 0  # parts left in the spill when the table was closed
 
     @classmethod
-    def open(cls, store: Any, config: Config, force: bool = False, table: str = "results") -> "ResultsTable":
+    def open(cls, store: Any, config: Config, force: bool = False, table: str = name) -> "ResultsTable":
         """Take the lease on `table` of `store` (force: an expired one too), then write its spill."""
         from speedforge.store.lease import Lease
         from speedforge.store.spill import Spill
@@ -97,8 +98,8 @@ class ResultsTable:
 
     def recorded(self) -> dict[Key, EvalResult]:
         """Results already in the table or waiting in its spill, by (candidate_id, pool)."""
-        spilled = self.spill.read_records(self.table, EvalResult) if self.spill else []
-        stored = self.store.read_records(self.table, EvalResult)
+        spilled = self.spill.read_records(self.table, self.record) if self.spill else []
+        stored = self.store.read_records(self.table, self.record)
         return {(r.candidate_id, r.pool): r for r in [*stored, *spilled]}
 
     def add(self, result: EvalResult) -> None:
@@ -162,89 +163,6 @@ class ResultsTable:
         self.close()
 
 
-def connect_ray(address: str | None, config: ServiceConfig) -> bool:
-    """Join the Ray cluster at `address`, or start a local one with the CPU bench slots.
-
-    True when this call started or joined Ray (the caller shuts it down), False when Ray was
-    already initialized in this process.
-    """
-    require("cluster", "ray", purpose="the Ray evaluation service")
-    import ray
-
-    if ray.is_initialized():
-        return False
-    options = dict(logging_level="WARNING", log_to_driver=False)
-    if address:
-        probe_ray(address, config.connect_timeout_s)
-    try:
-        if address:
-            ray.init(address=address, **options)
-        else:
-            # workers at niceness 0 (Ray's default is 15), so the build workers' steps below the
-            # bench workers have room (see ServiceConfig.build_nice_first)
-            ray.init(resources=local_ray_resources(config), include_dashboard=False,
-                     _system_config={"worker_niceness": 0}, **options)  # fmt: skip
-    except (ConnectionError, SystemExit) as exc:  # Ray exits (SystemExit) when the GCS never answers
-        raise UserError(f"cannot join the Ray cluster at {address}: {first_line(exc) or type(exc).__name__} (a "
-                        "cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
-                        "RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
-    interrupt_on_sigterm()  # ray.init replaced SIGTERM's handler with one that dumps a C++ stack
-    return True
-
-
-RAY_ADDRESS_HELP = "give the GCS address host:6379, or ray://head:10001 for the Ray Client"
-PROBE = """
-import sys, ray
-try:
-    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-except BaseException as exc:
-    print(f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300], flush=True)
-    sys.exit(1)
-ray.shutdown()
-"""
-
-
-def probe_ray(address: str, timeout_s: float) -> None:
-    """Fail within `timeout_s`, with one line, unless a Ray cluster answers at `address`.
-
-    Ray itself waits minutes on an address that does not answer, printing warnings, so the
-    port is tried first and then a whole join, in a child process that is killed at the deadline.
-    """
-    import subprocess
-
-    deadline = time.monotonic() + timeout_s
-    client = address.startswith("ray://")
-    if client:
-        try:
-            import grpc  # noqa: F401  (the Ray Client's transport, from the ray[client] extra)
-        except ImportError:
-            import ray
-
-            raise UserError(f"{address}: ray:// addresses need the Ray Client: pip install "
-                            f"'ray[client]=={ray.__version__}'; or give the GCS address host:6379") from None
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if address != "auto" and not (sep and host and port.isdigit()):
-        raise UserError(f"invalid Ray address {address!r}: {RAY_ADDRESS_HELP}, or auto")
-    if sep:
-        import socket
-
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-        except OSError as exc:
-            raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (within "
-                            f"{timeout_s:g} s, service.connect_timeout_s); is it up? {RAY_ADDRESS_HELP}") from None
-    try:
-        child = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True, text=True,
-                               timeout=max(1.0, deadline - time.monotonic()), stdin=subprocess.DEVNULL)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise UserError(f"the Ray cluster at {address} did not answer within {timeout_s:g} s "
-                        f"(service.connect_timeout_s): is a Ray cluster listening there? {RAY_ADDRESS_HELP}") from None
-    if child.returncode != 0:
-        reason = (child.stdout.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
-        raise UserError(f"cannot join the Ray cluster at {address}: {reason} (a cluster with token authentication "
-                        "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")  # fmt: skip
-
-
 class EvaluationService:
     """Build workers and bench workers on Ray, kept between submits, and the sweep that feeds them."""
 
@@ -277,7 +195,7 @@ class EvaluationService:
         import ray
 
         if not ray.is_initialized():
-            raise UserError("Ray is not running: call speedforge.cluster.connect_ray() first")
+            raise UserError("Ray is not running: open speedforge.cluster.ray_session() first")
         configs = resolve_pools(pools, self.service)
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
         plan = plan_bench_workers(configs, nodes)

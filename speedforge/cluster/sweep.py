@@ -9,6 +9,11 @@ Nothing is recorded that a rerun could not trust: `check_inputs` fails a sweep w
 name a task it was not given (or a pool that cannot run their family) before it starts, and a
 candidate of an unknown task that only shows up in a streamed input gets its `runtime_error`
 result returned but not recorded, so a rerun with the right tasks evaluates it.
+
+What the loop asks of Ray (send a call, wait for calls, get one's outputs, kill a worker) goes
+through a `Runtime`, Ray's by default; a test gives a deterministic one, which decides the order
+in which calls finish and which workers die, so exactly-once and retries are tested without Ray.
+The clock is injectable for the same reason (call deadlines).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import dataclasses
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from speedforge.cluster.actors import infra_error
 from speedforge.cluster.pools import build_slowdown, unable_pools
@@ -27,6 +32,51 @@ from speedforge.records import RETRYABLE_STATUSES, Candidate, EvalResult, Task
 
 Key = tuple[str, str]  # (candidate_id, pool)
 WAIT_S = 0.5  # longest the loop blocks waiting for a call; progress is reported at least this often
+
+
+class WorkerDied(Exception):
+    """The worker a call ran on died before answering (Ray: RayActorError); the message says why."""
+
+
+class Runtime(Protocol):
+    """What the sweep needs from the system its workers run on."""
+
+    def call(self, handle: Any, method: str, *args: Any) -> Any:
+        """Send `method(*args)` to a worker; returns a reference to its outcome."""
+
+    def wait(self, refs: list[Any], num_returns: int, timeout: float) -> list[Any]:
+        """The references among `refs` that have finished (at most `num_returns`; none after `timeout`)."""
+
+    def get(self, ref: Any) -> Any:
+        """A finished call's outputs; WorkerDied when its worker died, any other error when the call failed."""
+
+    def kill(self, handle: Any) -> None:
+        """Kill a worker; its unfinished calls then end in WorkerDied."""
+
+
+class RayRuntime:
+    """The Runtime of a sweep on Ray actors."""
+
+    def call(self, handle: Any, method: str, *args: Any) -> Any:
+        return getattr(handle, method).remote(*args)
+
+    def wait(self, refs: list[Any], num_returns: int, timeout: float) -> list[Any]:
+        import ray
+
+        return ray.wait(refs, num_returns=num_returns, timeout=timeout)[0]
+
+    def get(self, ref: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise WorkerDied(first_line(exc, 200)) from exc
+
+    def kill(self, handle: Any) -> None:
+        import ray
+
+        ray.kill(handle)
 
 
 @dataclasses.dataclass
@@ -136,7 +186,11 @@ class Sweep:
         recorded: dict[Key, EvalResult],
         sink: Any = None,
         on_progress: Callable[[SweepProgress], None] | None = None,
+        runtime: Runtime | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.runtime = runtime or RayRuntime()
+        self.clock = clock  # seconds, monotonic: call deadlines and elapsed time
         self.cfg = config
         self.evaluator = evaluator
         # per item of a call: the slowest build worker's stretched build limit; a bench worker
@@ -161,7 +215,7 @@ class Sweep:
         self.pulled = 0
         self.in_flight = 0
         self.input_done = False
-        self.started = time.monotonic()
+        self.started = clock()
 
     def ordered_results(self) -> list[EvalResult]:
         return [self.results[key] for key in self.order]
@@ -169,8 +223,6 @@ class Sweep:
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self, candidates: Iterable[Candidate]) -> None:
-        import ray
-
         source = iter(candidates)
         last_report = 0.0
         while True:
@@ -180,13 +232,13 @@ class Sweep:
                 break
             if not self.calls:
                 raise RuntimeError("evaluation service stalled: candidates in flight but no call running")
-            ready, _ = ray.wait(list(self.calls), num_returns=1, timeout=WAIT_S)
+            ready = self.runtime.wait(list(self.calls), num_returns=1, timeout=WAIT_S)
             for ref in ready:
                 self._collect(ref)
             self._kill_overdue()
             if self.sink:
                 self.sink.tick()
-            now = time.monotonic()
+            now = self.clock()
             if self.on_progress and (ready or now - last_report >= WAIT_S):
                 self.on_progress(self.snapshot())
                 last_report = now
@@ -202,7 +254,7 @@ class Sweep:
             in_flight=self.in_flight,
             build_workers=len(self.build_workers.workers),
             input_done=self.input_done,
-            elapsed_s=time.monotonic() - self.started,
+            elapsed_s=self.clock() - self.started,
         )
 
     # -- input --------------------------------------------------------------------------------
@@ -261,41 +313,38 @@ class Sweep:
             size = max(1, min(self.cfg.batch_size, len(queue) // len(workers.workers)))
             items = [queue.popleft() for _ in range(size)]
             if stage == "build":
-                ref = worker.handle.build.remote([(it.task, it.candidate) for it in items], self.evaluator)
+                ref = self.runtime.call(worker.handle, "build", [(it.task, it.candidate) for it in items], self.evaluator)
             else:
-                ref = worker.handle.run.remote([(it.task, it.candidate, it.build) for it in items], self.evaluator)
+                ref = self.runtime.call(worker.handle, "run", [(it.task, it.candidate, it.build) for it in items],
+                                        self.evaluator)  # fmt: skip
                 self.progress[stage].queued -= size
                 self.progress[stage].running += size
             worker.outstanding += 1
             worker.items += size
-            self.calls[ref] = Call(stage, worker, items, time.monotonic() + size * per_item_s + self.cfg.call_margin_s)
+            self.calls[ref] = Call(stage, worker, items, self.clock() + size * per_item_s + self.cfg.call_margin_s)
 
     def _kill_overdue(self) -> None:
         """Kill a worker whose call ran past its time limit; its items come back as retries."""
-        import ray
-
-        now = time.monotonic()
+        now = self.clock()
         overdue = [ref for ref, call in self.calls.items() if call.deadline < now and call.worker.alive]
         if overdue:  # a call that finished while the loop was busy (a slow store write) is not hung
-            finished, _ = ray.wait(overdue, num_returns=len(overdue), timeout=0)
+            finished = self.runtime.wait(overdue, num_returns=len(overdue), timeout=0)
             for ref in set(overdue) - set(finished):
-                ray.kill(self.calls[ref].worker.handle)
+                self.runtime.kill(self.calls[ref].worker.handle)
 
     # -- collect ------------------------------------------------------------------------------
 
     def _collect(self, ref: Any) -> None:
-        import ray
-
         call = self.calls.pop(ref)
         call.worker.outstanding -= 1
         call.worker.items -= len(call.items)
         workers = self._workers(call.stage)
         outputs: list[Any]
         try:
-            outputs = ray.get(ref)
+            outputs = self.runtime.get(ref)
             if len(outputs) != len(call.items):
                 raise RuntimeError(f"{len(outputs)} outputs for {len(call.items)} items")
-        except ray.exceptions.RayActorError as exc:
+        except WorkerDied as exc:
             workers.lost(call.worker)
             outputs = [f"{call.stage} worker died: {first_line(exc, 200)}"] * len(call.items)
         except Exception as exc:  # the call failed as a whole (e.g. a result that did not pickle)

@@ -66,43 +66,50 @@ def _reference(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from speedforge.ann.auc import BAND, band_auc, qps_at
+    from speedforge.ann.auc import BAND
     from speedforge.ann.datasets import load_dataset, synthetic
-    from speedforge.ann.engine import baseline
-    from speedforge.ann.groundtruth import exact_knn
-    from speedforge.ann.sweep import DEFAULT_EFS, sweep
+    from speedforge.ann.sweep import DEFAULT_EFS
+    from speedforge.recipes.ann_curve import ann_curve
 
     if args.base:
         ds = load_dataset(args.base, args.queries, metric=args.metric)
     else:
         ds = synthetic(args.shape, args.n, args.nq, seed=args.seed)
-    if not 1 <= args.k <= len(ds.base):
-        raise UserError(f"--k {args.k} must be between 1 and the number of base vectors ({len(ds.base)})")
     try:
         efs = [int(e) for e in args.efs.split(",")] if args.efs else list(DEFAULT_EFS)
     except ValueError:
         raise UserError(f"--efs must be a comma list of integers, got {args.efs!r}") from None
-    if ds.neighbors is not None and ds.neighbors.shape[1] >= args.k:
-        truth = ds.neighbors[:, : args.k]
-    else:
-        truth = exact_knn(ds.base, ds.queries, args.k, ds.metric)
-    engine = baseline()
-    try:
-        index = engine.Index(ds.dim, ds.metric, M=args.M, ef_construction=args.ef_construction,
-                             quantization=args.quantization)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    print(f"building over {len(ds.base)} x {ds.dim} ({ds.metric}, SIMD {engine.simd_level()}) ...", flush=True)
-    index.build(ds.base, 0)
-    print(f"built in {index.build_seconds:.1f} s, {index.memory_bytes / 2**20:.0f} MiB", flush=True)
-    with tqdm(total=len(efs), desc="ef sweep", unit="ef") as bar:
-        points = sweep(lambda q, k, ef: index.search(q, k, ef, args.threads)[0], ds.queries, truth, efs, args.k,
-                       progress=lambda p: bar.update(1))
-    print_table(["ef", f"recall@{args.k}", "QPS"], [[p.ef, round(p.recall, 4), round(p.qps)] for p in points])
-    pairs = [p.pair for p in points]
-    at90 = qps_at(pairs, 0.90)
-    print(f"AUC over recall {BAND[0]}-{BAND[1]}: {band_auc(pairs):.1f}   QPS at recall 0.90: "
-          f"{'not reached' if at90 is None else round(at90)}")
+    with CurvePrinter(len(efs)) as view:
+        curve = ann_curve(ds, efs, view, k=args.k, M=args.M, ef_construction=args.ef_construction,
+                          quantization=args.quantization, threads=args.threads)  # fmt: skip
+    print_table(["ef", f"recall@{args.k}", "QPS"], [[p.ef, round(p.recall, 4), round(p.qps)] for p in curve.points])
+    print(f"AUC over recall {BAND[0]}-{BAND[1]}: {curve.auc:.1f}   QPS at recall 0.90: "
+          f"{'not reached' if curve.qps_at_90 is None else round(curve.qps_at_90)}")
     return 0
+
+
+class CurvePrinter:
+    """The build's two lines, then a progress bar over the ef values."""
+
+    def __init__(self, efs: int) -> None:
+        self.efs = efs
+        self.bar = None
+
+    def __enter__(self) -> "CurvePrinter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def building(self, vectors: int, dim: int, metric: str, simd: str) -> None:
+        print(f"building over {vectors} x {dim} ({metric}, SIMD {simd}) ...", flush=True)
+
+    def built(self, seconds: float, memory_bytes: int) -> None:
+        from tqdm import tqdm
+
+        print(f"built in {seconds:.1f} s, {memory_bytes / 2**20:.0f} MiB", flush=True)
+        self.bar = tqdm(total=self.efs, desc="ef sweep", unit="ef")
+
+    def swept(self, point) -> None:
+        self.bar.update(1)

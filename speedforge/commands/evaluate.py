@@ -16,18 +16,14 @@ Results that the store does not take are kept locally and written by the next ru
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 from collections import Counter
 
-from speedforge.cluster.pools import parse_pool_names, resolve_pools
-from speedforge.config import Config, load_config
-from speedforge.errors import UserError
-from speedforge.records import Candidate, EvalResult, Task
-
-BUILTIN = "builtin"
-KINDS = {"tasks": Task, "candidates": Candidate}
+from speedforge.cluster.pools import parse_pool_names
+from speedforge.config import load_config
+from speedforge.records import EvalResult
+from speedforge.recipes.results import sweep_to_results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,64 +53,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from speedforge.cluster.service import EvaluationService, ResultsTable, connect_ray
-    from speedforge.cluster.sweep import check_inputs
-    from speedforge.store import open_store
-
     config = load_config(args.config)
-    pools = parse_pool_names(args.pools)
-    pool_configs = resolve_pools(pools, config.service)  # an unknown pool fails before anything starts
-    tasks = {t.task_id: t for t in read_records(args.tasks, "tasks", config, args.endpoint)}
-    candidates = read_records(args.candidates, "candidates", config, args.endpoint)
-    if args.limit > 0:
-        candidates = candidates[: args.limit]
-    if not candidates:
-        raise UserError(f"no candidates in {args.candidates}")
-    try:
-        check_inputs(candidates, tasks, pool_configs)
-    except UserError as exc:
-        raise UserError(str(exc).replace("the tasks given", "--tasks")) from None
-    out = open_store(args.out, endpoint_url=args.endpoint, config=config.store)
-    with ResultsTable.open(out, config, force=args.force) as table:  # before Ray: a second run refuses at once
-        started_ray = connect_ray(args.address, config.service)
-        try:
-            with EvaluationService(config) as service, ProgressView(live=not args.no_live) as view:
-                results = service.submit(candidates, pools, tasks, store=table, on_progress=view.update)
-        finally:
-            if started_ray:
-                import ray
-
-                ray.shutdown()
-    print_summary(results, out.uri)
-    return 1 if table.kept_parts else 0
-
-
-DATASET_URI = re.compile(r"^(?P<store>.+?)/datasets/(?P<name>[^/]+)(?:/versions/(?P<version>\d+)\.json)?/?$")
-
-
-def read_records(uri: str, kind: str, config: Config, endpoint: str | None = None) -> list:
-    """Tasks or candidates (`kind`) from a URI: `builtin[:FAMILY]`, a staged data set
-    (`STORE/datasets/NAME`, or a manifest `STORE/datasets/NAME/versions/N.json`), or a store
-    with a plain `tasks` / `candidates` table."""
-    if uri == BUILTIN or uri.startswith(BUILTIN + ":"):
-        from speedforge.tasks import builtin_candidates, builtin_tasks
-
-        family = uri.partition(":")[2] or None
-        return builtin_tasks(family) if kind == "tasks" else builtin_candidates(family)
-    from speedforge.store import open_store
-
-    match = DATASET_URI.match(uri)
-    if match:
-        from speedforge.staging import load_dataset
-
-        store = open_store(match["store"], endpoint_url=endpoint, config=config.store)
-        version = int(match["version"]) if match["version"] else None
-        return getattr(load_dataset(store, match["name"], version), kind)
-    records = open_store(uri, endpoint_url=endpoint, config=config.store).read_records(kind, KINDS[kind])
-    if not records:
-        raise UserError(f"no {kind} in {uri}: give a staged data set (STORE/datasets/NAME), a store with a "
-                        f"{kind} table, or builtin[:FAMILY]")  # fmt: skip
-    return records
+    sweep = sweep_to_results(
+        config, args.tasks, args.candidates, parse_pool_names(args.pools), args.out, address=args.address,
+        endpoint=args.endpoint, limit=args.limit, force=args.force, view=ProgressView(live=not args.no_live),
+        tasks_label="--tasks")  # fmt: skip
+    print_summary(sweep.results, sweep.out_uri)
+    return 1 if sweep.kept_parts else 0
 
 
 class ProgressView:

@@ -1,19 +1,18 @@
 """`speedforge run` (what `make run` calls): evaluate the built-in suite's fast candidates on this
-machine, the cuda family where a GPU is present, else the cpp family, and print the table."""
+machine, the cuda family where a GPU is present, else the cpp family, and print the table; then
+a short policy search on a few tasks (speedforge.recipes.suite_search)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from tqdm import tqdm
 
 from speedforge.config import Config, load_config
 from speedforge.errors import UserError
-from speedforge.evaluator import evaluate
-from speedforge.report import print_table
-from speedforge.tasks import builtin_candidates, builtin_tasks
+from speedforge.recipes.suite_search import SuiteOutcome, run_suite
+from speedforge.report import SearchPrinter, print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,42 +30,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def default_family() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpp"
-
-
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    family = args.family or default_family()
-    device = "cuda" if family == "cuda" else "cpu"
-    tasks = {t.task_id: t for t in builtin_tasks(family)}
-    wanted = set(args.tasks.split(",")) if args.tasks else set(tasks)
-    if wanted - set(tasks):
-        raise UserError(f"not {family} tasks: {', '.join(sorted(wanted - set(tasks)))} "
-                        f"(see `speedforge tasks list --family {family}`)")  # fmt: skip
-    backend = None
-    if args.search_tasks > 0:  # the search's backend before any evaluation: a bad model fails at once
-        from speedforge.policy.backends import make_backend
-
+    if args.search_tasks > 0:
         config = search_config(config, args)
-        backend = make_backend(config.policy)
-    candidates = [c for c in builtin_candidates(family) if c.task_id in wanted]
-    print(f"evaluating {len(candidates)} built-in {family} candidates on {device} "
-          f"(builds are cached in {config.evaluator.cache_dir})")
-    rows, results = [], []
-    for candidate in tqdm(candidates, desc="evaluating", unit="candidate"):
-        result = evaluate(tasks[candidate.task_id], candidate, config.evaluator, device=device)
-        results.append(result)
-        rows.append([result.task_id, result.status, result.ref_us, result.cand_us, result.speedup,
-                     "cached" if result.build_cached else f"{result.build_s:.0f}s", result.reason[:60]])
-    print_table(["task", "status", "ref us", "cand us", "speedup", "build", "why"], rows)
-    ok = [r for r in rows if r[1] == "ok"]
-    print(f"{len(ok)}/{len(rows)} ok")
-    if backend is not None:
-        _search(config, backend, family, sorted(wanted & set(tasks))[: args.search_tasks], results)
-    return 0 if len(ok) == len(rows) else 1
+    outcome = run_suite(config, RunPrinter(), family=args.family, search_tasks=args.search_tasks,
+                        task_ids=args.tasks.split(",") if args.tasks else None)  # fmt: skip
+    if outcome.searches:
+        print("best variant per task (built-in candidates and the policy's samples):")
+        print_table(["task", "best", "origin", "variant", "policy samples ok"], best_rows(outcome))
+    return 0 if outcome.all_ok else 1
 
 
 def search_config(config: Config, args: argparse.Namespace) -> Config:
@@ -79,11 +52,35 @@ def search_config(config: Config, args: argparse.Namespace) -> Config:
         policy=dataclasses.replace(config.policy, max_new_tokens=args.search_tokens))  # fmt: skip
 
 
-def _search(config: Config, backend, family: str, task_ids: list[str], results: list) -> None:
-    """The short in-context search of issue 5 (speedforge.commands.optimize.search_suite)."""
-    from speedforge.commands.optimize import search_suite
+class RunPrinter(SearchPrinter):
+    """The main job on a terminal: a progress bar and a table of the built-in candidates, then the
+    search's rows (without the loop's progress lines)."""
 
-    rows = search_suite(config, backend, builtin_tasks(family), builtin_candidates(family), results,
-                        Path(config.evaluator.cache_dir) / "run-s3", task_ids)  # fmt: skip
-    print("best variant per task (built-in candidates and the policy's samples):")
-    print_table(["task", "best", "origin", "variant", "policy samples ok"], rows)
+    def __init__(self) -> None:
+        super().__init__(quiet=True)
+
+    def evaluating(self, candidates, family: str, device: str, cache_dir: str):
+        print(f"evaluating {len(candidates)} built-in {family} candidates on {device} "
+              f"(builds are cached in {cache_dir})")  # fmt: skip
+        return tqdm(candidates, desc="evaluating", unit="candidate")
+
+    def evaluated(self, results) -> None:
+        rows = [[r.task_id, r.status, r.ref_us, r.cand_us, r.speedup, "cached" if r.build_cached else f"{r.build_s:.0f}s",
+                 r.reason[:60]] for r in results]  # fmt: skip
+        print_table(["task", "status", "ref us", "cand us", "speedup", "build", "why"], rows)
+        print(f"{sum(r.ok for r in results)}/{len(results)} ok")
+
+    def staged(self, name: str, version: int, tasks: int, uri: str, endpoint: str) -> None:
+        print(f"staged {name} v{version} ({tasks} tasks) to {uri} at {endpoint}")
+
+
+def best_rows(outcome: SuiteOutcome) -> list[list[object]]:
+    """A row per searched task: its best variant (built-in candidates count too) and how many of
+    the policy's samples passed."""
+    rows = []
+    for result in outcome.searches:
+        best = result.best
+        valid = sum(s.status == "ok" for s in result.samples)
+        rows.append([result.task_id, f"{best.score:.2f}x" if best else "-", best.origin if best else "-",
+                     best.variant_id if best else "-", f"{valid}/{len(result.samples)}"])  # fmt: skip
+    return rows

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from speedforge.config import load_config
-from speedforge.staging import stage_dataset
-from speedforge.store import open_store
-from speedforge.tasks.importers import IMPORTERS, import_source
+from speedforge.recipes.staged_dataset import stage_source
+from speedforge.tasks.importers import IMPORTERS, Imported
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,29 +30,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def default_name(source: str) -> str:
-    if source.startswith("builtin"):
-        return source.replace(":", "-")
-    path = Path(source)
-    return (path.stem if path.is_file() else path.name) or "dataset"
-
-
 def _run(args: argparse.Namespace) -> int:
-    config = load_config(args.config).store
-    imported = import_source(args.source, kind=args.kind, family=args.family, skip_bad=args.skip_bad)
+    staged = stage_source(load_config(args.config).store, args.source, dest=args.dest, name=args.name, kind=args.kind,
+                          family=args.family, skip_bad=args.skip_bad, endpoint=args.endpoint,
+                          on_import=_print_import)  # fmt: skip
+    result = staged.result
+    counts = f"{result.counts['tasks']} tasks, {result.counts['candidates']} candidates"
+    if result.created:
+        print(f"staged {result.name} v{result.version} ({counts}; {result.objects_written} objects, "
+              f"{result.bytes_written / 1e6:.2f} MB written): {staged.where}")  # fmt: skip
+    else:
+        print(f"unchanged: {result.name} v{result.version} already holds this content ({counts}; 0 objects written): "
+              f"{staged.where}")  # fmt: skip
+    return 0
+
+
+def _print_import(imported: Imported) -> None:
     for line in imported.notes:
         print(line, file=sys.stderr)
     for problem in imported.problems:
         print(f"skipped: {problem}", file=sys.stderr)
-    store = open_store(args.dest or config.uri, endpoint_url=args.endpoint, config=config)
-    name = args.name or default_name(args.source)
-    result = stage_dataset(store, name, imported.tasks, imported.candidates, source=args.source,
-                           skipped=imported.problems, upload_threads=config.upload_threads)  # fmt: skip
-    counts = f"{result.counts['tasks']} tasks, {result.counts['candidates']} candidates"
-    where = store.describe(result.manifest_key)
-    if result.created:
-        print(f"staged {name} v{result.version} ({counts}; {result.objects_written} objects, "
-              f"{result.bytes_written / 1e6:.2f} MB written): {where}")  # fmt: skip
-    else:
-        print(f"unchanged: {name} v{result.version} already holds this content ({counts}; 0 objects written): {where}")
-    return 0

@@ -39,8 +39,12 @@ __all__ = [
 ]
 
 
-def open_store(uri: str | os.PathLike, endpoint_url: str | None = None, config: StoreConfig | None = None) -> Store:
+def open_store(uri: str | os.PathLike, endpoint_url: str | None = None, config: StoreConfig | None = None,
+               credentials: tuple[str, str] | None = None) -> Store:  # fmt: skip
     """A Store for `s3://bucket/prefix` or a local folder (created on first write).
+
+    S3 credentials come from the AWS environment and profiles, or are given as (access key,
+    secret key), e.g. an embedded server's (speedforge.s3server.SeaweedServer).
 
     For S3 the bucket is checked at once, so a missing bucket, wrong credentials or an
     unreachable endpoint fail here with one line (a StoreError, which is a UserError).
@@ -53,7 +57,8 @@ def open_store(uri: str | os.PathLike, endpoint_url: str | None = None, config: 
 
         if not parsed.netloc:
             raise StoreError(f"invalid store URI {text!r}: expected s3://bucket/prefix")
-        backend = S3Backend(parsed.netloc, parsed.path, endpoint_url=endpoint_url, config=config)
+        backend = S3Backend(parsed.netloc, parsed.path, endpoint_url=endpoint_url, config=config,
+                            credentials=credentials)
         backend.check_bucket(retry_s=min(config.retry_s, config.open_retry_s))
         return Store(backend)
     if parsed.scheme in ("", "file"):

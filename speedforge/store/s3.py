@@ -1,7 +1,8 @@
 """S3 (AWS or any S3-compatible endpoint) as a store backend, with retries and clear errors.
 
 Credentials, region and profile come from the usual AWS environment variables and files
-(boto3's chain). The endpoint is, in order: the explicit argument, the config's endpoint_url,
+(boto3's chain), unless the caller gives the keys (an embedded server's: no environment variable
+is set for it). The endpoint is, in order: the explicit argument, the config's endpoint_url,
 $SPEEDFORGE_S3_ENDPOINT, then boto3's own ($AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, profile).
 
 Transient failures (connection refused or reset, timeouts, 5xx, throttling) are retried with
@@ -50,14 +51,15 @@ def resolve_endpoint(endpoint_url: str | None, config: StoreConfig) -> str | Non
 
 
 class S3Backend:
-    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None, config: StoreConfig | None = None):
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None, config: StoreConfig | None = None,
+                 credentials: tuple[str, str] | None = None):  # fmt: skip
         self.config = config or StoreConfig()
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.location = f"s3://{bucket}/{self.prefix}".rstrip("/")
         endpoint = resolve_endpoint(endpoint_url, self.config)
         try:
-            session = _session(self.config.profile)
+            session = _session(self.config.profile, credentials)
             region = self.config.region or session.region_name or "us-east-1"
         except bx.ProfileNotFound as exc:
             raise StoreError(f"{exc} (check AWS_PROFILE or the store's profile setting)") from None
@@ -209,16 +211,18 @@ _LOADER = None
 _SESSION_LOCK = threading.Lock()
 
 
-def _session(profile: str | None) -> boto3.Session:
-    """A fresh session (credentials resolved anew from env and profiles) that shares one botocore
-    data loader per process: loading botocore's service models is most of a session's ~0.2 s."""
+def _session(profile: str | None, credentials: tuple[str, str] | None = None) -> boto3.Session:
+    """A fresh session (credentials resolved anew from env and profiles, unless given as (access
+    key, secret key)) that shares one botocore data loader per process: loading botocore's service
+    models is most of a session's ~0.2 s."""
     global _LOADER
     with _SESSION_LOCK:
         core = botocore.session.get_session()
         if _LOADER is None:
             _LOADER = core.get_component("data_loader")
         core.register_component("data_loader", _LOADER)
-        return boto3.Session(botocore_session=core, profile_name=profile)
+        keys = dict(zip(("aws_access_key_id", "aws_secret_access_key"), credentials or ()))
+        return boto3.Session(botocore_session=core, profile_name=profile, **keys)
 
 
 def _is_transient(exc: bx.ClientError) -> bool:

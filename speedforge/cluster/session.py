@@ -1,0 +1,120 @@
+"""A Ray session: joined or started on entry, shut down on exit when this session started it.
+
+    with ray_session(args.address, config.service):
+        with EvaluationService(config) as service:
+            ...
+
+Every flow that evaluates on the service opens Ray the same way: `connect_ray` (probe the
+address first, so a cluster that does not answer fails within connect_timeout_s in one line;
+SIGTERM raises again after ray.init took it over), and Ray is shut down on the way out, also on
+an error or an interrupt, unless it was already running in this process (a caller's own Ray is
+left as it was).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+
+from speedforge.cluster.pools import local_ray_resources
+from speedforge.config import ServiceConfig
+from speedforge.errors import UserError, first_line, interrupt_on_sigterm
+from speedforge.extras import require
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
+    """Join the Ray cluster at `address` (None: start a local one) for the body of the `with`."""
+    started = connect_ray(address, config)
+    try:
+        yield
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def connect_ray(address: str | None, config: ServiceConfig) -> bool:
+    """Join the Ray cluster at `address`, or start a local one with the CPU bench slots.
+
+    True when this call started or joined Ray (the caller shuts it down), False when Ray was
+    already initialized in this process.
+    """
+    require("cluster", "ray", purpose="the Ray evaluation service")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    options = dict(logging_level="WARNING", log_to_driver=False)
+    if address:
+        probe_ray(address, config.connect_timeout_s)
+    try:
+        if address:
+            ray.init(address=address, **options)
+        else:
+            # workers at niceness 0 (Ray's default is 15), so the build workers' steps below the
+            # bench workers have room (see ServiceConfig.build_nice_first)
+            ray.init(resources=local_ray_resources(config), include_dashboard=False,
+                     _system_config={"worker_niceness": 0}, **options)  # fmt: skip
+    except (ConnectionError, SystemExit) as exc:  # Ray exits (SystemExit) when the GCS never answers
+        raise UserError(f"cannot join the Ray cluster at {address}: {first_line(exc) or type(exc).__name__} (a "
+                        "cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
+                        "RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
+    interrupt_on_sigterm()  # ray.init replaced SIGTERM's handler with one that dumps a C++ stack
+    return True
+
+
+RAY_ADDRESS_HELP = "give the GCS address host:6379, or ray://head:10001 for the Ray Client"
+PROBE = """
+import sys, ray
+try:
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+except BaseException as exc:
+    print(f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300], flush=True)
+    sys.exit(1)
+ray.shutdown()
+"""
+
+
+def probe_ray(address: str, timeout_s: float) -> None:
+    """Fail within `timeout_s`, with one line, unless a Ray cluster answers at `address`.
+
+    Ray itself waits minutes on an address that does not answer, printing warnings, so the
+    port is tried first and then a whole join, in a child process that is killed at the deadline.
+    """
+    import subprocess
+
+    deadline = time.monotonic() + timeout_s
+    client = address.startswith("ray://")
+    if client:
+        try:
+            import grpc  # noqa: F401  (the Ray Client's transport, from the ray[client] extra)
+        except ImportError:
+            import ray
+
+            raise UserError(f"{address}: ray:// addresses need the Ray Client: pip install "
+                            f"'ray[client]=={ray.__version__}'; or give the GCS address host:6379") from None
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if address != "auto" and not (sep and host and port.isdigit()):
+        raise UserError(f"invalid Ray address {address!r}: {RAY_ADDRESS_HELP}, or auto")
+    if sep:
+        import socket
+
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except OSError as exc:
+            raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (within "
+                            f"{timeout_s:g} s, service.connect_timeout_s); is it up? {RAY_ADDRESS_HELP}") from None
+    try:
+        child = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True, text=True,
+                               timeout=max(1.0, deadline - time.monotonic()), stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise UserError(f"the Ray cluster at {address} did not answer within {timeout_s:g} s "
+                        f"(service.connect_timeout_s): is a Ray cluster listening there? {RAY_ADDRESS_HELP}") from None
+    if child.returncode != 0:
+        reason = (child.stdout.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+        raise UserError(f"cannot join the Ray cluster at {address}: {reason} (a cluster with token authentication "
+                        "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")  # fmt: skip
