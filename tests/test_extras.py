@@ -71,6 +71,7 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, extra):
     assert lines[0].startswith(f"speedforge {args[0]}: error: ")
     assert f"needs the '{extra}' extra ({blocked}: " in lines[0]
     assert lines[0].endswith(f"pip install 'speedforge[{extra}]'")
+    assert not (tmp_path / "out").exists(), "the missing extra was found before anything was written"
 
 
 def test_make_installs_every_extra_and_all_names_every_optional_one():

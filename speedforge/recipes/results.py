@@ -18,6 +18,7 @@ from typing import Any
 
 from speedforge.config import Config
 from speedforge.errors import UserError
+from speedforge.extras import require
 from speedforge.records import EvalResult
 from speedforge.recipes.records import read_records
 
@@ -45,6 +46,7 @@ def sweep_to_results(config: Config, tasks_uri: str, candidates_uri: str, pools:
     from speedforge.cluster.sweep import check_inputs
     from speedforge.store import open_store
 
+    require("cluster", "ray", purpose="the Ray evaluation service")  # before anything is read or written
     pool_configs = resolve_pools(pools, config.service)  # an unknown pool fails before anything starts
     tasks = {t.task_id: t for t in read_records(tasks_uri, "tasks", config, endpoint)}
     candidates = read_records(candidates_uri, "candidates", config, endpoint)
