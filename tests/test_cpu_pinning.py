@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import cpus, evaluate
-from speedforge.records import Candidate, Task
+from sandbox_probes import probe
+
+from speedforge.evaluator import cpus
 
 
 def test_claims_are_exclusive_and_take_the_highest_free_cpus_first():
@@ -27,42 +27,9 @@ def test_claims_are_exclusive_and_take_the_highest_free_cpus_first():
         assert again == [3], "every claim ended with its block"
 
 
-AFFINITY_TASK = """
-import os
-import torch
-import torch.nn as nn
-
-EXPECTED = {expected}
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.ones(1) if sorted(os.sched_getaffinity(0)) == EXPECTED else torch.zeros(1)
-
-
-def get_inputs():
-    return [torch.randn(4)]
-
-
-def get_init_inputs():
-    return []
-"""
-ONES = """
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        return torch.ones(1)
-"""
-
-
 def _evaluate(tmp_path, expected: list[int], pin: bool = True):
-    task = Task(task_id="test/affinity", family="cpp", name="affinity", source=AFFINITY_TASK.format(expected=expected))
-    config = EvaluatorConfig(cache_dir=str(tmp_path), correctness_trials=1, cpu_timed_calls=3, min_timed_s=0.0,
-                             max_timed_calls=3, warmup_calls=1, pin_cpus=pin)
-    return evaluate(task, Candidate.make(task.task_id, ONES), config)
+    body = f"        return torch.ones(1) if sorted(os.sched_getaffinity(0)) == {expected} else torch.zeros(1)"
+    return probe("affinity", body, str(tmp_path), pin_cpus=pin)
 
 
 @pytest.fixture()

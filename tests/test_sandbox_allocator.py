@@ -7,9 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import evaluate, sandbox
-from speedforge.records import Candidate, Task
+from sandbox_probes import probe
+
+from speedforge.evaluator import sandbox
 
 FAULT_PROBE = """
 import resource, torch
@@ -37,15 +37,8 @@ def test_a_freed_tensor_block_is_reused_without_page_faults_in_the_sandbox_envir
             assert float(faults_per_alloc) < 0.01 * int(pages), f"{size_mib} MiB: {faults_per_alloc} faults per allocation"
 
 
-REUSE_TASK = """
-import resource
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    # 1.0 when ten 64 MiB tensors, each freed before the next, fault in (almost) no fresh pages
-    def forward(self, x):
+# ten 64 MiB tensors, each freed before the next, fault in (almost) no fresh pages
+HEAP_REUSE = """\
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(10):
             block = torch.empty(16 << 20)
@@ -53,30 +46,9 @@ class Model(nn.Module):
             small = torch.empty(16)
             del block, small
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-        return torch.ones(1) if faults < 0.01 * 10 * (64 << 20) / 4096 else torch.zeros(1)
-
-
-def get_inputs():
-    return [torch.randn(4)]
-
-
-def get_init_inputs():
-    return []
-"""
-ONES = """
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        return torch.ones(1)
-"""
+        return torch.ones(1) if faults < 0.01 * 10 * (64 << 20) / 4096 else torch.zeros(1)"""
 
 
 def test_inside_the_sandbox_a_freed_block_is_reused_without_page_faults(tmp_path):
-    task = Task(task_id="test/heap_reuse", family="cpp", name="heap_reuse", source=REUSE_TASK)
-    config = EvaluatorConfig(cache_dir=str(tmp_path), correctness_trials=2, cpu_timed_calls=3, min_timed_s=0.0,
-                             max_timed_calls=3, warmup_calls=1)
-    result = evaluate(task, Candidate.make(task.task_id, ONES), config)
+    result = probe("heap_reuse", HEAP_REUSE, str(tmp_path))
     assert result.status == "ok", result.reason
