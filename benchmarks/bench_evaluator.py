@@ -23,7 +23,7 @@ from pathlib import Path
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import build_candidate, evaluate
 from speedforge.records import Candidate, Task
-from speedforge.report import format_table
+from speedforge.reports.text import format_table
 from speedforge.tasks import builtin_candidates, builtin_tasks
 
 

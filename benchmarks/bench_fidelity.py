@@ -196,7 +196,7 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def report(args: argparse.Namespace, rows: list[dict]) -> None:
-    from speedforge.report import format_table
+    from speedforge.reports.text import format_table
 
     l1, sf = read_jsonl(args.out / "cuda_l1.jsonl"), read_jsonl(args.out / "speedforge.jsonl")
     keys = [key(r) for r in rows if key(r) in l1 and key(r) in sf]

@@ -21,7 +21,7 @@ import tempfile
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.records import Candidate, Task
-from speedforge.report import format_table
+from speedforge.reports.text import format_table
 from speedforge.tasks import builtin_candidates, builtin_tasks
 
 EXAMPLE_TASK = """

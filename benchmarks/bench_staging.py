@@ -27,8 +27,8 @@ from pathlib import Path
 
 from speedforge.config import StoreConfig
 from speedforge.records import Candidate
-from speedforge.s3server import SeaweedServer
-from speedforge.staging import stage_dataset
+from speedforge.store.s3server import SeaweedServer
+from speedforge.store.staging import stage_dataset
 from speedforge.store import open_store
 from speedforge.tasks.importers import import_source
 

@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-S3 in tests is a real SeaweedFS server (speedforge.s3server), started once per test session on
+S3 in tests is a real SeaweedFS server (speedforge.store.s3server), started once per test session on
 127.0.0.1 with free ports, a temporary data dir and generated credentials:
 
     def test_something(s3_env, s3_uri):       # env points boto3/speedforge at the server
@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from speedforge.s3server import SeaweedServer
+from speedforge.store.s3server import SeaweedServer
 
 S3_BUCKET = "speedforge-test"
 

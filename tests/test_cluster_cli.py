@@ -16,7 +16,7 @@ from speedforge.cli import main  # noqa: E402
 from speedforge.recipes.records import read_records  # noqa: E402
 from speedforge.config import Config  # noqa: E402
 from speedforge.records import EvalResult  # noqa: E402
-from speedforge.staging import stage_dataset  # noqa: E402
+from speedforge.store.staging import stage_dataset  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
 

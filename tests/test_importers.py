@@ -10,7 +10,7 @@ import pytest
 
 from speedforge.cli import main
 from speedforge.errors import UserError
-from speedforge.staging import load_dataset
+from speedforge.store.staging import load_dataset
 from speedforge.store import open_store
 from speedforge.tasks import builtin_candidates, builtin_tasks
 from speedforge.tasks.importers import ImportProblems, detect_kind, import_kernelbench_folder, import_source

@@ -14,7 +14,7 @@ import pytest
 
 from speedforge.errors import UserError
 from speedforge.records import Task
-from speedforge.s3server import SeaweedServer
+from speedforge.store.s3server import SeaweedServer
 from speedforge.store import StoreError, open_store
 
 TASK = Task(task_id="cpp/x", family="cpp", name="x", source="s")
@@ -118,7 +118,7 @@ def test_invalid_bucket_name_is_refused_before_starting(tmp_path):
 
 
 def test_server_dies_with_a_killed_parent(tmp_path):
-    script = (f"from speedforge.s3server import SeaweedServer\n"
+    script = (f"from speedforge.store.s3server import SeaweedServer\n"
               f"s = SeaweedServer({str(tmp_path / 's3')!r}, bucket='orphan-check').start()\n"
               f"print(s.process.pid, flush=True)\n"
               f"import time; time.sleep(600)\n")  # fmt: skip

@@ -11,10 +11,10 @@ from speedforge.cli import main
 from speedforge.config import EvaluatorConfig, PolicyConfig, SearchConfig
 from speedforge.policy.backends import BackendError, Generation
 from speedforge.records import STATUSES, EvalResult, Variant
-from speedforge.search import BACKEND_ERROR, default_pool, local_evaluator, pool_device, run_search
+from speedforge.search.loop import BACKEND_ERROR, default_pool, local_evaluator, pool_device, run_search
 from speedforge.store import open_store
 from speedforge.tasks import find_task
-from speedforge.variants import TABLE, VariantsTable
+from speedforge.search.variants import TABLE, VariantsTable
 
 TASK = find_task("cpp/add_relu_scale")
 FAST = """import torch
@@ -173,7 +173,7 @@ def test_the_real_evaluator_scores_what_the_policy_wrote(tmp_path):
 
 def test_variants_table_keeps_one_row_per_candidate_and_pool_and_the_best_per_task():
     from speedforge.records import Candidate
-    from speedforge.variants import make_variant
+    from speedforge.search.variants import make_variant
 
     a = Candidate.make(TASK.task_id, "a", origin="model:m@round1", parent_ids=("p",))
     b = Candidate.make(TASK.task_id, "b")
@@ -270,7 +270,7 @@ def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
     from speedforge.cluster.service import EvaluationService
     from speedforge.cluster.session import ray_session
     from speedforge.config import Config, ServiceConfig
-    from speedforge.search import service_evaluator
+    from speedforge.search.loop import service_evaluator
 
     evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), correctness_trials=1, cpu_timed_calls=3,
                                 min_timed_s=0.0, max_timed_calls=3, warmup_calls=1)  # fmt: skip

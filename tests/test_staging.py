@@ -13,8 +13,8 @@ import pytest
 
 from speedforge.cli import main
 from speedforge.records import Candidate, Task
-from speedforge import staging
-from speedforge.staging import list_versions, load_dataset, read_manifest, stage_dataset
+from speedforge.store import staging
+from speedforge.store.staging import list_versions, load_dataset, read_manifest, stage_dataset
 from speedforge.store import CorruptObjectError, StoreError, open_store
 from speedforge.tasks import builtin_tasks
 
@@ -112,7 +112,7 @@ STAGE_SCRIPT = """
 import dataclasses, sys
 sys.path.insert(0, {tests!r})
 from test_staging import make_items
-from speedforge.staging import stage_dataset
+from speedforge.store.staging import stage_dataset
 from speedforge.store import open_store
 tasks, candidates = make_items(300, salt="# v2")
 stage_dataset(open_store({uri!r}), "gen", tasks, candidates, part_rows=1, upload_threads=1, progress=False)

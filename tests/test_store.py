@@ -11,7 +11,7 @@ import pytest
 from speedforge.config import StoreConfig
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Task, Variant
-from speedforge.s3server import SeaweedServer, free_ports
+from speedforge.store.s3server import SeaweedServer, free_ports
 from speedforge.store import CorruptObjectError, MissingObjectError, ObjectExistsError, StoreError, open_store
 
 TASK = Task(task_id="cpp/add", family="cpp", name="add", source="class Model: ...\n", level=1, notes="adds")

@@ -17,7 +17,7 @@ import cluster_fixtures as fx  # noqa: E402
 from speedforge.cli import main  # noqa: E402
 from speedforge.cluster import EvaluationService, ResultsTable  # noqa: E402
 from speedforge.records import EvalResult  # noqa: E402
-from speedforge.s3server import SeaweedServer  # noqa: E402
+from speedforge.store.s3server import SeaweedServer  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.store.lease import Lease, LeaseHeldError  # noqa: E402
 

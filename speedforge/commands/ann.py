@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from speedforge.errors import UserError
-from speedforge.report import print_table
+from speedforge.reports.text import print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ from speedforge.config import load_config
 from speedforge.errors import UserError, read_text
 from speedforge.evaluator import evaluate
 from speedforge.records import Candidate
-from speedforge.report import describe_result
+from speedforge.reports.text import describe_result
 from speedforge.tasks import TaskFormatError, find_task, load_task_file
 
 

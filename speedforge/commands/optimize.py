@@ -18,7 +18,7 @@ from pathlib import Path
 from speedforge.config import Config, load_config
 from speedforge.errors import UserError
 from speedforge.recipes.task_search import search_task
-from speedforge.report import SearchPrinter, describe_outcome
+from speedforge.search.printer import SearchPrinter, describe_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -12,7 +12,8 @@ from tqdm import tqdm
 from speedforge.config import Config, load_config
 from speedforge.errors import UserError
 from speedforge.recipes.suite_search import SuiteOutcome, run_suite
-from speedforge.report import SearchPrinter, print_table
+from speedforge.reports.text import print_table
+from speedforge.search.printer import SearchPrinter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from speedforge.config import load_config
 from speedforge.errors import UserError
-from speedforge.s3server import SeaweedServer
+from speedforge.store.s3server import SeaweedServer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speedforge.report import print_table
+from speedforge.reports.text import print_table
 from speedforge.tasks import builtin_candidates, builtin_tasks, find_task
 
 

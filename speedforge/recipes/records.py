@@ -41,7 +41,7 @@ def read_records(uri: str, kind: str, config: Config, endpoint: str | None = Non
     from speedforge.store import open_store
 
     if staged:
-        from speedforge.staging import load_dataset
+        from speedforge.store.staging import load_dataset
 
         store = open_store(staged["store"], endpoint_url=endpoint, config=config.store)
         version = int(staged["version"]) if staged["version"] else None

@@ -4,7 +4,7 @@
 
 What `speedforge stage` and the staging component do: import (KernelBench folder or parquet,
 CUDA-L1 JSONL, the built-in suite), report what was passed over, then stage into the store
-(speedforge.staging: content-addressed parts, manifest last, nothing written for unchanged
+(speedforge.store.staging: content-addressed parts, manifest last, nothing written for unchanged
 content). The import is reported before the store is opened, so its notes reach the user even
 when the store is unreachable.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speedforge.config import StoreConfig
-from speedforge.staging import StageResult, stage_dataset
+from speedforge.store.staging import StageResult, stage_dataset
 from speedforge.store import open_store
 from speedforge.tasks.importers import Imported, import_source
 

@@ -25,9 +25,9 @@ from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Task
 from speedforge.recipes.task_search import SearchView, run_view_search
-from speedforge.search import EvaluateFn, SearchResult, default_pool, local_evaluator, pool_device
+from speedforge.search.loop import EvaluateFn, SearchResult, default_pool, local_evaluator, pool_device
 from speedforge.tasks import builtin_candidates, builtin_tasks
-from speedforge.variants import VariantsTable, make_variant
+from speedforge.search.variants import VariantsTable, make_variant
 
 BUCKET, PREFIX = "speedforge", "run"  # where the suite is staged on the embedded server
 
@@ -91,8 +91,8 @@ def run_suite(config: Config, view: SuiteView, family: str | None = None, task_i
 def search_suite(config: Config, backend, tasks: list[Task], candidates: list[Candidate], results: list[EvalResult],
                  search_ids: list[str], view: SuiteView, evaluate_fn: EvaluateFn | None = None) -> list[SearchResult]:  # fmt: skip
     """Step 2: stage, seed the variants table with `results`, search the tasks `search_ids`."""
-    from speedforge.s3server import SeaweedServer
-    from speedforge.staging import load_dataset, stage_dataset
+    from speedforge.store.s3server import SeaweedServer
+    from speedforge.store.staging import load_dataset, stage_dataset
     from speedforge.store import open_store
 
     family = tasks[0].family

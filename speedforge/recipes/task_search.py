@@ -19,7 +19,7 @@ from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Task
 from speedforge.recipes.records import read_records
-from speedforge.search import (
+from speedforge.search.loop import (
     EvaluateFn,
     RoundStats,
     SearchResult,
@@ -29,11 +29,11 @@ from speedforge.search import (
     run_search,
     service_evaluator,
 )
-from speedforge.variants import VariantsTable
+from speedforge.search.variants import VariantsTable
 
 
 class SearchView(Protocol):
-    """Where a search reports as it goes (speedforge.report.SearchPrinter prints it)."""
+    """Where a search reports as it goes (speedforge.reports.text.SearchPrinter prints it)."""
 
     def searching(self, task: Task, search, backend, pool: str) -> None: ...
     def round(self, stats: RoundStats) -> None: ...

@@ -44,7 +44,7 @@ def open_store(uri: str | os.PathLike, endpoint_url: str | None = None, config: 
     """A Store for `s3://bucket/prefix` or a local folder (created on first write).
 
     S3 credentials come from the AWS environment and profiles, or are given as (access key,
-    secret key), e.g. an embedded server's (speedforge.s3server.SeaweedServer).
+    secret key), e.g. an embedded server's (speedforge.store.s3server.SeaweedServer).
 
     For S3 the bucket is checked at once, so a missing bucket, wrong credentials or an
     unreachable endpoint fail here with one line (a StoreError, which is a UserError).
