@@ -22,12 +22,20 @@ from pathlib import Path
 
 import numpy as np
 
+from speedforge import families
 from speedforge.ann import auc, engine
 from speedforge.ann.datasets import SyntheticSpace
 from speedforge.ann.groundtruth import exact_knn, recall_at_k
 from speedforge.ann.sweep import SweepPoint
 from speedforge.ann.tasks import AnnTaskSpec, parse_spec
 from speedforge.config import ConfigError
+
+# Every candidate is C++ linked as the module its task names: it always builds, and the task
+# (its spec) is part of the build key.
+ANN = families.register(families.Family(
+    name="ann", device="cpu", device_only=False, language="cpp", marker="", sandbox=__name__,
+    always_builds=True, task_in_build_key=True, template="ann.jinja", kernelbench=False, pin_cpus=False,
+    prompt_context="speedforge.ann.tasks:prompt_context", task_list="speedforge.ann.tasks:builtin_tasks"))
 
 MANIFEST = "ann_build.json"
 SAME_ANSWER_LIMIT = 0.5  # share of queries answered exactly like another query that flags a hack

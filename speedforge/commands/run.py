@@ -9,11 +9,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from speedforge import families
 from speedforge.config import Config, load_config
 from speedforge.errors import UserError
 from speedforge.evaluator import evaluate
 from speedforge.report import print_table
 from speedforge.tasks import builtin_candidates, builtin_tasks
+from speedforge.tasks.suite import suite_families
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run", help="run the main job on embedded defaults (what `make run` does)",
         description="Evaluate the built-in suite's hand-written candidates on this machine (the cuda family "
                     "where a GPU is present, else cpp) and print a table of speedups.")
-    parser.add_argument("--family", choices=["cpp", "cuda"], help="default: cuda if a GPU is present, else cpp")
+    parser.add_argument("--family", choices=suite_families(), help="default: cuda if a GPU is present, else cpp")
     parser.add_argument("--tasks", help="comma-separated task ids (default: all of the family)")
     parser.add_argument("--search-tasks", type=int, default=2,
                         help="then stage the suite to the embedded S3 and run a short policy search "
@@ -40,7 +42,7 @@ def default_family() -> str:
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     family = args.family or default_family()
-    device = "cuda" if family == "cuda" else "cpu"
+    device = families.get(family).device
     tasks = {t.task_id: t for t in builtin_tasks(family)}
     wanted = set(args.tasks.split(",")) if args.tasks else set(tasks)
     if wanted - set(tasks):

@@ -10,6 +10,7 @@ from speedforge.config import load_config
 from speedforge.staging import stage_dataset
 from speedforge.store import open_store
 from speedforge.tasks.importers import IMPORTERS, import_source
+from speedforge.tasks.suite import suite_families
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dest", help="store URI: s3://bucket/prefix or a folder (default: store.uri of the config)")
     parser.add_argument("--name", help="data set name (default: from the source)")
     parser.add_argument("--kind", default="auto", choices=["auto", *IMPORTERS], help="importer (default: auto)")
-    parser.add_argument("--family", default="cuda", choices=["cpp", "cuda"],
+    parser.add_argument("--family", default="cuda", choices=suite_families(),
                         help="family of imported KernelBench/CUDA-L1 tasks (default: cuda)")
     parser.add_argument("--skip-bad", action="store_true",
                         help="stage the good items when some are bad (default: stage nothing, report them)")

@@ -9,6 +9,7 @@ CPU-time limit is set before the namespaces, so the keeper shares it (see `limit
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -18,6 +19,8 @@ import sys
 import sysconfig
 import tempfile
 import traceback
+
+from speedforge import families
 
 
 CPU_HARD_MARGIN_S = 1  # the hard CPU-time limit (SIGKILL) this far above the soft one (SIGXCPU)
@@ -63,9 +66,7 @@ def execute(job: dict, result_fd: int, warnings: list[str]) -> None:
         os.sched_setaffinity(0, job["cpus"])
     warnings = warnings + lock_down(job)
     try:
-        from speedforge.evaluator.families import family_module
-
-        module = family_module(job["family"])
+        module = importlib.import_module(families.get(job["family"]).sandbox)
         result = module.build(job) if job["kind"] == "build" else module.run(job)
     except BaseException as exc:  # a bug in the harness, not in the candidate
         result = {

@@ -11,10 +11,10 @@ import shutil
 import time
 import traceback
 
+from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import cpus
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
-from speedforge.evaluator.families import known_families
 from speedforge.evaluator.sandbox import Outcome, run_job
 from speedforge.evaluator.screen import screen
 from speedforge.records import Candidate, EvalResult, Task
@@ -67,9 +67,9 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         if not needs_build(task, candidate):  # nothing to compile: the run stage imports it
             return Build(**base, ok=True, failure=None, build_s=0.0, screen_findings=findings)
         cache = BuildCache(config.cache_dir)
-        # an ann candidate is linked as the module its task names: the spec is part of the build
+        # where the task decides what is linked (an ann module), the task is part of the build
         key = build_key(candidate.source, task.family, config.cuda_arch_list,
-                        flags=task.source if task.family == "ann" else "")
+                        flags=task.source if families.get(task.family).task_in_build_key else "")
         base.update(key=key, build_dir=str(cache.build_dir(key)))
         cached = cache.lookup(key)
         if cached is None:
@@ -103,7 +103,8 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         cache = BuildCache(config.cache_dir)
         seed = config.seed if config.seed is not None else secrets.randbits(30)
         job = _job("run", task, candidate, config, device, build.build_dir, seed)
-        pin = config.cpu_threads if device == "cpu" and task.family == "cpp" and config.pin_cpus else 0
+        pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
+        pin = config.cpu_threads if pinned else 0
         with cpus.claim(pin) as job["cpus"]:
             outcome = _sandboxed(cache, job, config.run_timeout_s, config)
         measured = _outcome_dict(outcome, "run")
@@ -121,17 +122,26 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
 
 
 def needs_build(task: Task, candidate: Candidate) -> bool:
-    """Whether the candidate compiles anything (inline C++/CUDA, or an ann module)."""
-    return task.family == "ann" or "cpp_extension" in candidate.source or "load_inline" in candidate.source
+    """Whether the candidate compiles anything (inline C++/CUDA, or every candidate of a family
+    that always builds, such as an ann module)."""
+    return (families.get(task.family).always_builds or "cpp_extension" in candidate.source
+            or "load_inline" in candidate.source)  # fmt: skip
 
 
 def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
-    if task.family not in known_families():
-        return f"unknown task family {task.family!r}; known: {', '.join(known_families())}"
+    family = families.find(task.family)
+    if family is None:
+        return f"unknown task family {task.family!r}; known: {', '.join(families.names())}"
     if candidate.task_id != task.task_id:
         return f"candidate is for task {candidate.task_id!r}, not {task.task_id!r}"
-    if task.family == "cuda" and not device.startswith("cuda"):
-        return "a cuda-family task needs device cuda (use a cpp-family task on a machine without a GPU)"
+    if not family.runs_on(device):
+        # the same kind of task in a family that runs here, e.g. cpp for cuda without a GPU
+        instead = [f.name for f in families.all_families()
+                   if f.kernelbench == family.kernelbench and f.runs_on(device)]  # fmt: skip
+        hint = ""
+        if instead and family.device == "cuda":
+            hint = f" (use a {instead[0]}-family task on a machine without a GPU)"
+        return f"a {family.name}-family task needs device {family.device}{hint}"
     return ""
 
 

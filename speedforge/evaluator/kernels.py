@@ -36,9 +36,18 @@ import time
 import traceback
 from pathlib import Path
 
+from speedforge import families
 from speedforge.errors import first_line
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
+
+# A candidate compiles only when it loads inline C++/CUDA (speedforge.evaluator.evaluate.needs_build).
+CPP = families.register(families.Family(
+    name="cpp", device="cpu", device_only=False, language="python", marker="ModelNew", sandbox=__name__,
+    always_builds=False, task_in_build_key=False, template="cpp.jinja", kernelbench=True, pin_cpus=True))
+CUDA = families.register(families.Family(
+    name="cuda", device="cuda", device_only=True, language="python", marker="ModelNew", sandbox=__name__,
+    always_builds=False, task_in_build_key=False, template="cuda.jinja", kernelbench=True, pin_cpus=False))
 
 FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
 
