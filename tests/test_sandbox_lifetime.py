@@ -25,6 +25,7 @@ import pytest
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import child, evaluate
 from speedforge.evaluator.evaluate import build_candidate
+from speedforge.evaluator.job import Job
 from speedforge.records import Candidate
 from speedforge.tasks import find_task
 
@@ -239,7 +240,10 @@ def test_spinning_candidate_is_stopped_by_its_cpu_time_limit(tmp_path):
 
 def test_cpu_time_limit_is_the_stage_time_limit_times_its_threads_unless_set():
     config = EvaluatorConfig(build_timeout_s=100.0, run_timeout_s=30.0, cpu_threads=2)
-    job = {"kind": "run", "device": "cpu", "config": dataclasses.asdict(config)}
+    job = Job(kind="run", task=find_task(TASK_ID), candidate=_spinning_candidate(), device="cpu", seed=1,
+              workdir="/tmp", build_dir="", config=config)  # fmt: skip
     assert child.cpu_time_limit_s(job) == 60.0
-    assert child.cpu_time_limit_s({**job, "kind": "build"}) == 100.0  # per process: compilers count apart
-    assert child.cpu_time_limit_s({**job, "config": {**job["config"], "cpu_time_limit_s": 7.0}}) == 7.0
+    assert child.cpu_time_limit_s(dataclasses.replace(job, kind="build")) == 100.0  # per process: compilers count apart
+    limited = dataclasses.replace(config, cpu_time_limit_s=7.0)
+    assert child.cpu_time_limit_s(dataclasses.replace(job, config=limited)) == 7.0
+

@@ -1,6 +1,10 @@
 """The evaluator's entry points: screen and build (`build_candidate`, on CPU workers), then run
 and measure (`run_candidate`, on the device), and `evaluate` for both. Total functions: every
 input gets an EvalResult with an explicit status.
+
+Each stage runs in the sandbox as a `Job` (speedforge.evaluator.job); what the child answers is
+read back as a `StageResult`, strictly: an answer with a key no result has becomes an
+infra_error naming it, so no measurement is ever dropped on the way.
 """
 
 from __future__ import annotations
@@ -15,11 +19,10 @@ from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import cpus
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
+from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, run_job
 from speedforge.evaluator.screen import screen
 from speedforge.records import Candidate, EvalResult, Task
-
-_RESULT_FIELDS = {f.name for f in dataclasses.fields(EvalResult)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +79,14 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
             with cache.locked(key):
                 cached = cache.lookup(key)
                 if cached is None:
-                    outcome = _sandboxed(cache, _job("build", task, candidate, config, "cpu", base["build_dir"], 0),
-                                         config.build_timeout_s, config)
-                    built = _outcome_dict(outcome, "build")
-                    built["build_s"] = time.perf_counter() - start
-                    cache.record(key, built)
+                    job = Job(kind="build", task=task, candidate=candidate, device="cpu", seed=0, workdir="",
+                              build_dir=base["build_dir"], config=config)  # fmt: skip
+                    outcome = _sandboxed(cache, job, config.build_timeout_s, config)
+                    built = dataclasses.replace(_stage_result(outcome, "build"), build_s=time.perf_counter() - start)
+                    cache.record(key, built.to_dict())
                     return _build_from(task, candidate, base, built, findings, cached=False)
-        return _build_from(task, candidate, base, cached, findings, cached=True, build_s=time.perf_counter() - start)
+        return _build_from(task, candidate, base, StageResult.from_dict(cached), findings, cached=True,
+                           build_s=time.perf_counter() - start)  # fmt: skip
     except Exception as exc:  # a harness failure: reported, retried by the service
         failure = _result(task, candidate, "infra_error", f"build stage failed: {type(exc).__name__}: {exc}",
                           log=traceback.format_exc()[-4000:])
@@ -102,20 +106,14 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     try:
         cache = BuildCache(config.cache_dir)
         seed = config.seed if config.seed is not None else secrets.randbits(30)
-        job = _job("run", task, candidate, config, device, build.build_dir, seed)
+        job = Job(kind="run", task=task, candidate=candidate, device=device, seed=seed, workdir="",
+                  build_dir=build.build_dir, config=config)  # fmt: skip
         pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
-        pin = config.cpu_threads if pinned else 0
-        with cpus.claim(pin) as job["cpus"]:
-            outcome = _sandboxed(cache, job, config.run_timeout_s, config)
-        measured = _outcome_dict(outcome, "run")
-        measured["warnings"] = list(build.warnings) + list(measured.get("warnings", []))
-        fields = {k: v for k, v in measured.items() if k in _RESULT_FIELDS}
-        fields.setdefault("reason", "")
-        fields["run_s"] = outcome.wall_s
-        if fields["status"] != "ok":
-            fields.pop("speedup", None)
-        fields["warnings"] = tuple(dict.fromkeys(fields["warnings"]))
-        return _result(task, candidate, **fields, **common, wall_s=time.perf_counter() - start)
+        with cpus.claim(config.cpu_threads if pinned else 0) as claimed:
+            outcome = _sandboxed(cache, dataclasses.replace(job, cpus=tuple(claimed)), config.run_timeout_s, config)
+        fields = _stage_result(outcome, "run").result_fields()
+        fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
+        return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, wall_s=time.perf_counter() - start)
     except Exception as exc:
         return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
                        log=traceback.format_exc()[-4000:], **common)
@@ -145,38 +143,28 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
     return ""
 
 
-def _job(kind: str, task: Task, candidate: Candidate, config: EvaluatorConfig, device: str, build_dir: str,
-         seed: int) -> dict:
-    return {
-        "kind": kind,
-        "family": task.family,
-        "task": task.to_dict(),
-        "candidate": candidate.to_dict(),
-        "device": device,
-        "seed": seed,
-        "build_dir": build_dir,
-        "cuda_arch_list": config.cuda_arch_list,
-        "config": dataclasses.asdict(config),
-    }
-
-
-def _sandboxed(cache: BuildCache, job: dict, timeout_s: float, config: EvaluatorConfig) -> Outcome:
+def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig) -> Outcome:
     workdir = cache.scratch()
-    job["workdir"] = str(workdir)
     try:
-        return run_job(job, workdir, timeout_s, config.memory_limit_mb, max_processes=config.max_processes + (64 if job["kind"] == "build" else 0),
-                       isolate_network=config.network_isolation)
+        return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
+                       max_processes=config.max_processes + (64 if job.kind == "build" else 0),
+                       isolate_network=config.network_isolation)  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _outcome_dict(outcome: Outcome, stage: str) -> dict:
-    """The child's result, or a status for how the child ended when it wrote none."""
+def _stage_result(outcome: Outcome, stage: str) -> StageResult:
+    """The child's result, validated, or a status for how the child ended when it wrote none;
+    a result with a key no StageResult has is an infra_error naming it."""
     if outcome.result is not None and not (outcome.timed_out or outcome.killed_for_memory
                                            or outcome.killed_for_processes):
-        result = dict(outcome.result)
-        if result.get("status") != "ok" and not result.get("log"):
-            result["log"] = outcome.stderr_tail
+        try:
+            result = StageResult.from_dict(outcome.result)
+        except (RecordError, TypeError) as exc:
+            return StageResult("infra_error", f"the {stage} returned a malformed result ({exc})",
+                               log=outcome.stderr_tail)  # fmt: skip
+        if not result.ok and not result.log:
+            result = dataclasses.replace(result, log=outcome.stderr_tail)
         return result
     if outcome.timed_out:
         status, why = "timeout", "did not finish in time and was killed"
@@ -189,20 +177,19 @@ def _outcome_dict(outcome: Outcome, stage: str) -> dict:
     else:
         how = f"died of {outcome.signal_name}" if outcome.signal_name else f"exited with code {outcome.returncode}"
         status, why = "crashed", f"process {how} without a result"
-    return {"status": status, "reason": f"the {stage} {why}", "log": outcome.stderr_tail}
+    return StageResult(status, f"the {stage} {why}", log=outcome.stderr_tail)
 
 
-def _build_from(task: Task, candidate: Candidate, base: dict, built: dict, findings: tuple[str, ...], cached: bool,
-                build_s: float | None = None) -> Build:
-    build_s = build_s if cached else float(built.get("build_s", 0.0))
-    warnings = tuple(built.get("warnings", ()))
-    if built.get("status") == "ok":
+def _build_from(task: Task, candidate: Candidate, base: dict, built: StageResult, findings: tuple[str, ...],
+                cached: bool, build_s: float | None = None) -> Build:  # fmt: skip
+    build_s = build_s if cached else float(built.build_s or 0.0)
+    if built.ok:
         return Build(**{**base, "cached": cached}, ok=True, failure=None, build_s=build_s,
-                     screen_findings=findings, warnings=warnings, log=built.get("log", ""))
-    failure = _result(task, candidate, built.get("status", "infra_error"), built.get("reason", ""),
-                      log=built.get("log", ""), warnings=warnings, screen_findings=findings)
+                     screen_findings=findings, warnings=built.warnings, log=built.log)
+    failure = _result(task, candidate, built.status, built.reason, log=built.log, warnings=built.warnings,
+                      screen_findings=findings)
     return Build(**{**base, "cached": cached}, ok=False, failure=failure, build_s=build_s,
-                 screen_findings=findings, warnings=warnings, log=built.get("log", ""))
+                 screen_findings=findings, warnings=built.warnings, log=built.log)
 
 
 def _result(task: Task, candidate: Candidate, status: str, reason: str = "", **fields) -> EvalResult:

@@ -35,10 +35,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 import speedforge
+
+if TYPE_CHECKING:
+    from speedforge.evaluator.job import Job
 
 # Environment variables a sandbox may see; everything else (credentials included) is dropped.
 ENV_ALLOW = (
@@ -248,12 +252,12 @@ _ZYGOTE = Zygote()
 atexit.register(_ZYGOTE.close)
 
 
-def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
+def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
             isolate_network: bool = True) -> Outcome:
     """Run `job` in a sandboxed child; always returns an Outcome, killing the child if need be."""
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
-    job_path.write_text(json.dumps(job))
+    job_path.write_text(job.to_json())
     stderr_path = workdir / "stderr.txt"
     read_fd, write_fd = os.pipe()
     start = time.perf_counter()
