@@ -20,7 +20,7 @@ from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import cpus
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
 from speedforge.evaluator.job import Job, RecordError, StageResult
-from speedforge.evaluator.sandbox import Outcome, run_job
+from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.screen import screen
 from speedforge.records import Candidate, EvalResult, Task
 
@@ -43,16 +43,17 @@ class Build:
 
 
 def evaluate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None, device: str = "cpu",
-             pool: str | None = None) -> EvalResult:
-    """Screen, build and measure one candidate against its task's reference."""
+             pool: str | None = None, *, zygote: Zygote | None = None) -> EvalResult:
+    """Screen, build and measure one candidate against its task's reference (in sandboxes forked
+    from `zygote`, by default the process's own)."""
     start = time.perf_counter()
-    build = build_candidate(task, candidate, config, device)
-    result = run_candidate(task, candidate, build, config, device, pool)
+    build = build_candidate(task, candidate, config, device, zygote=zygote)
+    result = run_candidate(task, candidate, build, config, device, pool, zygote=zygote)
     return dataclasses.replace(result, wall_s=time.perf_counter() - start)
 
 
 def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None,
-                    device: str = "cpu") -> Build:
+                    device: str = "cpu", *, zygote: Zygote | None = None) -> Build:
     """Static screen, then a sandboxed build into the content-hash cache (free when cached)."""
     config = config or EvaluatorConfig()
     start = time.perf_counter()
@@ -81,7 +82,7 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
                 if cached is None:
                     job = Job(kind="build", task=task, candidate=candidate, device="cpu", seed=0, workdir="",
                               build_dir=base["build_dir"], config=config)  # fmt: skip
-                    outcome = _sandboxed(cache, job, config.build_timeout_s, config)
+                    outcome = _sandboxed(cache, job, config.build_timeout_s, config, zygote)
                     built = dataclasses.replace(_stage_result(outcome, "build"), build_s=time.perf_counter() - start)
                     cache.record(key, built.to_dict())
                     return _build_from(task, candidate, base, built, findings, cached=False)
@@ -94,7 +95,7 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
 
 
 def run_candidate(task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig | None = None,
-                  device: str = "cpu", pool: str | None = None) -> EvalResult:
+                  device: str = "cpu", pool: str | None = None, *, zygote: Zygote | None = None) -> EvalResult:
     """The sandboxed run of a built candidate: correctness, paired timing, runtime guards."""
     config = config or EvaluatorConfig()
     pool = pool or ("cpu" if device == "cpu" else "cuda")
@@ -110,7 +111,8 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
                   build_dir=build.build_dir, config=config)  # fmt: skip
         pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
         with cpus.claim(config.cpu_threads if pinned else 0) as claimed:
-            outcome = _sandboxed(cache, dataclasses.replace(job, cpus=tuple(claimed)), config.run_timeout_s, config)
+            outcome = _sandboxed(cache, dataclasses.replace(job, cpus=tuple(claimed)), config.run_timeout_s, config,
+                                 zygote)  # fmt: skip
         fields = _stage_result(outcome, "run").result_fields()
         fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
         return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, wall_s=time.perf_counter() - start)
@@ -143,12 +145,13 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
     return ""
 
 
-def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig) -> Outcome:
+def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig,
+               zygote: Zygote | None) -> Outcome:  # fmt: skip
     workdir = cache.scratch()
     try:
         return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
                        max_processes=config.max_processes + (64 if job.kind == "build" else 0),
-                       isolate_network=config.network_isolation)  # fmt: skip
+                       isolate_network=config.network_isolation, zygote=zygote)  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
