@@ -144,7 +144,7 @@ def _leftover_processes() -> list[psutil.Process]:
     """Processes still alive under this test process's sandbox zygote (a job's own are gone)."""
     from speedforge.evaluator import sandbox
 
-    zygote = psutil.Process(sandbox._ZYGOTE._proc.pid)
+    zygote = psutil.Process(sandbox.default_zygote().pid)
     for _ in range(50):
         left = zygote.children(recursive=True)
         if not left:

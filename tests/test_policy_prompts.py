@@ -2,13 +2,13 @@
 
 import pytest
 
+from speedforge import families
 from speedforge.errors import UserError
 from speedforge.policy.prompts import (
     Exemplar,
     Feedback,
     exemplars_from_variants,
     feedback_from_result,
-    known_families,
     render_prompt,
 )
 from speedforge.records import EvalResult, Task, Variant
@@ -69,7 +69,7 @@ def ann_task() -> Task:
 
 
 def test_every_family_has_a_template_with_its_code_language():
-    assert known_families() == ["ann", "cpp", "cuda"]
+    assert families.names() == ["ann", "cpp", "cuda"]
     for t in (task("cpp"), task("cuda"), ann_task()):
         text = render_prompt(t, [Exemplar("x", "int main() {}", 1.5, "cpu")]).user
         assert "1.50x speedup, measured on cpu" in text

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -23,8 +24,9 @@ import psutil
 import pytest
 
 from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import child, evaluate
+from speedforge.evaluator import child, evaluate, sandbox
 from speedforge.evaluator.evaluate import build_candidate
+from speedforge.evaluator.job import Job
 from speedforge.records import Candidate
 from speedforge.tasks import find_task
 
@@ -242,7 +244,44 @@ def test_spinning_candidate_is_stopped_by_its_cpu_time_limit(tmp_path):
 
 def test_cpu_time_limit_is_the_stage_time_limit_times_its_threads_unless_set():
     config = EvaluatorConfig(build_timeout_s=100.0, run_timeout_s=30.0, cpu_threads=2)
-    job = {"kind": "run", "device": "cpu", "config": dataclasses.asdict(config)}
+    job = Job(kind="run", task=find_task(TASK_ID), candidate=_spinning_candidate(), device="cpu", seed=1,
+              workdir="/tmp", build_dir="", config=config)  # fmt: skip
     assert child.cpu_time_limit_s(job) == 60.0
-    assert child.cpu_time_limit_s({**job, "kind": "build"}) == 100.0  # per process: compilers count apart
-    assert child.cpu_time_limit_s({**job, "config": {**job["config"], "cpu_time_limit_s": 7.0}}) == 7.0
+    assert child.cpu_time_limit_s(dataclasses.replace(job, kind="build")) == 100.0  # per process: compilers count apart
+    limited = dataclasses.replace(config, cpu_time_limit_s=7.0)
+    assert child.cpu_time_limit_s(dataclasses.replace(job, config=limited)) == 7.0
+
+
+def test_closing_a_zygote_kills_its_live_jobs_and_ends_the_wait_on_them(tmp_path):
+    config = EvaluatorConfig(cache_dir=str(tmp_path), run_timeout_s=300.0, correctness_trials=1)
+    job = Job(kind="run", task=find_task(TASK_ID), candidate=_spinning_candidate(), device="cpu", seed=1,
+              workdir=str(tmp_path / "work"), build_dir="", config=config)  # fmt: skip
+    outcomes: list[sandbox.Outcome] = []
+    with sandbox.Zygote() as zygote:
+        runner = threading.Thread(target=lambda: outcomes.append(
+            sandbox.run_job(job, tmp_path / "work", config.run_timeout_s, config.memory_limit_mb, zygote=zygote)))
+        runner.start()
+        doomed = _zygote_once_its_job_spins(zygote)
+        assert len(doomed) >= 2  # the zygote and its job
+        zygote.close()
+        runner.join(timeout=60)
+        assert not runner.is_alive()
+        assert _survivors(doomed) == []
+        assert zygote.pid is None
+    (outcome,) = outcomes
+    assert outcome.result is None and outcome.signal_name == "SIGKILL" and not outcome.timed_out
+
+
+def _zygote_once_its_job_spins(zygote, timeout_s: float = 120.0) -> list[psutil.Process]:
+    """The zygote's process and every process below it, once one of them has spun for a CPU second."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            root = psutil.Process(zygote.pid) if zygote.pid else None
+            below = root.children(recursive=True) if root else []
+        except psutil.Error:
+            below = []
+        if any(_cpu_s(p) > 1.0 for p in below):
+            return [root, *below]
+        time.sleep(0.2)
+    raise AssertionError(f"no job spun below the zygote within {timeout_s:g} s")

@@ -1,7 +1,7 @@
 """The `ann` task family in the evaluator's sandbox: `build(job)` and `run(job)`.
 
 build: compile the candidate's module and link it with the installed engine (engine.py) into
-job["build_dir"]/<module>-<engine fingerprint>/ (run builds it there itself when that is missing).
+job.build_dir/<module>-<engine fingerprint>/ (run builds it there itself when that is missing).
 
 run: load the candidate extension, then draw everything from the secret seed: the data set,
 and a fresh query set for every (ef, repeat) point. Baseline and candidate each build an index
@@ -22,20 +22,29 @@ from pathlib import Path
 
 import numpy as np
 
+from speedforge import families
 from speedforge.ann import auc, engine
 from speedforge.ann.datasets import SyntheticSpace
 from speedforge.ann.groundtruth import exact_knn, recall_at_k
 from speedforge.ann.sweep import SweepPoint
 from speedforge.ann.tasks import AnnTaskSpec, parse_spec
 from speedforge.config import ConfigError
+from speedforge.evaluator.job import Job
+
+# Every candidate is C++ linked as the module its task names: it always builds, and the task
+# (its spec) is part of the build key.
+ANN = families.register(families.Family(
+    name="ann", device="cpu", device_only=False, language="cpp", marker="", sandbox=__name__,
+    always_builds=True, task_in_build_key=True, template="ann.jinja", kernelbench=False, pin_cpus=False,
+    prompt_context="speedforge.ann.tasks:prompt_context", task_list="speedforge.ann.tasks:builtin_tasks"))
 
 MANIFEST = "ann_build.json"
 SAME_ANSWER_LIMIT = 0.5  # share of queries answered exactly like another query that flags a hack
 
 
-def build(job: dict) -> dict:
+def build(job: Job) -> dict:
     try:
-        spec = parse_spec(job["task"]["source"], job["task"]["task_id"])
+        spec = parse_spec(job.task.source, job.task.task_id)
     except ConfigError as exc:
         return {"status": "runtime_error", "reason": f"bad ann task spec: {exc}"}
     start = time.perf_counter()
@@ -45,9 +54,9 @@ def build(job: dict) -> dict:
     return {"status": "ok", "reason": "", "log": built.log[-4000:], "build_s": time.perf_counter() - start}
 
 
-def run(job: dict) -> dict:
+def run(job: Job) -> dict:
     try:
-        spec = parse_spec(job["task"]["source"], job["task"]["task_id"])
+        spec = parse_spec(job.task.source, job.task.task_id)
     except ConfigError as exc:
         return {"status": "runtime_error", "reason": f"bad ann task spec: {exc}"}
     manifest = _build_subdir(job, spec) / MANIFEST
@@ -65,20 +74,19 @@ def run(job: dict) -> dict:
         cand_mod = engine.load_extension(extension)
     except (ImportError, OSError) as exc:
         return {"status": "runtime_error", "reason": f"the candidate extension does not load: {exc}"}
-    return measure(spec, base_mod, cand_mod, int(job["seed"]))
+    return measure(spec, base_mod, cand_mod, job.seed)
 
 
-def _build_subdir(job: dict, spec: AnnTaskSpec) -> Path:
+def _build_subdir(job: Job, spec: AnnTaskSpec) -> Path:
     """Where a candidate is built for one module against one engine."""
-    return Path(job["build_dir"]) / f"{spec.module}-{engine.engine_fingerprint()}"
+    return Path(job.build_dir) / f"{spec.module}-{engine.engine_fingerprint()}"
 
 
-def _build_into(job: dict, spec: AnnTaskSpec) -> engine.CandidateBuild | dict:
+def _build_into(job: Job, spec: AnnTaskSpec) -> engine.CandidateBuild | dict:
     """The build, or the result dict of a candidate that does not compile."""
     out = _build_subdir(job, spec)
     try:
-        built = engine.build_candidate(job["candidate"]["source"], spec.module, out,
-                                       timeout_s=float(job["config"]["build_timeout_s"]))
+        built = engine.build_candidate(job.candidate.source, spec.module, out, timeout_s=job.config.build_timeout_s)
     except engine.CompileError as exc:
         return {"status": "compile_error", "reason": str(exc), "log": exc.log[-8000:]}
     (out / MANIFEST).write_text(json.dumps({"extension": built.path, "module": spec.module}))

@@ -117,6 +117,14 @@ def reference_source(task: Task) -> str:
     return module_source(parse_spec(task.source, task.task_id).module)
 
 
+def prompt_context(task: Task) -> dict[str, str]:
+    """Template variables of an ann prompt: a task's source is its benchmark spec (YAML); the
+    code to beat is the engine module it names."""
+    module = parse_spec(task.source, task.task_id).module
+    path, factory = MODULES[module]
+    return {"reference": reference_source(task), "module": module, "module_path": path, "factory": factory}
+
+
 def builtin_candidates() -> list[Candidate]:
     """For every built-in task, the baseline module itself: a candidate that scores about 1."""
     return [Candidate.make(t.task_id, reference_source(t), origin="builtin", created_at=0.0) for t in builtin_tasks()]

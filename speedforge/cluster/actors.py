@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.errors import first_line
 from speedforge.records import Candidate, EvalResult, Task
@@ -40,8 +41,10 @@ def _harness_error(task: Task, candidate: Candidate, pool: str, stage: str, exc:
 
 
 def build_device(task: Task) -> str:
-    """The device family a build targets: CUDA builds for the cuda family, else CPU."""
-    return "cuda" if task.family == "cuda" else "cpu"
+    """The device a build targets: its family's (CUDA builds for the cuda family), CPU for an
+    unknown family, which the build stage then reports."""
+    family = families.find(task.family)
+    return family.device if family is not None else "cpu"
 
 
 def worker_info(role: str, pool: str = "") -> dict:

@@ -16,18 +16,17 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 
+from speedforge import families as registry
 from speedforge.config import CPU_POOL_RESOURCE, GPU_POOLS, EvaluatorConfig, PoolConfig, ServiceConfig
 from speedforge.errors import UserError
 
 
-# The devices a task family runs on; a family not named here runs on any pool's device.
-FAMILY_DEVICES = {"cuda": ("cuda",)}
-
-
 def unable_pools(pools: Mapping[str, PoolConfig], families: Iterable[str]) -> list[tuple[str, str]]:
-    """(pool, family) pairs where the pool's device can never run tasks of the family."""
-    return [(name, family) for name, pool in pools.items() for family in families
-            if pool.device not in FAMILY_DEVICES.get(family, (pool.device,))]  # fmt: skip
+    """(pool, family) pairs where the pool's device can never run tasks of the family (a family
+    not registered is left to the evaluator, which reports it per candidate)."""
+    known = {family: registry.find(family) for family in families}
+    return [(name, family) for name, pool in pools.items() for family, record in known.items()
+            if record is not None and not record.runs_on(pool.device)]  # fmt: skip
 
 
 def parse_pool_names(text: str) -> list[str]:

@@ -6,12 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
+from speedforge import families
 from speedforge.config import load_config
 from speedforge.errors import UserError, read_text
 from speedforge.evaluator import evaluate
 from speedforge.records import Candidate
 from speedforge.reports.text import describe_result
 from speedforge.tasks import TaskFormatError, find_task, load_task_file
+from speedforge.tasks.suite import suite_families
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--task", required=True, help="built-in task id (cpp/softmax) or a KernelBench-format file")
     parser.add_argument("--candidate", required=True, help="candidate program: a .py file defining ModelNew")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda for cuda-family tasks, else cpu")
-    parser.add_argument("--family", choices=["cpp", "cuda"], help="family of a task given as a file (default: "
+    parser.add_argument("--family", choices=suite_families(), help="family of a task given as a file (default: "
                         "cuda when --device cuda, else cpp)")
     parser.add_argument("--json", action="store_true", help="print the EvalResult as JSON")
     parser.set_defaults(func=_run)
@@ -33,7 +35,7 @@ def _run(args: argparse.Namespace) -> int:
     task = _task(args)
     source = read_text(args.candidate, "candidate file")
     candidate = Candidate.make(task.task_id, source, origin=f"file:{args.candidate}")
-    device = args.device or ("cuda" if task.family == "cuda" else "cpu")
+    device = args.device or families.get(task.family).device
     if device == "cuda":
         _require_gpu(task.task_id)
     result = evaluate(task, candidate, config.evaluator, device=device)

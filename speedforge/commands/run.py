@@ -14,6 +14,7 @@ from speedforge.errors import UserError
 from speedforge.recipes.suite_search import SuiteOutcome, run_suite
 from speedforge.reports.text import print_table
 from speedforge.search.printer import SearchPrinter
+from speedforge.tasks.suite import suite_families
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run", help="run the main job on embedded defaults (what `make run` does)",
         description="Evaluate the built-in suite's hand-written candidates on this machine (the cuda family "
                     "where a GPU is present, else cpp) and print a table of speedups.")
-    parser.add_argument("--family", choices=["cpp", "cuda"], help="default: cuda if a GPU is present, else cpp")
+    parser.add_argument("--family", choices=suite_families(), help="default: cuda if a GPU is present, else cpp")
     parser.add_argument("--tasks", help="comma-separated task ids (default: all of the family)")
     parser.add_argument("--search-tasks", type=int, default=2,
                         help="then stage the suite to the embedded S3 and run a short policy search "

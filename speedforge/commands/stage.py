@@ -8,6 +8,7 @@ import sys
 from speedforge.config import load_config
 from speedforge.recipes.staged_dataset import stage_source
 from speedforge.tasks.importers import IMPORTERS, Imported
+from speedforge.tasks.suite import suite_families
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dest", help="store URI: s3://bucket/prefix or a folder (default: store.uri of the config)")
     parser.add_argument("--name", help="data set name (default: from the source)")
     parser.add_argument("--kind", default="auto", choices=["auto", *IMPORTERS], help="importer (default: auto)")
-    parser.add_argument("--family", default="cuda", choices=["cpp", "cuda"],
+    parser.add_argument("--family", default="cuda", choices=suite_families(),
                         help="family of imported KernelBench/CUDA-L1 tasks (default: cuda)")
     parser.add_argument("--skip-bad", action="store_true",
                         help="stage the good items when some are bad (default: stage nothing, report them)")

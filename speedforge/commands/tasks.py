@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from speedforge import families
 from speedforge.reports.text import print_table
 from speedforge.tasks import builtin_candidates, builtin_tasks, find_task
 
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description="List or show the built-in task suite.")
     sub = parser.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="list the tasks", description="List the built-in tasks.")
-    listing.add_argument("--family", choices=["cpp", "cuda", "ann"], help="only this family")
+    listing.add_argument("--family", choices=families.names(), help="only this family")
     listing.set_defaults(func=_list)
     show = sub.add_parser("show", help="print one task's reference (and fast candidate)",
                           description="Print a task's reference program and, with --candidate, its fast candidate.")

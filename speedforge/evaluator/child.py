@@ -1,14 +1,17 @@
 """The sandboxed child's job: lock down, run the family's build or run, report.
 
-It locks itself down first (resource limits, Landlock), while still single-threaded and before
-any candidate code is imported, then hands the job to its family's module and writes the
-family's result dict as JSON to the result pipe. A harness bug becomes an `infra_error` result.
-Called by the zygote (speedforge.evaluator.zygote) in a freshly forked, isolated process; its
-CPU-time limit is set before the namespaces, so the keeper shares it (see `limit_cpu_time`).
+It reads its `Job` (speedforge.evaluator.job) back from job.json, locks itself down (resource
+limits, Landlock) while still single-threaded and before any candidate code is imported, then
+hands the job to its family's sandbox module (speedforge.families) and writes the family's
+result dict as JSON to the result pipe, where the parent reads it as a StageResult. A harness
+bug becomes an `infra_error` result. Called by the zygote (speedforge.evaluator.zygote) in a
+freshly forked, isolated process; its CPU-time limit is set before the namespaces, so the keeper
+shares it (see `limit_cpu_time`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -19,28 +22,31 @@ import sysconfig
 import tempfile
 import traceback
 
+from speedforge import families
+from speedforge.evaluator.job import Job
+
 
 CPU_HARD_MARGIN_S = 1  # the hard CPU-time limit (SIGKILL) this far above the soft one (SIGXCPU)
 
 
-def load_job(job_path: str) -> dict:
+def load_job(job_path: str) -> Job:
     with open(job_path) as f:
-        return json.load(f)
+        return Job.from_json(f.read())
 
 
-def cpu_time_limit_s(job: dict) -> float:
+def cpu_time_limit_s(job: Job) -> float:
     """CPU seconds each process of the job may use: the configured limit, or else the stage's
     time limit times the threads it may keep busy (a build's compilers each count apart)."""
-    config = job["config"]
-    if config.get("cpu_time_limit_s"):
-        return float(config["cpu_time_limit_s"])
-    if job["kind"] == "build":
-        return float(config["build_timeout_s"])
-    threads = int(config["cpu_threads"]) if job["device"] == "cpu" else (os.cpu_count() or 1)
-    return float(config["run_timeout_s"]) * max(1, threads)
+    config = job.config
+    if config.cpu_time_limit_s:
+        return float(config.cpu_time_limit_s)
+    if job.kind == "build":
+        return float(config.build_timeout_s)
+    threads = config.cpu_threads if job.device == "cpu" else (os.cpu_count() or 1)
+    return float(config.run_timeout_s) * max(1, threads)
 
 
-def limit_cpu_time(job: dict) -> None:
+def limit_cpu_time(job: Job) -> None:
     """RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one, so a spinning job (an
     orphan too) ends even if nobody watches it. Set before the namespaces: the keeper inherits
     it and knows that a SIGKILL at the hard limit was this (speedforge.evaluator.namespaces)."""
@@ -54,19 +60,17 @@ def limit_cpu_time(job: dict) -> None:
         pass
 
 
-def execute(job: dict, result_fd: int, warnings: list[str]) -> None:
+def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     """Run one job and exit the process; never returns."""
-    os.environ.update(HOME=job["workdir"], TMPDIR=job["workdir"])
-    tempfile.tempdir = job["workdir"]  # the zygote may have resolved it before the fork
-    os.chdir(job["workdir"])
-    if job.get("cpus"):  # claimed by the parent for this job (speedforge.evaluator.cpus)
-        os.sched_setaffinity(0, job["cpus"])
+    os.environ.update(HOME=job.workdir, TMPDIR=job.workdir)
+    tempfile.tempdir = job.workdir  # the zygote may have resolved it before the fork
+    os.chdir(job.workdir)
+    if job.cpus:  # claimed by the parent for this job (speedforge.evaluator.cpus)
+        os.sched_setaffinity(0, job.cpus)
     warnings = warnings + lock_down(job)
     try:
-        from speedforge.evaluator.families import family_module
-
-        module = family_module(job["family"])
-        result = module.build(job) if job["kind"] == "build" else module.run(job)
+        module = importlib.import_module(families.get(job.family).sandbox)
+        result = module.build(job) if job.kind == "build" else module.run(job)
     except BaseException as exc:  # a bug in the harness, not in the candidate
         result = {
             "status": "infra_error",
@@ -96,21 +100,21 @@ def _finite(value):
     return value
 
 
-def lock_down(job: dict) -> list[str]:
+def lock_down(job: Job) -> list[str]:
     """Apply resource limits (the CPU-time limit is already set) and Landlock; return warnings
     for what the kernel refused."""
-    config = job["config"]
+    config = job.config
     warnings: list[str] = []
     _limit(resource.RLIMIT_CORE, 0)
     _limit(resource.RLIMIT_FSIZE, 4 << 30)
-    _limit(resource.RLIMIT_NPROC, int(config["max_processes"]) + 64 if job["kind"] == "build" else int(config["max_processes"]))
-    if job["device"] == "cpu":
-        _limit(resource.RLIMIT_AS, int(config["memory_limit_mb"]) << 20)
-    if config.get("landlock", True):
+    _limit(resource.RLIMIT_NPROC, config.max_processes + 64 if job.kind == "build" else config.max_processes)
+    if job.device == "cpu":
+        _limit(resource.RLIMIT_AS, config.memory_limit_mb << 20)
+    if config.landlock:
         from speedforge.evaluator import landlock
 
         # the CUDA driver writes below /proc/<pid>: this process's own entry, nothing else of /proc
-        writable = [job["workdir"], job["build_dir"], "/dev", os.path.realpath("/proc/self")]
+        writable = [job.workdir, job.build_dir, "/dev", os.path.realpath("/proc/self")]
         warning = landlock.restrict(readable_paths(), writable)
         if warning:
             warnings.append(warning)

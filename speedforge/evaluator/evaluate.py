@@ -1,6 +1,10 @@
 """The evaluator's entry points: screen and build (`build_candidate`, on CPU workers), then run
 and measure (`run_candidate`, on the device), and `evaluate` for both. Total functions: every
 input gets an EvalResult with an explicit status.
+
+Each stage runs in the sandbox as a `Job` (speedforge.evaluator.job); what the child answers is
+read back as a `StageResult`, strictly: an answer with a key no result has becomes an
+infra_error naming it, so no measurement is ever dropped on the way.
 """
 
 from __future__ import annotations
@@ -11,15 +15,14 @@ import shutil
 import time
 import traceback
 
+from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import cpus
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
-from speedforge.evaluator.families import known_families
-from speedforge.evaluator.sandbox import Outcome, run_job
+from speedforge.evaluator.job import Job, RecordError, StageResult
+from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.screen import screen
 from speedforge.records import Candidate, EvalResult, Task
-
-_RESULT_FIELDS = {f.name for f in dataclasses.fields(EvalResult)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,16 +43,17 @@ class Build:
 
 
 def evaluate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None, device: str = "cpu",
-             pool: str | None = None) -> EvalResult:
-    """Screen, build and measure one candidate against its task's reference."""
+             pool: str | None = None, *, zygote: Zygote | None = None) -> EvalResult:
+    """Screen, build and measure one candidate against its task's reference (in sandboxes forked
+    from `zygote`, by default the process's own)."""
     start = time.perf_counter()
-    build = build_candidate(task, candidate, config, device)
-    result = run_candidate(task, candidate, build, config, device, pool)
+    build = build_candidate(task, candidate, config, device, zygote=zygote)
+    result = run_candidate(task, candidate, build, config, device, pool, zygote=zygote)
     return dataclasses.replace(result, wall_s=time.perf_counter() - start)
 
 
 def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None,
-                    device: str = "cpu") -> Build:
+                    device: str = "cpu", *, zygote: Zygote | None = None) -> Build:
     """Static screen, then a sandboxed build into the content-hash cache (free when cached)."""
     config = config or EvaluatorConfig()
     start = time.perf_counter()
@@ -67,22 +71,23 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         if not needs_build(task, candidate):  # nothing to compile: the run stage imports it
             return Build(**base, ok=True, failure=None, build_s=0.0, screen_findings=findings)
         cache = BuildCache(config.cache_dir)
-        # an ann candidate is linked as the module its task names: the spec is part of the build
+        # where the task decides what is linked (an ann module), the task is part of the build
         key = build_key(candidate.source, task.family, config.cuda_arch_list,
-                        flags=task.source if task.family == "ann" else "")
+                        flags=task.source if families.get(task.family).task_in_build_key else "")
         base.update(key=key, build_dir=str(cache.build_dir(key)))
         cached = cache.lookup(key)
         if cached is None:
             with cache.locked(key):
                 cached = cache.lookup(key)
                 if cached is None:
-                    outcome = _sandboxed(cache, _job("build", task, candidate, config, "cpu", base["build_dir"], 0),
-                                         config.build_timeout_s, config)
-                    built = _outcome_dict(outcome, "build")
-                    built["build_s"] = time.perf_counter() - start
-                    cache.record(key, built)
+                    job = Job(kind="build", task=task, candidate=candidate, device="cpu", seed=0, workdir="",
+                              build_dir=base["build_dir"], config=config)  # fmt: skip
+                    outcome = _sandboxed(cache, job, config.build_timeout_s, config, zygote)
+                    built = dataclasses.replace(_stage_result(outcome, "build"), build_s=time.perf_counter() - start)
+                    cache.record(key, built.to_dict())
                     return _build_from(task, candidate, base, built, findings, cached=False)
-        return _build_from(task, candidate, base, cached, findings, cached=True, build_s=time.perf_counter() - start)
+        return _build_from(task, candidate, base, StageResult.from_dict(cached), findings, cached=True,
+                           build_s=time.perf_counter() - start)  # fmt: skip
     except Exception as exc:  # a harness failure: reported, retried by the service
         failure = _result(task, candidate, "infra_error", f"build stage failed: {type(exc).__name__}: {exc}",
                           log=traceback.format_exc()[-4000:])
@@ -90,7 +95,7 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
 
 
 def run_candidate(task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig | None = None,
-                  device: str = "cpu", pool: str | None = None) -> EvalResult:
+                  device: str = "cpu", pool: str | None = None, *, zygote: Zygote | None = None) -> EvalResult:
     """The sandboxed run of a built candidate: correctness, paired timing, runtime guards."""
     config = config or EvaluatorConfig()
     pool = pool or ("cpu" if device == "cpu" else "cuda")
@@ -102,71 +107,67 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     try:
         cache = BuildCache(config.cache_dir)
         seed = config.seed if config.seed is not None else secrets.randbits(30)
-        job = _job("run", task, candidate, config, device, build.build_dir, seed)
-        pin = config.cpu_threads if device == "cpu" and task.family == "cpp" and config.pin_cpus else 0
-        with cpus.claim(pin) as job["cpus"]:
-            outcome = _sandboxed(cache, job, config.run_timeout_s, config)
-        measured = _outcome_dict(outcome, "run")
-        measured["warnings"] = list(build.warnings) + list(measured.get("warnings", []))
-        fields = {k: v for k, v in measured.items() if k in _RESULT_FIELDS}
-        fields.setdefault("reason", "")
-        fields["run_s"] = outcome.wall_s
-        if fields["status"] != "ok":
-            fields.pop("speedup", None)
-        fields["warnings"] = tuple(dict.fromkeys(fields["warnings"]))
-        return _result(task, candidate, **fields, **common, wall_s=time.perf_counter() - start)
+        job = Job(kind="run", task=task, candidate=candidate, device=device, seed=seed, workdir="",
+                  build_dir=build.build_dir, config=config)  # fmt: skip
+        pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
+        with cpus.claim(config.cpu_threads if pinned else 0) as claimed:
+            outcome = _sandboxed(cache, dataclasses.replace(job, cpus=tuple(claimed)), config.run_timeout_s, config,
+                                 zygote)  # fmt: skip
+        fields = _stage_result(outcome, "run").result_fields()
+        fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
+        return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, wall_s=time.perf_counter() - start)
     except Exception as exc:
         return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
                        log=traceback.format_exc()[-4000:], **common)
 
 
 def needs_build(task: Task, candidate: Candidate) -> bool:
-    """Whether the candidate compiles anything (inline C++/CUDA, or an ann module)."""
-    return task.family == "ann" or "cpp_extension" in candidate.source or "load_inline" in candidate.source
+    """Whether the candidate compiles anything (inline C++/CUDA, or every candidate of a family
+    that always builds, such as an ann module)."""
+    return (families.get(task.family).always_builds or "cpp_extension" in candidate.source
+            or "load_inline" in candidate.source)  # fmt: skip
 
 
 def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
-    if task.family not in known_families():
-        return f"unknown task family {task.family!r}; known: {', '.join(known_families())}"
+    family = families.find(task.family)
+    if family is None:
+        return f"unknown task family {task.family!r}; known: {', '.join(families.names())}"
     if candidate.task_id != task.task_id:
         return f"candidate is for task {candidate.task_id!r}, not {task.task_id!r}"
-    if task.family == "cuda" and not device.startswith("cuda"):
-        return "a cuda-family task needs device cuda (use a cpp-family task on a machine without a GPU)"
+    if not family.runs_on(device):
+        # the same kind of task in a family that runs here, e.g. cpp for cuda without a GPU
+        instead = [f.name for f in families.all_families()
+                   if f.kernelbench == family.kernelbench and f.runs_on(device)]  # fmt: skip
+        hint = ""
+        if instead and family.device == "cuda":
+            hint = f" (use a {instead[0]}-family task on a machine without a GPU)"
+        return f"a {family.name}-family task needs device {family.device}{hint}"
     return ""
 
 
-def _job(kind: str, task: Task, candidate: Candidate, config: EvaluatorConfig, device: str, build_dir: str,
-         seed: int) -> dict:
-    return {
-        "kind": kind,
-        "family": task.family,
-        "task": task.to_dict(),
-        "candidate": candidate.to_dict(),
-        "device": device,
-        "seed": seed,
-        "build_dir": build_dir,
-        "cuda_arch_list": config.cuda_arch_list,
-        "config": dataclasses.asdict(config),
-    }
-
-
-def _sandboxed(cache: BuildCache, job: dict, timeout_s: float, config: EvaluatorConfig) -> Outcome:
+def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig,
+               zygote: Zygote | None) -> Outcome:  # fmt: skip
     workdir = cache.scratch()
-    job["workdir"] = str(workdir)
     try:
-        return run_job(job, workdir, timeout_s, config.memory_limit_mb, max_processes=config.max_processes + (64 if job["kind"] == "build" else 0),
-                       isolate_network=config.network_isolation)
+        return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
+                       max_processes=config.max_processes + (64 if job.kind == "build" else 0),
+                       isolate_network=config.network_isolation, zygote=zygote)  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _outcome_dict(outcome: Outcome, stage: str) -> dict:
-    """The child's result, or a status for how the child ended when it wrote none."""
+def _stage_result(outcome: Outcome, stage: str) -> StageResult:
+    """The child's result, validated, or a status for how the child ended when it wrote none;
+    a result with a key no StageResult has is an infra_error naming it."""
     if outcome.result is not None and not (outcome.timed_out or outcome.killed_for_memory
                                            or outcome.killed_for_processes):
-        result = dict(outcome.result)
-        if result.get("status") != "ok" and not result.get("log"):
-            result["log"] = outcome.stderr_tail
+        try:
+            result = StageResult.from_dict(outcome.result)
+        except (RecordError, TypeError) as exc:
+            return StageResult("infra_error", f"the {stage} returned a malformed result ({exc})",
+                               log=outcome.stderr_tail)  # fmt: skip
+        if not result.ok and not result.log:
+            result = dataclasses.replace(result, log=outcome.stderr_tail)
         return result
     if outcome.timed_out:
         status, why = "timeout", "did not finish in time and was killed"
@@ -179,20 +180,19 @@ def _outcome_dict(outcome: Outcome, stage: str) -> dict:
     else:
         how = f"died of {outcome.signal_name}" if outcome.signal_name else f"exited with code {outcome.returncode}"
         status, why = "crashed", f"process {how} without a result"
-    return {"status": status, "reason": f"the {stage} {why}", "log": outcome.stderr_tail}
+    return StageResult(status, f"the {stage} {why}", log=outcome.stderr_tail)
 
 
-def _build_from(task: Task, candidate: Candidate, base: dict, built: dict, findings: tuple[str, ...], cached: bool,
-                build_s: float | None = None) -> Build:
-    build_s = build_s if cached else float(built.get("build_s", 0.0))
-    warnings = tuple(built.get("warnings", ()))
-    if built.get("status") == "ok":
+def _build_from(task: Task, candidate: Candidate, base: dict, built: StageResult, findings: tuple[str, ...],
+                cached: bool, build_s: float | None = None) -> Build:  # fmt: skip
+    build_s = build_s if cached else float(built.build_s or 0.0)
+    if built.ok:
         return Build(**{**base, "cached": cached}, ok=True, failure=None, build_s=build_s,
-                     screen_findings=findings, warnings=warnings, log=built.get("log", ""))
-    failure = _result(task, candidate, built.get("status", "infra_error"), built.get("reason", ""),
-                      log=built.get("log", ""), warnings=warnings, screen_findings=findings)
+                     screen_findings=findings, warnings=built.warnings, log=built.log)
+    failure = _result(task, candidate, built.status, built.reason, log=built.log, warnings=built.warnings,
+                      screen_findings=findings)
     return Build(**{**base, "cached": cached}, ok=False, failure=failure, build_s=build_s,
-                 screen_findings=findings, warnings=warnings, log=built.get("log", ""))
+                 screen_findings=findings, warnings=built.warnings, log=built.log)
 
 
 def _result(task: Task, candidate: Candidate, status: str, reason: str = "", **fields) -> EvalResult:

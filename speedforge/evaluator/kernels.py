@@ -36,9 +36,19 @@ import time
 import traceback
 from pathlib import Path
 
+from speedforge import families
 from speedforge.errors import first_line
+from speedforge.evaluator.job import Job
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
+
+# A candidate compiles only when it loads inline C++/CUDA (speedforge.evaluator.evaluate.needs_build).
+CPP = families.register(families.Family(
+    name="cpp", device="cpu", device_only=False, language="python", marker="ModelNew", sandbox=__name__,
+    always_builds=False, task_in_build_key=False, template="cpp.jinja", kernelbench=True, pin_cpus=True))
+CUDA = families.register(families.Family(
+    name="cuda", device="cuda", device_only=True, language="python", marker="ModelNew", sandbox=__name__,
+    always_builds=False, task_in_build_key=False, template="cuda.jinja", kernelbench=True, pin_cpus=False))
 
 FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
 
@@ -55,7 +65,7 @@ class Verdict(Exception):
 # build
 
 
-def build(job: dict) -> dict:
+def build(job: Job) -> dict:
     """Import the candidate (compiling what it loads at import), then compile every other
     inline extension its source loads, recording each outcome for the run stage
     (speedforge.evaluator.extensions)."""
@@ -63,11 +73,11 @@ def build(job: dict) -> dict:
 
     _prepare_environment(job)
     start = _perf_counter()
-    recorder = extensions.install(job["build_dir"], replay=False)
+    recorder = extensions.install(job.build_dir, replay=False)
     try:
         module = _load_candidate(job)
-        model = extensions.construct(module, job["task"]["source"], job["workdir"], _load_module)
-        extensions.prebuild(job["candidate"]["source"], vars(module), model)
+        model = extensions.construct(module, job.task.source, job.workdir, _load_module)
+        extensions.prebuild(job.candidate.source, vars(module), model)
     except Verdict as verdict:
         return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
                 "build_s": _perf_counter() - start}
@@ -76,14 +86,14 @@ def build(job: dict) -> dict:
     return {"status": "ok", "build_s": _perf_counter() - start}
 
 
-def _prepare_environment(job: dict) -> None:
-    os.environ["TORCH_EXTENSIONS_DIR"] = job["build_dir"]
+def _prepare_environment(job: Job) -> None:
+    os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
     # torch.compile's caches in the job's own folder (the zygote's import of inductor set /tmp's)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(job["workdir"], "torchinductor")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(job["workdir"], "triton")
-    os.environ.setdefault("MAX_JOBS", str(job["config"].get("build_jobs") or min(os.cpu_count() or 1, 8)))
-    if job.get("cuda_arch_list"):
-        os.environ["TORCH_CUDA_ARCH_LIST"] = job["cuda_arch_list"]
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(job.workdir, "torchinductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(job.workdir, "triton")
+    os.environ.setdefault("MAX_JOBS", str(job.config.build_jobs or min(os.cpu_count() or 1, 8)))
+    if job.cuda_arch_list:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = job.cuda_arch_list
 
 
 def _load_module(source: str, name: str, workdir: str):
@@ -96,9 +106,9 @@ def _load_module(source: str, name: str, workdir: str):
     return module
 
 
-def _load_candidate(job: dict):
+def _load_candidate(job: Job):
     try:
-        return _load_module(job["candidate"]["source"], "sf_candidate", job["workdir"])
+        return _load_module(job.candidate.source, "sf_candidate", job.workdir)
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}"
         log = traceback.format_exc()[-6000:]
@@ -111,26 +121,24 @@ def _load_candidate(job: dict):
 # run
 
 
-def run(job: dict) -> dict:
+def run(job: Job) -> dict:
     _prepare_environment(job)
     import torch
 
     from speedforge.evaluator import extensions, guards
 
-    if job["build_dir"]:
-        extensions.install(job["build_dir"], replay=True)  # what the build stage compiled is not compiled again
+    if job.build_dir:
+        extensions.install(job.build_dir, replay=True)  # what the build stage compiled is not compiled again
 
-    config = job["config"]
-    device = torch.device(job["device"])
+    device = torch.device(job.device)
     if device.type == "cpu":
-        torch.set_num_threads(int(config["cpu_threads"]))
+        torch.set_num_threads(job.config.cpu_threads)
         torch.set_num_interop_threads(1)
     elif not torch.cuda.is_available():
         return {"status": "infra_error", "reason": "device cuda asked for, but torch sees no CUDA GPU"}
     run_start = _perf_counter()
-    seed = int(job["seed"])
-    task = job["task"]
-    metrics: dict = {"device_name": _device_name(torch, device), "mode": task["mode"] + ("+grad" if task["grad"] else "")}
+    seed = job.seed
+    metrics: dict = {"device_name": _device_name(torch, device), "mode": job.task.run_mode}
     try:
         harness = _Harness(torch, guards, job, device, seed)
         metrics.update(harness.measure())
@@ -150,15 +158,15 @@ def _device_name(torch, device) -> str:
 
 
 class _Harness:
-    def __init__(self, torch, guards, job: dict, device, seed: int) -> None:
+    def __init__(self, torch, guards, job: Job, device, seed: int) -> None:
         self.torch, self.guards, self.job, self.device, self.seed = torch, guards, job, device, seed
-        self.config = job["config"]
+        self.config = job.config
         self.is_cuda = device.type == "cuda"
         self.rng = random.Random(seed ^ 0x5EED)
         self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
         self.Event = torch.cuda.Event if self.is_cuda else None
         self.current_stream = torch.cuda.current_stream if self.is_cuda else None
-        self.training = job["task"]["mode"] == "train"
+        self.training = job.task.mode == "train"
         self.knobs = {"ref": guards.read_knobs()}  # the reference's backend knobs; the candidate's once it loads
         self.active = "ref"  # whose knobs are in effect
 
@@ -176,7 +184,7 @@ class _Harness:
     def _reference(self):
         torch = self.torch
         try:
-            ref = _load_module(self.job["task"]["source"], "sf_reference", self.job["workdir"])
+            ref = _load_module(self.job.task.source, "sf_reference", self.job.workdir)
             torch.manual_seed(self.seed)
             self.init_inputs = ref.get_init_inputs()
             torch.manual_seed(self.seed)
@@ -233,7 +241,7 @@ class _Harness:
 
     def measure(self) -> dict:
         torch = self.torch
-        with torch.enable_grad() if self.job["task"]["grad"] else torch.no_grad():
+        with torch.enable_grad() if self.job.task.grad else torch.no_grad():
             ref_model = self._reference()
             warm = self.fresh_inputs(-1)
             self._switch("ref")
@@ -257,7 +265,7 @@ class _Harness:
         if self.active == "cand":
             self.knobs["cand"] = self.guards.read_knobs()
         lowered = self.guards.precision_downgrades(self.knobs["ref"], self.knobs.get("cand", self.knobs["ref"]))
-        if lowered and not self.config["allow_precision_downgrade"]:
+        if lowered and not self.config.allow_precision_downgrade:
             found.append("lowered float32 precision, a precision downgrade the config does not allow "
                          f"(allow_precision_downgrade): {'; '.join(lowered)}")
         if found:
@@ -276,7 +284,7 @@ class _Harness:
         self.active = side
 
     def correctness(self, ref_model, cand_model) -> tuple[float, int]:
-        trials = int(self.config["correctness_trials"])
+        trials = int(self.config.correctness_trials)
         held: list = []  # earlier outputs stay alive so that re-returned storage is seen
         worst = 0.0
         for trial in range(trials):
@@ -334,8 +342,8 @@ class _Harness:
                 raise Verdict("incorrect", f"{label}: values differ from the reference")
             return 0.0
         floor = FLOAT_TOLERANCE_FLOOR.get(str(c.dtype), 0.0)
-        atol = max(float(self.config["atol"]), floor)
-        rtol = max(float(self.config["rtol"]), floor)
+        atol = max(float(self.config.atol), floor)
+        rtol = max(float(self.config.rtol), floor)
         if not exact_error and bool(torch.isclose(c, r, rtol=rtol, atol=atol, equal_nan=True).all()):
             return 0.0
         c64, r64 = c.detach().to(torch.float64), r.detach().to(torch.float64)
@@ -360,18 +368,18 @@ class _Harness:
         """
         config = self.config
         flush = None
-        if self.is_cuda and int(config["l2_flush_mb"]) > 0:
-            flush = self.torch.empty(int(config["l2_flush_mb"]) << 20, dtype=self.torch.int8, device=self.device)
+        if self.is_cuda and int(config.l2_flush_mb) > 0:
+            flush = self.torch.empty(int(config.l2_flush_mb) << 20, dtype=self.torch.int8, device=self.device)
         est = {"ref": 0.0, "cand": 0.0}
-        for i in range(int(config["warmup_calls"])):
+        for i in range(int(config.warmup_calls)):
             inputs = self.fresh_inputs(10_000 + i)
             for side, model in (("cand", cand_model), ("ref", ref_model)):
                 est[side] = self._timed_call(model, self.clone(inputs), flush, side)[1]
         per_call = max(max(est.values()), 1e-6)
-        base = int(config["timed_calls"] if self.is_cuda else config["cpu_timed_calls"])
-        most = int(config["max_timed_calls"])
-        least = min(max(base, math.ceil(float(config["min_timed_s"]) / per_call)), most)
-        wide = max(float(config["unstable_ci"]), float(config["ci_target"]))  # wider than this: undecided
+        base = int(config.timed_calls if self.is_cuda else config.cpu_timed_calls)
+        most = int(config.max_timed_calls)
+        least = min(max(base, math.ceil(float(config.min_timed_s) / per_call)), most)
+        wide = max(float(config.unstable_ci), float(config.ci_target))  # wider than this: undecided
         rounds = []
         for attempt in range(2):
             rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt))
@@ -396,7 +404,7 @@ class _Harness:
     def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int) -> dict:
         """Pairs until the interval is within +-ci_target (checked every few pairs past `least`)
         or `most` pairs; returns the times (us) and the interval (lo, hi, relative half-width)."""
-        target = float(self.config["ci_target"])
+        target = float(self.config.ci_target)
         times: dict[str, list[float]] = {"ref": [], "cand": []}
         lo = hi = None
         width = math.inf

@@ -11,12 +11,17 @@ The parent side of the sandbox. Jobs run in processes forked from a warm zygote
 - is watched from here: killed past the time limit, the memory limit (proportional set size of
   its process tree) or the process limit (RLIMIT_NPROC does not bind root).
 
+The zygote is an object, `Zygote`: whoever wants its sandboxes gone at a moment of its own
+choosing makes one, passes it to `run_job` (and the evaluator's entry points) and closes it;
+everyone else shares `default_zygote()`, made on first use.
+
 No sandbox process outlives the process that launched it: a job interrupted here
-(KeyboardInterrupt included) has its process group killed on the way out, `close` (at exit)
-kills every live job and the zygote, and if this process dies without cleaning up (SIGKILL,
-SIGTERM) the zygote's parent-death signal makes it kill its jobs. The zygote is started from
-one thread that lives as long as this process: a parent-death signal follows the thread that
-forked, and evaluations may run in short-lived threads (Ray actors, thread pools).
+(KeyboardInterrupt included) has its process group killed on the way out, `Zygote.close` (run
+at exit for every zygote still open) kills every live job and the zygote, and if this process
+dies without cleaning up (SIGKILL, SIGTERM) the zygote's parent-death signal makes it kill its
+jobs. Each zygote is started from one thread that lives as long as this process: a parent-death
+signal follows the thread that forked, and evaluations may run in short-lived threads (Ray
+actors, thread pools).
 """
 
 from __future__ import annotations
@@ -34,11 +39,16 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 import speedforge
+
+if TYPE_CHECKING:
+    from speedforge.evaluator.job import Job
 
 # Environment variables a sandbox may see; everything else (credentials included) is dropped.
 ENV_ALLOW = (
@@ -133,7 +143,9 @@ class _Launcher:
 
 
 class Zygote:
-    """Client of one zygote process; thread-safe; restarts the zygote if it dies."""
+    """Client of one zygote process; thread-safe; starts it on the first launch and again if it
+    dies. `close()` (or leaving a `with` block) kills its live jobs and the zygote; a later
+    launch starts a fresh one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -171,6 +183,7 @@ class Zygote:
         self._sock = parent
         self._live = set()
         threading.Thread(target=self._read, args=(parent, self._live), daemon=True).start()
+        _OPEN.add(self)
 
     def _read(self, sock: socket.socket, live: set[int]) -> None:
         while True:
@@ -221,13 +234,26 @@ class Zygote:
             status = self._exits.pop(pid)
         return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
+    @property
+    def pid(self) -> int | None:
+        """The zygote process's id while it runs, else None."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def close(self) -> None:
-        """Kill every live job and the zygote (registered to run at exit)."""
+        """Kill every live job and the zygote (run at exit for every zygote still open)."""
         with self._cond:
             live = list(self._live)
         for pid in live:
             _kill_group(pid)
         self._stop()
+        _OPEN.discard(self)
+
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _stop(self) -> None:
         """End the zygote: SIGTERM makes it kill its jobs and exit; SIGKILL if it has not within 5 s."""
@@ -244,22 +270,42 @@ class Zygote:
             proc.wait()
 
 
-_ZYGOTE = Zygote()
-atexit.register(_ZYGOTE.close)
+_OPEN: weakref.WeakSet[Zygote] = weakref.WeakSet()  # zygotes with a process, closed at exit
+_DEFAULT: Zygote | None = None
+_DEFAULT_LOCK = threading.Lock()
 
 
-def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
-            isolate_network: bool = True) -> Outcome:
-    """Run `job` in a sandboxed child; always returns an Outcome, killing the child if need be."""
+def _close_open() -> None:
+    for zygote in list(_OPEN):
+        zygote.close()
+
+
+atexit.register(_close_open)
+
+
+def default_zygote() -> Zygote:
+    """The zygote shared by callers that pass none: one per process, made on first use."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = Zygote()
+        return _DEFAULT
+
+
+def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
+            isolate_network: bool = True, zygote: Zygote | None = None) -> Outcome:
+    """Run `job` in a child sandboxed by `zygote` (default: `default_zygote()`); always returns
+    an Outcome, killing the child if need be."""
+    zygote = zygote if zygote is not None else default_zygote()
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
-    job_path.write_text(json.dumps(job))
+    job_path.write_text(job.to_json())
     stderr_path = workdir / "stderr.txt"
     read_fd, write_fd = os.pipe()
     start = time.perf_counter()
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
         try:
-            pid = _ZYGOTE.launch(str(job_path), (write_fd, out.fileno(), err.fileno()), isolate_network)
+            pid = zygote.launch(str(job_path), (write_fd, out.fileno(), err.fileno()), isolate_network)
         except (OSError, RuntimeError) as exc:
             os.close(read_fd)
             os.close(write_fd)
@@ -269,7 +315,8 @@ def run_job(job: dict, workdir: Path, timeout_s: float, memory_limit_mb: int, ma
     reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
     reader.start()
     try:
-        returncode, timed_out, over_memory, over_processes = _watch(pid, timeout_s, memory_limit_mb, max_processes)
+        returncode, timed_out, over_memory, over_processes = _watch(zygote, pid, timeout_s, memory_limit_mb,
+                                                                    max_processes)  # fmt: skip
     finally:  # what the job left running, or all of it when interrupted (KeyboardInterrupt)
         _kill_group(pid)
     reader.join(timeout=5)
@@ -296,13 +343,14 @@ def _drain(fd: int, chunks: list[bytes]) -> None:
             chunks.append(data)
 
 
-def _watch(pid: int, timeout_s: float, memory_limit_mb: int, max_processes: int) -> tuple[int | None, bool, bool, bool]:
+def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int,
+           max_processes: int) -> tuple[int | None, bool, bool, bool]:  # fmt: skip
     """Wait for the child; kill it on timeout, or when its process tree exceeds the memory limit
     or the process limit. Returns (returncode, timed_out, over_memory, over_processes)."""
     deadline = time.monotonic() + timeout_s
     poll_s = 0.005
     while True:
-        code = _ZYGOTE.wait(pid, poll_s)
+        code = zygote.wait(pid, poll_s)
         if code is not None:
             return code, False, False, False
         poll_s = min(poll_s * 2, 0.2)
@@ -313,7 +361,7 @@ def _watch(pid: int, timeout_s: float, memory_limit_mb: int, max_processes: int)
             verdict = (False, _memory_mb(procs) > memory_limit_mb, len(procs) > max_processes + 1)
         if any(verdict):
             _kill_group(pid)
-            return _ZYGOTE.wait(pid, 30.0), *verdict
+            return zygote.wait(pid, 30.0), *verdict
 
 
 def _tree(pid: int) -> list[psutil.Process]:

@@ -17,6 +17,8 @@ import ast
 import dataclasses
 import re
 
+from speedforge import families
+
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
@@ -180,8 +182,10 @@ class ScreenReport:
 
 
 def screen(source: str, family: str = "cpp") -> ScreenReport:
-    """Screen a candidate's source (Python, or C++ for the `ann` family) against RULES."""
-    if family == "ann":
+    """Screen a candidate's source (Python, or C++ where the family's candidates are C++, as the
+    `ann` family's are) against RULES."""
+    known = families.find(family)  # an unknown family is screened as Python (the evaluator refuses it first)
+    if known is not None and known.language == "cpp":
         return _report(_screen_cpp(source, 1))
     try:
         tree = ast.parse(source)

@@ -58,7 +58,10 @@ def preload() -> None:
     if torch.cuda.is_initialized():
         raise RuntimeError("CUDA was initialised in the sandbox zygote; forked jobs could not use the GPU")
 
+    from speedforge import families
     from speedforge.evaluator import child, guards, kernels, landlock, namespaces  # noqa: F401
+
+    families.names()  # imports every family's module now, not in each job
 
 
 def serve(sock: socket.socket) -> None:

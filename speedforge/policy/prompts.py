@@ -14,6 +14,7 @@ from importlib import resources
 
 import jinja2
 
+from speedforge import families
 from speedforge.errors import UserError
 from speedforge.records import EvalResult, Task, Variant
 
@@ -21,8 +22,6 @@ SYSTEM_PROMPT = (
     "You are an expert performance engineer. You make programs faster without changing what they "
     "compute, and you explain your reasoning before you write code."
 )
-# The language of the code block a family's answer ends with.
-FAMILY_LANGUAGE = {"cpp": "python", "cuda": "python", "ann": "cpp"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,30 +87,14 @@ _ENV = jinja2.Environment(
 )
 
 
-def known_families() -> list[str]:
-    return sorted(FAMILY_LANGUAGE)
-
-
-def _ann_context(task: Task) -> dict[str, str]:
-    """An ann task's source is its benchmark spec (YAML); the code to beat is the engine module."""
-    from speedforge.ann.engine import MODULES
-    from speedforge.ann.tasks import parse_spec, reference_source
-
-    module = parse_spec(task.source, task.task_id).module
-    path, factory = MODULES[module]
-    return {"reference": reference_source(task), "module": module, "module_path": path, "factory": factory}
-
-
-# Extra template variables per family; by default the reference code is the task's source.
-_FAMILY_CONTEXT = {"ann": _ann_context}
-
-
 def render_prompt(task: Task, exemplars: Sequence[Exemplar] = (), feedback: Feedback | None = None) -> Prompt:
     """The contrastive prompt for one task."""
-    if task.family not in FAMILY_LANGUAGE:
-        raise UserError(f"no prompt template for task family {task.family!r}; known: {', '.join(known_families())}")
-    template = _ENV.get_template(f"{task.family}.jinja")
-    context = _FAMILY_CONTEXT[task.family](task) if task.family in _FAMILY_CONTEXT else {"reference": task.source}
+    family = families.find(task.family)
+    if family is None:
+        raise UserError(f"no prompt template for task family {task.family!r}; known: {', '.join(families.names())}")
+    template = _ENV.get_template(family.template)
+    # extra template variables of the family; by default the reference code is the task's source
+    context = families.resolve(family.prompt_context)(task) if family.prompt_context else {"reference": task.source}
     user = template.render(task=task, exemplars=list(exemplars), feedback=feedback, **context)
     return Prompt(
         family=task.family,

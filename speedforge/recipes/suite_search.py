@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
+from speedforge import families
 from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Task
@@ -65,7 +66,7 @@ def run_suite(config: Config, view: SuiteView, family: str | None = None, task_i
     when None). `backend`: made from config.policy when None; `evaluate_fn`: this machine's
     sandbox when None (tests give deterministic stand-ins for both)."""
     family = family or default_family()
-    device = "cuda" if family == "cuda" else "cpu"
+    device = families.get(family).device
     tasks = {t.task_id: t for t in builtin_tasks(family)}
     wanted = set(task_ids) if task_ids else set(tasks)
     if wanted - set(tasks):

@@ -16,12 +16,12 @@ import random
 import time
 from collections.abc import Callable
 
+from speedforge import families
 from speedforge.config import EvaluatorConfig, PolicyConfig, SearchConfig
 from speedforge.policy.backends import Backend
 from speedforge.policy.exemplars import sample_exemplars
 from speedforge.policy.parser import parse_response
 from speedforge.policy.prompts import (
-    FAMILY_LANGUAGE,
     Feedback,
     Prompt,
     exemplars_from_variants,
@@ -58,9 +58,10 @@ def service_evaluator(service, tasks: dict[str, Task] | None = None, store=None)
 
 
 def default_pool(task: Task, configured: str) -> str:
-    """The pool to measure on: the configured one for CPU families; for the cuda family the local
-    GPU's pool name (H100, A100, ... as in the service's pools), else "cuda"."""
-    if task.family != "cuda":
+    """The pool to measure on: the configured one for CPU families; for a family that runs on
+    CUDA the local GPU's pool name (H100, A100, ... as in the service's pools), else "cuda"."""
+    family = families.find(task.family)  # an unknown one fails where its prompt is rendered
+    if family is None or family.device != "cuda":
         return configured
     from speedforge.cluster.pools import local_gpu_pool
 
@@ -116,7 +117,8 @@ class SearchResult:
 
 
 def _candidate(task: Task, text: str, prompt: Prompt, origin: str, finish_reason: str, tokens: int):
-    parsed = parse_response(text, language=FAMILY_LANGUAGE[task.family], marker=_marker(task))
+    family = families.get(task.family)
+    parsed = parse_response(text, language=family.language, marker=family.marker)
     meta = {"missing": list(parsed.missing), "notes": list(parsed.notes), "finish_reason": finish_reason}
     meta["completion_tokens"] = tokens
     # No code found: the whole response is the candidate, so the evaluator records why it fails.
@@ -125,10 +127,6 @@ def _candidate(task: Task, text: str, prompt: Prompt, origin: str, finish_reason
         task.task_id, source, origin=origin, parent_ids=prompt.exemplar_ids, meta_json=json.dumps(meta)
     )
     return candidate, parsed
-
-
-def _marker(task: Task) -> str:
-    return "ModelNew" if FAMILY_LANGUAGE[task.family] == "python" else ""
 
 
 def _guarded_evaluate(evaluate_fn: EvaluateFn, task: Task, candidates: list[Candidate], pool: str):

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from speedforge.errors import UserError
 from speedforge.records import Candidate, Task
 from speedforge.tasks.loader import TaskFormatError, check_reference_source, defined_names, load_task_folder
-from speedforge.tasks.suite import FAMILIES, builtin_candidates, builtin_tasks
+from speedforge.tasks.suite import builtin_candidates, builtin_tasks, suite_families
 
 IMPORTERS: dict[str, Callable[[str, str], "Imported"]] = {}
 KERNELBENCH_COLUMNS = ("code", "level", "name", "problem_id")
@@ -236,8 +236,8 @@ def _finite(value: object, where: str, key: str) -> float | None:
 def import_builtin(source: str, family: str) -> Imported:
     """`builtin` is every family of the suite; `builtin:<family>` one of them (`family` is unused)."""
     chosen = source.partition(":")[2] or None
-    if chosen and chosen not in FAMILIES:
-        raise UserError(f"unknown built-in family {chosen!r}; known: {', '.join(FAMILIES)}")
+    if chosen and chosen not in suite_families():
+        raise UserError(f"unknown built-in family {chosen!r}; known: {', '.join(suite_families())}")
     try:
         return Imported("builtin", source, builtin_tasks(chosen), builtin_candidates(chosen), [])
     except TaskFormatError as exc:

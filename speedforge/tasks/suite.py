@@ -1,6 +1,8 @@
 """The built-in task suite, shipped as package data under speedforge/tasks/suite/.
 
-The ann family's tasks (YAML specs) come from speedforge.ann.tasks.
+That folder holds the families of KernelBench programs (Family.kernelbench); the tasks of other
+families come from the function their Family names (the ann family's YAML specs from
+speedforge.ann.tasks).
 
 Layout: `suite/<family>/reference/<name>.py` is the KernelBench-format reference program and
 `suite/<family>/fast/<name>.py` a hand-written faster candidate (defines ModelNew). A task
@@ -11,25 +13,27 @@ from __future__ import annotations
 
 from importlib import resources
 
+from speedforge import families
 from speedforge.errors import UserError
 from speedforge.records import Candidate, Task
 from speedforge.tasks.loader import check_reference_source, module_docstring
-
-FAMILIES = ("cpp", "cuda")
-
 
 def _suite_dir(family: str):
     return resources.files("speedforge.tasks").joinpath("suite", family)
 
 
-def builtin_tasks(family: str | None = None) -> list[Task]:
-    """Every built-in task (the kernel families, then the ann family), or those of one family."""
-    tasks = []
-    if family in (None, "ann"):
-        from speedforge.ann.tasks import builtin_tasks as ann_tasks
+def suite_families() -> list[str]:
+    """The families whose built-in tasks are KernelBench programs in the suite folder."""
+    return [f.name for f in families.all_families() if f.kernelbench]
 
-        tasks += ann_tasks()
-    for fam in [family] if family else FAMILIES:
+
+def builtin_tasks(family: str | None = None) -> list[Task]:
+    """Every built-in task, or those of one family (none for a family that is not registered)."""
+    tasks = []
+    for record in families.all_families():
+        if family in (None, record.name) and record.task_list:
+            tasks += families.resolve(record.task_list)()
+    for fam in [family] if family else suite_families():
         ref_dir = _suite_dir(fam).joinpath("reference")
         if not ref_dir.is_dir():
             continue
@@ -50,7 +54,7 @@ def builtin_candidates(family: str | None = None) -> list[Candidate]:
     family's baselines are in speedforge.ann.tasks: they score 1, they are not faster)."""
     candidates = []
     for task in builtin_tasks(family):
-        if task.family not in FAMILIES:
+        if task.family not in suite_families():
             continue
         entry = _suite_dir(task.family).joinpath("fast", f"{task.name}.py")
         if entry.is_file():
