@@ -28,8 +28,24 @@ def test_claims_are_exclusive_and_take_the_highest_free_cpus_first():
 
 
 def _evaluate(tmp_path, expected: list[int], pin: bool = True):
+    tmp_path = tmp_path / "cache"
     body = f"        return torch.ones(1) if sorted(os.sched_getaffinity(0)) == {expected} else torch.zeros(1)"
     return probe("affinity", body, str(tmp_path), pin_cpus=pin)
+
+
+@pytest.fixture(autouse=True)
+def private_claims(tmp_path, monkeypatch):
+    """Claims in a folder of this test's own, so that evaluations elsewhere on the host (another
+    test run, a Ray bench worker) cannot hold the CPU the test expects."""
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    monkeypatch.setattr(cpus, "lock_dir", lambda: folder)
+
+
+def test_a_lock_file_another_user_made_read_only_still_claims(tmp_path):
+    (tmp_path / "claims" / "3.lock").touch(mode=0o444)
+    with cpus.claim(1, [0, 1, 2, 3]) as taken:
+        assert taken == [3]
 
 
 @pytest.fixture()

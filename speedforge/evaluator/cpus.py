@@ -26,7 +26,12 @@ LOCK_DIR_NAME = "speedforge-cpus"
 
 def lock_dir() -> Path:
     path = Path(tempfile.gettempdir()) / LOCK_DIR_NAME
-    path.mkdir(mode=0o1777, exist_ok=True)
+    if not path.is_dir():
+        path.mkdir(exist_ok=True)
+        try:
+            path.chmod(0o1777)  # every user's evaluations claim from the same CPUs (umask would narrow it)
+        except OSError:
+            pass
     return path
 
 
@@ -42,12 +47,18 @@ def claim(count: int, candidates: list[int] | None = None) -> Iterator[list[int]
     cpus = sorted(candidates if candidates is not None else allowed())
     held: list[tuple[int, int]] = []  # (cpu, fd)
     try:
-        if 0 < count < len(cpus):
-            folder = lock_dir()
+        try:
+            folder = lock_dir() if 0 < count < len(cpus) else None
+        except OSError:  # no shared temp dir to claim in: run unpinned
+            folder = None
+        if folder is not None:
             for cpu in reversed(cpus):
                 if len(held) == count:
                     break
-                fd = os.open(folder / f"{cpu}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                try:  # read-only is enough to flock; a file another user made may not be writable
+                    fd = os.open(folder / f"{cpu}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+                except OSError:
+                    continue
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:

@@ -62,14 +62,16 @@ STDERR_TAIL_BYTES = 8000
 # next tensor of the same size instead of being faulted in afresh. By default glibc serves large
 # blocks with mmap (a fresh block, page-faulted on first touch, every time) until its adaptive
 # threshold rises, returns the heap's top to the kernel past a threshold, and keeps small freed
-# chunks in the per-thread cache, where they cannot coalesce; torch allocates with
+# chunks in the per-thread cache and the fast bins, where they cannot coalesce; torch allocates with
 # posix_memalign, which asks for more than the block it returns, so a freed block of the same
 # size never satisfies the next request while a cached chunk pins its neighbour. Each of these
 # made a timed call pay for thousands of page faults in some processes and none in others: the
 # same cpp kernel measured 0.42x-1.43x over 6 sandboxes on a 2-core box, and 1.18x-1.27x with
-# these settings (benchmarks/RESULTS.md). Blocks over 1 GiB are still mapped afresh.
+# these settings (benchmarks/RESULTS.md). Blocks over 1 GiB are still mapped afresh. Without
+# mxfast=0 the in-sandbox test failed 1 run in 6 (a small freed chunk in a fast bin pinned the
+# block); with it, 10 of 10 passed.
 MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=17179869184:"
-                   "glibc.malloc.tcache_count=0")
+                   "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0")
 ZYGOTE_START_TIMEOUT_S = 300.0
 
 
