@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = write_report(load_config(args.config), args.results, args.out, endpoint=args.endpoint)
     for note in outcome.notes:
         print(f"note: {note}")
-    print(f"{outcome.variants} variants on {len(outcome.pools)} pool(s) ({', '.join(outcome.pools)}):")
+    print(f"{outcome.variants} variant(s) on {len(outcome.pools)} pool(s) ({', '.join(outcome.pools)}):")
     for path in (outcome.html, outcome.markdown, outcome.json, *outcome.images):
         print(f"  {path}")
     return 0
