@@ -114,7 +114,8 @@ def test_spearman_is_the_rank_correlation_with_ties_and_none_when_undefined():
 def test_correlations_pair_each_source_with_each_pool_and_the_pools_with_each_other():
     variants = [variant(n, float(n)) for n in range(1, 5)]
     results = [result(n, "H100", float(n)) for n in range(1, 5)] + [result(n, "L40", 5.0 - n) for n in range(1, 5)]
-    correlations = {(c.source, c.target): c for c in merge_runs([PortabilityRun("r", results, variants, [])]).correlations()}
+    table = merge_runs([PortabilityRun("r", results, variants, [])])
+    correlations = {(c.source, c.target): c for c in table.correlations()}
     assert set(correlations) == {("published on A100 (cuda-l1)", "H100"), ("published on A100 (cuda-l1)", "L40"),
                                  ("H100", "L40")}  # fmt: skip
     assert correlations[("published on A100 (cuda-l1)", "H100")].spearman == pytest.approx(1.0)

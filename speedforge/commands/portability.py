@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--variants", required=True,
                         help="a store with a variants table, a CUDA-L1 .jsonl, builtin[:FAMILY] or a staged data set "
                              "(STORE/datasets/NAME)")  # fmt: skip
-    parser.add_argument("--pools", required=True, help="comma-separated pools, e.g. A100,H100,L40 (cpu for the CPU family)")
+    parser.add_argument("--pools", required=True,
+                        help="comma-separated pools, e.g. A100,H100,L40 (cpu for the CPU family)")
     parser.add_argument("--out", required=True, help="store URI for the results (a folder or s3://bucket/prefix)")
     parser.add_argument("--tasks", help="where the variants' tasks are (default: the variant set's own, else builtin)")
     parser.add_argument("--select", choices=SELECTIONS, default="best",

@@ -65,7 +65,8 @@ def read_run(config: Config, uri: str, endpoint: str | None = None) -> Portabili
     return PortabilityRun(store.uri, results, store.read_records(VARIANT_SET_TABLE, Variant), pools)
 
 
-def write_report(config: Config, results_uris: list[str], out_dir: str, *, endpoint: str | None = None) -> ReportOutcome:
+def write_report(config: Config, results_uris: list[str], out_dir: str, *,
+                 endpoint: str | None = None) -> ReportOutcome:  # fmt: skip
     """Merge the results of `results_uris` (later ones replace earlier ones' results for the same
     variant and pool) and write the report files into `out_dir` (see the module docstring)."""
     require("reports", "matplotlib", "jsonschema", purpose="the portability report")
@@ -120,7 +121,10 @@ def figures(table: PortabilityTable) -> dict[str, bytes]:
         row = [("ok", variant.score) if label == column else ("missing", None) for column in sources]
         for pool in table.pools:
             result = table.results.get((variant.variant_id, pool))
-            row.append(("missing", None) if result is None else ("ok", result.speedup) if result.ok else ("failed", None))
+            if result is None:
+                row.append(("missing", None))
+            else:
+                row.append(("ok", result.speedup) if result.ok else ("failed", None))
         rows.append(_row_label(variant, variants))
         cells.append(row)
     out["heatmap"] = plots.heatmap(rows, columns, cells, f"{len(variants)} variants on {len(table.pools)} pool(s)")
@@ -128,7 +132,7 @@ def figures(table: PortabilityTable) -> dict[str, bytes]:
                 **{pool: list(table.speedups(pool).values()) for pool in table.pools}}  # fmt: skip
     out["distribution"] = plots.distribution(speedups, "Speedup distribution")
     panels = [(c.source, c.target, [x for _, x, _ in c.pairs], [y for _, _, y in c.pairs], c.spearman)
-              for c in table.correlations() if c.pairs][:SCATTER_PANELS]  # fmt: skip  (pairs with none: the table says n=0)
+              for c in table.correlations() if c.pairs][:SCATTER_PANELS]  # fmt: skip  (the table lists n=0 too)
     if panels:
         out["scatter"] = plots.scatter(panels, "Source against target")
     curves = table.ann_curves()

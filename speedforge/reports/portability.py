@@ -29,7 +29,7 @@ import math
 import re
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from speedforge.records import EvalResult, PoolInfo, Variant
@@ -367,7 +367,7 @@ def pool_environment(info: PoolInfo) -> str:
     return ", ".join(parts)
 
 
-def table_as_dict(table: PortabilityTable, mapping: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def table_as_dict(table: PortabilityTable) -> dict[str, Any]:
     """The JSON-safe content of a table (what the report's JSON holds besides its header)."""
     rows = []
     sources = table.sources()
@@ -393,7 +393,6 @@ def table_as_dict(table: PortabilityTable, mapping: Mapping[str, Any] | None = N
                       "reason": r.reason} for r in table.failures()],  # fmt: skip
         "ann_curves": [c.to_dict() for c in table.ann_curves()],
         "notes": list(table.notes),
-        **(mapping or {}),
     }
 
 
