@@ -17,7 +17,8 @@ Where the variants come from, by what `uri` is:
 
 `select="best"` keeps one variant per task, the highest-scoring among those that succeeded
 where they were recorded (the first, where none carries a score); `"all"` keeps every one.
-`levels` keeps tasks of those KernelBench levels, `limit` the first N tasks (by task id).
+`levels` keeps tasks of those KernelBench levels, `limit` the first N tasks (by task id, numbers
+in numeric order).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from speedforge.config import GPU_POOLS, Config
 from speedforge.errors import UserError
 from speedforge.records import Candidate, Task, Variant
 from speedforge.recipes.records import BUILTIN, DATASET_URI, read_records
+from speedforge.reports.portability import task_order
 
 SELECTIONS = ("best", "all")
 PUBLISHED_SCORE = "score_default"  # CUDA-L1's speedup of the kernel itself over the PyTorch reference
@@ -74,13 +76,13 @@ def read_variant_set(config: Config, uri: str, *, tasks_uri: str | None = None, 
     chosen, passed = _select(unique, select)
     notes += passed
     if limit > 0:
-        task_ids = sorted({v.task_id for v in chosen})[:limit]
+        task_ids = sorted({v.task_id for v in chosen}, key=task_order)[:limit]
         if len(task_ids) < len({v.task_id for v in chosen}):
             notes.append(f"kept the first {limit} tasks by id (limit)")
         chosen = [v for v in chosen if v.task_id in set(task_ids)]
     if not chosen:
         raise UserError(f"no variant of {uri} is left to evaluate: {'; '.join(notes) or 'none succeeded'}")
-    return VariantSet(uri, tasks, sorted(chosen, key=lambda v: (v.task_id, v.variant_id)), tuple(notes))
+    return VariantSet(uri, tasks, sorted(chosen, key=lambda v: (task_order(v.task_id), v.variant_id)), tuple(notes))
 
 
 def _read(config: Config, uri: str, tasks_uri: str | None, skip_bad: bool,

@@ -86,7 +86,7 @@ def distribution(speedups: Mapping[str, Sequence[float]], title: str) -> bytes:
     import numpy as np
 
     labels = list(speedups)
-    fig = _figure(max(5.0, 1.5 + 1.4 * len(labels)), 4.2)
+    fig = _figure(max(5.0, 1.5 + 2.0 * len(labels)), 4.2)
     axis = fig.add_subplot()
     data = [[s for s in speedups[label] if s and s > 0] for label in labels]
     shown = [i for i, d in enumerate(data) if d]
@@ -94,17 +94,17 @@ def distribution(speedups: Mapping[str, Sequence[float]], title: str) -> bytes:
         axis.boxplot([data[i] for i in shown], positions=[i + 1 for i in shown], widths=0.5, showfliers=False,
                      medianprops={"color": "black"})  # fmt: skip
     rng = np.random.default_rng(0)  # the jitter only spreads points sideways; fixed so reports are stable
+    ticks = []
     for i, values in enumerate(data):
         if values:
             axis.scatter(i + 1 + rng.uniform(-0.15, 0.15, len(values)), values, s=10, alpha=0.6, zorder=3)
             geomean = math.exp(sum(map(math.log, values)) / len(values))
-            axis.annotate(f"n={len(values)}\ngeo {geomean:.2f}x", (i + 1, max(values)), textcoords="offset points",
-                          xytext=(0, 6), ha="center", fontsize=7)  # fmt: skip
+            ticks.append(f"{labels[i]}\nn={len(values)}, geomean {geomean:.2f}x")
         else:
-            axis.annotate("no correct result", (i + 1, 1.0), ha="center", fontsize=7, color=FAILED_COLOUR)
+            ticks.append(f"{labels[i]}\nno correct result")
     axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     _speedup_axis(axis, "y")
-    axis.set_xticks(range(1, len(labels) + 1), labels=labels, rotation=15, ha="right", fontsize=8)
+    axis.set_xticks(range(1, len(labels) + 1), labels=ticks, fontsize=8)
     axis.set_xlim(0.4, len(labels) + 0.6)
     axis.set_ylabel("speedup over the reference")
     axis.set_title(title, fontsize=10)
