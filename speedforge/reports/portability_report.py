@@ -116,12 +116,14 @@ def report_sections(data: Mapping[str, Any], images: Mapping[str, str]) -> list[
         matrix_rows.append((v["task_id"], v["variant_id"][:10], *((source,) if source_names else ()), *cells))
     sections.append(Section(
         "Task x pool", figure="heatmap" if "heatmap" in images else "",
-        text="One row per variant: its speedup on each pool ('?': unstable measurement), or why it failed." +
-             (f" The first column is the score it was chosen by ({', '.join(source_names)})." if source_names else ""),
-        headers=("task", "variant", *(("first measured",) if source_names else ()), *pools),
+        text=("One row per variant: its speedup on each pool ('?': unstable measurement), or why it failed." +
+              (f" The first column is the score it was chosen by ({', '.join(source_names)})." if source_names else "")
+              if matrix_rows else "No results."),
+        headers=("task", "variant", *(("first measured",) if source_names else ()), *pools) if matrix_rows else (),
         rows=tuple(matrix_rows)))  # fmt: skip
 
-    sections.append(Section("Speedup distribution", figure="distribution" if "distribution" in images else ""))
+    sections.append(Section("Speedup distribution", figure="distribution" if "distribution" in images else "",
+                            text="" if "distribution" in images else "No results."))  # fmt: skip
     sections.append(Section(
         "Source against target", figure="scatter" if "scatter" in images else "",
         text="Spearman's rank correlation of the speedups of the variants correct on both sides (n/a below 3).",
