@@ -6,6 +6,7 @@ every pool, one build per architecture, each pool's environment recorded, runs m
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 import sys
 import uuid
@@ -192,3 +193,20 @@ def test_two_runs_on_two_pools_merge_into_one_report(tmp_path, local_ray, capsys
     assert [(v["task_id"], v["source"]["speedup"], sorted(v["pools"])) for v in data["variants"]] == [
         ("cpp/add_relu_scale", 1.2, ["cpu", "cpu-b"])]  # fmt: skip
     assert "1 variant(s) on 2 pool(s) (cpu, cpu-b)" in capsys.readouterr().out
+
+
+def test_a_gpu_pool_probe_reads_the_name_and_driver_of_the_gpu_it_was_given(tmp_path, monkeypatch):
+    """nvidia-smi stands in here: the probe asks it about the first GPU in CUDA_VISIBLE_DEVICES."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\necho "NVIDIA H100 80GB HBM3, 550.54.15"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    info = probe_environment("H100", "cuda", cuda_arch="9.0", run_id="r1")
+    assert (info.device_name, info.driver, info.cuda_arch, info.run_id, info.note) == (
+        "NVIDIA H100 80GB HBM3", "550.54.15", "9.0", "r1", "")  # fmt: skip
+    assert (tmp_path / "args").read_text().split()[-2:] == ["-i", "3"]
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    failed = probe_environment("H100", "cuda")
+    assert failed.device_name == "" and failed.note == "nvidia-smi failed: NVIDIA-SMI has failed"
