@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch; the GPU image brings its own CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 # Every extra (pyproject.toml), so both entry points have everything; the core needs none of them.
-EXTRAS := dev,cluster,train,pipelines,ann-bench
+EXTRAS := dev,cluster,train,pipelines,ann-bench,reports
 PYTEST_ARGS ?=
 
 .PHONY: run test test-slow test-gpu venv clean
