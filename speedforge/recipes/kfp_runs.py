@@ -19,6 +19,7 @@ import dataclasses
 import os
 import re
 import socket
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from speedforge.extras import require
 
 DEFAULT_CRON = "0 0 2 * * *"  # every day at 02:00:00 (KFP: seconds minutes hours day-of-month month day-of-week)
 ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"  # the KFP SDK's own variable for the endpoint
+HEALTHZ = "/apis/v2beta1/healthz"
 CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-#LW]+$")
 CRON_NAMES = ("seconds", "minutes", "hours", "day of month", "month", "day of week")
 
@@ -103,7 +105,11 @@ def endpoint(host: str | None) -> str:
 
 
 def probe_endpoint(host: str, timeout_s: float) -> None:
-    """A UserError in one line unless something accepts TCP connections at `host` within `timeout_s`."""
+    """A UserError in one line unless KFP's health check answers at `host` within `timeout_s`
+    (the client itself retries a refused or failing endpoint for half a minute or more)."""
+    import urllib.error
+    import urllib.request
+
     parsed = urlparse(host)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
@@ -111,6 +117,17 @@ def probe_endpoint(host: str, timeout_s: float) -> None:
     except OSError as exc:
         raise UserError(f"cannot reach Kubeflow Pipelines at {host} within {timeout_s:g} s: "
                         f"{exc.strerror or first_line(exc)}; is the endpoint right and port-forwarded?") from None  # fmt: skip
+    health = host.rstrip("/") + HEALTHZ
+    try:
+        with urllib.request.urlopen(health, timeout=timeout_s) as reply:
+            reply.read()
+    except urllib.error.HTTPError as exc:
+        raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {exc.code} {exc.reason} "
+                        f"from {HEALTHZ} (is this the ml-pipeline-ui or ml-pipeline service?)") from None  # fmt: skip
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check within {timeout_s:g} s: "
+                        f"{first_line(reason) if isinstance(reason, BaseException) else reason}") from None  # fmt: skip
 
 
 def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0):
@@ -121,7 +138,9 @@ def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s
     host = endpoint(host)
     probe_endpoint(host, timeout_s)
     try:
-        return kfp.Client(host=host, namespace=namespace or "kubeflow")
+        with warnings.catch_warnings():  # "only works with KFP v2.0.0-beta.2 and later": said in the README
+            warnings.simplefilter("ignore", FutureWarning)
+            return kfp.Client(host=host, namespace=namespace or "kubeflow")
     except Exception as exc:  # the client's health check: urllib3, ApiException, ...
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {_reason(exc)}") from None
 
