@@ -22,6 +22,7 @@ left running); nothing here waits without a limit.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -119,8 +120,8 @@ def custom_objects_api():
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        try:
-            config.load_kube_config()
+        try:  # $KUBECONFIG as it is now (the client read it once, at its import)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         except (config.ConfigException, OSError) as exc:
             raise UserError(f"no Kubernetes API to submit the RayJob to: not in a pod, and no kubeconfig "
                             f"({exc}); run inside the cluster or set KUBECONFIG") from None  # fmt: skip
