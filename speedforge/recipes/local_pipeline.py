@@ -60,8 +60,9 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
         before = set(run_ids(store.list(RUNS + "/")))
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
         failure = None
-        with warnings.catch_warnings():  # kfp.local warns that the image is not a Python one: here it is this Python
-            warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+        with warnings.catch_warnings():  # kfp.local's warnings about what a cluster has and this machine not:
+            warnings.filterwarnings("ignore", message=".*non-Python base image.*")  # the image: here, this Python
+            warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")  # requests
             try:
                 pipeline_func(**{**arguments, "store": store_uri, "config": config_text})
             except RuntimeError as exc:  # kfp.local: a task of the pipeline failed
