@@ -209,3 +209,75 @@ def test_a_ray_job_address_where_nothing_or_no_dashboard_answers_is_one_line(tmp
         other = TrainingJob(stage="grpo", store=store, mode="ray", address=api.url, connect_timeout_s=2)
         with pytest.raises(UserError, match="answered 404 Not Found to /api/version: is this a Ray dashboard"):
             run_training_job(other, StoreConfig())
+
+
+class FakeRayJobs:
+    """The Ray dashboard's job REST API (what JobSubmissionClient calls), with a scripted status."""
+
+    def __init__(self, statuses: list[str], message: str = "", on_success=None) -> None:
+        self.statuses, self.message, self.on_success = statuses, message, on_success
+        self.submitted: dict | None = None
+        self.reads, self.stopped = 0, False
+
+    def __call__(self, method, path, query, body):
+        if path == "/api/version":
+            return 200, {"version": "4", "ray_version": "2.60.0", "ray_commit": "fake"}
+        if method == "POST" and path == "/api/jobs/":
+            self.submitted = body
+            return 200, {"submission_id": "raysubmit_1", "job_id": None}
+        if path == "/api/jobs/raysubmit_1/stop":
+            self.stopped = True
+            return 200, {"stopped": True}
+        if path == "/api/jobs/raysubmit_1/logs":
+            return 200, {"logs": "step 1\nTraceback (most recent call last):\nValueError: no variants\n"}
+        if path == "/api/jobs/raysubmit_1":
+            status = self.statuses[min(self.reads, len(self.statuses) - 1)]
+            self.reads += 1
+            if status == "SUCCEEDED" and self.on_success:
+                self.on_success()
+            return 200, {"type": "SUBMISSION", "submission_id": "raysubmit_1", "status": status,
+                         "entrypoint": self.submitted["entrypoint"], "message": self.message}  # fmt: skip
+        return 404, {"message": "not found"}
+
+
+def ray_job(store: str, address: str, **kwargs) -> TrainingJob:
+    return TrainingJob(stage="sft", store=store, mode="ray", address=address, poll_s=0.01, timeout_s=60.0,
+                       connect_timeout_s=5, **kwargs)  # fmt: skip
+
+
+def test_a_ray_job_is_submitted_to_the_dashboard_and_followed_to_its_outcome(tmp_path):
+    pytest.importorskip("ray", reason="the Job Submission API needs the 'cluster' extra")
+    store = str(tmp_path / "store")
+    outcome = {**OUTCOME, "stage": "sft"}
+    jobs = FakeRayJobs(["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], on_success=lambda: open_store(store).put_bytes(
+        "train/sft/outcome.json", json.dumps(outcome).encode()))  # fmt: skip
+    lines = []
+    with FakeApi(jobs) as api:
+        assert run_training_job(ray_job(store, api.url, config_text="sft: {}\n"), StoreConfig(),
+                                on_status=lines.append) == outcome  # fmt: skip
+    assert jobs.submitted["entrypoint"] == f"python -m speedforge.recipes.training_job --stage sft --store {store}"
+    assert jobs.submitted["runtime_env"] == {"env_vars": {CONFIG_ENV: "sft: {}\n"}}
+    assert [line.rsplit(": ", 1)[1] for line in lines[1:]] == ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_failed_ray_job_fails_the_step_with_its_message_and_log_tail(tmp_path):
+    pytest.importorskip("ray", reason="the Job Submission API needs the 'cluster' extra")
+    jobs = FakeRayJobs(["RUNNING", "FAILED"], message="Job entrypoint command failed with exit code 1")
+    with FakeApi(jobs) as api:
+        with pytest.raises(RayJobFailed, match=r"Ray job raysubmit_1 ended FAILED: Job entrypoint command failed with "
+                                               r"exit code 1; last log lines: .*ValueError: no variants"):  # fmt: skip
+            run_training_job(ray_job(str(tmp_path / "store"), api.url), StoreConfig(), on_status=lambda line: None)
+
+
+def test_a_ray_job_past_its_deadline_is_stopped(tmp_path):
+    pytest.importorskip("ray", reason="the Job Submission API needs the 'cluster' extra")
+    from speedforge.cluster.job_submission import follow_ray_job
+
+    now = [0.0]
+    jobs = FakeRayJobs(["RUNNING"])
+    with FakeApi(jobs) as api:
+        jobs.submitted = {"entrypoint": "python -m x"}
+        with pytest.raises(RayJobFailed, match=r"did not finish within 20 s \(last status RUNNING\); it was stopped"):
+            follow_ray_job(api.url, "raysubmit_1", timeout_s=20, poll_s=5, clock=lambda: now[0],
+                           sleep=lambda s: now.__setitem__(0, now[0] + s))  # fmt: skip
+    assert jobs.stopped and 4 <= jobs.reads <= 6
