@@ -25,8 +25,8 @@ from components.pools import check_pools, fan_out, pool_placement  # noqa: E402
 from components.select import select_best  # noqa: E402
 from components.stage import stage_dataset  # noqa: E402
 from pipelines import PIPELINES  # noqa: E402
+from speedforge.cli import main  # noqa: E402
 from speedforge.config import loads_config  # noqa: E402
-from speedforge.errors import UserError  # noqa: E402
 from speedforge.recipes.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.store.s3server import SeaweedServer  # noqa: E402
@@ -45,13 +45,14 @@ def two_pool_config(tmp_path) -> tuple[str, object]:
     return text, loads_config(text)
 
 
-def test_a_run_naming_an_unknown_pool_fails_at_its_first_step_with_a_failure_report(tmp_path):
+def test_a_run_naming_an_unknown_pool_fails_at_its_first_step_with_a_failure_report(tmp_path, capsys):
     text, config = two_pool_config(tmp_path)
-    arguments = {"source": "builtin:cpp", "pools": "cpu,nosuch", "train_mode": "local"}
-    with pytest.raises(UserError) as failed:
-        run_pipeline_locally(PIPELINES["training"].func, arguments, config, text)
-    message = str(failed.value)
-    assert message.startswith("the pipeline failed at step check-pools: unknown pool(s) nosuch; configured pools: cpu, cpu2")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(text)
+    assert main(["--config", str(config_file), "pipeline", "run-local", "--pools", "cpu,nosuch"]) == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("speedforge pipeline: error: the pipeline failed at step check-pools: unknown pool(s) "
+                              "nosuch; configured pools: cpu, cpu2")  # fmt: skip
     report_uri = message.rsplit("failure report: ", 1)[1].rstrip(")")
     key = report_uri.removeprefix(f"s3://{BUCKET}/{PREFIX}/")
     with SeaweedServer(tmp_path / "cache" / "pipeline-s3", bucket=BUCKET) as server, environment(server.env()):

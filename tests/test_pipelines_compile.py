@@ -119,3 +119,22 @@ def test_the_training_pipeline_takes_data_set_model_pools_budgets_and_store():
     assert {"source", "dataset", "model", "pools", "store", "baseline_candidates", "search_tasks", "search_rounds",
             "search_samples", "max_new_tokens", "train_stage", "train_mode", "s3_secret"} <= set(params)  # fmt: skip
     assert params["pools"]["defaultValue"] == "A100,H100,L40"
+
+
+def test_the_installed_versions_meet_kfps_exact_pins_and_ours():
+    """kfp 2.17.0 pins requests and urllib3 exactly and needs kubernetes<31; the pipelines extra
+    asks kubernetes in a range of its own: the environment must satisfy both."""
+    import tomllib
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    kfp_needs = {r.name: r for r in map(Requirement, requires("kfp")) if r.marker is None or r.marker.evaluate()}
+    for name in ("requests", "urllib3", "kubernetes"):
+        assert version(name) in kfp_needs[name].specifier, (name, version(name), str(kfp_needs[name].specifier))
+    assert any(spec.operator == "==" for spec in kfp_needs["urllib3"].specifier)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    ours = {r.name: r for r in map(Requirement, extras["pipelines"])}
+    assert str(ours["kfp"].specifier) == "==2.17.0" and version("kfp") == "2.17.0"
+    assert version("kubernetes") in ours["kubernetes"].specifier
+    assert "requests" not in ours and "urllib3" not in ours  # left to kfp's exact pins
