@@ -25,7 +25,6 @@ from speedforge.config import Config
 from speedforge.errors import first_line
 
 RUNS = "pipeline-runs"
-STEP_STATUSES = ("running", "ok", "failed")
 
 
 @dataclasses.dataclass(frozen=True)
