@@ -37,7 +37,8 @@ from speedforge.extras import require
 from speedforge.records import Candidate, Task
 from speedforge.train.data import TaskSplit, split_tasks
 
-__all__ = ["TrainConfig", "TrainOutcome", "evaluate_heldout", "load_train_config", "run_training", "train_status"]
+__all__ = ["TrainConfig", "TrainOutcome", "evaluate_heldout", "load_train_config", "run_training", "train_status",
+           "with_run_store"]
 
 STAGES = ("sft", "self", "grpo")
 STARTS_FROM = {"sft": (), "self": ("sft",), "grpo": ("self", "sft")}  # earlier stages whose final weights a stage starts from
@@ -49,6 +50,20 @@ def load_train_config(path: str | None) -> Config:
     since a run also reads `policy:`, `evaluator:`, `store:` and `service:`. None: the embedded
     defaults (cpp family, the default small model, a tiny budget, local Ray, local evaluator)."""
     return load_config(path)
+
+
+def with_run_store(config: Config, store: str, store_config=None) -> Config:
+    """`config` with its run's state, rollouts and variants in `store` (a pipeline run's prefix,
+    whose variants table its baselines seeded) unless `train.store` names one; and with
+    `store_config` (the pipeline's endpoint and credentials) unless the config has a store:
+    section of its own."""
+    from speedforge.config import StoreConfig
+
+    if store_config is not None and config.store == StoreConfig():
+        config = dataclasses.replace(config, store=store_config)
+    if store and not config.train.store:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, store=store))
+    return config
 
 
 class TrainView(Protocol):
@@ -136,7 +151,12 @@ def plan_stage(config: Config, stage: str, resume: bool = False) -> StagePlan:
     if stage not in STAGES:
         raise UserError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
     require("cluster", "ray", purpose="training (Ray Train)")
-    require("train", "trl", "transformers", "datasets", "tensorboardX", purpose="training")
+    require("train", "trl", "transformers", "datasets", purpose="training")
+    from speedforge.train.metrics import tensorboard_writer_module
+
+    if tensorboard_writer_module() is None:
+        raise UserError("training writes TensorBoard metrics: install tensorboardX or tensorboard "
+                        "(pip install 'speedforge[train]')")  # fmt: skip
     train = config.train
     check_family(config)
     grpo = train.grpo

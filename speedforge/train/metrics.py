@@ -74,6 +74,30 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     }
 
 
+def tensorboard_writer_module() -> str | None:
+    """The module whose SummaryWriter writes TensorBoard files here: tensorboardX, else torch's
+    own (it needs the tensorboard package); None when neither can."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboardX") is not None:
+        return "tensorboardX"
+    if importlib.util.find_spec("tensorboard") is not None:
+        return "torch.utils.tensorboard"
+    return None
+
+
+def summary_writer(folder: Path):
+    """A TensorBoard SummaryWriter on `folder` (see tensorboard_writer_module)."""
+    import importlib
+
+    name = tensorboard_writer_module()
+    if name is None:
+        from speedforge.errors import UserError
+
+        raise UserError("TensorBoard metrics need tensorboardX or tensorboard: pip install 'speedforge[train]'")
+    return importlib.import_module(name).SummaryWriter(str(folder))
+
+
 class MetricsLog:
     """Appends metrics lines; numbers go to TensorBoard as `<stage>/<name>` at the step."""
 
@@ -83,9 +107,7 @@ class MetricsLog:
         self.state = state  # a speedforge.train.state.RunState, or None
         self.writer = None
         if tensorboard_dir is not None:
-            from tensorboardX import SummaryWriter
-
-            self.writer = SummaryWriter(str(tensorboard_dir))
+            self.writer = summary_writer(tensorboard_dir)
 
     def write(self, record: dict[str, Any]) -> None:
         record = {"time": time.time(), **record}
@@ -123,7 +145,7 @@ def plot_rewards(metrics: Sequence[dict[str, Any]], png: Path, title: str = "rew
     """The reward curve (mean and max per step, valid fraction on a second axis) as a PNG."""
     from speedforge.extras import require
 
-    require("train", "matplotlib", purpose="the reward-curve plot")
+    require("reports", "matplotlib", purpose="the reward-curve plot")
     import matplotlib
 
     matplotlib.use("Agg")

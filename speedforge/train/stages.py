@@ -66,6 +66,8 @@ class Worker:
     store: Any
     state: RunState
     metrics: MetricsLog | None  # rank 0 only
+    started: float = dataclasses.field(default_factory=time.perf_counter)  # for train.max_stage_s
+    time_limited: bool = False  # the stage ended at train.max_stage_s, before its configured steps
 
     @property
     def train(self):
@@ -226,7 +228,19 @@ def callbacks(worker: Worker, clock: "StepClock", offset: int = 0, fields: Calla
             if logs and "loss" in logs:
                 clock.flush(worker, {k: logs[k] for k in ("loss", "learning_rate", "grad_norm") if k in logs})
 
-    return [StoreCheckpoints(), StepMetrics()]
+    class TimeLimit(TrainerCallback):
+        """`train.max_stage_s`: the step that ends past the limit is the last one; the trainer
+        saves it (a checkpoint in the store) and the stage ends with its final weights."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            limit = worker.train.max_stage_s
+            over = bool(limit) and time.perf_counter() - worker.started > limit
+            if any(worker.gather(over)):  # every worker stops at the same step
+                control.should_training_stop = True
+                control.should_save = True
+                worker.time_limited = True
+
+    return [StoreCheckpoints(), StepMetrics(), TimeLimit()]
 
 
 class StepClock:
@@ -270,7 +284,8 @@ def save_final(worker: Worker, trainer, model, tokenizer) -> None:
     if worker.rank == 0:
         tokenizer.save_pretrained(str(final))
         worker.state.upload(final, "final")
-        worker.state.update(status="done", final="final", final_local=str(final), reason="")
+        worker.state.update(status="done", final="final", final_local=str(final), reason="",
+                            ended="time limit" if worker.time_limited else "steps")  # fmt: skip
     worker.barrier()
 
 
@@ -394,6 +409,8 @@ def run_self(job: StageJob, worker: Worker) -> None:
                 model = trainer.model
             if worker.rank == 0:
                 worker.state.update(round=round_no + 1, round_step=0)
+            if worker.time_limited:
+                break
     save_final(worker, trainer, model, tokenizer)
 
 
