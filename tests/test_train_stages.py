@@ -234,3 +234,22 @@ def test_a_run_whose_evaluation_dies_stops_with_a_checkpoint_and_resumes_with_th
     assert [r.completion for r in resumed] == [r.completion for r in straight]  # same weights, RNG and data position
     assert [m["step"] for m in read_metrics(open(outcome.metrics_path))] == [1, 2, 3]
     assert json.loads(RunState(store, "stopped", "grpo").get_text("state.json") or "{}")["status"] == "done"
+
+
+@pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)
+def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(workspace, tiny_model, ray_local):
+    from speedforge.config import StoreConfig
+    from speedforge.recipes.training_job import TrainingJob, run_training_job
+
+    store = workspace / "pipeline-store"
+    seed_store(make_config(workspace, tiny_model, "job", "pipeline-store"))  # the baselines seed it in a pipeline
+    text = (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
+            f'evaluator: {{cache_dir: "{workspace / "cache"}", cpu_timed_calls: 5, max_timed_calls: 10}}\n'
+            f'train:\n  run: job\n  work_dir: "{workspace / "work"}"\n  tasks: {list(TASKS)}\n  heldout: ["{TASKS[-1]}"]\n'
+            "  sft: {sources: [variants], steps: 2, learning_rate: 1.0e-3, max_length: 2048}\n")  # fmt: skip
+    outcome = run_training_job(TrainingJob(stage="sft", store=str(store), config_text=text, mode="local"), StoreConfig())
+    assert outcome["stage"] == "sft" and outcome["steps"] == 2
+    assert (Path(outcome["final_checkpoint"]) / "config.json").is_file()
+    runs = open_store(str(store))  # train.store unset: the run's state is in the pipeline's store
+    assert json.loads(runs.get_bytes("train/sft/outcome.json")) == outcome
+    assert RunState(runs, "job", "sft").read()["status"] == "done"
