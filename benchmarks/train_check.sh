@@ -61,7 +61,7 @@ train:
   sft: {sources: [builtin], steps: ${TRAIN_SFT_STEPS:-30}, learning_rate: 5.0e-5, exemplars: 0}
   grpo: {steps: 100000, prompts_per_step: 1, generations: ${TRAIN_GENERATIONS:-4}, max_new_tokens: ${TRAIN_MAX_NEW_TOKENS:-384}, learning_rate: 1.0e-6}
 EOF
-sf() { $PY -m speedforge.cli --config "$dir/config.yaml" "$@"; }
+sf=($PY -m speedforge.cli --config "$dir/config.yaml")  # an array: `timeout` runs commands, not functions
 failed=()
 step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to NAME.log
   local name=$1 limit=$2; shift 2
@@ -73,17 +73,17 @@ step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to
 }
 heldout_check() {  # heldout_check LABEL [MODEL]
   [ "$samples" -gt 0 ] || return 0
-  step "heldout-$1" "${TRAIN_HELDOUT_TIMEOUT:-60}" sf train heldout --samples "$samples" --json ${2:+--model "$2"} \
+  step "heldout-$1" "${TRAIN_HELDOUT_TIMEOUT:-60}" "${sf[@]}" train heldout --samples "$samples" --json ${2:+--model "$2"} \
     && sed -n '/^{/,$p' "$dir/heldout-$1.log" >"$dir/heldout-$1.json"
 }
 final() { sed -n 's/^ *"final_checkpoint": "\(.*\)",*$/\1/p' "$dir/$1.log" | head -1; }
 
 started=$(date +%s)
 heldout_check before
-step sft "${TRAIN_SFT_TIMEOUT:-150}" sf train --stage sft --json
+step sft "${TRAIN_SFT_TIMEOUT:-150}" "${sf[@]}" train --stage sft --json
 sft_model=$(final sft)
 [ -n "$sft_model" ] && heldout_check sft "$sft_model"
-step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) sf train --stage grpo --json
+step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) "${sf[@]}" train --stage grpo --json
 grpo_model=$(final grpo)
 [ -n "$grpo_model" ] && heldout_check grpo "$grpo_model"
 for stage in sft grpo; do

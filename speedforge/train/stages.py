@@ -155,7 +155,25 @@ def load_policy(job: StageJob, worker: Worker):
         tokenizer.chat_template = CHATML_TEMPLATE
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer, name
+    return plain_weights(model, ref or name), tokenizer, name
+
+
+def plain_weights(model, where: str):
+    """`model` as a trainable model. transformers loads a GGUF file's weights as plain tensors
+    (dequantized) unless a GGUF matmul kernel keeps them packed, and in both cases marks the
+    model quantized by its GGUF quantizer, which says it is not trainable: TRL's trainers then
+    refuse it ("You cannot perform fine-tuning on purely quantized models"). With every weight a
+    plain tensor the marks are wrong, and are dropped; packed layers are an error."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return model
+    packed = [n for n, m in model.named_modules() if type(m).__name__.startswith("Gguf")]
+    if packed:
+        raise StageError(f"{where}: {len(packed)} layer(s) stayed packed as GGUF blocks (e.g. {packed[0]}), which "
+                         "cannot be trained; uninstall the `kernels` package so transformers dequantizes them, or "
+                         "start from a Hugging Face checkpoint folder")  # fmt: skip
+    quantizer.remove_quantization_config(model)
+    return model
 
 
 def token_budget(tokenizer, limit: int, reserve: int = 0):
