@@ -55,19 +55,26 @@ train:
   heldout: $(yaml_list "$heldout")
   train_count: 0
   evaluation: ${TRAIN_EVALUATION:-local}
-  max_stage_s: $grpo_s
+  max_stage_s: 0
   eval_retries: 1
   ray: {workers: 1, use_gpu: $use_gpu, cpus_per_worker: $cpus}
   sft: {sources: [builtin], steps: ${TRAIN_SFT_STEPS:-30}, learning_rate: 5.0e-5, exemplars: 0}
   grpo: {steps: 100000, prompts_per_step: 1, generations: ${TRAIN_GENERATIONS:-4}, max_new_tokens: ${TRAIN_MAX_NEW_TOKENS:-384}, learning_rate: 1.0e-6}
 EOF
-sf=($PY -m speedforge.cli --config "$dir/config.yaml")  # an array: `timeout` runs commands, not functions
+# GRPO: the same run with a time limit (the step in flight at the limit is its last)
+sed "s/^  max_stage_s: 0$/  max_stage_s: $grpo_s/" "$dir/config.yaml" >"$dir/config-grpo.yaml"
+sf=($PY -m speedforge.cli --config "$dir/config.yaml")  # arrays: `timeout` runs commands, not functions
+sf_grpo=($PY -m speedforge.cli --config "$dir/config-grpo.yaml")
 failed=()
+times=()
 step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to NAME.log
   local name=$1 limit=$2; shift 2
   echo "== $name (limit ${limit}s): $*"
+  local t0=$SECONDS
   timeout --kill-after=15 "$limit" "$@" >"$dir/$name.log" 2>&1
   local rc=$?
+  echo "   $name: exit $rc after $(( SECONDS - t0 )) s"
+  times+=("$name $(( SECONDS - t0 ))s")
   [ $rc -eq 0 ] || { failed+=("$name (exit $rc$([ $rc -eq 124 ] && echo ', time limit'))"); tail -n 5 "$dir/$name.log"; }
   return $rc
 }
@@ -83,13 +90,13 @@ heldout_check before
 step sft "${TRAIN_SFT_TIMEOUT:-150}" "${sf[@]}" train --stage sft --json
 sft_model=$(final sft)
 [ -n "$sft_model" ] && heldout_check sft "$sft_model"
-step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) "${sf[@]}" train --stage grpo --json
+step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) "${sf_grpo[@]}" train --stage grpo --json
 grpo_model=$(final grpo)
 [ -n "$grpo_model" ] && heldout_check grpo "$grpo_model"
 for stage in sft grpo; do
   [ -f "$dir/work/$run/$stage/metrics.jsonl" ] && cp "$dir/work/$run/$stage/metrics.jsonl" "$dir/metrics-$stage.jsonl"
 done
-note="family $family, device $device, $(nproc) cores, run took $(( $(date +%s) - started )) s"
+note="family $family, device $device, $(nproc) cores, run took $(( $(date +%s) - started )) s (${times[*]})"
 [ ${#failed[@]} -gt 0 ] && note="$note; failed: ${failed[*]}"
 args=()
 for label in before sft grpo; do args+=(--heldout "$label=$dir/heldout-$label.json"); done
