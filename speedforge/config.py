@@ -373,6 +373,7 @@ class TrainConfig(Checked):
     seed: int = 0
     eval_retries: int = setting(2, AT_LEAST_0)  # a step's evaluation that failed (or gave infra_error) is tried again this often...
     eval_retry_wait_s: float = setting(5.0, AT_LEAST_0)  # ...after this long (doubling); then the stage stops with a checkpoint
+    build_workers: int = setting(0, AT_LEAST_0)  # evaluation local: a step's builds overlap in this many processes, then the runs go one at a time (0: build and run each in turn)
     max_stage_s: float = setting(0.0, AT_LEAST_0)  # a stage ends (checkpoint and final weights written) after the first step past this many seconds (0: no limit)
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     ray: RayTrainConfig = dataclasses.field(default_factory=RayTrainConfig)

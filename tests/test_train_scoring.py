@@ -223,3 +223,19 @@ def test_live_prompts_show_variants_found_since_the_last_fetch_and_render_the_sa
     assert live({"task_id": [TASK.task_id], "row": [0]}) == later  # seeded by the row and the table
     plain = LivePrompts({TASK.task_id: TASK}, table, Config().policy, "cpu", seed=0, contrastive=False)
     assert plain({"task_id": [TASK.task_id], "row": [0]})["parents"] == [[]]
+
+
+@pytest.mark.slow  # a cold C++ build (~30 s on 2 shared cores) and two spawned build processes
+def test_local_evaluation_with_build_workers_builds_in_processes_and_agrees_with_the_serial_one(tmp_path):
+    from speedforge.tasks import builtin_candidates
+
+    built = next(c for c in builtin_candidates("cpp") if c.task_id == TASK.task_id)  # inline C++: a real build
+    batch = [built, Candidate.make(TASK.task_id, FAST, origin="test"), Candidate.make(TASK.task_id, "garbage", origin="test")]
+    with open_evaluation(config(tmp_path, build_workers=2), {TASK.task_id: TASK}, "cpu") as evaluate:
+        overlapped = evaluate(batch)
+    assert [r.status for r in overlapped] == ["ok", "ok", "screen_rejected"]
+    assert overlapped[0].build_s > 0 and not overlapped[0].build_cached  # built by a build process, run here
+    with open_evaluation(config(tmp_path), {TASK.task_id: TASK}, "cpu") as evaluate:
+        serial = evaluate(batch)
+    assert [r.status for r in serial] == [r.status for r in overlapped]
+    assert serial[0].build_cached  # the same cache: the build process's build is the one the serial run found
