@@ -11,15 +11,17 @@
 # metrics-{sft,grpo}.jsonl, reward_curve.png, summary.{md,json}. Each step has its own time limit
 # (`timeout`), so the whole check ends within about
 #   3 x TRAIN_HELDOUT_TIMEOUT + TRAIN_SFT_TIMEOUT + TRAIN_GRPO_SECONDS + TRAIN_GRPO_GRACE
-# seconds (defaults: 3 x 60 + 150 + 180 + 90 = 600, typically well under), and a step that fails or
+# seconds (defaults: 3 x 60 + 240 + 180 + 90 = 690; about 8 minutes when SFT's two source builds and
+# the samples' builds are cold), and a step that fails or
 # runs out of time is named in the summary while the later steps still run where they can.
 # Knobs (environment):
 #   TRAIN_FAMILY (cuda)  TRAIN_DEVICE (cuda if torch sees a GPU, else cpu)  TRAIN_MODEL ("" = SmolLM2-135M)
 #   TRAIN_TASKS, TRAIN_HELDOUT_TASKS (comma-separated task ids; defaults below)
 #   TRAIN_SFT_STEPS (30)  TRAIN_GRPO_SECONDS (180)  TRAIN_GENERATIONS (4)  TRAIN_MAX_NEW_TOKENS (384)
 #   TRAIN_HELDOUT_SAMPLES (4 per held-out task; 0 skips the held-out checks)
-#   TRAIN_HELDOUT_TIMEOUT (60)  TRAIN_SFT_TIMEOUT (150)  TRAIN_GRPO_GRACE (90: the step in flight at the limit)
+#   TRAIN_HELDOUT_TIMEOUT (60)  TRAIN_SFT_TIMEOUT (240)  TRAIN_GRPO_GRACE (90: the step in flight at the limit)
 #   TRAIN_EVALUATION (local | service)  TRAIN_RUN (run name, default train-check)
+#   TRAIN_BUILD_WORKERS (half the cores, at most 8: a step's builds overlap, the runs that time go one by one)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -37,6 +39,7 @@ run=${TRAIN_RUN:-train-check}
 use_gpu=false
 [ "${device%%:*}" = cuda ] && use_gpu=true
 cpus=$(( $(nproc) > 4 ? 4 : 1 ))  # torch threads of the Ray Train worker (the rest: builds and sandboxes)
+builders=${TRAIN_BUILD_WORKERS:-$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))}
 yaml_list() { echo "[$(echo "$1" | sed 's/[^,][^,]*/"&"/g; s/,/, /g')]"; }
 
 rm -rf "$dir/store" "$dir/work"  # a fresh run each time (the build cache in SPEEDFORGE_CACHE is kept)
@@ -56,10 +59,11 @@ train:
   train_count: 0
   evaluation: ${TRAIN_EVALUATION:-local}
   max_stage_s: 0
+  build_workers: $builders
   eval_retries: 1
   ray: {workers: 1, use_gpu: $use_gpu, cpus_per_worker: $cpus}
-  sft: {sources: [builtin], steps: ${TRAIN_SFT_STEPS:-30}, learning_rate: 5.0e-5, exemplars: 0}
-  grpo: {steps: 100000, prompts_per_step: 1, generations: ${TRAIN_GENERATIONS:-4}, max_new_tokens: ${TRAIN_MAX_NEW_TOKENS:-384}, learning_rate: 1.0e-6}
+  sft: {sources: [builtin], steps: ${TRAIN_SFT_STEPS:-30}, learning_rate: 5.0e-5, exemplars: 0, save_every: 10}
+  grpo: {steps: 100000, prompts_per_step: 1, generations: ${TRAIN_GENERATIONS:-4}, max_new_tokens: ${TRAIN_MAX_NEW_TOKENS:-384}, learning_rate: 1.0e-6, save_every: 5}
 EOF
 # GRPO: the same run with a time limit (the step in flight at the limit is its last)
 sed "s/^  max_stage_s: 0$/  max_stage_s: $grpo_s/" "$dir/config.yaml" >"$dir/config-grpo.yaml"
@@ -87,7 +91,7 @@ final() { sed -n 's/^ *"final_checkpoint": "\(.*\)",*$/\1/p' "$dir/$1.log" | hea
 
 started=$(date +%s)
 heldout_check before
-step sft "${TRAIN_SFT_TIMEOUT:-150}" "${sf[@]}" train --stage sft --json
+step sft "${TRAIN_SFT_TIMEOUT:-240}" "${sf[@]}" train --stage sft --json
 sft_model=$(final sft)
 [ -n "$sft_model" ] && heldout_check sft "$sft_model"
 step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) "${sf_grpo[@]}" train --stage grpo --json

@@ -249,8 +249,7 @@ def measure_sources(plan: StagePlan, view: TrainView) -> int:
         view.message(f"measuring {len(todo)} source candidate(s) on {plan.pool} for SFT (builds are cached)")
         tasks = {t.task_id: t for t in plan.split.train}
         with open_evaluation(plan.config, tasks, plan.pool) as evaluate:
-            for candidate in todo:
-                result = evaluate([candidate])[0]
+            for candidate, result in zip(todo, evaluate(todo)):  # one batch: with train.build_workers the builds overlap
                 view.message(f"  {candidate.task_id}: {result.status}"
                              + (f" {result.speedup:.2f}x" if result.ok and result.speedup else f" ({result.reason[:80]})"))
                 if result.status != "infra_error":
