@@ -253,3 +253,55 @@ def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(w
     runs = open_store(str(store))  # train.store unset: the run's state is in the pipeline's store
     assert json.loads(runs.get_bytes("train/sft/outcome.json")) == outcome
     assert RunState(runs, "job", "sft").read()["status"] == "done"
+
+
+def test_train_status_reads_the_run_back_and_draws_the_reward_curve(grpo_uninterrupted, tmp_path, capsys):
+    from speedforge.cli import main
+
+    config, _ = grpo_uninterrupted
+    path = tmp_path / "train.yaml"
+    path.write_text(f'train: {{store: "{config.train.store}", work_dir: "{config.train.work_dir}"}}\n')
+    png = tmp_path / "reward.png"
+    assert main(["--config", str(path), "train", "status", "straight", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "run straight in " in out and png.read_bytes().startswith(b"\x89PNG")
+    stages = out.split("\n\n")[0]
+    assert "grpo" in stages and "done" in stages and "sft" not in stages.split("\n", 1)[1]  # only this run's stage
+    rows = [line.split() for line in out.split("\n\n")[1].splitlines() if line.startswith("grpo ")]  # the steps table
+    assert [row[1] for row in rows] == ["1", "2", "3"]
+    assert main(["--config", str(path), "train", "status", "nosuch"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "no run 'nosuch' in " in error and error.endswith("runs there: straight")
+
+
+def test_bench_train_splits_the_step_time_of_a_run(grpo_uninterrupted, tmp_path, capsys):
+    import importlib.util
+
+    _, outcome = grpo_uninterrupted
+    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).parent.parent / "benchmarks" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([outcome.metrics_path, "--out", str(tmp_path), "--heldout", f"grpo={tmp_path / 'none.json'}"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (grpo,) = summary["split"]
+    assert grpo["stage"] == "grpo" and grpo["steps"] == 3
+    lines = read_metrics(open(outcome.metrics_path))
+    for part in ("generation_s", "evaluation_s", "update_s", "step_s"):
+        values = sorted(m[part] for m in lines)
+        assert grpo[part]["median"] == values[1] and grpo[part]["min"] == values[0] and grpo[part]["max"] == values[2]
+    shares = grpo["generation_s"]["share"] + grpo["evaluation_s"]["share"] + grpo["update_s"]["share"]
+    assert shares == pytest.approx(1.0)
+    assert summary["heldout"] == {"grpo": None} and "(missing" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "reward_curve.png").is_file()
+    capsys.readouterr()
+
+
+@pytest.mark.slow  # another SFT fit
+def test_a_stage_ends_at_its_time_limit_with_a_checkpoint_and_final_weights(workspace, tiny_model, ray_local):
+    config = make_config(workspace, tiny_model, "limited", "store-limited", max_stage_s=0.001,
+                         sft=SFTConfig(sources=("variants",), steps=5, learning_rate=1e-3, max_length=2048, save_every=3))  # fmt: skip
+    seed_store(config)
+    outcome = run_training(config, "sft")
+    assert outcome.steps == 1 and (Path(outcome.final_checkpoint) / "config.json").is_file()
+    saved = RunState(open_store(config.train.store), "limited", "sft").read()
+    assert saved["status"] == "done" and saved["ended"] == "time limit" and saved["checkpoint"] == "checkpoints/00000001"
