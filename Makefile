@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 # The CPU build of torch; the GPU image brings its own CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 # Every extra (pyproject.toml), so both entry points have everything; the core needs none of them.
-EXTRAS := dev,cluster,train,pipelines,ann-bench
+EXTRAS := dev,cluster,train,pipelines,ann-bench,reports
 PYTEST_ARGS ?=
 
-.PHONY: run test test-slow test-gpu venv clean
+.PHONY: run run-pipeline test test-slow test-gpu venv clean
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ venv: $(BIN)/.installed
 
 run: venv
 	$(BIN)/speedforge run
+
+# The training pipeline on this machine with kfp.local (`make run` will become this once the
+# training, portability and report recipes are merged).
+run-pipeline: venv
+	$(BIN)/speedforge pipeline run-local
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -8,6 +8,11 @@ kernels whose reference takes >= --min-us (the target: <= 3% on a 2-core box).
 
     python benchmarks/bench_reproducibility.py --repeats 6
     python benchmarks/bench_reproducibility.py --repeats 6 --only example
+    python benchmarks/bench_reproducibility.py --variant default: --variant long:min_timed_s=1.0,max_timed_calls=1000
+
+With several --variant options (NAME:KEY=VALUE,... over the evaluator config), each kernel's N
+sandboxes per variant run interleaved (variant a, b, a, b, ...), so a drifting machine affects
+them alike; the table and the summary are per variant.
 """
 
 from __future__ import annotations
@@ -61,6 +66,17 @@ def kernels(only: str) -> list[tuple[Task, Candidate]]:
     return chosen
 
 
+def variant(text: str) -> tuple[str, dict]:
+    """NAME:KEY=VALUE,... -> (name, evaluator overrides); values parsed as YAML scalars."""
+    import yaml
+
+    name, _, body = text.partition(":")
+    pairs = [item.split("=", 1) for item in body.split(",") if item.strip()]
+    if not name or any(len(p) != 2 for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected NAME:KEY=VALUE,..., got {text!r}")
+    return name, {k.strip(): yaml.safe_load(v) for k, v in pairs}
+
+
 def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 else 0.0
 
@@ -71,33 +87,44 @@ def main() -> int:
     parser.add_argument("--min-us", type=float, default=200.0, help="kernels whose reference takes at least this count")
     parser.add_argument("--only", choices=["all", "example"], default="all")
     parser.add_argument("--match", default="", help="only kernels whose task id contains this")
+    parser.add_argument("--variant", type=variant, action="append", default=[],
+                        help="NAME:KEY=VALUE,... evaluator overrides; repeat to compare configs interleaved")
     args = parser.parse_args()
-    config = EvaluatorConfig(cache_dir=os.environ.get("SPEEDFORGE_CACHE") or tempfile.mkdtemp(prefix="sf-repro-"))
-    print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.repeats} sandboxes per kernel", flush=True)
-    rows, cvs = [], []
+    cache = os.environ.get("SPEEDFORGE_CACHE") or tempfile.mkdtemp(prefix="sf-repro-")
+    variants = args.variant or [("default", {})]
+    configs = {name: EvaluatorConfig(**{"cache_dir": cache, **overrides}) for name, overrides in variants}
+    print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.repeats} sandboxes per kernel and variant "
+          f"({', '.join(configs)})", flush=True)  # fmt: skip
+    rows, cvs = [], {name: [] for name in configs}
     for task, candidate in (k for k in kernels(args.only) if args.match in k[0].task_id):
-        results = []
+        results: dict[str, list] = {name: [] for name in configs}
         for i in range(args.repeats):
-            result = evaluate(task, candidate, config)
-            results.append(result)
-            print(f"  {task.task_id} [{i + 1}/{args.repeats}] {result.status} "
-                  f"{result.speedup or 0:.3f}x {result.reason[:80]}", flush=True)  # fmt: skip
-        ok = [r for r in results if r.status == "ok" and r.speedup]
-        if len(ok) < 2:
-            rows.append([task.task_id, f"{len(ok)}/{args.repeats} ok", "-", "-", "-", "-", "-"])
-            continue
-        speedups = [r.speedup for r in ok]
-        ref_us = statistics.median(r.ref_us for r in ok)
-        spread = cv(speedups)
-        if ref_us >= args.min_us:
-            cvs.append(spread)
-        rows.append([task.task_id, f"{len(ok)}/{args.repeats}", f"{ref_us:.0f}",
-                     f"{min(speedups):.3f}-{max(speedups):.3f}", f"{spread:.2%}",
-                     str(sum(r.unstable for r in ok)), f"{statistics.median(r.timed_calls for r in ok):.0f}"])  # fmt: skip
-    print(format_table(["kernel", "ok", "ref us", "speedup min-max", "CV", "unstable", "pairs"], rows))
-    if cvs:
-        print(f"CV over kernels with a reference >= {args.min_us:.0f} us: median {statistics.median(cvs):.2%}, "
-              f"max {max(cvs):.2%} (n={len(cvs)}); load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            for name, config in configs.items():
+                result = evaluate(task, candidate, config)
+                results[name].append(result)
+                print(f"  {task.task_id} {name} [{i + 1}/{args.repeats}] {result.status} "
+                      f"{result.speedup or 0:.3f}x {result.reason[:80]}", flush=True)  # fmt: skip
+        for name in configs:
+            ok = [r for r in results[name] if r.status == "ok" and r.speedup]
+            if len(ok) < 2:
+                rows.append([task.task_id, name, f"{len(ok)}/{args.repeats} ok", "-", "-", "-", "-", "-", "-"])
+                continue
+            speedups = [r.speedup for r in ok]
+            ref_us = statistics.median(r.ref_us for r in ok)
+            spread = cv(speedups)
+            if ref_us >= args.min_us:
+                cvs[name].append(spread)
+            rows.append([task.task_id, name, f"{len(ok)}/{args.repeats}", f"{ref_us:.0f}",
+                         f"{min(speedups):.3f}-{max(speedups):.3f}", f"{spread:.2%}",
+                         str(sum(r.unstable for r in ok)), f"{statistics.median(r.timed_calls for r in ok):.0f}",
+                         f"{statistics.median(r.timed_s for r in ok):.2f}"])  # fmt: skip
+    print(format_table(["kernel", "variant", "ok", "ref us", "speedup min-max", "CV", "unstable", "pairs", "timed s"],
+                       rows))  # fmt: skip
+    for name, values in cvs.items():
+        if values:
+            print(f"{name}: CV over kernels with a reference >= {args.min_us:.0f} us: median "
+                  f"{statistics.median(values):.2%}, max {max(values):.2%} (n={len(values)}); "
+                  f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one script (CI has no GPU). Run from the repository root on the GPU
 # machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [fidelity] [service] [benchbound] [generation] [ann]
+#           [portability]
 # (no arguments: all). It installs what the machine lacks from wheels/ (carried with the tree),
 # runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
 # Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
@@ -12,7 +13,7 @@ PY=${PY:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SPEEDFORGE_CACHE=${SPEEDFORGE_CACHE:-/tmp/speedforge-cache}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests fidelity service benchbound generation ann)
+[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests fidelity service benchbound generation ann portability)
 summary=()
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 note() { summary+=("$(printf '%-12s %s' "$1" "$2")"); }
@@ -94,6 +95,30 @@ fi
 if want ann && [ -f benchmarks/bench_ann.py ]; then
   $PY benchmarks/bench_ann.py ${ANN_ARGS:-} >"$OUT/bench_ann.txt" 2>&1
   note ann "exit $? (bench_ann.txt)"
+fi
+
+if want portability; then  # issue 14: the built-in CUDA suite + CUDA-L1's A100 kernels (levels 1-2) on this GPU's pool
+  pool=${PORTABILITY_POOL:-$($PY -c 'from speedforge.cluster.pools import local_gpu_pool; print(local_gpu_pool() or "")')}
+  jsonl=${PORTABILITY_JSONL:-../shared/data/cuda-l1/a100.jsonl}  # or carried: PORTABILITY_JSONL=.speedforge/a100.jsonl
+  port=$OUT/portability-$pool  # results/ (merge with another machine's: speedforge report --results A --results B)
+  if [ -z "$pool" ]; then
+    note portability "skipped: no configured pool names this GPU"
+  elif [ ! -f "$jsonl" ]; then
+    note portability "skipped: $jsonl not found (set PORTABILITY_JSONL)"
+  else
+    # Each run appends to the same results store and skips pairs already there: a run cut short
+    # (the builds of ~75 kernels take minutes) finishes when the stage runs again on a warm cache.
+    measure_portability() {
+      $PY -m speedforge.cli portability --variants builtin:cuda --pools "$pool" --out "$port/results" || return 1
+      for level in 1 2; do  # the first PORTABILITY_TASKS kernels of each level (CUDA-L1 publishes 87 and 94)
+        $PY -m speedforge.cli portability --variants "$jsonl" --skip-bad --levels $level \
+          --limit "${PORTABILITY_TASKS:-30}" --pools "$pool" --out "$port/results" || return 1
+      done
+      $PY -m speedforge.cli report --results "$port/results" --out "$port/report"
+    }
+    measure_portability >"$OUT/portability.txt" 2>&1
+    note portability "exit $? ($(basename "$port")/report/report.md; portability.txt)"
+  fi
 fi
 
 for f in "$OUT"/*.txt; do echo "===== $(basename "$f")"; tail -n 25 "$f"; done

@@ -28,6 +28,9 @@ COMMAND_MODULES = (
     "speedforge.commands.optimize",
     "speedforge.commands.serve_policy",
     "speedforge.commands.ann",
+    "speedforge.commands.portability",
+    "speedforge.commands.report",
+    "speedforge.commands.pipeline",
 )
 # Ray warns on every local start that it enabled token authentication (its secure default,
 # which we keep); the warning comes from this logger and says nothing a user has to act on.

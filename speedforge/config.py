@@ -160,8 +160,16 @@ class PoolConfig(Checked):
     num_cpus: float = setting(1.0, AT_LEAST_0)  # logical CPUs a bench worker reserves (the built-in GPU pools: 0)
     resources: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. accelerator_type:H100
     cuda_arch: str = setting("", CUDA_ARCH)  # compute capability builds target for this pool, e.g. "9.0"
+    # Kubernetes node labels of this pool's nodes: where a pipeline step that evaluates on the
+    # pool in its own pod is placed (GPU pools: the GPU product label of NVIDIA's GPU Feature
+    # Discovery; give your cluster's value, e.g. NVIDIA-A100-SXM4-40GB).
+    node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # node label set by NVIDIA's GPU Feature Discovery
+GPU_PRODUCTS = {"A100": "NVIDIA-A100-SXM4-80GB", "A10G": "NVIDIA-A10G", "L4": "NVIDIA-L4", "L40": "NVIDIA-L40",
+                "L40S": "NVIDIA-L40S", "H100": "NVIDIA-H100-80GB-HBM3", "H200": "NVIDIA-H200",
+                "B200": "NVIDIA-B200"}  # fmt: skip  (pool name: its usual product label value)
 GPU_POOLS = {"A100": "8.0", "A10G": "8.6", "L4": "8.9", "L40": "8.9", "L40S": "8.9", "H100": "9.0", "H200": "9.0",
              "B200": "10.0"}  # fmt: skip  (pool name: compute capability)
 CPU_POOL_RESOURCE = "speedforge_cpu_bench"  # custom Ray resource: one unit per CPU bench slot
@@ -172,7 +180,8 @@ def default_pools() -> dict[str, PoolConfig]:
     pools = {"cpu": PoolConfig(device="cpu", num_gpus=0.0, resources={CPU_POOL_RESOURCE: 1.0})}
     # A GPU bench worker reserves no logical CPU: it mostly waits on its GPU, and when it times
     # it outranks the builds (build_nice_first), so a reserved core would idle a build worker.
-    pools.update({name: PoolConfig(num_cpus=0.0, resources={f"accelerator_type:{name}": 0.001}, cuda_arch=arch)
+    pools.update({name: PoolConfig(num_cpus=0.0, resources={f"accelerator_type:{name}": 0.001}, cuda_arch=arch,
+                                   node_selector={GPU_PRODUCT_LABEL: GPU_PRODUCTS[name]})
                   for name, arch in GPU_POOLS.items()})  # fmt: skip
     return pools
 
@@ -336,11 +345,16 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     unreadable or binary file, bad YAML, a bad key or value) is a one-line ConfigError."""
     if path is None:
         return Config()
-    text = read_text(path, "config file", ConfigError)
+    return loads_config(read_text(path, "config file", ConfigError), where=str(path))
+
+
+def loads_config(text: str, where: str = "config") -> Config:
+    """The root config from YAML text (a pipeline parameter, say), as strictly as load_config;
+    empty text gives the embedded defaults. `where` names the text in errors."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or first_line(exc)}") from None
-    return from_mapping(Config, data, where=str(path))
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{where}: not valid YAML{at}: {getattr(exc, 'problem', None) or first_line(exc)}") from None
+    return from_mapping(Config, data, where=where)

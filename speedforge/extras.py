@@ -7,7 +7,8 @@ a command that needs one calls `require` before its first import of it:
     import ray
 
 Extras (pyproject.toml): `cluster` (ray), `train` (trl, transformers, accelerate, gguf),
-`pipelines` (kfp, kfp-kubernetes), `ann-bench` (hnswlib, faiss-cpu); `all` is every one of them.
+`pipelines` (kfp, kfp-kubernetes), `ann-bench` (hnswlib, faiss-cpu), `reports` (matplotlib,
+jsonschema); `all` is every one of them.
 """
 
 from __future__ import annotations

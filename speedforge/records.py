@@ -222,7 +222,26 @@ class Variant(Record):
     created_at: float = 0.0
 
 
+@_with_schema
+@dataclasses.dataclass(frozen=True)
+class PoolInfo(Record):
+    """What one pool's results were measured on, probed on that pool's own worker: a portability
+    run records one per pool, so results of different runs and machines merge keyed by pool."""
+
+    pool: str
+    device_name: str = ""  # e.g. "NVIDIA H100 80GB HBM3"; the CPU model for a CPU pool
+    driver: str = ""  # NVIDIA driver version ("" on a CPU pool)
+    torch_version: str = ""
+    cuda_version: str = ""  # the CUDA torch was built with ("" for a CPU build)
+    cuda_arch: str = ""  # the compute capability builds targeted for this pool ("" on CPU)
+    host: str = ""
+    run_id: str = ""  # the portability run that measured it
+    measured_at: float = 0.0  # unix seconds
+    note: str = ""  # why a field is missing (a probe that did not run), one line
+
+
 # The one mapping from a store table's name to the record class of its rows: every reader and
 # writer of a table (staging, the results and variants tables, `speedforge evaluate`'s inputs)
 # looks the class up here instead of naming it again.
-TABLES: dict[str, type[Record]] = {"tasks": Task, "candidates": Candidate, "results": EvalResult, "variants": Variant}
+TABLES: dict[str, type[Record]] = {"tasks": Task, "candidates": Candidate, "results": EvalResult, "variants": Variant,
+                                   "variant_set": Variant, "pools": PoolInfo}  # the last two: a portability run's

@@ -7,6 +7,7 @@ import pytest
 
 from speedforge.ann import tasks
 from speedforge.ann.engine import module_source
+from speedforge.ann.sweep import parse_curves
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.records import Candidate, Task
@@ -67,6 +68,8 @@ def test_the_baseline_module_as_candidate_scores_about_one(task, config):
     assert result.correct and 0.5 < result.speedup < 2.0
     assert result.ref_us > 0 and result.cand_us > 0 and result.trials == 12
     assert "base_recall" in result.log
+    curves = parse_curves(result.log)  # what the portability report draws
+    assert len(curves["base"]) == len(curves["cand"]) > 1 and all(0 <= p.recall <= 1 for p in curves["cand"])
 
 
 def test_precomputed_neighbours_are_caught(task, config):

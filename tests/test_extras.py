@@ -16,7 +16,7 @@ import pytest
 import speedforge
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("ray", "kfp", "trl", "transformers", "accelerate", "gguf")
+HEAVY = ("ray", "kfp", "trl", "transformers", "accelerate", "gguf", "matplotlib")
 CORE_MODULES = ("speedforge.records", "speedforge.config", "speedforge.evaluator", "speedforge.store",
                 "speedforge.tasks")  # fmt: skip
 
@@ -60,6 +60,7 @@ def test_core_and_cli_help_import_no_heavy_framework():
         ("ray", ["evaluate", "--tasks", "builtin:cpp", "--candidates", "builtin:cpp", "--pools", "cpu",
                  "--limit", "1", "--out", "{tmp}/out"], "cluster"),  # fmt: skip
         ("transformers", ["serve-policy", "--model", "{tmp}"], "train"),
+        ("matplotlib", ["report", "--results", "{tmp}", "--out", "{tmp}/out"], "reports"),
     ],
 )
 def test_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, extra):

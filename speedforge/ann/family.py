@@ -27,7 +27,7 @@ from speedforge import families
 from speedforge.ann import auc, engine
 from speedforge.ann.datasets import SyntheticSpace
 from speedforge.ann.groundtruth import exact_knn, recall_at_k
-from speedforge.ann.sweep import SweepPoint
+from speedforge.ann.sweep import SweepPoint, format_curves
 from speedforge.ann.tasks import AnnTaskSpec, parse_spec
 from speedforge.config import ConfigError
 from speedforge.evaluator.job import Job
@@ -297,7 +297,5 @@ def _report(points: dict, build_s: dict, indexes: dict) -> str:
     """A small table for the next prompt: build time and the curve of both sides."""
     lines = [f"modules: candidate {indexes['cand'].modules}",
              f"build seconds: baseline {build_s['base']:.2f}, candidate {build_s['cand']:.2f}",
-             "ef    base_recall base_qps   cand_recall cand_qps"]
-    for b, c in zip(points["base"], points["cand"]):
-        lines.append(f"{b.ef:<5} {b.recall:<11.4f} {b.qps:<10.0f} {c.recall:<11.4f} {c.qps:.0f}")
+             *format_curves(points["base"], points["cand"])]
     return "\n".join(lines)

@@ -53,3 +53,35 @@ def sweep(search: SearchFn, queries: np.ndarray, truth: np.ndarray, efs: Sequenc
         if stop_recall is not None and points[-1].recall >= stop_recall:
             break
     return points
+
+
+# The curve table an ann evaluation writes into its result's log (one line per ef, both sides),
+# and reads back for reports: the log is where an EvalResult keeps the curve.
+CURVE_HEADER = "ef    base_recall base_qps   cand_recall cand_qps"
+
+
+def format_curves(base: Sequence[SweepPoint], cand: Sequence[SweepPoint]) -> list[str]:
+    """The header and one line per ef of the baseline's and the candidate's points."""
+    lines = [CURVE_HEADER]
+    for b, c in zip(base, cand):
+        lines.append(f"{b.ef:<5} {b.recall:<11.4f} {b.qps:<10.0f} {c.recall:<11.4f} {c.qps:.0f}")
+    return lines
+
+
+def parse_curves(log: str) -> dict[str, list[SweepPoint]] | None:
+    """The {"base": points, "cand": points} of a log that holds a curve table; None without one."""
+    lines = log.splitlines()
+    if CURVE_HEADER not in lines:
+        return None
+    curves: dict[str, list[SweepPoint]] = {"base": [], "cand": []}
+    for line in lines[lines.index(CURVE_HEADER) + 1:]:
+        fields = line.split()
+        if len(fields) != 5:
+            break
+        try:
+            ef, base_recall, base_qps, cand_recall, cand_qps = int(fields[0]), *map(float, fields[1:])
+        except ValueError:
+            break
+        curves["base"].append(SweepPoint(ef, base_recall, base_qps))
+        curves["cand"].append(SweepPoint(ef, cand_recall, cand_qps))
+    return curves if curves["base"] else None

@@ -24,7 +24,12 @@ from speedforge.tasks.importers import Imported, import_source
 @dataclasses.dataclass(frozen=True)
 class Staged:
     result: StageResult
-    where: str  # the manifest's full address, for messages
+    where: str  # the manifest's full address, for messages; also a URI records are read from
+
+    def to_dict(self) -> dict:
+        """What a pipeline step passes on: the version's URI (STORE/datasets/NAME/versions/N.json) and counts."""
+        return {"dataset_uri": self.where, "name": self.result.name, "version": self.result.version,
+                "created": self.result.created, **self.result.counts}  # fmt: skip
 
 
 def default_name(source: str) -> str:

@@ -1,2 +1,3 @@
-"""Reports for people: plain-text tables on the terminal now (`text`); the portability reports
-(HTML, Markdown, JSON) belong here beside them."""
+"""Reports for people: plain-text tables on the terminal (`text`); the portability table
+(`portability`), its figures (`plots`) and its HTML, Markdown and JSON documents
+(`portability_report`, with the JSON's schema and the HTML template as package data)."""

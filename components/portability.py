@@ -1,0 +1,18 @@
+"""Portability: a variant set rerun, with its references, on one pool."""
+
+from kfp import dsl
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def portability(config: str, variants_uri: str, pool: str, store: str, run_id: str) -> dict:
+    """Evaluate every variant of `variants_uri` and its reference on `pool`; results in
+    <store>/portability/<pool>; returns results_uri and the pool's summary."""
+    from speedforge.config import loads_config
+    from speedforge.recipes.portability import run_portability
+    from speedforge.recipes.run_steps import run_step
+
+    settings = loads_config(config, where="the config parameter")
+    return run_step(settings, store, run_id, f"portability-{pool}", run_portability, settings, variants_uri, [pool],
+                    f"{store.rstrip('/')}/portability/{pool}")

@@ -1,0 +1,24 @@
+"""Stage a task source as a versioned data set in the run's store."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def stage_dataset(config: str, source: str, dataset: str, store: str,
+                  run_id: str) -> NamedTuple("Staged", summary=dict, dataset_uri=str):
+    """Import `source` (builtin[:FAMILY], a KernelBench checkout or parquet, CUDA-L1 JSONL) and stage
+    it as data set `dataset` ("" = named after the source) in `store`; returns its dataset_uri."""
+    from collections import namedtuple
+
+    from speedforge.config import loads_config
+    from speedforge.recipes.run_steps import run_step
+    from speedforge.recipes.staged_dataset import stage_source
+
+    settings = loads_config(config, where="the config parameter")
+    summary = run_step(settings, store, run_id, "stage", stage_source, settings.store, source, dest=store,
+                       name=dataset or None)
+    return namedtuple("Staged", "summary dataset_uri")(summary, summary["dataset_uri"])

@@ -1,0 +1,30 @@
+"""One training stage: in this pod, as a KubeRay RayJob, or as a Ray job on an existing cluster."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def train(config: str, train_config: str, stage: str, mode: str, store: str, ray_cluster: str, namespace: str,
+          ray_dashboard: str, image: str, timeout_s: float, baselines: list, run_id: str,
+          ) -> NamedTuple("Training", outcome=dict, final_checkpoint=str):
+    """Run training stage `stage` on `train_config` (YAML text; "" = embedded defaults): mode local (in this
+    pod), rayjob (a RayJob on RayCluster `ray_cluster`, followed to its end) or ray (the Job Submission API
+    at `ray_dashboard`). Fails with the job's reason and message when the job fails. `baselines`: the
+    pools' baseline summaries (they seeded the variants table training draws exemplars from), logged."""
+    from collections import namedtuple
+
+    from speedforge.config import loads_config
+    from speedforge.recipes.baselines import describe_baselines
+    from speedforge.recipes.run_steps import run_step
+    from speedforge.recipes.training_job import TrainingJob, run_training_job
+
+    print(describe_baselines(baselines))
+    settings = loads_config(config, where="the config parameter")
+    outcome = run_step(settings, store, run_id, f"train-{stage}", lambda: run_training_job(TrainingJob(
+        stage=stage, store=store, config_text=train_config, mode=mode, cluster=ray_cluster, namespace=namespace,
+        image=image, address=ray_dashboard, timeout_s=timeout_s), settings.store))
+    return namedtuple("Training", "outcome final_checkpoint")(outcome, outcome["final_checkpoint"])

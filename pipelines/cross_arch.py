@@ -1,0 +1,42 @@
+"""The cross-architecture evaluation: the best variant per task of an earlier run, evaluated on
+every pool, and the report; a failure report when any step fails."""
+
+from kfp import dsl
+
+from components.failure import run_report
+from components.pools import check_pools, fan_out, pool_placement
+from components.portability import portability
+from components.report import report
+from components.select import select_best
+from pipelines.steps import on_pool, step
+
+
+@dsl.pipeline(name="speedforge-cross-arch",
+              description="Select the best variant per task of a run and evaluate it, with its reference, on every "
+                          "pool; report the per-pool table, the task x pool matrix and the failures.")
+def cross_arch(
+    variants_store: str = "s3://speedforge/runs/training",  # the store whose variants table is read
+    dataset_uri: str = "s3://speedforge/runs/training/datasets/builtin-cuda",  # the tasks of those variants
+    select_pool: str = "",  # keep variants measured on this pool ("" = the best on any pool)
+    pools: str = "A100,H100,L40",  # comma-separated pools to evaluate on
+    store: str = "s3://speedforge/runs/cross-arch",  # object-store prefix of this run's tables
+    config: str = "",  # YAML text of the speedforge config ("" = embedded defaults)
+    s3_secret: str = "speedforge-s3",
+):
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    failure = step(run_report(config=config, store=store, run_id=run_id), s3_secret, name="run report")
+    with dsl.ExitHandler(failure, name="cross-arch"):
+        checked = step(check_pools(config=config, pools=pools, store=store, run_id=run_id), s3_secret,
+                       cpu="500m", memory="1Gi", name="check pools")
+        selected = step(select_best(config=config, source_store=variants_store, dataset_uri=dataset_uri,
+                                    pool=select_pool, store=store, run_id=run_id), s3_secret, name="select best variants")
+        per_pool = step(fan_out(pools=checked.output, uri=selected.outputs["variants_uri"]), None, cpu="100m",
+                        memory="256Mi", name="pools with the variants")
+        with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
+            placed = step(pool_placement(config=config, pool=item.pool, ray_address=""), None, cpu="500m",
+                          memory="1Gi", name="placement")
+            ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
+                                              run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="portability"),
+                             placed)
+        step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
+             s3_secret, name="report")

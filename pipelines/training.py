@@ -1,0 +1,91 @@
+"""The training pipeline: stage -> baselines per pool -> train -> optimize -> select -> portability
+per pool -> report, with a failure report when any step fails.
+
+Parameters are the data set, the model, the pools, the budgets and the object-store prefix
+(`store`: every table of the run lives under it; the run's steps and failure report under
+pipeline-runs/<run id>/). The defaults are a cluster's (the cuda family on A100, H100 and L40, training as
+a KubeRay RayJob); `speedforge pipeline run-local` runs it on one machine with the embedded
+defaults instead.
+"""
+
+from kfp import dsl
+
+from components import IMAGE
+from components.baselines import measure_baselines
+from components.failure import run_report
+from components.optimize import optimize
+from components.pools import check_pools, fan_out, pool_placement
+from components.portability import portability
+from components.report import report
+from components.select import select_best
+from components.stage import stage_dataset
+from components.train import train
+from pipelines.steps import on_pool, step
+
+
+@dsl.pipeline(name="speedforge-training",
+              description="Stage tasks, measure baselines per pool, train the policy (SFT, self-training or GRPO), "
+                          "search with it, select the best variant per task, evaluate them on every pool, report.")
+def training(
+    source: str = "builtin:cuda",  # task source: builtin[:FAMILY], a KernelBench folder or parquet, CUDA-L1 JSONL
+    dataset: str = "",  # data set name ("" = from the source)
+    store: str = "s3://speedforge/runs/training",  # object-store prefix of this run's tables
+    pools: str = "A100,H100,L40",  # comma-separated pools: baselines and portability fan out over them
+    search_pool: str = "H100",  # the pool the search measures on
+    model: str = "",  # policy model of the search ("" = the checkpoint this run's training wrote)
+    train_stage: str = "grpo",  # sft | self | grpo
+    train_config: str = "",  # YAML text of the training config ("" = its embedded defaults)
+    train_mode: str = "rayjob",  # local (in the step's pod) | rayjob (KubeRay) | ray (Job Submission API)
+    ray_cluster: str = "speedforge",  # rayjob: the RayCluster (k8s/) the job runs on
+    namespace: str = "",  # rayjob: its namespace ("" = the pipeline pods' own)
+    ray_dashboard: str = "",  # ray: the cluster's dashboard, e.g. http://speedforge-head-svc:8265
+    ray_address: str = "",  # evaluations join this Ray cluster (ray://speedforge-head-svc:10001); "" = a local Ray in each pod
+    image: str = IMAGE,  # rayjob: the submitter pod's image
+    train_timeout_s: float = 86400.0,
+    baseline_candidates: int = 0,  # budget: candidates measured per pool (0 = all of the data set)
+    search_tasks: int = 4,  # budget: tasks searched
+    search_rounds: int = 2,
+    search_samples: int = 4,
+    max_new_tokens: int = 0,  # 0 = config.policy.max_new_tokens
+    config: str = "",  # YAML text of the speedforge config ("" = embedded defaults)
+    s3_secret: str = "speedforge-s3",  # Kubernetes secret with the S3 credentials (pipelines/steps.py)
+):
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    failure = step(run_report(config=config, store=store, run_id=run_id), s3_secret, name="run report")
+    with dsl.ExitHandler(failure, name="training"):
+        checked = step(check_pools(config=config, pools=pools, store=store, run_id=run_id), s3_secret,
+                       cpu="500m", memory="1Gi", name="check pools")
+        staged = step(stage_dataset(config=config, source=source, dataset=dataset, store=store, run_id=run_id),
+                      s3_secret, name="stage data set")
+        per_pool = step(fan_out(pools=checked.output, uri=staged.outputs["dataset_uri"]), None, cpu="100m",
+                        memory="256Mi", name="pools with the data set")
+        with dsl.ParallelFor(per_pool.output, name="baselines-per-pool") as item:
+            placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
+                          memory="1Gi", name="placement")
+            baselines = on_pool(step(measure_baselines(
+                config=config, dataset_uri=item.uri, pool=item.pool, store=store,
+                ray_address=ray_address, limit=baseline_candidates, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
+                name="baselines"), placed)
+        trained = step(train(
+            config=config, train_config=train_config, stage=train_stage, mode=train_mode, store=store,
+            ray_cluster=ray_cluster, namespace=namespace, ray_dashboard=ray_dashboard, image=image,
+            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.output), run_id=run_id), s3_secret,
+            name="train")
+        searched = step(optimize(
+            config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,
+            checkpoint=trained.outputs["final_checkpoint"], tasks=search_tasks, rounds=search_rounds,
+            samples=search_samples, max_new_tokens=max_new_tokens, pool=search_pool, ray_address=ray_address,
+            run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="optimize")
+        selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],
+                                    pool="", store=store, run_id=run_id), s3_secret, name="select best variants")
+        selected.after(searched)
+        per_pool = step(fan_out(pools=checked.output, uri=selected.outputs["variants_uri"]), None, cpu="100m",
+                        memory="256Mi", name="pools with the variants")
+        with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
+            placed = step(pool_placement(config=config, pool=item.pool, ray_address=""), None, cpu="500m",
+                          memory="1Gi", name="placement")
+            ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
+                                              run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="portability"),
+                             placed)
+        step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
+             s3_secret, name="report")

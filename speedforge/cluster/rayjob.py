@@ -1,0 +1,213 @@
+"""A KubeRay RayJob (`ray.io/v1`): its manifest, its submission with the kubernetes client, and
+its status followed to the end.
+
+    api = custom_objects_api()                       # in-cluster service account, else kubeconfig
+    spec = RayJobSpec(name="grpo-1", namespace="speedforge", entrypoint="speedforge train ...",
+                      cluster="speedforge", image="speedforge:0.1.0")
+    submit_rayjob(api, spec)
+    final = follow_rayjob(api, spec.namespace, spec.name, timeout_s=3600, on_status=print)
+
+The job runs on an existing RayCluster (`clusterSelector`, the cluster of `k8s/`), so no cluster
+is created per job. KubeRay writes two fields as the job goes: `status.jobDeploymentStatus`
+(its own lifecycle: Initializing, Running, Complete, Failed, ValidationFailed, ...) and
+`status.jobStatus` (Ray's: PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED). Following ends when
+the deployment status is terminal; only Complete with SUCCEEDED is a success, anything else
+raises RayJobFailed carrying the job's `reason` and `message`. A job that is gone, a deadline
+passed or an API that refuses are failures too (the job is deleted on a deadline, so none is
+left running); nothing here waits without a limit.
+
+`api` is a kubernetes.client.CustomObjectsApi, or anything with its four methods used here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from speedforge.errors import UserError
+
+GROUP, VERSION, PLURAL, KIND = "ray.io", "v1", "rayjobs", "RayJob"
+CLUSTER_LABEL = "ray.io/cluster"  # the label KubeRay puts on a RayCluster's pods; clusterSelector matches it
+TERMINAL = ("Complete", "Failed", "ValidationFailed")  # KubeRay's terminal jobDeploymentStatus values
+SUCCEEDED = "SUCCEEDED"
+
+
+class RayJobFailed(UserError):
+    """The RayJob ended without success (or could not be followed): one line with why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RayJobSpec:
+    """What a RayJob runs and where: one entrypoint on an existing RayCluster."""
+
+    name: str  # the RayJob's name (at most 47 characters: KubeRay derives other names from it)
+    namespace: str
+    entrypoint: str  # a shell command run by the job's driver on the cluster
+    cluster: str  # name of the RayCluster it runs on (clusterSelector ray.io/cluster)
+    image: str  # image of the submitter pod (the speedforge image)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # runtime env vars of the driver and workers
+    active_deadline_s: int = 0  # KubeRay fails the job after this long (0: no deadline of its own)
+    submitter_cpu: str = "200m"  # requests of the submitter pod
+    submitter_memory: str = "512Mi"
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.name) <= 47:
+            raise UserError(f"RayJob name {self.name!r} must have 1 to 47 characters (KubeRay derives longer names)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RayJobStatus:
+    """The two status fields and KubeRay's explanation, as read from the object."""
+
+    deployment: str  # status.jobDeploymentStatus ("" while new)
+    job: str  # status.jobStatus ("" before Ray reports)
+    reason: str = ""
+    message: str = ""
+
+    @staticmethod
+    def of(obj: dict[str, Any]) -> "RayJobStatus":
+        status = obj.get("status") or {}
+        return RayJobStatus(status.get("jobDeploymentStatus", ""), status.get("jobStatus", ""),
+                            status.get("reason", ""), status.get("message", ""))  # fmt: skip
+
+    @property
+    def terminal(self) -> bool:
+        return self.deployment in TERMINAL
+
+    @property
+    def succeeded(self) -> bool:
+        return self.deployment == "Complete" and self.job == SUCCEEDED
+
+    def describe(self) -> str:
+        return f"{self.deployment or 'New'}/{self.job or '-'}"
+
+
+def rayjob_manifest(spec: RayJobSpec) -> dict[str, Any]:
+    """The RayJob object for `spec` (what `kubectl apply` would take)."""
+    resources = {"cpu": spec.submitter_cpu, "memory": spec.submitter_memory}
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": spec.name, "namespace": spec.namespace,
+                     "labels": {"app.kubernetes.io/part-of": "speedforge", **spec.labels}},  # fmt: skip
+        "spec": {
+            "entrypoint": spec.entrypoint,
+            "clusterSelector": {CLUSTER_LABEL: spec.cluster},
+            "submissionMode": "K8sJobMode",
+            "backoffLimit": 0,  # a failed training run is reported, not retried blindly (it resumes from its checkpoint)
+            "submitterPodTemplate": {"spec": {"restartPolicy": "Never", "containers": [
+                {"name": "ray-job-submitter", "image": spec.image,
+                 "resources": {"requests": dict(resources), "limits": dict(resources)}}]}},  # fmt: skip
+        },
+    }
+    if spec.env:
+        body["spec"]["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(spec.env)}, sort_keys=True)
+    if spec.active_deadline_s > 0:
+        body["spec"]["activeDeadlineSeconds"] = spec.active_deadline_s
+    return body
+
+
+def custom_objects_api():
+    """A CustomObjectsApi with this pod's service account, or else the local kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:  # $KUBECONFIG as it is now (the client read it once, at its import)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+        except (config.ConfigException, OSError) as exc:
+            raise UserError(f"no Kubernetes API to submit the RayJob to: not in a pod, and no kubeconfig "
+                            f"({exc}); run inside the cluster or set KUBECONFIG") from None  # fmt: skip
+    return client.CustomObjectsApi()
+
+
+def submit_rayjob(api, spec: RayJobSpec) -> dict[str, Any]:
+    """Create the RayJob; a UserError in one line when the API refuses it (exists, forbidden,
+    no RayJob CRD, unreachable)."""
+    try:
+        return api.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, PLURAL, rayjob_manifest(spec))
+    except Exception as exc:  # kubernetes ApiException, urllib3 errors: all become one line
+        raise RayJobFailed(f"cannot create RayJob {spec.namespace}/{spec.name}: {_api_reason(exc)}") from None
+
+
+def follow_rayjob(api, namespace: str, name: str, timeout_s: float, poll_s: float = 5.0,
+                  on_status: Callable[[RayJobStatus], None] | None = None,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> RayJobStatus:  # fmt: skip
+    """Poll the RayJob until its deployment status is terminal; the final status on success.
+
+    `on_status` hears every change. Raises RayJobFailed with the job's reason and message when
+    it ends otherwise, when it disappears, when the API keeps failing, and after `timeout_s`
+    (deleting the job first, so it does not run on unwatched).
+    """
+    deadline = clock() + timeout_s
+    last, api_failures = None, 0
+    while True:
+        try:
+            obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            api_failures = 0
+        except Exception as exc:
+            if _status_code(exc) == 404:
+                raise RayJobFailed(f"RayJob {namespace}/{name} is gone (deleted while it ran; last status "
+                                   f"{last.describe() if last else 'unknown'})") from None  # fmt: skip
+            api_failures += 1
+            if api_failures >= 3 or _status_code(exc) in (401, 403):
+                raise RayJobFailed(f"cannot read RayJob {namespace}/{name}: {_api_reason(exc)}") from None
+            obj = None
+        if obj is not None:
+            status = RayJobStatus.of(obj)
+            if status != last:
+                last = status
+                if on_status:
+                    on_status(status)
+            if status.terminal:
+                if status.succeeded:
+                    return status
+                why = ": ".join(part for part in (status.reason, status.message) if part) or "no reason given"
+                raise RayJobFailed(f"RayJob {namespace}/{name} ended {status.describe()}: {why}")
+        if clock() >= deadline:
+            delete_rayjob(api, namespace, name)
+            raise RayJobFailed(f"RayJob {namespace}/{name} did not finish within {timeout_s:g} s (last status "
+                               f"{last.describe() if last else 'unknown'}); it was deleted")  # fmt: skip
+        sleep(max(0.0, min(poll_s, deadline - clock())))
+
+
+def delete_rayjob(api, namespace: str, name: str) -> bool:
+    """Delete the RayJob (KubeRay stops its Ray job); False when it was already gone."""
+    try:
+        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return True
+    except Exception as exc:
+        if _status_code(exc) == 404:
+            return False
+        raise RayJobFailed(f"cannot delete RayJob {namespace}/{name}: {_api_reason(exc)}") from None
+
+
+def _status_code(exc: BaseException) -> int | None:
+    return getattr(exc, "status", None)
+
+
+def _api_reason(exc: BaseException) -> str:
+    """One line from a kubernetes ApiException (its Status message) or a connection error."""
+    import json
+
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            message = json.loads(body).get("message")
+        except (ValueError, AttributeError):
+            message = None
+        if message:
+            return f"{getattr(exc, 'status', '')} {message}".strip()
+    reason = getattr(exc, "reason", None)
+    code = _status_code(exc)
+    if code:
+        return f"{code} {reason or ''}".strip()
+    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,260 @@
+"""Kubeflow Pipelines runs of a compiled pipeline: compile, submit, schedule nightly, read status.
+
+    compile_pipeline(training, "pipelines/training.yaml")
+    client = connect_kfp("http://ml-pipeline-ui.kubeflow:80")
+    run = submit_run(client, "pipelines/training.yaml", {"pools": "A100,H100"}, experiment="speedforge")
+    schedule_run(client, "pipelines/training.yaml", {}, cron="0 0 2 * * *", service_account="speedforge-pipeline")
+    run_status(client, run.run_id)
+
+The endpoint is probed with a plain TCP connection bounded by `timeout_s` before the KFP client
+is made (the client itself retries for a long time on an address where nothing answers), so a
+wrong or unreachable endpoint fails in one line. KFP reads a recurring run's cron with six
+fields, seconds first; a five-field expression (the Unix crontab habit) would be read as
+seconds-first and fire at the wrong times, so it is refused here with the six-field spelling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from speedforge.errors import UserError, first_line
+from speedforge.extras import require
+
+DEFAULT_CRON = "0 0 2 * * *"  # every day at 02:00:00 (KFP: seconds minutes hours day-of-month month day-of-week)
+ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"  # the KFP SDK's own variable for the endpoint
+HEALTHZ = "/apis/v2beta1/healthz"
+CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-#LW]+$")
+CRON_NAMES = ("seconds", "minutes", "hours", "day of month", "month", "day of week")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    name: str
+    state: str  # KFP's: PENDING, RUNNING, SUCCEEDED, FAILED, ...
+    created_at: str = ""
+    finished_at: str = ""
+    error: str = ""
+    url: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleInfo:
+    recurring_run_id: str
+    name: str
+    cron: str
+    service_account: str
+    enabled: bool
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_cron(expression: str) -> str:
+    """`expression` when it is a six-field KFP cron (seconds first); a UserError otherwise."""
+    fields = expression.split()
+    if len(fields) == 5:
+        six = " ".join(["0", *fields])
+        raise UserError(f"cron {expression!r} has 5 fields; KFP reads cron with 6 fields, seconds first "
+                        f"(seconds minutes hours day-of-month month day-of-week), so it would fire at the wrong "
+                        f"times. Write {six!r} (the default {DEFAULT_CRON!r} is 02:00 every day)")  # fmt: skip
+    if len(fields) != 6:
+        raise UserError(f"cron {expression!r} has {len(fields)} fields; KFP needs 6, seconds first "
+                        f"({' '.join(CRON_NAMES)}), e.g. {DEFAULT_CRON!r}")  # fmt: skip
+    for name, field in zip(CRON_NAMES, fields):
+        if not CRON_FIELD.match(field):
+            raise UserError(f"cron {expression!r}: the {name} field {field!r} is not a cron field")
+    seconds = fields[0]
+    if seconds.isdigit() and int(seconds) > 59:
+        raise UserError(f"cron {expression!r}: the seconds field (first) must be 0-59, got {seconds}")
+    return " ".join(fields)
+
+
+def compile_pipeline(pipeline_func: Callable, path: str | os.PathLike) -> Path:
+    """Compile `pipeline_func` to a YAML package at `path` (the same input gives the same bytes)."""
+    require("pipelines", "kfp", purpose="compiling a pipeline")
+    from kfp import compiler
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pipeline_func=pipeline_func, package_path=str(path))
+    return path
+
+
+def endpoint(host: str | None) -> str:
+    """The KFP endpoint: `host`, else $KF_PIPELINES_ENDPOINT; a UserError when neither is set."""
+    host = host or os.environ.get(ENDPOINT_ENV, "")
+    if not host:
+        raise UserError(f"no Kubeflow Pipelines endpoint: give --host (e.g. http://localhost:8080 after "
+                        f"`kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`) or set ${ENDPOINT_ENV}")  # fmt: skip
+    parsed = urlparse(host if "://" in host else f"http://{host}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UserError(f"invalid Kubeflow Pipelines endpoint {host!r}: expected http(s)://host[:port]")
+    return host if "://" in host else f"http://{host}"
+
+
+def probe_endpoint(host: str, timeout_s: float) -> None:
+    """A UserError in one line unless KFP's health check answers at `host` within `timeout_s`
+    (the client itself retries a refused or failing endpoint for half a minute or more)."""
+    import urllib.error
+    import urllib.request
+
+    parsed = urlparse(host)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(f"cannot reach Kubeflow Pipelines at {host} within {timeout_s:g} s: "
+                        f"{exc.strerror or first_line(exc)}; is the endpoint right and port-forwarded?") from None  # fmt: skip
+    health = host.rstrip("/") + HEALTHZ
+    try:
+        with urllib.request.urlopen(health, timeout=timeout_s) as reply:
+            reply.read()
+    except urllib.error.HTTPError as exc:
+        raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {exc.code} {exc.reason} "
+                        f"from {HEALTHZ} (is this the ml-pipeline-ui or ml-pipeline service?)") from None  # fmt: skip
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check within {timeout_s:g} s: "
+                        f"{first_line(reason) if isinstance(reason, BaseException) else reason}") from None  # fmt: skip
+
+
+def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0):
+    """A kfp.Client for the endpoint, after checking that it answers."""
+    require("pipelines", "kfp", purpose="talking to Kubeflow Pipelines")
+    import kfp
+
+    host = endpoint(host)
+    probe_endpoint(host, timeout_s)
+    try:
+        with warnings.catch_warnings():  # "only works with KFP v2.0.0-beta.2 and later": said in the README
+            warnings.simplefilter("ignore", FutureWarning)
+            return kfp.Client(host=host, namespace=namespace or "kubeflow")
+    except Exception as exc:  # the client's health check: urllib3, ApiException, ...
+        raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {_reason(exc)}") from None
+
+
+def submit_run(client, package: str | os.PathLike, arguments: dict[str, Any], experiment: str = "speedforge",
+               run_name: str | None = None, service_account: str | None = None) -> RunInfo:  # fmt: skip
+    """Create a run of the compiled pipeline (what `kfp run create` does)."""
+    _check_package(package)
+    try:
+        result = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
+                                                         experiment_name=experiment, service_account=service_account)  # fmt: skip
+        return run_status(client, result.run_id)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"Kubeflow Pipelines refused the run: {_reason(exc)}") from None
+
+
+def schedule_run(client, package: str | os.PathLike, arguments: dict[str, Any], cron: str = DEFAULT_CRON,
+                 name: str = "speedforge-nightly", experiment: str = "speedforge",
+                 service_account: str | None = None, enabled: bool = True) -> ScheduleInfo:  # fmt: skip
+    """A recurring run of the compiled pipeline on a six-field cron; one run at a time, no catch-up."""
+    cron = check_cron(cron)
+    _check_package(package)
+    try:
+        experiment_id = _experiment_id(client, experiment)
+        job = client.create_recurring_run(experiment_id=experiment_id, job_name=name, cron_expression=cron,
+                                          pipeline_package_path=str(package), params=arguments, max_concurrency=1,
+                                          no_catchup=True, enabled=enabled, service_account=service_account)  # fmt: skip
+    except Exception as exc:
+        raise UserError(f"Kubeflow Pipelines refused the recurring run: {_reason(exc)}") from None
+    return ScheduleInfo(job.recurring_run_id, name, cron, service_account or "", enabled)
+
+
+def run_status(client, run_id: str) -> RunInfo:
+    """The run's state, times and error (one line)."""
+    try:
+        run = client.get_run(run_id)
+    except Exception as exc:
+        raise UserError(f"cannot read run {run_id}: {_reason(exc)}") from None
+    error = getattr(run, "error", None)
+    host = client._get_url_prefix() if hasattr(client, "_get_url_prefix") else ""
+    return RunInfo(run_id=run.run_id, name=run.display_name or "", state=str(run.state or ""),
+                   created_at=str(run.created_at or ""), finished_at=str(run.finished_at or ""),
+                   error=first_line(error.message) if error and getattr(error, "message", None) else "",
+                   url=f"{host}/#/runs/details/{run.run_id}" if host else "")  # fmt: skip
+
+
+def _experiment_id(client, name: str) -> str:
+    try:
+        return client.get_experiment(experiment_name=name).experiment_id
+    except ValueError:  # no experiment of that name yet
+        return client.create_experiment(name).experiment_id
+
+
+def _check_package(package: str | os.PathLike) -> None:
+    if not Path(package).is_file():
+        raise UserError(f"compiled pipeline not found: {package} (run `speedforge pipeline compile` first)")
+
+
+def _reason(exc: BaseException) -> str:
+    """One line from a KFP API error: the server's message where it gave one."""
+    import json
+
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            message = json.loads(body).get("message") or json.loads(body).get("error")
+        except (ValueError, AttributeError):
+            message = None
+        if message:
+            return f"{getattr(exc, 'status', '')} {first_line(message)}".strip()
+    return first_line(exc, 300)
+
+
+def pipeline_parameters(package: str | os.PathLike) -> dict[str, tuple[str, Any]]:
+    """The root parameters of a compiled pipeline: name -> (KFP type, default or None)."""
+    import yaml
+
+    _check_package(package)
+    try:  # the pipeline spec, then (after ---) the platform spec
+        spec = next(yaml.safe_load_all(Path(package).read_text()), None) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"{package} is not a compiled pipeline (not YAML: {first_line(exc)})") from None
+    if not isinstance(spec, dict) or "pipelineInfo" not in spec:
+        raise UserError(f"{package} is not a compiled pipeline (no pipelineInfo)")
+    params = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    return {name: (p.get("parameterType", "STRING"), p.get("defaultValue")) for name, p in params.items()}
+
+
+def parse_params(package: str | os.PathLike, pairs: list[str]) -> dict[str, Any]:
+    """`["pools=A100,H100", "search_tasks=8"]` as the typed arguments of the compiled pipeline;
+    a UserError naming the known parameters for an unknown one or a value of the wrong type."""
+    known = pipeline_parameters(package)
+    arguments: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep:
+            raise UserError(f"--param {pair!r}: expected NAME=VALUE")
+        if name not in known:
+            raise UserError(f"--param {name}: the pipeline has no such parameter; known: {', '.join(sorted(known))}")
+        kind = known[name][0]
+        try:
+            if kind == "NUMBER_INTEGER":
+                arguments[name] = int(text)
+            elif kind == "NUMBER_DOUBLE":
+                arguments[name] = float(text)
+            elif kind == "BOOLEAN":
+                if text.lower() not in ("true", "false"):
+                    raise ValueError(text)
+                arguments[name] = text.lower() == "true"
+            else:
+                arguments[name] = text
+        except ValueError:
+            words = {"NUMBER_INTEGER": "an integer", "NUMBER_DOUBLE": "a number", "BOOLEAN": "true or false"}
+            raise UserError(f"--param {name}={text!r}: expected {words.get(kind, kind)}") from None
+    return arguments

