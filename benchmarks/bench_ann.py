@@ -150,17 +150,17 @@ class UsearchF32(Graph):
 
 
 class UsearchI8(UsearchF32):
-    """USearch storing and comparing 8-bit vectors. Its float-to-i8 cast expects values in
-    [-1, 1], so L2 data is centred and scaled by one global factor (which keeps every
-    neighbour order) and angular data is normalised."""
+    """USearch storing and comparing 8-bit vectors, given as int8 arrays. (Its own float-to-i8
+    cast normalises each vector, which is right for angular data only.) L2 data is centred and
+    scaled by one global factor into [-127, 127], which keeps every neighbour order before the
+    rounding; angular data is normalised first."""
 
     name = "usearch-i8"
     dtype = "i8"
 
     def _prepare(self, x):
-        if self.metric == "angular":
-            return _normalised(x).astype(np.float32)
-        return ((x - self.shift) * self.scale).astype(np.float32)
+        x = _normalised(x) if self.metric == "angular" else (x - self.shift) * self.scale
+        return np.clip(np.rint(x * 127.0), -127, 127).astype(np.int8)
 
     def build(self, data, threads):
         self.shift = data.mean(axis=0, dtype=np.float64).astype(np.float32)
