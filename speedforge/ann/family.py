@@ -183,10 +183,13 @@ def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: 
     Short paired calls are what keep the reward still on a shared machine: another process
     that takes the CPU spoils a few chunks of one side, and the medians over chunks (see
     _curves) drop them, where one call over all queries would absorb the whole disturbance.
-    With one search thread, a call's measured time is the CPU time the process spent in it
-    (user + system, every thread of the process), which time spent waiting for the CPU does
-    not inflate; with more threads it is wall-clock time. Wall-clock time is kept beside it
-    for _check_time."""
+    With one search thread, a call's measured time is the CPU time the calling thread spent
+    in it (user + system; the engine searches on the calling thread when given one), which
+    time spent waiting for the CPU does not inflate; with more threads it is wall-clock time.
+    Not the process's CPU time: the sandbox's RLIMIT_CPU arms the kernel's process-wide CPU
+    timer, and with it armed the process clock advances in scheduler ticks (4 ms here, longer
+    than a chunk's search), while the thread clock stays exact. Wall-clock time is kept beside
+    it for _check_time, which flags work moved off the calling thread."""
     sw = spec.sweep
     rng = np.random.default_rng([seed, 2])
     chunk = CHUNK_QUERIES * max(1, sw.threads)
@@ -203,9 +206,9 @@ def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: 
             for start in range(0, len(queries), chunk):
                 part = queries[start : start + chunk]
                 for side in rng.permutation(["base", "cand"]):
-                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    cpu0, wall0 = time.thread_time(), time.perf_counter()
                     labels = _search(indexes, side, part, sw.k, int(ef), sw.threads)
-                    wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
+                    wall_s, cpu_s = time.perf_counter() - wall0, time.thread_time() - cpu0
                     seconds[side].append(cpu_s if sw.threads == 1 else wall_s)
                     wall[side].append(wall_s)
                     parts[side].append(labels)
@@ -252,16 +255,16 @@ def _chunk_sizes(total: int, chunks: int) -> list[int]:
     return [min(size, total - j * size) for j in range(chunks)]
 
 def _check_time(runs: list[Run]) -> dict | None:
-    """Time a candidate's searches spent off this process's CPUs, where the baseline's did not:
-    work handed to something the CPU-time measure does not see (another process)."""
+    """Time a candidate's searches spent off the calling thread's CPU, where the baseline's did
+    not: work handed to something the CPU-time measure does not see (another thread or process)."""
     share = {}
     for side in ("base", "cand"):
         wall = sum(sum(r.wall[side]) for r in runs)
         share[side] = sum(sum(r.seconds[side]) for r in runs) / max(wall, 1e-9)
     if share["cand"] < OFF_CPU_LIMIT * share["base"]:
-        return {"status": "hack_detected", "reason": f"the candidate's searches ran on this process's CPUs for only "
+        return {"status": "hack_detected", "reason": f"the candidate's searches ran on the calling thread for only "
                 f"{share['cand']:.0%} of their wall-clock time (baseline {share['base']:.0%}): work done outside "
-                "the measured process"}
+                "the measured thread"}
     return None
 
 
