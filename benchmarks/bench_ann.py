@@ -259,16 +259,24 @@ class Budget:
         return self.left() <= 0
 
 
-def bench_shape(shape, distribution, n, args, threads, budget):
-    """Every library on one data set. All indexes stay alive, so each one's memory is the RSS it
-    added while building; the sweeps interleave the libraries (in random order, best of the
-    repeats per point), so a busy machine slows all of them alike."""
+def make_data(shape, distribution, n, args):
+    """The data set and its exact neighbours. All are made before any library runs: a library's
+    idle worker threads (OpenMP spinning) would slow numpy's generator several times over."""
     t0 = time.perf_counter()
     ds = synthetic(shape, n, args.queries, seed=args.seed, distribution=distribution)
     truth = exact_knn(ds.base, ds.queries, args.k, ds.metric)
+    print(f"[{distribution}/{shape}] {n} x {ds.dim} {ds.metric}: data and ground truth in "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return ds, truth
+
+
+def bench_shape(shape, distribution, data, args, threads, budget):
+    """Every library on one data set. All indexes stay alive, so each one's memory is the RSS it
+    added while building; the sweeps interleave the libraries (in random order, best of the
+    repeats per point), so a busy machine slows all of them alike."""
+    ds, truth = data
+    n = len(ds.base)
     tag = f"{distribution}/{shape}"
-    print(f"[{tag}] {n} x {ds.dim} {ds.metric}: data and ground truth in {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr, flush=True)
     rows, indexes = {}, {}
     for lib in args.libs:
         if budget.over():
@@ -354,6 +362,26 @@ def table(rows, threads):
     return "\n".join(lines)
 
 
+def summary(rows, threads):
+    """Per data set: our engine's QPS at recall 0.90 and the best other library's, per sweep."""
+    lines = []
+    for data, shape in dict.fromkeys((r["data"], r["shape"]) for r in rows):
+        group = [r for r in rows if (r["data"], r["shape"]) == (data, shape)]
+        parts = []
+        for key, name in [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else []):
+            ours = max((r for r in group if r["lib"] in OURS and r.get(f"qps90_{key}")),
+                       key=lambda r: r[f"qps90_{key}"], default=None)
+            best = max((r for r in group if r["lib"] not in OURS and r.get(f"qps90_{key}")),
+                       key=lambda r: r[f"qps90_{key}"], default=None)
+            if ours and best:
+                parts.append(f"{name} {ours['lib']} {ours[f'qps90_{key}']:.0f} vs {best['lib']} "
+                             f"{best[f'qps90_{key}']:.0f} = {ours[f'qps90_{key}'] / best[f'qps90_{key}']:.2f}x")
+            else:
+                parts.append(f"{name} -")
+        lines.append(f"{data}/{shape} (n={group[0]['n']}): " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def _sizes(text, shapes):
     """--n: one count for every shape, or shape=count pairs (shapes not named get the first count)."""
     if "=" not in text:
@@ -409,15 +437,17 @@ def main(argv=None):
     for note in notes:
         print(f"# note: {note}", flush=True)
     budget = Budget(args.budget_s)
+    sets = {(d, s): make_data(s, d, sizes[s], args) for d in args.data for s in args.shapes}
     rows = []
     for distribution in args.data:
         for shape in args.shapes:
             if budget.over():
                 print(f"# note: {distribution}/{shape} skipped, over the {args.budget_s:.0f} s budget", flush=True)
                 continue
-            rows += bench_shape(shape, distribution, sizes[shape], args, threads, budget)
+            rows += bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)
             print(table([r for r in rows if (r["data"], r["shape"]) == (distribution, shape)], threads), flush=True)
     print("\n# all data sets\n" + table(rows, threads), flush=True)
+    print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
