@@ -6,8 +6,9 @@ data kind and shape: build time (all threads), memory (RSS growth while building
 of each library's search setting single-threaded and on all threads, giving QPS at
 recall@10 = 0.90 and the area under the QPS-recall curve for recall in [0.85, 0.95]; ratios are
 to the best library that is not speedforge's. The libraries' searches are interleaved point by
-point in random order (best of the repeats per point), so a shared machine's load falls on all
-of them alike.
+point in random order; a point's QPS is from the median of its repeats, and `spread` is the
+median over points of (slowest - fastest) / median. Single-thread calls are timed by the
+calling thread's CPU clock (--clock), so a shared machine's load moves them little.
 
 Libraries, configured as ann-benchmarks configures them:
 - hnswlib, faiss (IndexHNSWFlat), usearch-f32 / usearch-i8 (connectivity M, expansion_add
@@ -28,11 +29,13 @@ hnswlib, faiss-cpu, scann and usearch come with the `ann-bench` extra (`make tes
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -270,10 +273,31 @@ def make_data(shape, distribution, n, args):
     return ds, truth
 
 
+def _measured(wall, cpu, threads, clock):
+    """A search call's time. With --clock cpu (the default) a single-thread call is timed by the
+    calling thread's CPU clock, which time spent waiting for a shared machine's CPU does not
+    inflate; every library here searches on the calling thread when given one thread (a call
+    whose CPU time is under a quarter of its wall time did not, and is timed by the wall clock).
+    Calls on several threads are always timed by the wall clock."""
+    if clock == "cpu" and threads == 1 and cpu >= 0.25 * wall:
+        return cpu
+    return wall
+
+
+def _release_freed_memory():
+    """Collect garbage and hand freed heap pages back to the system, so that the next index's
+    RSS growth is its own (otherwise it reuses what an earlier, deleted index freed)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: growth may then read low
+        pass
+
+
 def bench_shape(shape, distribution, data, args, threads, budget):
     """Every library on one data set. All indexes stay alive, so each one's memory is the RSS it
-    added while building; the sweeps interleave the libraries (in random order, best of the
-    repeats per point), so a busy machine slows all of them alike."""
+    added while building; the sweeps interleave the libraries (in random order, the median of
+    the repeats per point), so a busy machine slows all of them alike."""
     ds, truth = data
     n = len(ds.base)
     tag = f"{distribution}/{shape}"
@@ -282,7 +306,7 @@ def bench_shape(shape, distribution, data, args, threads, budget):
         if budget.over():
             print(f"[{tag}] {lib}: not built, over the budget", file=sys.stderr, flush=True)
             continue
-        gc.collect()
+        _release_freed_memory()
         rss0 = psutil.Process().memory_info().rss
         index = LIBS[lib](ds.dim, ds.metric, args.M, args.ef_construction, args.quantization)
         start = time.perf_counter()
@@ -298,7 +322,7 @@ def bench_shape(shape, distribution, data, args, threads, budget):
     rng = np.random.default_rng(args.seed)
     sweeps = [("1t", 1)] + ([("all", threads)] if threads > 1 else [])
     for label, t in sweeps:
-        best = {lib: {} for lib in libs}
+        times = {lib: {} for lib in libs}  # step -> measured seconds of each repeat
         recall = {lib: {} for lib in libs}
         active = list(libs)
         for step in range(max((len(s) for s in settings.values()), default=0)):
@@ -310,21 +334,25 @@ def bench_shape(shape, distribution, data, args, threads, budget):
             for _ in range(args.repeats):
                 for lib in rng.permutation(active):
                     setting = settings[lib][step]
-                    start = time.perf_counter()
+                    cpu0, start = time.thread_time(), time.perf_counter()
                     labels = indexes[lib].search(ds.queries, args.k, setting, t)
-                    seconds = time.perf_counter() - start
-                    best[lib][step] = min(best[lib].get(step, float("inf")), seconds)
+                    wall, cpu = time.perf_counter() - start, time.thread_time() - cpu0
+                    times[lib].setdefault(step, []).append(_measured(wall, cpu, t, args.clock))
                     if step not in recall[lib]:
                         recall[lib][step] = recall_at_k(labels, truth, args.k)
             active = [lib for lib in active if recall[lib][step] < STOP_RECALL]
             if not active:
                 break
         for lib in libs:
-            points = [(settings[lib][s], recall[lib][s], len(ds.queries) / best[lib][s]) for s in sorted(best[lib])]
+            steps = sorted(times[lib])
+            points = [(settings[lib][s], recall[lib][s], len(ds.queries) / statistics.median(times[lib][s]))
+                      for s in steps]
             pairs = [(r, q) for _, r, q in points]
             rows[lib][f"qps90_{label}"] = qps_at(pairs, TARGET_RECALL)
             rows[lib][f"auc_{label}"] = band_auc(pairs)
             rows[lib][f"points_{label}"] = [(_label(s), round(r, 4), round(q, 1)) for s, r, q in points]
+            spreads = [(max(v) - min(v)) / statistics.median(v) for v in (times[lib][s] for s in steps) if len(v) > 1]
+            rows[lib][f"spread_{label}"] = statistics.median(spreads) if spreads else None
         print(f"[{tag}] sweep on {t} thread(s): " + ", ".join(
             f"{lib} {rows[lib][f'qps90_{label}'] or 0:.0f}" for lib in libs) + " QPS at recall 0.9",
             file=sys.stderr, flush=True)
@@ -339,7 +367,7 @@ def table(rows, threads):
     sweeps = [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else [])
     head = f"{'data':<9} {'shape':<6} {'n':>7} {'library':<11} {'build s':>8} {'mem MB':>7}"
     for _, name in sweeps:
-        head += f" {'QPS@0.9 ' + name:>12} {'x best':>6} {'AUC ' + name:>9} {'x best':>6}"
+        head += f" {'QPS@0.9 ' + name:>12} {'x best':>6} {'AUC ' + name:>9} {'x best':>6} {'spread':>6}"
     lines = [head, "-" * len(head)]
     for row in rows:
         peers = [r for r in rows if (r["data"], r["shape"]) == (row["data"], row["shape"]) and r["lib"] not in OURS]
@@ -356,8 +384,9 @@ def table(rows, threads):
         line = (f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<11} {row['build_s']:>8.1f} "
                 f"{row['mem_mb']:>7.0f}")
         for key, _ in sweeps:
+            spread = f"{row['spread_' + key]:.0%}" if row.get("spread_" + key) is not None else "-"
             line += (f" {num('qps90_' + key, 12):>12} {ratio('qps90_' + key):>6} {num('auc_' + key, 9):>9} "
-                     f"{ratio('auc_' + key):>6}")
+                     f"{ratio('auc_' + key):>6} {spread:>6}")
         lines.append(line + ("  (sweep cut by the budget)" if row.get("cut") else ""))
     return "\n".join(lines)
 
@@ -410,7 +439,9 @@ def main(argv=None):
     parser.add_argument("--quantization", default="sq8", choices=("sq8", "none"), help="sfann search codes")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)), help="comma list of ef values")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per point (best is kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per point (QPS from the median)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="single-thread calls timed by the thread's CPU clock (default) or the wall clock")
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop building and sweeping after this many seconds, printing what is done (0: no limit)")
