@@ -22,6 +22,8 @@ def test_ann_tasks_and_reference(capsys):
 
 def test_ann_sweep_on_a_synthetic_set_and_on_files(capsys, tmp_path):
     assert main(["ann", "sweep", "--shape", "glove", "--n", "800", "--nq", "50", "--efs", "10,40,160"]) == 0
+    assert main(["ann", "sweep", "--shape", "glove", "--distribution", "uniform", "--n", "800", "--nq", "50",
+                 "--efs", "10,40,160"]) == 0
     out = capsys.readouterr().out
     assert "recall@10" in out and "AUC over recall 0.85-0.95" in out
     rng = np.random.default_rng(0)
