@@ -1,24 +1,41 @@
-"""Benchmark the speedforge graph ANN engine against hnswlib and faiss-cpu HNSW.
+"""Benchmark the speedforge graph ANN engine against hnswlib, faiss-cpu HNSW, ScaNN and USearch.
 
-Same machine, same run, same synthetic data and the same M and ef_construction for every
-library. For each shape: build time (all threads), memory (RSS growth while building), and an
-ef sweep single-threaded and on all threads, giving QPS at recall@10 = 0.90 and the area under
-the QPS-recall curve for recall in [0.85, 0.95]; ratios are to hnswlib. The libraries' searches
-are interleaved point by point, so a shared machine's load falls on all of them alike.
+Same machine, same run, same synthetic data (clustered and uniform, see
+speedforge.ann.datasets) and the same M and ef_construction for every graph library. For each
+data kind and shape: build time (all threads), memory (RSS growth while building), and a sweep
+of each library's search setting single-threaded and on all threads, giving QPS at
+recall@10 = 0.90 and the area under the QPS-recall curve for recall in [0.85, 0.95]; ratios are
+to the best library that is not speedforge's. The libraries' searches are interleaved point by
+point in random order; a point's QPS is from the median of its repeats, and `spread` is the
+median over points of (slowest - fastest) / median. Single-thread calls are timed by the
+calling thread's CPU clock (--clock), so a shared machine's load moves them little.
+
+Libraries, configured as ann-benchmarks configures them:
+- hnswlib, faiss (IndexHNSWFlat), usearch-f32 / usearch-i8 (connectivity M, expansion_add
+  ef_construction; the sweep sets ef / efSearch / expansion_search);
+- scann: a partition tree (about 2 sqrt(n) leaves), asymmetric hashing (2 dimensions per
+  block; anisotropic threshold 0.2 for angular data) and exact reordering; the sweep walks
+  (leaves to search, reorder count) pairs as ann-benchmarks does;
+- sfann (8-bit codes for the walk, exact reranking) and sfann-fp32 (float walk).
+A library that is not installed is skipped with a printed note.
 
     python benchmarks/bench_ann.py --n 200000 --shapes sift,glove,gist
-    python benchmarks/bench_ann.py --n 20000 --queries 500 --shapes sift --libs sfann,hnswlib
+    python benchmarks/bench_ann.py --n 20000 --queries 500 --shapes sift --libs sfann,hnswlib --data uniform
+    python benchmarks/bench_ann.py --n sift=100000,glove=100000,gist=30000 --budget-s 270
 
-hnswlib and faiss-cpu come with the `ann-bench` extra (`make test` installs it).
+hnswlib, faiss-cpu, scann and usearch come with the `ann-bench` extra (`make test` installs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
+import math
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -26,20 +43,28 @@ import numpy as np
 import psutil
 
 from speedforge.ann.auc import band_auc, qps_at
-from speedforge.ann.datasets import synthetic
+from speedforge.ann.datasets import DISTRIBUTIONS, SHAPES, synthetic
 from speedforge.ann.engine import baseline
 from speedforge.ann.groundtruth import exact_knn, recall_at_k
 from speedforge.ann.sweep import DEFAULT_EFS
 
 TARGET_RECALL = 0.90
 STOP_RECALL = 0.97  # a library's sweep stops past this recall
+OURS = ("sfann", "sfann-fp32")  # the ratio column compares every row with the best library not in here
 
 
 def _normalised(x):
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
 
 
-class Sfann:
+class Graph:
+    """A library whose search setting is the beam width ef: the sweep walks the ef values."""
+
+    def settings(self, efs, k):
+        return [e for e in efs if e >= k]
+
+
+class Sfann(Graph):
     name = "sfann"
 
     def __init__(self, dim, metric, M, efc, quantization):
@@ -61,7 +86,7 @@ class SfannFp32(Sfann):
         super().__init__(dim, metric, M, efc, "none")
 
 
-class Hnswlib:
+class Hnswlib(Graph):
     name = "hnswlib"
 
     def __init__(self, dim, metric, M, efc, quantization):
@@ -79,7 +104,7 @@ class Hnswlib:
         return self.index.knn_query(queries, k, num_threads=threads)[0]
 
 
-class Faiss:
+class Faiss(Graph):
     name = "faiss"
 
     def __init__(self, dim, metric, M, efc, quantization):
@@ -101,113 +126,359 @@ class Faiss:
         return self.index.search(_normalised(queries) if self.angular else queries, k)[1]
 
 
-LIBS = {cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss)}
+class UsearchF32(Graph):
+    """USearch's HNSW with connectivity M and expansion_add ef_construction (its ann-benchmarks
+    setup); the sweep sets expansion_search."""
+
+    name = "usearch-f32"
+    dtype = "f32"
+
+    def __init__(self, dim, metric, M, efc, quantization):
+        from usearch.index import Index
+
+        self.metric = metric
+        self.index = Index(ndim=dim, metric={"l2": "l2sq", "angular": "cos", "ip": "ip"}[metric], dtype=self.dtype,
+                           connectivity=M, expansion_add=efc)
+        self.shift, self.scale = None, None
+
+    def _prepare(self, x):
+        return x
+
+    def build(self, data, threads):
+        self.index.add(np.arange(len(data), dtype=np.uint64), self._prepare(data), threads=threads)
+
+    def search(self, queries, k, ef, threads):
+        self.index.expansion_search = ef
+        return self.index.search(self._prepare(queries), k, threads=threads).keys.astype(np.int64)
 
 
-def bench_shape(shape, args, threads):
-    """Every library on one data set. All indexes stay alive, so each one's memory is the RSS it
-    added while building; the sweeps interleave the libraries (in random order, best of the
-    repeats per point), so a busy machine slows all of them alike."""
+class UsearchI8(UsearchF32):
+    """USearch storing and comparing 8-bit vectors, given as int8 arrays. (Its own float-to-i8
+    cast normalises each vector, which is right for angular data only.) L2 data is centred and
+    scaled by one global factor into [-127, 127], which keeps every neighbour order before the
+    rounding; angular data is normalised first."""
+
+    name = "usearch-i8"
+    dtype = "i8"
+
+    def _prepare(self, x):
+        x = _normalised(x) if self.metric == "angular" else (x - self.shift) * self.scale
+        return np.clip(np.rint(x * 127.0), -127, 127).astype(np.int8)
+
+    def build(self, data, threads):
+        self.shift = data.mean(axis=0, dtype=np.float64).astype(np.float32)
+        self.scale = np.float32(1.0 / max(float(np.abs(data - self.shift).max()), 1e-30))
+        super().build(data, threads)
+
+
+# ann-benchmarks' ScaNN query arguments (leaves to search at 2000 leaves, reorder count); the
+# leaves are scaled to the number of leaves the index has.
+SCANN_QUERY_ARGS = ((1, 30), (2, 30), (4, 30), (8, 30), (30, 120), (35, 100), (40, 80), (45, 80), (50, 80),
+                    (55, 95), (60, 110), (65, 110), (75, 110), (90, 110), (110, 120), (130, 150), (150, 200),
+                    (170, 200), (200, 300), (220, 500), (250, 500), (310, 300), (400, 300), (500, 500), (800, 1000))
+
+
+class Scann:
+    """ScaNN through its TF-free `scann_ops_pybind` builder, as ann-benchmarks builds it: a
+    partition tree (about 2 sqrt(n) leaves; spherical with quantised centroids for angular
+    data), asymmetric hashing with 2 dimensions per block (anisotropic threshold 0.2 for angular
+    data) and exact reordering. The sweep walks (leaves to search, reorder count) pairs."""
+
+    name = "scann"
+
+    def __init__(self, dim, metric, M, efc, quantization):
+        from scann.scann_ops.py import scann_ops_pybind
+
+        self.lib = scann_ops_pybind
+        self.metric = metric
+        self.leaves = 0
+
+    def build(self, data, threads):
+        n = len(data)
+        self.leaves = max(2, min(n // 50, int(round(2 * math.sqrt(n)))))
+        angular = self.metric == "angular"
+        x = np.ascontiguousarray(_normalised(data) if angular else data, dtype=np.float32)
+        distance = "squared_l2" if self.metric == "l2" else "dot_product"
+        builder = (self.lib.builder(x, 10, distance)
+                   .tree(self.leaves, 1, training_sample_size=n, spherical=angular, quantize_centroids=True)
+                   .score_ah(2, anisotropic_quantization_threshold=0.2 if angular else float("nan"))
+                   .reorder(100))
+        builder.set_n_training_threads(threads)
+        self.searcher = builder.build()
+        self.searcher.set_num_threads(threads)
+
+    def settings(self, efs, k):
+        pairs = []
+        for leaves, reorder in SCANN_QUERY_ARGS:
+            pair = (max(1, min(self.leaves, int(round(leaves * self.leaves / 2000)))), max(reorder, k))
+            if pair not in pairs and (not pairs or pair[0] >= pairs[-1][0]):
+                pairs.append(pair)
+        return pairs
+
+    def search(self, queries, k, setting, threads):
+        leaves, reorder = setting
+        q = np.ascontiguousarray(_normalised(queries) if self.metric == "angular" else queries, dtype=np.float32)
+        if threads == 1:
+            labels = self.searcher.search_batched(q, k, reorder, leaves)[0]
+        else:
+            self.searcher.set_num_threads(threads)
+            labels = self.searcher.search_batched_parallel(q, k, reorder, leaves)[0]
+        return np.asarray(labels, dtype=np.int64)
+
+
+LIBS = {cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss, Scann, UsearchF32, UsearchI8)}
+IMPORTS = {"hnswlib": "hnswlib", "faiss": "faiss", "scann": "scann", "usearch-f32": "usearch", "usearch-i8": "usearch"}
+
+
+def available(libs):
+    """The libraries of `libs` whose Python package imports, and a note for each that does not."""
+    found, notes = [], []
+    for lib in libs:
+        module = IMPORTS.get(lib)
+        if module:
+            try:
+                __import__(module)
+            except ImportError as exc:
+                notes.append(f"{lib}: skipped, {module} is not installed here ({exc})")
+                continue
+        found.append(lib)
+    return found, notes
+
+
+def _label(setting):
+    return "/".join(map(str, setting)) if isinstance(setting, tuple) else str(setting)
+
+
+class Budget:
+    """A wall-clock deadline for the whole run (None: none)."""
+
+    def __init__(self, seconds):
+        self.end = time.perf_counter() + seconds if seconds else None
+
+    def left(self):
+        return float("inf") if self.end is None else self.end - time.perf_counter()
+
+    def over(self):
+        return self.left() <= 0
+
+
+def make_data(shape, distribution, n, args):
+    """The data set and its exact neighbours. All are made before any library runs: a library's
+    idle worker threads (OpenMP spinning) would slow numpy's generator several times over."""
     t0 = time.perf_counter()
-    ds = synthetic(shape, args.n, args.queries, seed=args.seed)
+    ds = synthetic(shape, n, args.queries, seed=args.seed, distribution=distribution)
     truth = exact_knn(ds.base, ds.queries, args.k, ds.metric)
-    print(f"[{shape}] {args.n} x {ds.dim} {ds.metric}: data and ground truth in {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr, flush=True)
+    print(f"[{distribution}/{shape}] {n} x {ds.dim} {ds.metric}: data and ground truth in "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return ds, truth
+
+
+def _measured(wall, cpu, threads, clock):
+    """A search call's time. With --clock cpu (the default) a single-thread call is timed by the
+    calling thread's CPU clock, which time spent waiting for a shared machine's CPU does not
+    inflate; every library here searches on the calling thread when given one thread (a call
+    whose CPU time is under a quarter of its wall time did not, and is timed by the wall clock).
+    Calls on several threads are always timed by the wall clock."""
+    if clock == "cpu" and threads == 1 and cpu >= 0.25 * wall:
+        return cpu
+    return wall
+
+
+def _release_freed_memory():
+    """Collect garbage and hand freed heap pages back to the system, so that the next index's
+    RSS growth is its own (otherwise it reuses what an earlier, deleted index freed)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: growth may then read low
+        pass
+
+
+def bench_shape(shape, distribution, data, args, threads, budget):
+    """Every library on one data set. All indexes stay alive, so each one's memory is the RSS it
+    added while building; the sweeps interleave the libraries (in random order, the median of
+    the repeats per point), so a busy machine slows all of them alike."""
+    ds, truth = data
+    n = len(ds.base)
+    tag = f"{distribution}/{shape}"
     rows, indexes = {}, {}
     for lib in args.libs:
-        gc.collect()
+        if budget.over():
+            print(f"[{tag}] {lib}: not built, over the budget", file=sys.stderr, flush=True)
+            continue
+        _release_freed_memory()
         rss0 = psutil.Process().memory_info().rss
         index = LIBS[lib](ds.dim, ds.metric, args.M, args.ef_construction, args.quantization)
         start = time.perf_counter()
         index.build(ds.base, threads)
         build_s = time.perf_counter() - start
         mem_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
-        rows[lib] = {"shape": shape, "lib": lib, "n": args.n, "dim": ds.dim, "build_s": build_s, "mem_mb": mem_mb}
+        rows[lib] = {"data": distribution, "shape": shape, "lib": lib, "n": n, "dim": ds.dim, "build_s": build_s,
+                     "mem_mb": mem_mb, "cut": False}
         indexes[lib] = index
-        print(f"[{shape}] {lib}: built in {build_s:.1f} s, +{mem_mb:.0f} MB", file=sys.stderr, flush=True)
+        print(f"[{tag}] {lib}: built in {build_s:.1f} s, +{mem_mb:.0f} MB", file=sys.stderr, flush=True)
+    libs = list(indexes)
+    settings = {lib: indexes[lib].settings(args.efs, args.k) for lib in libs}
     rng = np.random.default_rng(args.seed)
-    for label, t in (("1t", 1), ("all", threads)):
-        best = {lib: {} for lib in args.libs}
-        recall = {lib: {} for lib in args.libs}
-        active = list(args.libs)
-        for ef in [e for e in args.efs if e >= args.k]:
+    sweeps = [("1t", 1)] + ([("all", threads)] if threads > 1 else [])
+    for label, t in sweeps:
+        times = {lib: {} for lib in libs}  # step -> measured seconds of each repeat
+        recall = {lib: {} for lib in libs}
+        active = list(libs)
+        for step in range(max((len(s) for s in settings.values()), default=0)):
+            active = [lib for lib in active if step < len(settings[lib])]
+            if budget.over():
+                for lib in active:
+                    rows[lib]["cut"] = True
+                break
             for _ in range(args.repeats):
                 for lib in rng.permutation(active):
-                    start = time.perf_counter()
-                    labels = indexes[lib].search(ds.queries, args.k, ef, t)
-                    seconds = time.perf_counter() - start
-                    best[lib][ef] = min(best[lib].get(ef, float("inf")), seconds)
-                    if ef not in recall[lib]:
-                        recall[lib][ef] = recall_at_k(labels, truth, args.k)
-            active = [lib for lib in active if recall[lib][ef] < STOP_RECALL]
+                    setting = settings[lib][step]
+                    cpu0, start = time.thread_time(), time.perf_counter()
+                    labels = indexes[lib].search(ds.queries, args.k, setting, t)
+                    wall, cpu = time.perf_counter() - start, time.thread_time() - cpu0
+                    times[lib].setdefault(step, []).append(_measured(wall, cpu, t, args.clock))
+                    if step not in recall[lib]:
+                        recall[lib][step] = recall_at_k(labels, truth, args.k)
+            active = [lib for lib in active if recall[lib][step] < STOP_RECALL]
             if not active:
                 break
-        for lib in args.libs:
-            points = [(ef, recall[lib][ef], len(ds.queries) / best[lib][ef]) for ef in sorted(best[lib])]
+        for lib in libs:
+            steps = sorted(times[lib])
+            points = [(settings[lib][s], recall[lib][s], len(ds.queries) / statistics.median(times[lib][s]))
+                      for s in steps]
             pairs = [(r, q) for _, r, q in points]
             rows[lib][f"qps90_{label}"] = qps_at(pairs, TARGET_RECALL)
             rows[lib][f"auc_{label}"] = band_auc(pairs)
-            rows[lib][f"points_{label}"] = [(ef, round(r, 4), round(q, 1)) for ef, r, q in points]
-        print(f"[{shape}] sweep on {t} thread(s): " + ", ".join(
-            f"{lib} {rows[lib][f'qps90_{label}'] or 0:.0f}" for lib in args.libs) + " QPS at recall 0.9",
+            rows[lib][f"points_{label}"] = [(_label(s), round(r, 4), round(q, 1)) for s, r, q in points]
+            spreads = [(max(v) - min(v)) / statistics.median(v) for v in (times[lib][s] for s in steps) if len(v) > 1]
+            rows[lib][f"spread_{label}"] = statistics.median(spreads) if spreads else None
+        print(f"[{tag}] sweep on {t} thread(s): " + ", ".join(
+            f"{lib} {rows[lib][f'qps90_{label}'] or 0:.0f}" for lib in libs) + " QPS at recall 0.9",
             file=sys.stderr, flush=True)
+    del indexes
+    gc.collect()
     return list(rows.values())
 
 
 def table(rows, threads):
-    head = (f"{'shape':<6} {'library':<10} {'build s':>8} {'mem MB':>8} {'QPS@0.9 1T':>11} {'x hnsw':>7} "
-            f"{'QPS@0.9 ' + str(threads) + 'T':>12} {'x hnsw':>7} {'AUC 1T':>9} {'x hnsw':>7} {'AUC ' + str(threads) + 'T':>9} "
-            f"{'x hnsw':>7}")
+    """One line per library and data set; `x best` is the row's value over the best value of a
+    library that is not speedforge's on the same data set."""
+    sweeps = [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else [])
+    head = f"{'data':<9} {'shape':<6} {'n':>7} {'library':<11} {'build s':>8} {'mem MB':>7}"
+    for _, name in sweeps:
+        head += f" {'QPS@0.9 ' + name:>12} {'x best':>6} {'AUC ' + name:>9} {'x best':>6} {'spread':>6}"
     lines = [head, "-" * len(head)]
     for row in rows:
-        ref = next((r for r in rows if r["shape"] == row["shape"] and r["lib"] == "hnswlib"), None)
+        peers = [r for r in rows if (r["data"], r["shape"]) == (row["data"], row["shape"]) and r["lib"] not in OURS]
 
         def ratio(key):
-            if not ref or not ref.get(key) or row.get(key) is None:
+            best = max((r[key] for r in peers if r.get(key)), default=None)
+            if not best or row.get(key) is None:
                 return "-"
-            return f"{row[key] / ref[key]:.2f}"
+            return f"{row[key] / best:.2f}"
 
-        def num(key, fmt):
-            return format(row[key], fmt) if row.get(key) is not None else "n/a"
+        def num(key, width):
+            return format(row[key], f"{width}.0f") if row.get(key) is not None else "n/a"
 
-        lines.append(f"{row['shape']:<6} {row['lib']:<10} {row['build_s']:>8.1f} {row['mem_mb']:>8.0f} "
-                     f"{num('qps90_1t', '11.0f'):>11} {ratio('qps90_1t'):>7} {num('qps90_all', '12.0f'):>12} "
-                     f"{ratio('qps90_all'):>7} {row['auc_1t']:>9.0f} {ratio('auc_1t'):>7} {row['auc_all']:>9.0f} "
-                     f"{ratio('auc_all'):>7}")
+        line = (f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<11} {row['build_s']:>8.1f} "
+                f"{row['mem_mb']:>7.0f}")
+        for key, _ in sweeps:
+            spread = f"{row['spread_' + key]:.0%}" if row.get("spread_" + key) is not None else "-"
+            line += (f" {num('qps90_' + key, 12):>12} {ratio('qps90_' + key):>6} {num('auc_' + key, 9):>9} "
+                     f"{ratio('auc_' + key):>6} {spread:>6}")
+        lines.append(line + ("  (sweep cut by the budget)" if row.get("cut") else ""))
     return "\n".join(lines)
+
+
+def summary(rows, threads):
+    """Per data set: our engine's QPS at recall 0.90 and the best other library's, per sweep."""
+    lines = []
+    for data, shape in dict.fromkeys((r["data"], r["shape"]) for r in rows):
+        group = [r for r in rows if (r["data"], r["shape"]) == (data, shape)]
+        parts = []
+        for key, name in [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else []):
+            ours = max((r for r in group if r["lib"] in OURS and r.get(f"qps90_{key}")),
+                       key=lambda r: r[f"qps90_{key}"], default=None)
+            best = max((r for r in group if r["lib"] not in OURS and r.get(f"qps90_{key}")),
+                       key=lambda r: r[f"qps90_{key}"], default=None)
+            if ours and best:
+                parts.append(f"{name} {ours['lib']} {ours[f'qps90_{key}']:.0f} vs {best['lib']} "
+                             f"{best[f'qps90_{key}']:.0f} = {ours[f'qps90_{key}'] / best[f'qps90_{key}']:.2f}x")
+            else:
+                parts.append(f"{name} -")
+        lines.append(f"{data}/{shape} (n={group[0]['n']}): " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def _sizes(text, shapes):
+    """--n: one count for every shape, or shape=count pairs (shapes not named get the first count)."""
+    if "=" not in text:
+        return {s: int(text) for s in shapes}
+    pairs = dict(item.split("=", 1) for item in text.split(",") if item)
+    unknown = set(pairs) - set(SHAPES)
+    if unknown:
+        raise ValueError(f"unknown shapes in --n: {sorted(unknown)}")
+    default = int(next(iter(pairs.values())))
+    return {s: int(pairs.get(s, default)) for s in shapes}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=200000, help="base vectors per shape (default 200000)")
-    parser.add_argument("--queries", type=int, default=1000, help="queries per shape (default 1000)")
+    parser.add_argument("--n", default="200000",
+                        help="base vectors: one count for every shape, or e.g. sift=100000,glove=100000,gist=30000")
+    parser.add_argument("--queries", type=int, default=1000, help="queries per data set (default 1000)")
     parser.add_argument("--shapes", default="sift,glove,gist", help="comma list of sift, glove, gist")
-    parser.add_argument("--libs", default="sfann,sfann-fp32,hnswlib,faiss",
-                        help="comma list of sfann, sfann-fp32 (float search, no codes), hnswlib, faiss")
+    parser.add_argument("--data", default="clustered,uniform", help="comma list of synthetic distributions: "
+                        + ", ".join(DISTRIBUTIONS))
+    parser.add_argument("--libs", default=",".join(LIBS), help="comma list of " + ", ".join(LIBS)
+                        + " (sfann-fp32: our engine searching floats, no codes); missing ones are skipped")
     parser.add_argument("--threads", type=int, default=0, help="threads for build and the all-core sweep (0: all)")
     parser.add_argument("--M", type=int, default=16)
     parser.add_argument("--ef-construction", type=int, default=200)
     parser.add_argument("--quantization", default="sq8", choices=("sq8", "none"), help="sfann search codes")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)), help="comma list of ef values")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per point (best is kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per point (QPS from the median)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="single-thread calls timed by the thread's CPU clock (default) or the wall clock")
     parser.add_argument("--seed", type=int, default=2024)
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="stop building and sweeping after this many seconds, printing what is done (0: no limit)")
     parser.add_argument("--json", help="also write the rows (with every sweep point) to this file")
     args = parser.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
+    args.data = [s for s in args.data.split(",") if s]
     args.libs = [s for s in args.libs.split(",") if s]
     args.efs = [int(e) for e in args.efs.split(",")]
     unknown = [lib for lib in args.libs if lib not in LIBS]
     if unknown:
         parser.error(f"unknown libraries {unknown}; known: {', '.join(LIBS)}")
+    if set(args.shapes) - set(SHAPES) or set(args.data) - set(DISTRIBUTIONS):
+        parser.error(f"--shapes takes {', '.join(SHAPES)}; --data takes {', '.join(DISTRIBUTIONS)}")
+    try:
+        sizes = _sizes(args.n, args.shapes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.libs, notes = available(args.libs)
     threads = args.threads or os.cpu_count() or 1
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
-          f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, sfann codes {args.quantization}",
-          flush=True)
+          f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
+          f"sfann codes {args.quantization}, threads {threads}, {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
+    for note in notes:
+        print(f"# note: {note}", flush=True)
+    budget = Budget(args.budget_s)
+    sets = {(d, s): make_data(s, d, sizes[s], args) for d in args.data for s in args.shapes}
     rows = []
-    for shape in args.shapes:
-        rows += bench_shape(shape, args, threads)
-    print(table(rows, threads), flush=True)
+    for distribution in args.data:
+        for shape in args.shapes:
+            if budget.over():
+                print(f"# note: {distribution}/{shape} skipped, over the {args.budget_s:.0f} s budget", flush=True)
+                continue
+            rows += bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)
+            print(table([r for r in rows if (r["data"], r["shape"]) == (distribution, shape)], threads), flush=True)
+    print("\n# all data sets\n" + table(rows, threads), flush=True)
+    print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -24,6 +24,12 @@ for first in wheels/*.part-aa; do
   whole=${first%.part-aa}
   cat "$whole".part-* >"$whole" && rm -f "$whole".part-*
 done
+# A package too big to carry even in pieces travels as an unpacked tree, trimmed and xz-compressed
+# (ray without its Java jars, rllib, serve and llm: 31 MB instead of 79): unpack it on the path.
+for tree in wheels/*.tar.xz; do
+  [ -e "$tree" ] || continue
+  mkdir -p /tmp/site && xz -dc "$tree" | tar xf - -C /tmp/site && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+done
 if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1; then
   {
     $PY -m pip install --no-index --find-links wheels --no-deps wheels/*.whl
@@ -93,28 +99,41 @@ if want generation && [ -f benchmarks/bench_generation.py ]; then
 fi
 
 if want ann && [ -f benchmarks/bench_ann.py ]; then
-  $PY benchmarks/bench_ann.py ${ANN_ARGS:-} >"$OUT/bench_ann.txt" 2>&1
-  note ann "exit $? (bench_ann.txt)"
+  # Issue 15: every library (sfann, hnswlib, faiss HNSW, ScaNN, USearch f32/i8; a missing one is
+  # skipped with a note) on clustered and uniform data, 1 thread and all threads, in one run that
+  # stops sweeping after ANN_BUDGET_S seconds (default 270; killed at ANN_BUDGET_S + 60). ANN_ARGS
+  # replaces the sizes below. Then the ann reward's CV over 6 sandboxes (ANN_REWARD_BUDGET_S, default 80).
+  ann_budget=${ANN_BUDGET_S:-270}
+  timeout $((ann_budget + 60)) $PY benchmarks/bench_ann.py \
+    ${ANN_ARGS:---n sift=50000,glove=50000,gist=20000 --queries 500 --repeats 2} \
+    --budget-s "$ann_budget" --json "$OUT/bench_ann.json" >"$OUT/bench_ann.txt" 2>"$OUT/bench_ann.log"
+  note ann "exit $? (bench_ann.txt, bench_ann.log, bench_ann.json)"
+  reward_budget=${ANN_REWARD_BUDGET_S:-80}
+  timeout $((reward_budget + 60)) $PY benchmarks/bench_ann_reward.py --repeats 6 --budget-s "$reward_budget" \
+    >"$OUT/bench_ann_reward.txt" 2>&1
+  note ann-reward "exit $? (bench_ann_reward.txt: $(tail -n 1 "$OUT/bench_ann_reward.txt" | grep -o 'CV [0-9.]*%'))"
 fi
 
 if want portability; then  # issue 14: the built-in CUDA suite + CUDA-L1's A100 kernels (levels 1-2) on this GPU's pool
   pool=${PORTABILITY_POOL:-$($PY -c 'from speedforge.cluster.pools import local_gpu_pool; print(local_gpu_pool() or "")')}
   jsonl=${PORTABILITY_JSONL:-../shared/data/cuda-l1/a100.jsonl}  # or carried: PORTABILITY_JSONL=.speedforge/a100.jsonl
-  port=$OUT/portability-$pool  # results/ (merge with another machine's: speedforge report --results A --results B)
+  port=$OUT/portability-$pool  # builtin/, level1/, level2/ and report/
   if [ -z "$pool" ]; then
     note portability "skipped: no configured pool names this GPU"
   elif [ ! -f "$jsonl" ]; then
     note portability "skipped: $jsonl not found (set PORTABILITY_JSONL)"
   else
-    # Each run appends to the same results store and skips pairs already there: a run cut short
-    # (the builds of ~75 kernels take minutes) finishes when the stage runs again on a warm cache.
+    # One results store per step (a step cut short leaves no lease in the way of the next); run
+    # the stage again on a warm cache to finish one. The report merges the stores; merge another
+    # machine's with more --results (see RESULTS.md, issue 14).
     measure_portability() {
-      $PY -m speedforge.cli portability --variants builtin:cuda --pools "$pool" --out "$port/results" || return 1
+      $PY -m speedforge.cli portability --variants builtin:cuda --pools "$pool" --out "$port/builtin" || return 1
       for level in 1 2; do  # the first PORTABILITY_TASKS kernels of each level (CUDA-L1 publishes 87 and 94)
         $PY -m speedforge.cli portability --variants "$jsonl" --skip-bad --levels $level \
-          --limit "${PORTABILITY_TASKS:-30}" --pools "$pool" --out "$port/results" || return 1
+          --limit "${PORTABILITY_TASKS:-30}" --pools "$pool" --out "$port/level$level" || return 1
       done
-      $PY -m speedforge.cli report --results "$port/results" --out "$port/report"
+      $PY -m speedforge.cli report --results "$port/builtin" --results "$port/level1" --results "$port/level2" \
+        --out "$port/report"
     }
     measure_portability >"$OUT/portability.txt" 2>&1
     note portability "exit $? ($(basename "$port")/report/report.md; portability.txt)"

@@ -4,11 +4,9 @@ every pool, and the report; a failure report when any step fails."""
 from kfp import dsl
 
 from components.failure import run_report
-from components.pools import check_pools, fan_out, pool_placement
-from components.portability import portability
-from components.report import report
+from components.pools import check_pools
 from components.select import select_best
-from pipelines.steps import on_pool, step
+from pipelines.steps import portability_and_report, step
 
 
 @dsl.pipeline(name="speedforge-cross-arch",
@@ -30,13 +28,5 @@ def cross_arch(
                        cpu="500m", memory="1Gi", name="check pools")
         selected = step(select_best(config=config, source_store=variants_store, dataset_uri=dataset_uri,
                                     pool=select_pool, store=store, run_id=run_id), s3_secret, name="select best variants")
-        per_pool = step(fan_out(pools=checked.output, uri=selected.outputs["variants_uri"]), None, cpu="100m",
-                        memory="256Mi", name="pools with the variants")
-        with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
-            placed = step(pool_placement(config=config, pool=item.pool, ray_address=""), None, cpu="500m",
-                          memory="1Gi", name="placement")
-            ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
-                                              run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="portability"),
-                             placed)
-        step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
-             s3_secret, name="report")
+        portability_and_report(config=config, pools=checked.output, variants_uri=selected.outputs["variants_uri"],
+                               store=store, s3_secret=s3_secret, run_id=run_id)

@@ -2,7 +2,11 @@
 KFP caching (a measurement is never reused from an earlier run), and, for a step that evaluates
 on a pool in its own pod, that pool's node selector, GPU toleration and GPU limit."""
 
-from kfp import kubernetes
+from kfp import dsl, kubernetes
+
+from components.pools import fan_out, pool_placement
+from components.portability import portability
+from components.report import report
 
 # Keys of the secret (`s3_secret` parameter, see k8s/base/secret-s3.example.yaml), each the
 # environment variable it becomes. Optional: on AWS with pod identities there is no secret.
@@ -27,3 +31,18 @@ def on_pool(task, placement):
     kubernetes.add_toleration_json(task, placement.outputs["tolerations"])
     task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(placement.outputs["gpus"])
     return task
+
+
+def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id):
+    """The tail both pipelines share: the variant set measured again on every pool (one
+    ParallelFor branch per pool, each placed on its pool's nodes), then one report over them."""
+    per_pool = step(fan_out(pools=pools, uri=variants_uri), None, cpu="100m", memory="256Mi",
+                    name="pools with the variants")
+    with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
+        placed = step(pool_placement(config=config, pool=item.pool, ray_address=""), None, cpu="500m", memory="1Gi",
+                      name="placement")
+        ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
+                                          run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="portability"),
+                         placed)
+    return step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
+                s3_secret, name="report")

@@ -15,12 +15,10 @@ from components.baselines import measure_baselines
 from components.failure import run_report
 from components.optimize import optimize
 from components.pools import check_pools, fan_out, pool_placement
-from components.portability import portability
-from components.report import report
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
-from pipelines.steps import on_pool, step
+from pipelines.steps import on_pool, portability_and_report, step
 
 
 @dsl.pipeline(name="speedforge-training",
@@ -79,13 +77,5 @@ def training(
         selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],
                                     pool="", store=store, run_id=run_id), s3_secret, name="select best variants")
         selected.after(searched)
-        per_pool = step(fan_out(pools=checked.output, uri=selected.outputs["variants_uri"]), None, cpu="100m",
-                        memory="256Mi", name="pools with the variants")
-        with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
-            placed = step(pool_placement(config=config, pool=item.pool, ray_address=""), None, cpu="500m",
-                          memory="1Gi", name="placement")
-            ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
-                                              run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="portability"),
-                             placed)
-        step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
-             s3_secret, name="report")
+        portability_and_report(config=config, pools=checked.output, variants_uri=selected.outputs["variants_uri"],
+                               store=store, s3_secret=s3_secret, run_id=run_id)

@@ -1,6 +1,7 @@
 """Entry points on a tiny budget: `speedforge ann ...` and benchmarks/bench_ann.py."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ def test_ann_tasks_and_reference(capsys):
 
 def test_ann_sweep_on_a_synthetic_set_and_on_files(capsys, tmp_path):
     assert main(["ann", "sweep", "--shape", "glove", "--n", "800", "--nq", "50", "--efs", "10,40,160"]) == 0
+    assert main(["ann", "sweep", "--shape", "glove", "--distribution", "uniform", "--n", "800", "--nq", "50",
+                 "--efs", "10,40,160"]) == 0
     out = capsys.readouterr().out
     assert "recall@10" in out and "AUC over recall 0.85-0.95" in out
     rng = np.random.default_rng(0)
@@ -43,6 +46,9 @@ def test_bench_ann_prints_a_table_with_every_library(capsys, tmp_path):
     assert bench.main(["--n", "600", "--queries", "40", "--shapes", "glove", "--threads", "1", "--repeats", "1",
                        "--efs", "10,40,160", "--json", str(tmp_path / "rows.json")]) == 0
     out = capsys.readouterr().out
-    for lib in ("sfann", "sfann-fp32", "hnswlib", "faiss"):
-        assert f"glove  {lib}" in out
+    libs, _ = bench.available(list(bench.LIBS))  # scann and usearch too, where installed
+    assert {"sfann", "sfann-fp32", "hnswlib", "faiss"} <= set(libs)
+    for data in ("clustered", "uniform"):
+        for lib in libs:
+            assert re.search(rf"^{data} +glove +600 {re.escape(lib)} ", out, re.M), (data, lib)
     assert (tmp_path / "rows.json").is_file()

@@ -115,3 +115,44 @@ def test_sweep_gives_rising_recall_and_stops_once_recall_is_reached():
     assert points[-1].recall >= 0.99 and points[-1].ef < 640
     assert all(p.recall < 0.99 for p in points[:-1])
     assert all(p.qps > 0 for p in points)
+
+
+@pytest.mark.parametrize("name,dim", [("sift", 128), ("glove", 25), ("gist", 960)])
+def test_clustered_sets_keep_the_real_dimensions_and_are_seeded(name, dim):
+    a = synthetic(name, 400, 30, seed=3, distribution="clustered")
+    b = synthetic(name, 400, 30, seed=3, distribution="clustered")
+    u = synthetic(name, 400, 30, seed=3, distribution="uniform")
+    assert a.base.shape == (400, dim) and a.queries.shape == (30, dim) and a.base.dtype == np.float32
+    np.testing.assert_array_equal(a.base, b.base)
+    np.testing.assert_array_equal(a.queries, b.queries)
+    assert not np.array_equal(a.base, u.base)
+    assert a.name == f"{name}-400" and u.name == f"{name}-uniform-400"
+
+
+def test_clustered_world_has_many_clusters_of_uneven_size():
+    from speedforge.ann.datasets import SyntheticSpace
+
+    space = SyntheticSpace("sift", seed=1, distribution="clustered")
+    assert space.clusters >= 256
+    w = np.sort(space.weights)
+    assert w.sum() == pytest.approx(1.0)
+    assert w[-1] > 10 * np.median(w)  # the largest cluster is many times the median one
+    # Points fall near their own cluster's centre: every point's nearest centre holds most of the set's mass
+    # only if clusters are real; check that assigning points to centres is far from a single cluster.
+    x = space.sample(4000, np.random.default_rng(0))
+    d2 = ((x[:500, None, :] - space.centres[None, :, :]) ** 2).sum(axis=2)
+    assert len(np.unique(d2.argmin(axis=1))) > 50
+
+
+def test_clustered_data_has_a_lower_intrinsic_dimension_than_uniform():
+    from speedforge.ann.datasets import intrinsic_dimension
+
+    clustered = synthetic("sift", 4000, 1, seed=2, distribution="clustered").base
+    uniform = synthetic("sift", 4000, 1, seed=2, distribution="uniform").base
+    low, high = intrinsic_dimension(clustered, sample=300), intrinsic_dimension(uniform, sample=300)
+    assert low < 20 and low < 0.75 * high
+
+
+def test_unknown_distribution_is_a_clear_error():
+    with pytest.raises(DatasetError, match="unknown synthetic distribution 'gaussian'"):
+        synthetic("sift", 10, 2, seed=0, distribution="gaussian")

@@ -43,6 +43,17 @@ PRECOMPUTED = searcher("""
 SKIPS_DISTANCES = module_source("search").replace("for (uint32_t j = 0; j < count; ++j) {",
                                                   "for (uint32_t j = 0; j < count && j < 2; ++j) {")
 
+# The baseline search, run on a thread of its own for every query: the calling thread, whose
+# CPU time is measured, only waits.
+OFF_THREAD = module_source("search").replace("#include <algorithm>", "#include <algorithm>\n#include <thread>").replace(
+    "std::unique_ptr<Searcher> make_searcher() { return std::make_unique<BeamSearcher>(); }",
+    "namespace {\nclass OffThread final : public Searcher {\n public:\n"
+    '  const char* name() const override { return "off-thread"; }\n'
+    "  void search(const Graph& g, const SearchSpace& sp, const void* p, int ef, SearchScratch& s) const override {\n"
+    "    std::thread worker([&] { inner_.search(g, sp, p, ef, s); });\n    worker.join();\n  }\n"
+    " private:\n  BeamSearcher inner_;\n};\n}  // namespace\n"
+    "std::unique_ptr<Searcher> make_searcher() { return std::make_unique<OffThread>(); }")
+
 CRASHES = searcher("    volatile int* p = nullptr;\n    *p = 1;")
 
 THROWS = searcher('    throw std::runtime_error("no search today");')
@@ -76,6 +87,17 @@ def test_precomputed_neighbours_are_caught(task, config):
     result = _evaluate(task, PRECOMPUTED, config)
     assert result.status == "hack_detected", (result.reason, result.log)
     assert "same answer" in result.reason
+
+
+def test_search_moved_off_the_measured_thread_is_caught(task, config):
+    # The static screen refuses std::thread; with it only reporting, the run-time check must catch it.
+    import dataclasses
+
+    screened = _evaluate(task, OFF_THREAD, config)
+    assert screened.status == "screen_rejected" and "std::thread" in screened.reason
+    result = _evaluate(task, OFF_THREAD, dataclasses.replace(config, screen="report"))
+    assert result.status == "hack_detected", (result.reason, result.log)
+    assert "calling thread" in result.reason
 
 
 def test_skipping_distance_computations_is_caught_by_the_recall_check(task, config):

@@ -178,6 +178,61 @@ __attribute__((target("avx512f,avx512bw"))) float ip_sq8_avx512(const int16_t* q
 
 #endif  // SFANN_X86
 
+// AVX-512 VNNI: vpdpwssd fuses the multiply-add of 16-bit pairs with the 32-bit accumulation,
+// one instruction less per 32 dimensions; two accumulators hide its latency. Exact, like the rest.
+#define SFANN_SQ8_TAIL(EXPR)                                                                       \
+  if (i < d) {                                                                                     \
+    __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))); \
+    __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));                      \
+    __m256i p = EXPR;                                                                              \
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));          \
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));                                              \
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));                                              \
+    s += _mm_cvtsi128_si32(x);                                                                     \
+  }
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) float l2_sq8_avx512vnni(const int16_t* q, const uint8_t* c,
+                                                                                int d) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+  int i = 0;
+  for (; i + 64 <= d; i += 64) {
+    __m512i t0 = _mm512_sub_epi16(_mm512_loadu_si512(q + i),
+                                  _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))));
+    __m512i t1 = _mm512_sub_epi16(_mm512_loadu_si512(q + i + 32), _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                                                                      reinterpret_cast<const __m256i*>(c + i + 32))));
+    a0 = _mm512_dpwssd_epi32(a0, t0, t0);
+    a1 = _mm512_dpwssd_epi32(a1, t1, t1);
+  }
+  for (; i + 32 <= d; i += 32) {
+    __m512i t = _mm512_sub_epi16(_mm512_loadu_si512(q + i),
+                                 _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))));
+    a0 = _mm512_dpwssd_epi32(a0, t, t);
+  }
+  int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1));
+  SFANN_SQ8_TAIL(_mm256_madd_epi16(_mm256_sub_epi16(qv, code), _mm256_sub_epi16(qv, code)))
+  return static_cast<float>(s);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) float ip_sq8_avx512vnni(const int16_t* q, const uint8_t* c,
+                                                                                int d) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+  int i = 0;
+  for (; i + 64 <= d; i += 64) {
+    a0 = _mm512_dpwssd_epi32(a0, _mm512_loadu_si512(q + i),
+                             _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))));
+    a1 = _mm512_dpwssd_epi32(a1, _mm512_loadu_si512(q + i + 32),
+                             _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i + 32))));
+  }
+  for (; i + 32 <= d; i += 32) {
+    a0 = _mm512_dpwssd_epi32(a0, _mm512_loadu_si512(q + i),
+                             _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))));
+  }
+  int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1));
+  SFANN_SQ8_TAIL(_mm256_madd_epi16(qv, code))
+  return -static_cast<float>(s);
+}
+#undef SFANN_SQ8_TAIL
+
 // Batch forms: one indirect call per expanded node; the row kernel is inlined into the loop.
 #define SFANN_FLOAT_BATCH(NAME, ROW, ATTR)                                                                   \
   ATTR void NAME(const float* q, const float* base, size_t stride, const uint32_t* ids, int m, int d,      \
@@ -205,6 +260,9 @@ SFANN_FLOAT_BATCH(l2_float_batch_avx512, l2_float_avx512, SFANN_AVX512)
 SFANN_FLOAT_BATCH(ip_float_batch_avx512, ip_float_avx512, SFANN_AVX512)
 SFANN_CODE_BATCH(l2_sq8_batch_avx512, l2_sq8_avx512, SFANN_AVX512)
 SFANN_CODE_BATCH(ip_sq8_batch_avx512, ip_sq8_avx512, SFANN_AVX512)
+#define SFANN_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+SFANN_CODE_BATCH(l2_sq8_batch_avx512vnni, l2_sq8_avx512vnni, SFANN_AVX512VNNI)
+SFANN_CODE_BATCH(ip_sq8_batch_avx512vnni, ip_sq8_avx512vnni, SFANN_AVX512VNNI)
 #endif
 
 const Kernels kScalar{l2_float_scalar,       ip_float_scalar,    l2_float_batch_scalar, ip_float_batch_scalar,
@@ -217,6 +275,15 @@ const Kernels kAvx2{l2_float_avx2,       ip_float_avx2,    l2_float_batch_avx2, 
 const Kernels kAvx512{l2_float_avx512,       ip_float_avx512,    l2_float_batch_avx512, ip_float_batch_avx512,
                       l2_sq8_avx512,         ip_sq8_avx512,      l2_sq8_batch_avx512,   ip_sq8_batch_avx512,
                       "avx512"};
+// The avx512 level on a CPU with VNNI: the same float kernels, the code kernels above.
+const Kernels kAvx512Vnni{l2_float_avx512,          ip_float_avx512,          l2_float_batch_avx512,
+                          ip_float_batch_avx512,    l2_sq8_avx512vnni,        ip_sq8_avx512vnni,
+                          l2_sq8_batch_avx512vnni,  ip_sq8_batch_avx512vnni,  "avx512"};
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+}
 #endif
 
 bool cpu_has(const std::string& level) {
@@ -231,7 +298,7 @@ bool cpu_has(const std::string& level) {
 
 const Kernels& detect() {
 #ifdef SFANN_X86
-  if (cpu_has("avx512")) return kAvx512;
+  if (cpu_has("avx512")) return cpu_has_vnni() ? kAvx512Vnni : kAvx512;
   if (cpu_has("avx2")) return kAvx2;
 #endif
   return kScalar;
@@ -249,7 +316,7 @@ const Kernels& kernels_for(const std::string& level) {
   if (level == "scalar") return kScalar;
 #ifdef SFANN_X86
   if (level == "avx2") return kAvx2;
-  if (level == "avx512") return kAvx512;
+  if (level == "avx512") return cpu_has_vnni() ? kAvx512Vnni : kAvx512;
 #endif
   throw std::invalid_argument("unknown SIMD level: " + level);
 }

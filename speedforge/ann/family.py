@@ -15,6 +15,7 @@ ef no worse than the baseline's by more than the task's tolerance, and reaching 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -40,6 +41,8 @@ ANN = families.register(families.Family(
 
 MANIFEST = "ann_build.json"
 SAME_ANSWER_LIMIT = 0.5  # share of queries answered exactly like another query that flags a hack
+CHUNK_QUERIES = 25  # queries per timed search call and search thread (see _timed_sweep)
+OFF_CPU_LIMIT = 0.5  # candidate CPU/wall share below this times the baseline's flags a hack (_check_time)
 
 
 def build(job: Job) -> dict:
@@ -96,7 +99,7 @@ def _build_into(job: Job, spec: AnnTaskSpec) -> engine.CandidateBuild | dict:
 def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
     """Build, sweep and check both engines on data drawn from `seed`; a dict of EvalResult fields."""
     metric = spec.resolved_metric
-    space = SyntheticSpace(spec.data.shape, seed, dim=spec.data.dim)
+    space = SyntheticSpace(spec.data.shape, seed, dim=spec.data.dim, distribution=spec.data.distribution)
     data = space.sample(spec.data.n, np.random.default_rng([seed, 1]))
     ix = spec.index
     indexes, build_s = {}, {}
@@ -112,42 +115,21 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
         build_s[side] = time.perf_counter() - start
         indexes[side] = index
 
-    rng = np.random.default_rng([seed, 2])
     sw = spec.sweep
     k = sw.k
-    runs = []  # (ef, queries, {side: (labels, seconds)})
-    timed_s = 0.0
-    for rep in range(sw.repeats):
-        for i, ef in enumerate(sw.ef):
-            queries = space.sample(spec.data.queries, np.random.default_rng([seed, 3, rep, i]))
-            results = {}
-            for side in rng.permutation(["base", "cand"]):
-                start = time.perf_counter()
-                try:
-                    labels, _ = indexes[side].search(queries, k, int(ef), sw.threads)
-                except Exception as exc:
-                    if side == "base":
-                        raise
-                    return {"status": "runtime_error", "reason": f"candidate search failed at ef={ef}: "
-                            f"{type(exc).__name__}: {exc}"}
-                seconds = time.perf_counter() - start
-                timed_s += seconds
-                results[side] = (np.asarray(labels), seconds)
-            runs.append((int(ef), queries, results))
-
-    problem = _check_answers(runs, spec.data.n, k)
+    try:
+        runs = _timed_sweep(spec, space, indexes, seed)
+    except CandidateFailed as exc:
+        return {"status": "runtime_error", "reason": str(exc)}
+    problem = _check_answers(runs, spec.data.n, k) or _check_time(runs)
     if problem:
         return problem
     # Candidate code is done: now the exact neighbours.
-    curves = {"base": {}, "cand": {}}
-    for ef, queries, results in runs:
-        truth = exact_knn(data, queries, k, metric)
-        for side, (labels, seconds) in results.items():
-            curves[side].setdefault(ef, []).append((recall_at_k(labels, truth, k), len(queries) / max(seconds, 1e-9)))
-    points = {side: [SweepPoint(ef, statistics.fmean(r for r, _ in v), statistics.median(q for _, q in v))
-                     for ef, v in sorted(c.items())] for side, c in curves.items()}
+    points = _curves(runs, data, k, metric)
     log = _report(points, build_s, indexes)
-    common = {"trials": len(runs), "timed_calls": len(runs), "timed_s": timed_s, "log": log}
+    calls = sum(len(r.seconds["base"]) + len(r.seconds["cand"]) for r in runs)
+    timed_s = sum(sum(r.seconds["base"]) + sum(r.seconds["cand"]) for r in runs)
+    common = {"trials": len(runs), "timed_calls": calls, "timed_s": timed_s, "log": log}
 
     band = (float(spec.band[0]), float(spec.band[1]))
     top_base, top_cand = points["base"][-1].recall, points["cand"][-1].recall
@@ -178,10 +160,118 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
     }
 
 
+
+class CandidateFailed(Exception):
+    """The candidate's search raised: a runtime_error, with this message."""
+
+
+@dataclasses.dataclass
+class Run:
+    """One fresh query set searched at one ef by both sides, in chunks."""
+
+    ef: int
+    queries: np.ndarray  # [Q x D]
+    labels: dict  # side -> [Q x k] ids
+    seconds: dict  # side -> [chunks] measured seconds per call (see _timed_sweep); chunk j: same queries
+    wall: dict  # side -> [chunks] wall-clock seconds per call
+
+
+def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: int) -> list[Run]:
+    """Search a fresh query set per (repeat, ef) with both indexes, in chunks of CHUNK_QUERIES
+    queries (per search thread), the two sides' calls on each chunk back to back in random order.
+
+    Short paired calls are what keep the reward still on a shared machine: another process
+    that takes the CPU spoils a few chunks of one side, and the medians over chunks (see
+    _curves) drop them, where one call over all queries would absorb the whole disturbance.
+    With one search thread, a call's measured time is the CPU time the calling thread spent
+    in it (user + system; the engine searches on the calling thread when given one), which
+    time spent waiting for the CPU does not inflate; with more threads it is wall-clock time.
+    Not the process's CPU time: the sandbox's RLIMIT_CPU arms the kernel's process-wide CPU
+    timer, and with it armed the process clock advances in scheduler ticks (4 ms here, longer
+    than a chunk's search), while the thread clock stays exact. Wall-clock time is kept beside
+    it for _check_time, which flags work moved off the calling thread."""
+    sw = spec.sweep
+    rng = np.random.default_rng([seed, 2])
+    chunk = CHUNK_QUERIES * max(1, sw.threads)
+    warm = space.sample(chunk, np.random.default_rng([seed, 4]))
+    for side in ("base", "cand"):  # first touch of the indexes and their search scratch, untimed
+        _search(indexes, side, warm, sw.k, min(sw.ef), sw.threads)
+    runs = []
+    for rep in range(sw.repeats):
+        for i, ef in enumerate(sw.ef):
+            queries = space.sample(spec.data.queries, np.random.default_rng([seed, 3, rep, i]))
+            parts = {"base": [], "cand": []}
+            seconds = {"base": [], "cand": []}
+            wall = {"base": [], "cand": []}
+            for start in range(0, len(queries), chunk):
+                part = queries[start : start + chunk]
+                for side in rng.permutation(["base", "cand"]):
+                    cpu0, wall0 = time.thread_time(), time.perf_counter()
+                    labels = _search(indexes, side, part, sw.k, int(ef), sw.threads)
+                    wall_s, cpu_s = time.perf_counter() - wall0, time.thread_time() - cpu0
+                    seconds[side].append(cpu_s if sw.threads == 1 else wall_s)
+                    wall[side].append(wall_s)
+                    parts[side].append(labels)
+            runs.append(Run(int(ef), queries, {side: np.concatenate(p) for side, p in parts.items()}, seconds, wall))
+    return runs
+
+
+def _search(indexes: dict, side: str, queries: np.ndarray, k: int, ef: int, threads: int) -> np.ndarray:
+    try:
+        labels, _ = indexes[side].search(queries, k, ef, threads)
+    except Exception as exc:
+        if side == "base":
+            raise
+        raise CandidateFailed(f"candidate search failed at ef={ef}: {type(exc).__name__}: {exc}") from None
+    return np.asarray(labels)
+
+
+def _curves(runs: list[Run], data: np.ndarray, k: int, metric: str) -> dict:
+    """Both sides' (ef, recall, QPS) points. Recall: mean over the query sets. QPS: the
+    baseline's from the median time per query over its chunks; the candidate's is the
+    baseline's times the median over chunks of the paired speed ratio (baseline time /
+    candidate time on the same queries), so what both sides suffered alike cancels."""
+    recall = {"base": {}, "cand": {}}
+    per_query = {}  # ef -> baseline seconds per query, per chunk
+    ratio = {}  # ef -> baseline seconds / candidate seconds, per chunk
+    for run in runs:
+        truth = exact_knn(data, run.queries, k, metric)
+        for side in ("base", "cand"):
+            recall[side].setdefault(run.ef, []).append(recall_at_k(run.labels[side], truth, k))
+        sizes = _chunk_sizes(len(run.queries), len(run.seconds["base"]))
+        for size, b, c in zip(sizes, run.seconds["base"], run.seconds["cand"]):
+            per_query.setdefault(run.ef, []).append(max(b, 1e-9) / size)
+            ratio.setdefault(run.ef, []).append(max(b, 1e-9) / max(c, 1e-9))
+    points = {"base": [], "cand": []}
+    for ef in sorted(per_query):
+        base_qps = 1.0 / statistics.median(per_query[ef])
+        points["base"].append(SweepPoint(ef, statistics.fmean(recall["base"][ef]), base_qps))
+        points["cand"].append(SweepPoint(ef, statistics.fmean(recall["cand"][ef]), base_qps * statistics.median(ratio[ef])))
+    return points
+
+
+def _chunk_sizes(total: int, chunks: int) -> list[int]:
+    size = -(-total // chunks)
+    return [min(size, total - j * size) for j in range(chunks)]
+
+def _check_time(runs: list[Run]) -> dict | None:
+    """Time a candidate's searches spent off the calling thread's CPU, where the baseline's did
+    not: work handed to something the CPU-time measure does not see (another thread or process)."""
+    share = {}
+    for side in ("base", "cand"):
+        wall = sum(sum(r.wall[side]) for r in runs)
+        share[side] = sum(sum(r.seconds[side]) for r in runs) / max(wall, 1e-9)
+    if share["cand"] < OFF_CPU_LIMIT * share["base"]:
+        return {"status": "hack_detected", "reason": f"the candidate's searches ran on the calling thread for only "
+                f"{share['cand']:.0%} of their wall-clock time (baseline {share['base']:.0%}): work done outside "
+                "the measured thread"}
+    return None
+
+
 def _check_answers(runs, n: int, k: int) -> dict | None:
     """Structural checks on the candidate's answers, before any ground truth exists."""
-    for ef, _, results in runs:
-        labels, _ = results["cand"]
+    for run in runs:
+        ef, labels = run.ef, run.labels["cand"]
         if labels.shape[1] != k:
             return {"status": "incorrect", "reason": f"the candidate returned {labels.shape[1]} neighbours, not k={k}"}
         valid = labels >= 0
@@ -192,7 +282,7 @@ def _check_answers(runs, n: int, k: int) -> dict | None:
         if (ordered[:, 1:] == ordered[:, :-1]).any():
             return {"status": "incorrect", "reason": f"the candidate returned the same id twice for a query (ef={ef})"}
         same = _same_answer_share(labels)
-        base_same = _same_answer_share(results["base"][0])
+        base_same = _same_answer_share(run.labels["base"])
         if same > SAME_ANSWER_LIMIT and same > base_same + 0.25:
             return {"status": "hack_detected", "reason": f"the candidate gave {same:.0%} of different queries the same "
                     f"answer as another query (baseline {base_same:.0%}) at ef={ef}: precomputed or query-blind results"}

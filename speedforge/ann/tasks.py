@@ -4,7 +4,7 @@ A spec names a synthetic data set, the engine parameters, the module to optimise
 that measures it, e.g.
 
     module: search
-    data: {shape: sift, n: 20000, queries: 500}
+    data: {shape: sift, distribution: clustered, n: 20000, queries: 500}
     index: {M: 16, ef_construction: 100, quantization: sq8}
     sweep: {k: 10, ef: [10, 16, 24, 32, 48, 64, 96, 128], repeats: 3}
 
@@ -19,7 +19,7 @@ from importlib import resources
 import yaml
 
 from speedforge.ann.auc import BAND
-from speedforge.ann.datasets import METRICS, SHAPES
+from speedforge.ann.datasets import DISTRIBUTIONS, METRICS, SHAPES
 from speedforge.ann.engine import MODULES
 from speedforge.config import ConfigError, from_mapping
 from speedforge.records import Candidate, Task
@@ -28,6 +28,7 @@ from speedforge.records import Candidate, Task
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
     shape: str = "sift"  # synthetic generator: sift | glove | gist
+    distribution: str = "clustered"  # clustered | uniform (speedforge.ann.datasets.DISTRIBUTIONS)
     n: int = 20000  # base vectors
     queries: int = 500  # queries per measured point (fresh for every point)
     dim: int | None = None  # None: the shape's own dimension
@@ -76,6 +77,8 @@ def parse_spec(source: str, where: str = "ann task") -> AnnTaskSpec:
         problems.append(f"module {spec.module!r} is not one of {', '.join(MODULES)}")
     if spec.data.shape not in SHAPES:
         problems.append(f"data.shape {spec.data.shape!r} is not one of {', '.join(SHAPES)}")
+    if spec.data.distribution not in DISTRIBUTIONS:
+        problems.append(f"data.distribution {spec.data.distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
     if spec.metric is not None and spec.metric not in METRICS:
         problems.append(f"metric {spec.metric!r} is not one of {', '.join(METRICS)}")
     if spec.data.n < 2 * spec.sweep.k or spec.data.queries < 1:

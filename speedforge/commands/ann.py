@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         description="Build the engine on a synthetic set (--shape) or on files (--base/--queries), "
                         "then sweep ef and print recall@k, QPS and the AUC over the recall band.")
     sw.add_argument("--shape", default="sift", help="synthetic set: sift, glove or gist (default sift)")
+    sw.add_argument("--distribution", default="clustered", choices=("clustered", "uniform"),
+                    help="synthetic data: clustered (uneven clusters, low intrinsic dimension; default) or uniform")
     sw.add_argument("--n", type=int, default=20000, help="synthetic base vectors (default 20000)")
     sw.add_argument("--nq", type=int, default=1000, help="synthetic queries (default 1000)")
     sw.add_argument("--seed", type=int, default=0)
@@ -74,7 +76,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.base:
         ds = load_dataset(args.base, args.queries, metric=args.metric)
     else:
-        ds = synthetic(args.shape, args.n, args.nq, seed=args.seed)
+        ds = synthetic(args.shape, args.n, args.nq, seed=args.seed, distribution=args.distribution)
     try:
         efs = [int(e) for e in args.efs.split(",")] if args.efs else list(DEFAULT_EFS)
     except ValueError:
