@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one script (CI has no GPU). Run from the repository root on the GPU
 # machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [fidelity] [service] [benchbound] [generation] [ann]
-#           [portability]
+#           [portability] [train]
 # (no arguments: all). It installs what the machine lacks from wheels/ (carried with the tree),
 # runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
 # Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
@@ -13,7 +13,7 @@ PY=${PY:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SPEEDFORGE_CACHE=${SPEEDFORGE_CACHE:-/tmp/speedforge-cache}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests fidelity service benchbound generation ann portability)
+[ ${#stages[@]} -eq 0 ] && stages=(env evaluator tests fidelity service benchbound generation ann portability train)
 summary=()
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 note() { summary+=("$(printf '%-12s %s' "$1" "$2")"); }
@@ -138,6 +138,12 @@ if want portability; then  # issue 14: the built-in CUDA suite + CUDA-L1's A100 
     measure_portability >"$OUT/portability.txt" 2>&1
     note portability "exit $? ($(basename "$port")/report/report.md; portability.txt)"
   fi
+fi
+
+if want train; then  # issue 12: held-out check, SFT of SmolLM2-135M, held-out, GRPO for TRAIN_GRPO_SECONDS, held-out
+  # (cuda family, local Ray and evaluator, one Ray Train worker on the GPU); knobs: benchmarks/train_check.sh
+  OUT="$OUT" PY="$PY" bash benchmarks/train_check.sh >"$OUT/train.txt" 2>&1
+  note train "exit $? (train/summary.md, train/reward_curve.png, train/metrics-*.jsonl; train.txt)"
 fi
 
 for f in "$OUT"/*.txt; do echo "===== $(basename "$f")"; tail -n 25 "$f"; done

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "speedforge.commands.optimize",
     "speedforge.commands.serve_policy",
     "speedforge.commands.ann",
+    "speedforge.commands.train",
     "speedforge.commands.portability",
     "speedforge.commands.report",
     "speedforge.commands.pipeline",

@@ -263,6 +263,125 @@ class StoreConfig(Checked):
     spill_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "spill"), check=NOT_EMPTY)  # results an S3 store could not take wait here for the next run
 
 
+def _reward_weights(value: Any) -> str | None:
+    from speedforge.train.rewards import known_rewards  # the records only: no torch
+
+    unknown = sorted(set(value) - set(known_rewards()))
+    if unknown:
+        return f"unknown reward(s) {', '.join(map(repr, unknown))}; known: {', '.join(known_rewards())}"
+    return None if value else "expected at least one reward with its weight, e.g. {cudal1: 1.0}"
+
+
+def _sft_sources(value: Any) -> str | None:
+    bad = [s for s in value if not re.fullmatch(r"builtin|variants|cuda-l1:.+", s)]
+    return f"unknown source(s) {bad}: expected builtin, variants or cuda-l1:PATH" if bad else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig(Checked):
+    """The reward of a sample: the weighted sum of registered reward functions (speedforge.train.rewards)."""
+
+    weights: dict[str, float] = setting(factory=lambda: {"cudal1": 1.0, "format": 0.1}, check=_reward_weights)
+    max_speedup: float = setting(10.0, number(1, above=True))  # speedups (and AUC ratios) are clipped here
+    failed_penalty: float = setting(0.5, AT_LEAST_0)  # compile_error, runtime_error, incorrect, timeout, crashed: this far below the lowest correct score
+    rejected_penalty: float = setting(1.0, AT_LEAST_0)  # screen_rejected, hack_detected: this far below it
+    group_clip: float = setting(3.0, POSITIVE)  # cudal1: rewards normalised within the group are clipped to +- this
+    unstable: str = setting("discount", one_of(("discount", "remeasure")))  # a result marked unstable: discounted, or measured again first
+    unstable_discount: float = setting(0.5, number(0, high=1))  # an unstable speedup s counts as 1 + (s - 1) * this
+    remeasure: int = setting(1, AT_LEAST_0)  # unstable: remeasure: measurements again before it is discounted
+
+
+@dataclasses.dataclass(frozen=True)
+class RayTrainConfig(Checked):
+    """Ray Train: where each stage runs (a TorchTrainer with this ScalingConfig)."""
+
+    address: str = ""  # "" starts a local Ray; else host:6379, ray://head:10001 or auto
+    workers: int = setting(1, AT_LEAST_1)
+    use_gpu: bool | None = None  # None: when the Ray cluster has GPUs
+    cpus_per_worker: float = setting(1.0, POSITIVE)  # also the torch threads of a worker on the CPU
+    gpus_per_worker: float = setting(1.0, POSITIVE)  # with use_gpu; below 1 shares a GPU (with bench workers, say)
+    accelerator_type: str = ""  # e.g. "H100": workers only on nodes with that GPU type ("" any)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig(Checked):
+    """Stage 1: supervised fine-tuning on (prompt, answer) pairs from validated variants."""
+
+    sources: tuple[str, ...] = setting(("builtin", "variants"), _sft_sources)  # builtin | variants | cuda-l1:PATH
+    import_limit: int = setting(0, AT_LEAST_0)  # cuda-l1: measure the first N kernels of the training tasks (0: all)
+    exemplars: int = setting(1, AT_LEAST_0)  # lower-scoring variants of the task shown in a pair's prompt
+    steps: int = setting(2, AT_LEAST_1)
+    batch_size: int = setting(1, AT_LEAST_1)  # pairs per worker per step
+    learning_rate: float = setting(2e-5, POSITIVE)
+    max_length: int = setting(4096, number(64))  # tokens of prompt + answer; longer pairs show fewer exemplars, else are left out
+    save_every: int = setting(1, AT_LEAST_1)  # steps between checkpoints in the store
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfTrainConfig(Checked):
+    """Stage 2: sample, keep what passes the evaluator, fine-tune on it; `rounds` times."""
+
+    rounds: int = setting(1, AT_LEAST_1)
+    samples: int = setting(2, AT_LEAST_1)  # per training task per round
+    steps: int = setting(2, AT_LEAST_1)  # fine-tuning steps per round on what passed
+    batch_size: int = setting(1, AT_LEAST_1)
+    learning_rate: float = setting(1e-5, POSITIVE)
+    max_new_tokens: int = setting(512, AT_LEAST_1)
+    temperature: float = setting(0.8, AT_LEAST_0)  # 0: greedy
+    max_length: int = setting(4096, number(64))
+    save_every: int = setting(1, AT_LEAST_1)
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOStageConfig(Checked):
+    """Stage 3: contrastive GRPO (TRL GRPOTrainer); prompts draw exemplars from the live variants table."""
+
+    steps: int = setting(2, AT_LEAST_1)
+    prompts_per_step: int = setting(1, AT_LEAST_1)  # groups per optimizer step (over all workers)
+    generations: int = setting(2, number(2))  # completions per prompt: one group
+    max_new_tokens: int = setting(512, AT_LEAST_1)
+    learning_rate: float = setting(1e-6, POSITIVE)
+    beta: float = setting(0.0, AT_LEAST_0)  # KL penalty to the starting policy (0: no reference model)
+    temperature: float = setting(0.8, POSITIVE)
+    top_p: float = setting(0.95, number(0, above=True, high=1))
+    contrastive: bool = True  # exemplars with measured speedups in the prompts (False: plain GRPO)
+    max_prompt_tokens: int = setting(4096, number(64))  # a longer prompt shows fewer exemplars
+    save_every: int = setting(1, AT_LEAST_1)
+
+
+def default_train_dir() -> str:
+    return str(Path(default_cache_dir()) / "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Checked):
+    """Training (speedforge.train): the run, its tasks and split, evaluation, rewards, Ray Train and
+    the three stages. The defaults are a tiny CPU run on the cpp family with the default model."""
+
+    run: str = setting("train", matches(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a run name of letters, digits, '_', '.', '-'"))
+    store: str = ""  # object store of the run's state, rollouts and variants ("" = store.uri)
+    work_dir: str = setting(factory=default_train_dir, check=NOT_EMPTY)  # local: metrics, TensorBoard, checkpoints
+    family: str = setting("cpp", NOT_EMPTY)
+    tasks_uri: str = setting("builtin", NOT_EMPTY)  # builtin[:FAMILY], STORE/datasets/NAME, or a store with a tasks table
+    tasks: tuple[str, ...] = ()  # the tasks to use (empty: every task of the family there)
+    heldout: tuple[str, ...] = ()  # tasks no stage trains on (empty: the first `heldout_count` by the seeded hash order)
+    heldout_count: int = setting(1, AT_LEAST_0)
+    train_count: int = setting(2, AT_LEAST_0)  # training tasks, after the held-out ones (0: all the rest)
+    init: str = ""  # starting weights: "" = the previous stage's final checkpoint of this run, else policy.model
+    evaluation: str = setting("local", one_of(("local", "service")))  # this machine's sandbox, or the Ray evaluation service
+    pool: str = ""  # pool the speedups are measured on ("" = cpu, or the local GPU's pool for cuda tasks)
+    seed: int = 0
+    eval_retries: int = setting(2, AT_LEAST_0)  # a step's evaluation that failed (or gave infra_error) is tried again this often...
+    eval_retry_wait_s: float = setting(5.0, AT_LEAST_0)  # ...after this long (doubling); then the stage stops with a checkpoint
+    build_workers: int = setting(0, AT_LEAST_0)  # evaluation local: a step's builds overlap in this many processes, then the runs go one at a time (0: build and run each in turn)
+    max_stage_s: float = setting(0.0, AT_LEAST_0)  # a stage ends (checkpoint and final weights written) after the first step past this many seconds (0: no limit)
+    rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    ray: RayTrainConfig = dataclasses.field(default_factory=RayTrainConfig)
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+    self_train: SelfTrainConfig = dataclasses.field(default_factory=SelfTrainConfig)
+    grpo: GRPOStageConfig = dataclasses.field(default_factory=GRPOStageConfig)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The root: one field per component."""
@@ -272,6 +391,7 @@ class Config:
     search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
     store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
     service: ServiceConfig = dataclasses.field(default_factory=ServiceConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
 
 
 def from_mapping(cls: type[T], data: Any, where: str = "") -> T:

@@ -1,4 +1,5 @@
-"""The typed record of every hop in the data flow: Task -> Candidate -> EvalResult -> Variant.
+"""The typed record of every hop in the data flow: Task -> Candidate -> EvalResult -> Variant,
+and Rollout, a training sample (prompt, completion, result, reward).
 
 Each record is a frozen dataclass with a matching Arrow schema. Records are JSON-safe: no raw
 exceptions, no NaN (missing numbers are None), tuples for lists.
@@ -224,6 +225,41 @@ class Variant(Record):
 
 @_with_schema
 @dataclasses.dataclass(frozen=True)
+class Rollout(Record):
+    """One sample of a training stage: what the policy was asked, what it wrote, what the
+    evaluator measured for it and the reward it got (speedforge.train)."""
+
+    rollout_id: str  # content id of (run, stage, step, index)
+    run: str
+    stage: str  # "self" | "grpo"
+    step: int  # the optimizer step (grpo) or round (self) it belongs to, from 1
+    group_id: str  # the completions of one prompt in one step: the group GRPO compares
+    policy_version: str  # the weights that wrote it: "<run>/<stage>@<steps done before it>"
+    task_id: str
+    prompt: str  # the user message (the system prompt is speedforge.policy.prompts.SYSTEM_PROMPT)
+    completion: str  # the policy's whole answer
+    candidate_id: str  # the parsed candidate (evaluated; its result below)
+    candidate_source: str
+    missing: tuple[str, ...] = ()  # answer sections or "code" the parser did not find
+    status: str = "infra_error"  # the result's status (infra_error never reaches the table: see speedforge.train.scoring)
+    speedup: float | None = None
+    unstable: bool = False
+    reward: float | None = None  # the weighted sum the trainer used
+    rewards_json: str = "{}"  # each reward function's value, by name
+    result_json: str = "{}"  # the whole EvalResult
+    created_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+
+    @property
+    def result(self) -> EvalResult:
+        return EvalResult.from_json(self.result_json)
+
+
+@_with_schema
+@dataclasses.dataclass(frozen=True)
 class PoolInfo(Record):
     """What one pool's results were measured on, probed on that pool's own worker: a portability
     run records one per pool, so results of different runs and machines merge keyed by pool."""
@@ -245,3 +281,4 @@ class PoolInfo(Record):
 # looks the class up here instead of naming it again.
 TABLES: dict[str, type[Record]] = {"tasks": Task, "candidates": Candidate, "results": EvalResult, "variants": Variant,
                                    "variant_set": Variant, "pools": PoolInfo}  # the last two: a portability run's
+TABLES["rollouts"] = Rollout

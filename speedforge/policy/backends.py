@@ -176,6 +176,20 @@ class HFBackend:
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot load model {self.model_name} from {folder}: {first_line(exc)}") from None
         self.model.to(self.device).eval()
+        self._adopt()
+
+    @classmethod
+    def wrap(cls, model, tokenizer, config: PolicyConfig, model_name: str) -> "HFBackend":
+        """A backend around a model that is loaded already (the trainer's), on its device."""
+        backend = cls.__new__(cls)
+        backend.config, backend.model, backend.tokenizer, backend.model_name = config, model, tokenizer, model_name
+        backend.device = str(next(model.parameters()).device)
+        backend.threads = 0  # the caller's thread settings stay
+        backend._adopt()
+        return backend
+
+    def _adopt(self) -> None:
+        """Chat template, padding token and context length of the loaded model and tokenizer."""
         if not self.tokenizer.chat_template:
             self.tokenizer.chat_template = CHATML_TEMPLATE
         if self.tokenizer.pad_token_id is None:

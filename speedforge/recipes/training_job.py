@@ -134,7 +134,7 @@ def train_and_record(stage: str, store: str, config_text: str = "", resume: bool
                      store_config: StoreConfig | None = None) -> dict:  # fmt: skip
     """Issue 12's training stage on the config text (empty: embedded defaults), its outcome's
     dict recorded in the run's store (train/<stage>/outcome.json) and returned."""
-    from speedforge.recipes.training import load_train_config, run_training
+    from speedforge.recipes.training import load_train_config, run_training, with_run_store
     from speedforge.store import open_store
 
     target = open_store(store, config=store_config)  # an unreachable store fails before hours of training
@@ -145,7 +145,7 @@ def train_and_record(stage: str, store: str, config_text: str = "", resume: bool
             config = load_train_config(str(path))
     else:
         config = load_train_config(None)
-    outcome = run_training(config, stage, resume=resume).to_dict()
+    outcome = run_training(with_run_store(config, store, store_config), stage, resume=resume).to_dict()
     target.put_bytes(f"train/{stage}/outcome.json", json.dumps(outcome, indent=1, sort_keys=True).encode())
     return outcome
 

@@ -28,6 +28,11 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def cell(value: object) -> str:
+    """A value as a table shows it: "-" for None, floats to 3 significant digits."""
+    return _cell(value)
+
+
 def describe_result(result: EvalResult) -> str:
     """A readable multi-line account of one evaluation."""
     lines = [f"task        {result.task_id}", f"candidate   {result.candidate_id}",

@@ -1,0 +1,111 @@
+"""`speedforge train`: one training stage of a run, its status, and a held-out check.
+
+    speedforge train --stage sft --config train.yaml          # then --stage self, --stage grpo
+    speedforge train --stage grpo --config train.yaml --resume
+    speedforge train status RUN [--png reward.png]
+    speedforge train heldout --model CHECKPOINT [--samples 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from speedforge.config import Config
+from speedforge.recipes.training import STAGES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train the policy: SFT, self-training, contrastive GRPO (Ray Train)",
+        description="Run one stage of a training run on Ray Train: sft (fine-tuning on validated variants), self "
+        "(sample, keep what passes the evaluator, fine-tune) or grpo (contrastive GRPO, rewards measured by the "
+        "evaluator). The run's settings are the config's train: section (with policy:, evaluator:, store:); its "
+        "checkpoints, rollouts and variants go to the object store, so --resume continues at the exact step. "
+        "A stage starts from the final weights of the run's earlier stage. Ends by printing the final "
+        "checkpoint, which serve-policy and optimize --backend hf load.",
+    )
+    parser.add_argument("--stage", choices=STAGES, help="the stage to run")
+    parser.add_argument("--resume", action="store_true", help="continue the stage from its last checkpoint")
+    parser.add_argument("--run", help="run name (default: train.run)")
+    parser.add_argument("--config", default=argparse.SUPPRESS, help="YAML config file with a train: section")
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    parser.set_defaults(func=_train)
+    sub = parser.add_subparsers(dest="train_command", metavar="ACTION")
+    status = sub.add_parser("status", help="the stages and per-step metrics of a run",
+                            description="Read a run's state and metrics back from its store: each stage's status, "
+                            "step and checkpoint, then a row per step (reward, valid fraction, speedups, time split).")  # fmt: skip
+    status.add_argument("run", nargs="?", help="run name (default: train.run)")
+    status.add_argument("--png", help="also write the reward curve to this PNG file")
+    status.add_argument("--last", type=int, default=0, help="show only the last N steps (default: all)")
+    status.set_defaults(func=_status)
+    heldout = sub.add_parser("heldout", help="sample a model on the held-out tasks and evaluate the samples",
+                             description="Sample a model on the run's held-out tasks (train.heldout) and evaluate "
+                             "every sample: the fractions that compile and that pass correctness, and the best "
+                             "speedup per task.")  # fmt: skip
+    heldout.add_argument("--model", help="a checkpoint folder or .gguf file (default: policy.model)")
+    heldout.add_argument("--samples", type=int, default=4, help="samples per held-out task (default: 4)")
+    heldout.add_argument("--json", action="store_true", help="print the report as JSON")
+    heldout.set_defaults(func=_heldout)
+
+
+def with_run(config: Config, run: str | None) -> Config:
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, run=run)) if run else config
+
+
+def _train(args: argparse.Namespace) -> int:
+    from speedforge.errors import UserError
+    from speedforge.recipes.training import load_train_config, run_training
+    from speedforge.reports.training import TrainPrinter
+
+    if not args.stage:
+        raise UserError("name a stage: speedforge train --stage sft|self|grpo --config FILE (or `train status RUN`)")
+    config = with_run(load_train_config(getattr(args, "config", None)), args.run)
+    outcome = run_training(config, args.stage, resume=args.resume, view=TrainPrinter())
+    if args.json:
+        print(json.dumps(outcome.to_dict(), indent=1))
+    else:
+        print(f"run {outcome.run}: {outcome.stage} done after {outcome.steps} step(s)")
+        print(f"final checkpoint: {outcome.final_checkpoint} (and {outcome.final_checkpoint_uri})")
+        print(f"metrics: {outcome.metrics_path}")
+        print(f"serve it: speedforge serve-policy --model {outcome.final_checkpoint}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from speedforge.recipes.training import load_train_config, train_status
+    from speedforge.reports.training import stages_table, steps_table
+    from speedforge.train.metrics import plot_rewards
+
+    status = train_status(load_train_config(getattr(args, "config", None)), args.run)
+    print(f"run {status.run} in {status.store_uri}")
+    print(stages_table(status.states))
+    steps = status.metrics[-args.last:] if args.last > 0 else status.metrics
+    if steps:
+        print()
+        print(steps_table(steps))
+    if args.png:
+        print(f"reward curve: {plot_rewards(status.metrics, args.png, title=f'run {status.run}')}")
+    return 0
+
+
+def _heldout(args: argparse.Namespace) -> int:
+    from speedforge.errors import UserError
+    from speedforge.recipes.training import evaluate_heldout, load_train_config
+    from speedforge.reports.text import print_table
+
+    if args.samples < 1:
+        raise UserError(f"--samples must be at least 1, got {args.samples}")
+    report = evaluate_heldout(load_train_config(getattr(args, "config", None)), args.model, args.samples)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+        return 0
+    print(f"model {report.model} on {len(report.tasks)} held-out task(s), {args.samples} sample(s) each, pool {report.pool}")
+    print_table(["task", "samples", "compiled", "correct", "best speedup", "statuses"],
+                [[t["task_id"], t["samples"], f"{t['compiled_fraction']:.0%}", f"{t['valid_fraction']:.0%}",
+                  t["best_speedup"], ", ".join(f"{k} {v}" for k, v in t["statuses"].items())] for t in report.tasks])  # fmt: skip
+    print(f"overall: compiled {report.compiled_fraction:.0%}, correct {report.valid_fraction:.0%}, "
+          f"best speedup {report.best_speedup if report.best_speedup is not None else '-'}")  # fmt: skip
+    return 0

@@ -1,0 +1,454 @@
+"""Training: one stage of a run (SFT, self-training or contrastive GRPO) on Ray Train.
+
+    config = load_train_config("train.yaml")          # None: the embedded defaults
+    outcome = run_training(config, "sft")              # then "self", then "grpo"
+    outcome = run_training(config, "grpo", resume=True)
+
+What `speedforge train` and the Kubeflow train component do, in the order that keeps a bad run
+from doing any work:
+
+1. Check everything a user can get wrong (`plan_stage`): the stage, the family and its
+   evaluator, the tasks and their split, the starting model, the run's state in the store (a
+   stage that has steps is resumed with `resume`, never overwritten), and for SFT that
+   validated variants exist or can be measured.
+2. SFT only: measure the source candidates (built-in fast candidates, CUDA-L1's published
+   kernels) that the variants table lacks, and check that some training task has a variant
+   that measured ok.
+3. Join or start Ray and run the stage on a TorchTrainer (speedforge.train.raytrain), showing
+   each metrics line as it lands in the store.
+4. Read the outcome back from the run's state: the final checkpoint (a folder `serve-policy`
+   and `optimize --backend hf` load), the steps, the metrics file. A stage that stopped (its
+   evaluation failed, an interruption) is a UserError saying where, and that `--resume` goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from speedforge import families
+from speedforge.config import Config, TrainConfig, load_config
+from speedforge.errors import UserError
+from speedforge.extras import require
+from speedforge.records import Candidate, Task
+from speedforge.train.data import TaskSplit, split_tasks
+
+__all__ = ["TrainConfig", "TrainOutcome", "evaluate_heldout", "load_train_config", "run_training", "train_status",
+           "with_run_store"]
+
+STAGES = ("sft", "self", "grpo")
+STARTS_FROM = {"sft": (), "self": ("sft",), "grpo": ("self", "sft")}  # earlier stages whose final weights a stage starts from
+CUDA_L1 = "cuda-l1:"
+
+
+def load_train_config(path: str | None) -> Config:
+    """The config of a training run: the root config with its `train:` section (a TrainConfig),
+    since a run also reads `policy:`, `evaluator:`, `store:` and `service:`. None: the embedded
+    defaults (cpp family, the default small model, a tiny budget, local Ray, local evaluator)."""
+    return load_config(path)
+
+
+def with_run_store(config: Config, store: str, store_config=None) -> Config:
+    """`config` with its run's state, rollouts and variants in `store` (a pipeline run's prefix,
+    whose variants table its baselines seeded) unless `train.store` names one; and with
+    `store_config` (the pipeline's endpoint and credentials) unless the config has a store:
+    section of its own."""
+    from speedforge.config import StoreConfig
+
+    if store_config is not None and config.store == StoreConfig():
+        config = dataclasses.replace(config, store=store_config)
+    if store and not config.train.store:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, store=store))
+    return config
+
+
+class TrainView(Protocol):
+    """Where a stage reports as it goes (speedforge.reports.training.TrainPrinter prints it)."""
+
+    def starting(self, plan: "StagePlan") -> None: ...
+    def message(self, text: str) -> None: ...
+    def metrics(self, record: dict[str, Any]) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOutcome:
+    run: str
+    stage: str
+    run_dir: str  # the stage's local folder
+    final_checkpoint: str  # local checkpoint folder (weights, tokenizer) for serve-policy / optimize --backend hf
+    final_checkpoint_uri: str  # its copy in the run's store
+    steps: int
+    metrics_path: str  # local metrics.jsonl (a copy is in the store)
+    state_uri: str  # the stage's state in the store
+    resumed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    """A checked stage, ready to run."""
+
+    config: Config
+    stage: str
+    resume: bool
+    split: TaskSplit
+    pool: str
+    init_model: str  # "" default model, a path, or "store:<stage>"
+    store: Any
+    state: Any  # speedforge.train.state.RunState
+    saved: dict | None  # the stage's state.json before this run
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.train.work_dir).expanduser() / self.config.train.run / self.stage
+
+
+# -- 1. checks --------------------------------------------------------------------------------
+
+
+def read_tasks(config: Config) -> list[Task]:
+    """The tasks of `train.tasks_uri`: builtin[:FAMILY], a staged data set, a store with a tasks
+    table, or cuda-l1:PATH (CUDA-L1's JSONL, imported)."""
+    uri = config.train.tasks_uri
+    if uri.startswith(CUDA_L1):
+        from speedforge.tasks.importers import import_source
+
+        return import_source(uri[len(CUDA_L1):], kind="cuda-l1-jsonl", family=config.train.family,
+                             skip_bad=True).tasks  # fmt: skip
+    from speedforge.recipes.records import read_records
+
+    return read_records(uri, "tasks", config, config.store.endpoint_url)
+
+
+def check_family(config: Config) -> str:
+    """The family's pool device, after checking it has an evaluator that can run here."""
+    family = families.get(config.train.family)  # UnknownFamily names the known ones
+    if importlib.util.find_spec(family.sandbox) is None:
+        raise UserError(f"task family {family.name!r} has no evaluator: its sandbox module {family.sandbox} is not "
+                        "installed")  # fmt: skip
+    local = config.train.evaluation == "local" and not config.train.ray.address
+    if family.device_only and family.device == "cuda" and local:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"the {family.name} family is evaluated on a GPU and torch sees none here: train on a GPU "
+                            "machine, use train.evaluation: service with GPU pools, or a cpp family")  # fmt: skip
+    return family.device
+
+
+def plan_stage(config: Config, stage: str, resume: bool = False) -> StagePlan:
+    """Every check of step 1 of the module docstring; one UserError for the first problem."""
+    from speedforge.search.loop import default_pool
+    from speedforge.train.stages import open_run_store
+    from speedforge.train.state import RunState
+
+    if stage not in STAGES:
+        raise UserError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    require("cluster", "ray", purpose="training (Ray Train)")
+    require("train", "trl", "transformers", "datasets", purpose="training")
+    from speedforge.train.metrics import tensorboard_writer_module
+
+    if tensorboard_writer_module() is None:
+        raise UserError("training writes TensorBoard metrics: install tensorboardX or tensorboard "
+                        "(pip install 'speedforge[train]')")  # fmt: skip
+    train = config.train
+    check_family(config)
+    grpo = train.grpo
+    if stage == "grpo" and (grpo.prompts_per_step * grpo.generations) % train.ray.workers:
+        raise UserError(f"train.grpo: prompts_per_step x generations ({grpo.prompts_per_step * grpo.generations}) must "
+                        f"divide evenly over train.ray.workers ({train.ray.workers})")  # fmt: skip
+    split = split_tasks(read_tasks(config), train)
+    pool = train.pool or default_pool(split.train[0], "cpu")
+    store = open_run_store(config)
+    state = RunState(store, train.run, stage)
+    saved = state.read()
+    if resume and saved is None:
+        raise UserError(f"nothing to resume: run {train.run!r} has no {stage} stage in {store.uri} (leave out --resume "
+                        "to start it)")  # fmt: skip
+    if not resume and saved is not None and (saved.get("step") or saved.get("status") == "done"):
+        raise UserError(f"run {train.run!r} already has a {stage} stage in {store.uri} ({saved.get('status')}, step "
+                        f"{saved.get('step')}): pass --resume to continue it, or set train.run to start a new run")  # fmt: skip
+    init_model = starting_model(config, stage, store)
+    if stage == "sft":
+        check_sft_sources(config, split, pool, store)
+    return StagePlan(config, stage, resume, split, pool, init_model, store, state, saved)
+
+
+def starting_model(config: Config, stage: str, store) -> str:
+    """`train.init`, else the final weights of the latest earlier stage of this run, else
+    `policy.model`; a path is checked here (one that does not exist fails at once)."""
+    from speedforge.policy.backends import resolve_model
+    from speedforge.train.raytrain import STORE_MODEL
+    from speedforge.train.state import RunState
+
+    if not config.train.init:
+        for earlier in STARTS_FROM[stage]:
+            if RunState(store, config.train.run, earlier).has("final"):
+                return STORE_MODEL + earlier
+    model = config.train.init or config.policy.model
+    resolve_model(model)  # a UserError for a path that does not exist or is not a model
+    return model
+
+
+def check_sft_sources(config: Config, split: TaskSplit, pool: str, store) -> None:
+    """Stage 1 needs validated variants of the training tasks, or candidates to measure."""
+    from speedforge.search.variants import VariantsTable
+
+    sources = config.train.sft.sources
+    for source in sources:
+        if source.startswith(CUDA_L1) and not Path(source[len(CUDA_L1):]).is_file():
+            raise UserError(f"train.sft.sources: {source[len(CUDA_L1):]} not found (CUDA-L1's released JSONL)")
+    variants = VariantsTable.load(store)
+    ok = any(variants.successful(t.task_id, pool) for t in split.train) if "variants" in sources else False
+    if not ok and not source_candidates(config, split, sources):
+        ids = ", ".join(t.task_id for t in split.train)
+        raise UserError(f"no validated variants for SFT: the variants table of {store.uri} has no variant of the training "
+                        f"tasks ({ids}) that measured ok on {pool}, and train.sft.sources ({', '.join(sources)}) give no "
+                        "candidate to measure; run `speedforge optimize --store` or `speedforge run` first, or add "
+                        "builtin to train.sft.sources")  # fmt: skip
+
+
+def source_candidates(config: Config, split: TaskSplit, sources: Sequence[str]) -> list[Candidate]:
+    """The candidates of the SFT sources for the training tasks (the first `import_limit` of CUDA-L1's)."""
+    from speedforge.tasks import builtin_candidates
+    from speedforge.tasks.importers import import_source
+
+    wanted = {t.task_id for t in split.train}
+    found: list[Candidate] = []
+    for source in sources:
+        if source == "builtin":
+            found += [c for c in builtin_candidates(config.train.family) if c.task_id in wanted]
+        elif source.startswith(CUDA_L1):
+            imported = import_source(source[len(CUDA_L1):], kind="cuda-l1-jsonl", family=config.train.family,
+                                     skip_bad=True)  # fmt: skip
+            mine = [c for c in imported.candidates if c.task_id in wanted]
+            found += mine[: config.train.sft.import_limit or None]
+    return found
+
+
+# -- 2. SFT's measured sources ----------------------------------------------------------------
+
+
+def measure_sources(plan: StagePlan, view: TrainView) -> int:
+    """Evaluate the source candidates the variants table lacks on the pool and add them (every
+    status, as a search does; infra_error is left to the next run); the ok variants of the
+    training tasks afterwards, or a UserError when there are none."""
+    from speedforge.search.variants import VariantsTable, make_variant
+    from speedforge.train.evaluation import open_evaluation
+
+    variants = VariantsTable.load(plan.store)
+    todo = [c for c in source_candidates(plan.config, plan.split, plan.config.train.sft.sources)
+            if (c.candidate_id, plan.pool) not in variants]  # fmt: skip
+    if todo:
+        view.message(f"measuring {len(todo)} source candidate(s) on {plan.pool} for SFT (builds are cached)")
+        tasks = {t.task_id: t for t in plan.split.train}
+        with open_evaluation(plan.config, tasks, plan.pool) as evaluate:
+            for candidate, result in zip(todo, evaluate(todo)):  # one batch: with train.build_workers the builds overlap
+                view.message(f"  {candidate.task_id}: {result.status}"
+                             + (f" {result.speedup:.2f}x" if result.ok and result.speedup else f" ({result.reason[:80]})"))
+                if result.status != "infra_error":
+                    variant = make_variant(candidate, result)
+                    variants.add(variant)
+                    VariantsTable.append(plan.store, [variant])
+    ok = sum(len(variants.successful(t.task_id, plan.pool)) for t in plan.split.train)
+    if not ok:
+        raise UserError(f"no validated variants for SFT: none of the training tasks' variants measured ok on "
+                        f"{plan.pool} (the variants table of {plan.store.uri})")  # fmt: skip
+    return ok
+
+
+# -- 3 and 4: the stage on Ray Train ----------------------------------------------------------
+
+
+def run_training(config: Config, stage: str, *, resume: bool = False, view: TrainView | None = None,
+                 evaluate=None) -> TrainOutcome:  # fmt: skip
+    """Run `stage` of the run `config.train` names (see the module docstring). `evaluate`: a
+    stand-in BatchEvaluate for the training steps (tests inject evaluation faults with it)."""
+    from speedforge.cluster.session import ray_session
+    from speedforge.train.raytrain import StageFailed, StageJob, fit_stage
+
+    view = view or _Quiet()
+    plan = plan_stage(config, stage, resume)
+    if resume and plan.saved and plan.saved.get("status") == "done":
+        view.message(f"run {config.train.run!r}: the {stage} stage is done already ({plan.saved.get('step')} steps)")
+        return outcome(plan)
+    view.starting(plan)
+    if not resume:  # a stage that never reached a step starts afresh: no data frozen by an earlier attempt
+        plan.state.clear()
+        plan.state.update(status="running", step=0, checkpoint="", reason="")
+    job = StageJob(config, stage, resume, plan.split.train, plan.pool, plan.init_model, evaluate)
+    with ray_session(config.train.ray.address or None, config.service):
+        if stage == "sft" and not resume:
+            measure_sources(plan, view)
+        watcher = MetricsWatcher(plan.state, view)
+        watcher.start()
+        try:
+            fit_stage(job)
+        except StageFailed as exc:
+            saved = plan.state.read() or {}
+            where = f"step {saved.get('step', 0)}" + (f" (checkpoint in {plan.state.describe()})" if saved.get("checkpoint") else "")
+            raise UserError(f"run {config.train.run!r}: the {stage} stage stopped at {where}: "
+                            f"{saved.get('reason') or exc}; fix that and rerun with --resume") from None  # fmt: skip
+        finally:
+            watcher.stop()
+    return outcome(plan)
+
+
+def outcome(plan: StagePlan) -> TrainOutcome:
+    """The stage's outcome from its state; the final weights and metrics are fetched to the
+    local run folder when the workers ran elsewhere."""
+    saved = plan.state.read() or {}
+    final = plan.run_dir / "final"
+    plan.state.download("final", final)
+    metrics = plan.run_dir / "metrics.jsonl"
+    text = plan.state.get_text("metrics.jsonl")
+    if text is not None and (not metrics.is_file() or metrics.read_text() != text):
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        metrics.write_text(text)
+    return TrainOutcome(plan.config.train.run, plan.stage, str(plan.run_dir), str(final),
+                        plan.state.store.describe(f"{plan.state.prefix}/final"), int(saved.get("step", 0)),
+                        str(metrics), plan.state.describe(), plan.resume)  # fmt: skip
+
+
+class MetricsWatcher:
+    """Shows each new metrics line of the stage as it lands in the store (polled)."""
+
+    def __init__(self, state, view: TrainView, every_s: float = 2.0) -> None:
+        self.state, self.view, self.every_s = state, view, every_s
+        self.seen = len((state.get_text("metrics.jsonl") or "").splitlines())
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="speedforge-metrics", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self._poll()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every_s):
+            self._poll()
+
+    def _poll(self) -> None:
+        import json
+
+        try:
+            lines = (self.state.get_text("metrics.jsonl") or "").splitlines()
+        except UserError:  # the store is briefly unreachable: the next poll shows it
+            return
+        for line in lines[self.seen:]:
+            if line.strip():
+                self.view.metrics(json.loads(line))
+        self.seen = max(self.seen, len(lines))
+
+
+class _Quiet:
+    def starting(self, plan: StagePlan) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        pass
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStatus:
+    run: str
+    store_uri: str
+    states: dict[str, dict]  # stage -> its state.json
+    metrics: list[dict]  # every stage's metrics lines (latest per step)
+
+
+def train_status(config: Config, run: str | None = None) -> TrainStatus:
+    """The state and metrics of every stage of run `run` (default train.run) in the run's store."""
+    from speedforge.train.metrics import read_metrics
+    from speedforge.train.stages import open_run_store
+    from speedforge.train.state import RunState
+
+    run = run or config.train.run
+    store = open_run_store(config)
+    states, lines = {}, []
+    for stage in STAGES:
+        state = RunState(store, run, stage)
+        saved = state.read()
+        if saved is not None:
+            states[stage] = saved
+            lines += (state.get_text("metrics.jsonl") or "").splitlines()
+    if not states:
+        known = sorted({k.split("/")[1] for k in store.list("runs/") if k.count("/") >= 2})
+        raise UserError(f"no run {run!r} in {store.uri}; runs there: {', '.join(known) or '(none)'}")
+    return TrainStatus(run, store.uri, states, read_metrics(lines))
+
+
+# -- the held-out check ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldoutReport:
+    """How a model does on the held-out tasks: per task and overall."""
+
+    model: str
+    pool: str
+    tasks: list[dict]  # task_id, samples, compiled_fraction, valid_fraction, best_speedup, statuses
+    compiled_fraction: float  # samples that built and ran (neither refused by the screen nor a compile error)
+    valid_fraction: float  # samples that passed correctness (status ok)
+    best_speedup: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def evaluate_heldout(config: Config, model: str | None, samples: int) -> HeldoutReport:
+    """Sample `model` (default policy.model) `samples` times on each held-out task, with the plain
+    prompt (no exemplars: the held-out tasks' variants are never shown), and evaluate every sample."""
+    import contextlib
+
+    from speedforge.policy.backends import make_backend
+    from speedforge.policy.prompts import render_prompt
+    from speedforge.search.loop import default_pool
+    from speedforge.train.evaluation import open_evaluation
+    from speedforge.train.metrics import NOT_COMPILED
+    from speedforge.train.scoring import candidate_from
+
+    check_family(config)
+    split = split_tasks(read_tasks(config), config.train)
+    if not split.heldout:
+        raise UserError("no held-out tasks: set train.heldout or train.heldout_count")
+    backend = make_backend(dataclasses.replace(config.policy, backend="hf", model=model or config.policy.model))
+    pool = config.train.pool or default_pool(split.heldout[0], "cpu")
+    tasks = {t.task_id: t for t in split.heldout}
+    session = contextlib.nullcontext()
+    if config.train.evaluation == "service":
+        from speedforge.cluster.session import ray_session
+
+        session = ray_session(config.train.ray.address or None, config.service)
+    rows, statuses = [], []
+    with session, open_evaluation(config, tasks, pool) as evaluate:
+        for index, task in enumerate(split.heldout):
+            prompt = render_prompt(task)
+            texts = [g.text for g in backend.generate(prompt.messages(), samples, seed=config.train.seed + index)]
+            candidates = [candidate_from(task, text, f"model:{backend.model_name}@heldout")[0] for text in texts]
+            results = evaluate(candidates)
+            mine = [r.status for r in results]
+            statuses += mine
+            speedups = [r.speedup for r in results if r.ok and r.speedup is not None]
+            rows.append({"task_id": task.task_id, "samples": len(results),
+                         "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
+                         "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
+                         "statuses": {s: mine.count(s) for s in sorted(set(mine))}})  # fmt: skip
+    best = [r["best_speedup"] for r in rows if r["best_speedup"] is not None]
+    return HeldoutReport(backend.model_name, pool, rows, sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
+                         statuses.count("ok") / len(statuses), max(best, default=None))  # fmt: skip

@@ -1,0 +1,58 @@
+"""Training runs for people reading a terminal: a row per step as a stage goes, and the
+status of a run (its stages, then its steps)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from speedforge.reports.text import cell, format_table
+
+STEP_COLUMNS = ("stage", "step", "reward mean", "reward max", "valid", "compiled", "speedup p50", "speedup max",
+                "loss", "gen s", "eval s", "update s")  # fmt: skip
+STEP_WIDTHS = (5, 4, 11, 10, 5, 8, 11, 11, 7, 6, 6, 8)
+
+
+def step_row(record: dict[str, Any]) -> list[object]:
+    """A metrics line as a row of STEP_COLUMNS (a self-training round shows as `r<N>`)."""
+    step = f"r{record['step']}" if record.get("kind") == "round" else record.get("step")
+    fraction = lambda key: f"{record[key]:.0%}" if record.get(key) is not None else None  # noqa: E731
+    return [record.get("stage"), step, record.get("reward_mean"), record.get("reward_max"), fraction("valid_fraction"),
+            fraction("compiled_fraction"), record.get("speedup_p50"), record.get("speedup_max"), record.get("loss"),
+            record.get("generation_s"), record.get("evaluation_s"), record.get("update_s")]  # fmt: skip
+
+
+def steps_table(metrics: Sequence[dict[str, Any]]) -> str:
+    return format_table(STEP_COLUMNS, [step_row(m) for m in metrics])
+
+
+def stages_table(states: dict[str, dict]) -> str:
+    rows = [[stage, s.get("status"), s.get("step"), s.get("checkpoint") or None, s.get("final") or None,
+             s.get("reason") or None] for stage, s in states.items()]  # fmt: skip
+    return format_table(["stage", "status", "step", "checkpoint", "final", "reason"], rows)
+
+
+class TrainPrinter:
+    """Prints a stage as it goes: what runs where, then one row per metrics line."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def starting(self, plan) -> None:
+        train = plan.config.train
+        resumed = f", resuming at step {plan.saved.get('step', 0)}" if plan.resume and plan.saved else ""
+        print(f"run {train.run}: stage {plan.stage} on {len(plan.split.train)} task(s) "
+              f"({', '.join(t.task_id for t in plan.split.train)}), held out {len(plan.split.heldout)}; "
+              f"pool {plan.pool}, {train.evaluation} evaluation, {train.ray.workers} Ray Train worker(s), "
+              f"model {plan.init_model or 'default (SmolLM2-135M-Instruct)'}{resumed}", flush=True)  # fmt: skip
+        print(f"  state: {plan.state.describe()}", flush=True)
+
+    def message(self, text: str) -> None:
+        print(f"  .. {text}", file=sys.stderr, flush=True)
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        if self.rows == 0:
+            print("  ".join(c.ljust(w) for c, w in zip(STEP_COLUMNS, STEP_WIDTHS)).rstrip(), flush=True)
+        print("  ".join(cell(v).ljust(w) for v, w in zip(step_row(record), STEP_WIDTHS)).rstrip(), flush=True)
+        self.rows += 1

@@ -1,0 +1,173 @@
+"""What the stages train on: the task split, SFT pairs from the variants table, and GRPO's
+prompts, rendered when the trainer fetches them from the live variants table.
+
+    split = split_tasks(tasks, config.train)                 # training and held-out tasks
+    pairs = sft_pairs(split.train, variants, pool, exemplars=1, seed=0)
+    prompts = LivePrompts(tasks, variants, config.policy, pool, seed=0)
+
+The split is a seeded hash order of the task ids, so it does not depend on the order tasks were
+listed in, and no stage ever trains on a held-out task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Mapping, Sequence
+
+from speedforge.config import PolicyConfig, TrainConfig
+from speedforge.errors import UserError
+from speedforge.policy.exemplars import sample_exemplars
+from speedforge.policy.prompts import Prompt, exemplars_from_variants, render_prompt
+from speedforge.records import Task, Variant, content_id
+from speedforge.search.variants import VariantsTable
+from speedforge.tasks.loader import module_docstring
+
+Fits = Callable[[Prompt, str], bool]  # whether a prompt and an answer ("" for none yet) fit the model
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSplit:
+    train: tuple[Task, ...]
+    heldout: tuple[Task, ...]
+
+
+def split_tasks(tasks: Sequence[Task], config: TrainConfig) -> TaskSplit:
+    """The training and held-out tasks of `config.family` among `tasks` (see the module docstring)."""
+    of_family = {t.task_id: t for t in tasks if t.family == config.family}
+    if not of_family:
+        raise UserError(f"no {config.family} tasks in {config.tasks_uri}")
+    for what, ids in (("train.tasks", config.tasks), ("train.heldout", config.heldout)):
+        unknown = [i for i in ids if i not in of_family]
+        if unknown:
+            raise UserError(f"{what}: no {config.family} task(s) {', '.join(unknown)} in {config.tasks_uri}; known: "
+                            f"{', '.join(sorted(of_family)[:12])}{' ...' if len(of_family) > 12 else ''}")  # fmt: skip
+    chosen = [of_family[i] for i in config.tasks] if config.tasks else list(of_family.values())
+    order = sorted(chosen, key=lambda t: content_id(str(config.seed), t.task_id))
+    if config.heldout:
+        heldout = [of_family[i] for i in config.heldout]
+    else:
+        heldout = order[: config.heldout_count]
+    rest = [t for t in order if t.task_id not in {h.task_id for h in heldout}]
+    train = rest[: config.train_count] if config.train_count else rest
+    if not train:
+        raise UserError(f"no training tasks left: {len(chosen)} task(s), {len(heldout)} held out "
+                        "(train.heldout / train.heldout_count)")  # fmt: skip
+    return TaskSplit(tuple(train), tuple(heldout))
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTPair:
+    """A (prompt, answer) pair: the answer has the three sections and code that measured ok."""
+
+    task_id: str
+    variant_id: str
+    score: float  # the variant's measured speedup
+    system: str
+    prompt: str  # the user message
+    answer: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def example(self) -> dict:
+        """The pair in TRL's conversational prompt-completion format."""
+        return {
+            "prompt": [{"role": "system", "content": self.system}, {"role": "user", "content": self.prompt}],
+            "completion": [{"role": "assistant", "content": self.answer}],
+        }
+
+
+def answer_text(task: Task, variant: Variant) -> str:
+    """An answer in the three sections for a variant that measured ok: the analysis the model
+    wrote when it has one, else what the task's notes say about it; the design from the
+    variant's own docstring; its code."""
+    notes = _first_paragraph(task.notes)
+    analysis = variant.analysis.strip() or (
+        f"{notes} " if notes else "") + f"This variant measured {variant.score:.2f}x the reference's speed on {variant.pool}."
+    design = _first_paragraph(module_docstring(variant.source)) or (
+        f"Compute the same function as the reference with the implementation below instead of the reference's "
+        f"operations one after another.")  # fmt: skip
+    return (f"### Performance Analysis\n{analysis}\n\n### Algorithm Design\n{design}\n\n"
+            f"### Code Implementation\n```python\n{variant.source.rstrip()}\n```\n")  # fmt: skip
+
+
+def _first_paragraph(text: str) -> str:
+    """The first paragraph of a docstring, minus `category:` lines, as one line."""
+    lines = []
+    for line in (text or "").strip().splitlines():
+        if not line.strip():
+            if lines:
+                break
+            continue
+        if not line.lower().startswith("category:"):
+            lines.append(line.strip())
+    return " ".join(lines)
+
+
+def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exemplars: int, seed: int,
+              fits: Fits | None = None) -> list[SFTPair]:  # fmt: skip
+    """One pair per successful variant of each task on `pool`: its prompt shows up to `exemplars`
+    lower-scoring variants of the task (fewer when the prompt does not fit), its answer is
+    answer_text. A pair whose prompt does not fit even without exemplars is left out."""
+    pairs = []
+    for task in tasks:
+        ok = variants.successful(task.task_id, pool)
+        for variant in sorted(ok, key=lambda v: (v.score, v.variant_id)):
+            lower = [v for v in ok if v.score < variant.score]
+            rng = random.Random(content_id(str(seed), variant.variant_id))
+            chosen = sorted(rng.sample(lower, min(exemplars, len(lower))), key=lambda v: (v.score, v.variant_id))
+            answer = answer_text(task, variant)
+            prompt = fitting_prompt(task, chosen, fits, answer)
+            if prompt is not None:
+                pairs.append(SFTPair(task.task_id, variant.variant_id, variant.score, prompt.system, prompt.user, answer))
+    return pairs
+
+
+def fitting_prompt(task: Task, chosen: Sequence[Variant], fits: Fits | None, answer: str = "") -> Prompt | None:
+    """The prompt with the exemplars `chosen`, dropping the first ones until it fits with
+    `answer`; None when it does not fit even without exemplars."""
+    chosen = list(chosen)
+    while True:
+        prompt = render_prompt(task, exemplars_from_variants(chosen))
+        if fits is None or fits(prompt, answer):
+            return prompt
+        if not chosen:
+            return None
+        chosen.pop(0)
+
+
+class LivePrompts:
+    """GRPO's prompts, rendered when the trainer fetches a row (a `datasets` transform), with
+    exemplars drawn from the variants table as it is at that step: variants found at step n are
+    shown from step n + 1. The draw is seeded by the row and the task's successful variants, so
+    a resumed run renders what the uninterrupted one did."""
+
+    def __init__(self, tasks: Mapping[str, Task], variants: VariantsTable, policy: PolicyConfig, pool: str,
+                 seed: int, contrastive: bool = True, fits: Fits | None = None) -> None:  # fmt: skip
+        self.tasks, self.variants, self.policy, self.pool = tasks, variants, policy, pool
+        self.seed, self.contrastive, self.fits = seed, contrastive, fits
+
+    def render(self, task_id: str, row: int) -> Prompt:
+        task = self.tasks[task_id]
+        chosen: list[Variant] = []
+        if self.contrastive:
+            parents = self.variants.successful(task_id, self.pool)
+            state = ",".join(sorted(v.variant_id for v in parents))
+            rng = random.Random(content_id(str(self.seed), task_id, str(row), state))
+            chosen = sample_exemplars(parents, self.policy.exemplars, self.policy.tau, self.policy.buckets, rng)
+            chosen.sort(key=lambda v: (v.score, v.variant_id))
+        prompt = fitting_prompt(task, chosen, self.fits)
+        if prompt is None:
+            raise UserError(f"the prompt of {task_id} does not fit the model even without exemplars "
+                            "(raise train.grpo.max_prompt_tokens, or use a model with a longer context)")  # fmt: skip
+        return prompt
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        prompts = [self.render(task_id, row) for task_id, row in zip(batch["task_id"], batch["row"])]
+        return {
+            "prompt": [p.messages() for p in prompts],
+            "task_id": list(batch["task_id"]),
+            "row": list(batch["row"]),
+            "parents": [list(p.exemplar_ids) for p in prompts],
+        }

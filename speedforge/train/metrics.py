@@ -1,0 +1,176 @@
+"""Per-step metrics of a stage: one JSON line each in `metrics.jsonl`, the numbers also to
+TensorBoard, and the file copied to the run's state in the store after every step.
+
+    log = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard", state)
+    log.write({"stage": "grpo", "step": 3, **rollout_stats(rollouts), **times.as_dict()})
+
+A GRPO or self-training step records the reward mean and max, the valid fraction (status ok),
+the compiled fraction (built and ran: neither refused by the screen nor a compile error), the
+speedup quantiles of its ok samples, the statuses, and its time split into generation,
+evaluation and update. A step written again after a resume replaces the earlier line when
+read back (`read_metrics`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from speedforge.records import Rollout
+
+NOT_COMPILED = ("screen_rejected", "compile_error")
+
+
+@dataclasses.dataclass
+class StepTimes:
+    """Where a step's wall time went, in seconds; update = the rest (log-probs, loss, backward,
+    optimizer, checkpoint bookkeeping)."""
+
+    generation_s: float = 0.0
+    evaluation_s: float = 0.0
+    step_s: float = 0.0
+
+    @property
+    def update_s(self) -> float:
+        return max(0.0, self.step_s - self.generation_s - self.evaluation_s)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"generation_s": self.generation_s, "evaluation_s": self.evaluation_s, "update_s": self.update_s,
+                "step_s": self.step_s}  # fmt: skip
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (linear interpolation), None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
+    """The reward and speedup figures of one step's samples."""
+    rewards = [r.reward for r in rollouts if r.reward is not None]
+    speedups = [r.speedup for r in rollouts if r.status == "ok" and r.speedup is not None]
+    n = len(rollouts)
+    return {
+        "samples": n,
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_max": max(rewards) if rewards else None,
+        "valid_fraction": sum(r.status == "ok" for r in rollouts) / n if n else 0.0,
+        "compiled_fraction": sum(r.status not in NOT_COMPILED for r in rollouts) / n if n else 0.0,
+        "speedup_p50": quantile(speedups, 0.5),
+        "speedup_p90": quantile(speedups, 0.9),
+        "speedup_max": max(speedups) if speedups else None,
+        "statuses": dict(collections.Counter(r.status for r in rollouts)),
+    }
+
+
+def tensorboard_writer_module() -> str | None:
+    """The module whose SummaryWriter writes TensorBoard files here: tensorboardX, else torch's
+    own (it needs the tensorboard package); None when neither can."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboardX") is not None:
+        return "tensorboardX"
+    if importlib.util.find_spec("tensorboard") is not None:
+        return "torch.utils.tensorboard"
+    return None
+
+
+def summary_writer(folder: Path):
+    """A TensorBoard SummaryWriter on `folder` (see tensorboard_writer_module)."""
+    import importlib
+
+    name = tensorboard_writer_module()
+    if name is None:
+        from speedforge.errors import UserError
+
+        raise UserError("TensorBoard metrics need tensorboardX or tensorboard: pip install 'speedforge[train]'")
+    return importlib.import_module(name).SummaryWriter(str(folder))
+
+
+class MetricsLog:
+    """Appends metrics lines; numbers go to TensorBoard as `<stage>/<name>` at the step."""
+
+    def __init__(self, path: Path, tensorboard_dir: Path | None = None, state=None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.state = state  # a speedforge.train.state.RunState, or None
+        self.writer = None
+        if tensorboard_dir is not None:
+            self.writer = summary_writer(tensorboard_dir)
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = {"time": time.time(), **record}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.writer is not None:
+            for name, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and name not in ("step", "time"):
+                    self.writer.add_scalar(f"{record.get('stage', 'train')}/{name}", value, record.get("step", 0))
+            self.writer.flush()
+        if self.state is not None:
+            self.state.put_text("metrics.jsonl", self.path.read_text())
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Metrics lines, the latest per (stage, kind, step), in stage order then step order."""
+    latest: dict[tuple, dict] = {}
+    order: list[str] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        stage = record.get("stage", "")
+        if stage not in order:
+            order.append(stage)
+        latest[(stage, record.get("kind", "step"), record.get("step", 0))] = record
+    return sorted(latest.values(), key=lambda r: (order.index(r.get("stage", "")), r.get("step", 0), r.get("kind", "step")))
+
+
+def plot_rewards(metrics: Sequence[dict[str, Any]], png: Path, title: str = "reward per step") -> Path:
+    """The reward curve (mean and max per step, valid fraction on a second axis) as a PNG."""
+    from speedforge.extras import require
+
+    require("reports", "matplotlib", purpose="the reward-curve plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [m for m in metrics if m.get("reward_mean") is not None]
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=120)
+    for stage in dict.fromkeys(m.get("stage", "") for m in rows):
+        steps = [m["step"] for m in rows if m.get("stage", "") == stage]
+        axis.plot(steps, [m["reward_mean"] for m in rows if m.get("stage", "") == stage], "o-", label=f"{stage} mean")
+        axis.plot(steps, [m["reward_max"] for m in rows if m.get("stage", "") == stage], "^--", label=f"{stage} max")
+    axis.set_xlabel("step")
+    axis.set_ylabel("reward")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    valid = axis.twinx()
+    valid.plot([m["step"] for m in rows], [m["valid_fraction"] for m in rows], "s:", color="grey", label="valid fraction")
+    valid.set_ylabel("valid fraction")
+    valid.set_ylim(0, 1)
+    lines = axis.get_legend_handles_labels()
+    extra = valid.get_legend_handles_labels()
+    axis.legend(lines[0] + extra[0], lines[1] + extra[1], loc="best", fontsize="small")
+    figure.tight_layout()
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png)
+    plt.close(figure)
+    return png

@@ -1,0 +1,98 @@
+"""The Ray Train wiring: one TorchTrainer per stage, its ScalingConfig from `train.ray`.
+
+    job = StageJob(config, "grpo", resume=False, train_tasks=split.train, pool="cpu", init_model="")
+    fit_stage(job)      # runs speedforge.train.stages.train_loop on every worker; raises on failure
+
+The job travels to the workers as one typed record (`train_loop_config={"job": job}`), never
+as a dict read back by keys. The stage's progress and outcome are in the run's state in the
+object store (speedforge.train.state), which the caller reads after the fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from speedforge.config import Config, RayTrainConfig
+from speedforge.errors import UserError, first_line
+from speedforge.records import Task
+
+STORE_MODEL = "store:"  # init_model prefix: the final weights of a stage of this run, in the run's store
+
+
+@dataclasses.dataclass(frozen=True)
+class StageJob:
+    """What a Ray Train worker needs to run one stage of a run."""
+
+    config: Config
+    stage: str  # sft | self | grpo
+    resume: bool
+    train_tasks: tuple[Task, ...]
+    pool: str  # where speedups are measured
+    init_model: str  # "" default model, a .gguf file or checkpoint folder, or "store:<stage>" (that stage's final)
+    evaluate: Any = None  # a stand-in BatchEvaluate for train.evaluation (tests inject faults with it)
+
+    @property
+    def run_dir(self) -> Path:
+        """This stage's local folder: metrics, TensorBoard, the trainer's checkpoints, the final weights."""
+        return Path(self.config.train.work_dir).expanduser() / self.config.train.run / self.stage
+
+
+def wants_gpu(config: RayTrainConfig) -> bool:
+    """use_gpu, or with None: whether the Ray cluster this process is connected to has a GPU."""
+    if config.use_gpu is not None:
+        return config.use_gpu
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def scaling_config(config: RayTrainConfig):
+    """Ray Train's ScalingConfig for the `train.ray` section."""
+    from ray.train import ScalingConfig
+
+    gpu = wants_gpu(config)
+    resources = {"CPU": config.cpus_per_worker} | ({"GPU": config.gpus_per_worker} if gpu else {})
+    return ScalingConfig(num_workers=config.workers, use_gpu=gpu, resources_per_worker=resources,
+                         accelerator_type=config.accelerator_type or None)  # fmt: skip
+
+
+def fit_stage(job: StageJob) -> None:
+    """Run the stage on a TorchTrainer (Ray must be initialized); a failed worker raises
+    StageFailed with its first line (the run's state says where it stopped)."""
+    from ray.train import FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+
+    from speedforge.train.stages import train_loop
+
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"job": job},
+        scaling_config=scaling_config(job.config.train.ray),
+        run_config=RunConfig(
+            name=f"{job.config.train.run}-{job.stage}",
+            storage_path=str(job.run_dir.parent / "ray"),
+            failure_config=FailureConfig(max_failures=0),  # a failure stops with its checkpoint; --resume goes on
+        ),
+    )
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # Ray raises its TrainingFailedError with the worker's traceback in it
+        raise StageFailed(_worker_error(exc)) from None
+    if getattr(result, "error", None) is not None:
+        raise StageFailed(_worker_error(result.error))
+
+
+class StageFailed(UserError):
+    """A stage whose worker raised; the message is the worker's own first line."""
+
+
+def _worker_error(exc: BaseException) -> str:
+    """The innermost meaningful line of a Ray Train failure (the worker's exception)."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ": " in line and not line.startswith(("File ", "ray.", "Traceback")):
+            return line[:500]
+    return first_line(exc, 500)

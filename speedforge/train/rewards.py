@@ -1,0 +1,188 @@
+"""Reward functions, registered by name, computed from evaluation results alone.
+
+    rewards = total_rewards(samples, config.train.rewards)   # the weighted sum the trainer uses
+
+A reward function takes the samples of one step (`Sample`: the EvalResult, the group it belongs
+to, and what the answer parser missed) and returns one float per sample:
+
+    speedup      the measured speedup, clipped to max_speedup
+    log_speedup  ln(speedup), clipped to +- ln(max_speedup)
+    auc          the ann family's AUC ratio over the baseline, minus 1 (clipped like speedup)
+    cudal1       CUDA-L1's: speedup gated by correctness (0 when not ok), normalised within the
+                 group ((x - mean) / std), clipped to +- group_clip
+    format       the fraction of the answer's three sections and its code that were found
+
+Every status has a defined reward. A failed candidate (compile_error, runtime_error,
+incorrect, timeout, crashed, and an answer the screen refused as no program at all: not Python,
+no ModelNew) scores `failed_penalty` below the lowest score a correct one can get, one that
+cheated (hack_detected, or screen_rejected by an exploit rule) `rejected_penalty` below it. An
+infra_error is not the candidate's doing and has no reward: it raises MissingReward, loudly,
+instead of a silent zero (speedforge.train.scoring retries such results before rewards are
+computed). A result marked unstable counts with its speedup pulled towards 1:
+1 + (s - 1) * unstable_discount.
+
+This module imports only the standard library and the records, so the config can check reward
+names cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from speedforge.records import EvalResult
+
+if TYPE_CHECKING:
+    from speedforge.config import RewardConfig
+
+UNSCORED = ("infra_error",)  # no reward: measured again, or the step stops
+NOT_A_PROGRAM = ("not-python", "no-model-new")  # screen rules that refuse an answer, not a trick
+_RULE = re.compile(r"\[([a-z][a-z0-9-]*)\]")
+
+
+class MissingReward(RuntimeError):
+    """A sample whose result says nothing about the candidate (infra_error): it has no reward."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """What a reward function sees of one sample."""
+
+    result: EvalResult
+    group: str = ""  # the samples of one prompt in one step share it
+    missing: tuple[str, ...] = ()  # answer sections and/or "code" the parser did not find
+
+
+RewardFn = Callable[[Sequence[Sample], "RewardConfig"], list[float]]
+_REWARDS: dict[str, RewardFn] = {}
+FORMAT_PARTS = 4  # the three sections and the code
+
+
+def register_reward(name: str):
+    """Register `f(samples, config) -> one reward per sample` under `name`."""
+
+    def decorate(fn: RewardFn) -> RewardFn:
+        _REWARDS[name] = fn
+        return fn
+
+    return decorate
+
+
+def known_rewards() -> list[str]:
+    return sorted(_REWARDS)
+
+
+def reward_fn(name: str) -> RewardFn:
+    if name not in _REWARDS:
+        raise KeyError(f"unknown reward {name!r}; known: {', '.join(known_rewards())}")
+    return _REWARDS[name]
+
+
+def rewards_by_name(samples: Sequence[Sample], config: "RewardConfig") -> dict[str, list[float]]:
+    """Each weighted reward function's values for `samples`."""
+    return {name: [float(v) for v in reward_fn(name)(samples, config)] for name in config.weights}
+
+
+def total_rewards(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
+    """The weighted sum of the configured reward functions, one per sample."""
+    parts = rewards_by_name(samples, config)
+    return [sum(config.weights[name] * parts[name][i] for name in parts) for i in range(len(samples))]
+
+
+def effective_speedup(result: EvalResult, config: "RewardConfig") -> float:
+    """The speedup an ok result counts with: discounted when unstable, clipped to (0, max_speedup]."""
+    check_scored(result)
+    if result.speedup is None or not math.isfinite(result.speedup) or result.speedup <= 0:
+        raise MissingReward(f"{result.candidate_id}: an ok result without a positive speedup ({result.speedup})")
+    speedup = result.speedup
+    if result.unstable:
+        speedup = 1.0 + (speedup - 1.0) * config.unstable_discount
+    return min(max(speedup, 1e-6), config.max_speedup)
+
+
+def check_scored(result: EvalResult) -> None:
+    """MissingReward for a result that has no reward (infra_error)."""
+    if result.status in UNSCORED:
+        raise MissingReward(f"{result.candidate_id} on {result.pool}: {result.status} ({result.reason or 'no reason'}) "
+                            "says nothing about the candidate; it must be measured again, not scored")  # fmt: skip
+
+
+def cheated(result: EvalResult) -> bool:
+    """hack_detected, or screen_rejected by a rule that names an exploit (the reason ends with
+    the rule id in brackets, speedforge.evaluator.screen)."""
+    if result.status == "hack_detected":
+        return True
+    if result.status != "screen_rejected":
+        return False
+    rule = _RULE.search(result.reason)
+    return not (rule and rule.group(1) in NOT_A_PROGRAM)
+
+
+def per_result(samples: Sequence[Sample], config: "RewardConfig", score: Callable[[float], float],
+               lowest: float) -> list[float]:  # fmt: skip
+    """`score(effective speedup)` for ok results; failures `lowest` minus their penalty."""
+    out = []
+    for sample in samples:
+        result = sample.result
+        check_scored(result)
+        if result.ok:
+            out.append(score(effective_speedup(result, config)))
+        elif cheated(result):
+            out.append(lowest - config.rejected_penalty)
+        else:
+            out.append(lowest - config.failed_penalty)
+    return out
+
+
+@register_reward("speedup")
+def speedup_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
+    return per_result(samples, config, lambda s: s, lowest=0.0)
+
+
+@register_reward("log_speedup")
+def log_speedup_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
+    bound = math.log(config.max_speedup)
+    return per_result(samples, config, lambda s: min(max(math.log(s), -bound), bound), lowest=-bound)
+
+
+@register_reward("auc")
+def auc_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
+    # the ann family's evaluator reports the AUC ratio over the baseline in `speedup`
+    return per_result(samples, config, lambda ratio: ratio - 1.0, lowest=-1.0)
+
+
+@register_reward("cudal1")
+def cudal1_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
+    gated = []
+    for sample in samples:
+        result = sample.result
+        check_scored(result)
+        if result.ok:
+            gated.append(effective_speedup(result, config))
+        elif cheated(result):
+            gated.append(-config.rejected_penalty)
+        else:
+            gated.append(0.0)
+    groups: dict[str, list[int]] = {}
+    for index, sample in enumerate(samples):
+        groups.setdefault(sample.group, []).append(index)
+    out = [0.0] * len(samples)
+    for members in groups.values():
+        values = [gated[i] for i in members]
+        mean = statistics.fmean(values)
+        spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+        for i in members:
+            z = (gated[i] - mean) / spread if spread > 1e-9 else 0.0
+            out[i] = min(max(z, -config.group_clip), config.group_clip)
+    return out
+
+
+@register_reward("format")
+def format_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
+    for sample in samples:
+        check_scored(sample.result)
+    return [1.0 - min(len(sample.missing), FORMAT_PARTS) / FORMAT_PARTS for sample in samples]

@@ -1,0 +1,74 @@
+"""The rollouts table: one Rollout per training sample, appended to the store once its step's
+rewards are all known (a step whose evaluation failed writes nothing).
+
+A step that ran again after a resume (its checkpoint had not been written) appends its rollouts
+again; readers keep, for each (run, stage, step), the rows of the latest write.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+from speedforge.records import TABLES, Candidate, EvalResult, Rollout, content_id
+
+TABLE = "rollouts"
+
+
+def policy_version(run: str, stage: str, steps_done: int) -> str:
+    """The name of the weights after `steps_done` steps of a stage of a run."""
+    return f"{run}/{stage}@{steps_done}"
+
+
+def make_rollout(run: str, stage: str, step: int, index: int, group_id: str, task_id: str, prompt: str,
+                 completion: str, candidate: Candidate, missing: Sequence[str], result: EvalResult,
+                 reward: float, rewards: dict[str, float], created_at: float | None = None) -> Rollout:  # fmt: skip
+    """The record of sample `index` of a step."""
+    return Rollout(
+        rollout_id=content_id(run, stage, str(step), str(index)),
+        run=run,
+        stage=stage,
+        step=step,
+        group_id=group_id,
+        policy_version=policy_version(run, stage, step - 1),
+        task_id=task_id,
+        prompt=prompt,
+        completion=completion,
+        candidate_id=candidate.candidate_id,
+        candidate_source=candidate.source,
+        missing=tuple(missing),
+        status=result.status,
+        speedup=result.speedup if result.ok else None,
+        unstable=result.unstable,
+        reward=reward,
+        rewards_json=json.dumps(rewards, sort_keys=True),
+        result_json=result.to_json(),
+        created_at=time.time() if created_at is None else created_at,
+    )
+
+
+class RolloutsTable:
+    """Reads and appends the `rollouts` table of a store."""
+
+    name = TABLE  # the store table, and the class of its rows (speedforge.records.TABLES)
+    record = TABLES[TABLE]
+
+    @classmethod
+    def append(cls, store, rollouts: list[Rollout]) -> None:
+        """One new part holding one step's rollouts."""
+        if rollouts:
+            store.append_records(cls.name, rollouts)
+
+    @classmethod
+    def load(cls, store, run: str | None = None, stage: str | None = None) -> list[Rollout]:
+        """The rollouts of a run (and stage), by step; a step written twice keeps its latest write."""
+        rows = [r for r in store.read_records(cls.name, cls.record)
+                if (run is None or r.run == run) and (stage is None or r.stage == stage)]  # fmt: skip
+        latest: dict[tuple[str, str, int], float] = {}
+        for row in rows:
+            key = (row.run, row.stage, row.step)
+            latest[key] = max(latest.get(key, 0.0), row.created_at)
+        # one step is one part, written at once: its rows share the part's created_at
+        kept = [r for r in rows if r.created_at == latest[(r.run, r.stage, r.step)]]
+        return sorted(kept, key=lambda r: (r.run, r.stage, r.step))  # stable: a step's samples in order

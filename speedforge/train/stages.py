@@ -1,0 +1,526 @@
+"""The three stages, each a TRL trainer run inside a Ray Train worker (`train_loop`).
+
+    sft   SFTTrainer on (prompt, answer) pairs built from the validated variants of the
+          training tasks; the pairs are frozen in the run's state at the first start.
+    self  rounds of: sample from the policy, evaluate (one batch), keep what passed, SFTTrainer
+          on it for `self_train.steps` steps.
+    grpo  GRPOTrainer whose prompts draw exemplars from the live variants table and whose reward
+          function sends all completions of a step to the evaluator as one batch; successful
+          candidates go back to the variants table.
+
+Every stage checkpoints to the run's state in the object store (weights, optimizer, scheduler,
+data position, RNG of every worker) every `save_every` steps and resumes from there with
+`resume`; the HF trainer skips the batches it has seen, so a resumed run sees the data in the
+order the uninterrupted one would have. A step whose rewards cannot be measured stops the
+stage before its update, with its last checkpoint in the store (speedforge.train.scoring).
+
+Only rank 0 writes metrics, state and final weights. Each stage is registered by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from speedforge.errors import first_line
+from speedforge.records import Task
+from speedforge.train.data import SFTPair, LivePrompts, sft_pairs
+from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
+from speedforge.train.raytrain import STORE_MODEL, StageJob
+from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
+from speedforge.train.state import RunState
+
+_STAGES: dict[str, Callable[[StageJob, "Worker"], None]] = {}
+
+
+def register_stage(name: str):
+    def decorate(fn):
+        _STAGES[name] = fn
+        return fn
+
+    return decorate
+
+
+def known_stages() -> list[str]:
+    return list(_STAGES)
+
+
+class StageError(RuntimeError):
+    """A stage that cannot go on for a reason of its data (no pair fits, say); one line."""
+
+
+# -- the worker ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Worker:
+    """One Ray Train worker's view of the run."""
+
+    job: StageJob
+    rank: int
+    world: int
+    device: str
+    store: Any
+    state: RunState
+    metrics: MetricsLog | None  # rank 0 only
+    started: float = dataclasses.field(default_factory=time.perf_counter)  # for train.max_stage_s
+    time_limited: bool = False  # the stage ended at train.max_stage_s, before its configured steps
+
+    @property
+    def train(self):
+        return self.job.config.train
+
+    @property
+    def tasks(self) -> dict[str, Task]:
+        return {t.task_id: t for t in self.job.train_tasks}
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+
+    def gather(self, value: Any) -> list[Any]:
+        """`value` of every worker (rank order); [value] alone."""
+        import torch.distributed as dist
+
+        if self.world == 1 or not dist.is_initialized():
+            return [value]
+        out = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
+
+
+def open_run_store(config):
+    """The store of a run's state, rollouts and variants (`train.store`, else `store.uri`)."""
+    from speedforge.store import open_store
+
+    return open_store(config.train.store or config.store.uri, endpoint_url=config.store.endpoint_url,
+                      config=config.store)  # fmt: skip
+
+
+def train_loop(loop_config: dict) -> None:
+    """Ray Train's train_loop_per_worker: run the job's stage; a failure is recorded in the run's
+    state (status stopped, with the reason) before it propagates."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    job: StageJob = loop_config["job"]
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    device = str(ray.train.torch.get_device())
+    if device == "cpu":
+        torch.set_num_threads(max(1, int(job.config.train.ray.cpus_per_worker)))
+    store = open_run_store(job.config)
+    state = RunState(store, job.config.train.run, job.stage)
+    metrics = None
+    if rank == 0:
+        metrics = MetricsLog(job.run_dir / "metrics.jsonl", job.run_dir / "tensorboard", state)
+    worker = Worker(job, rank, world, device, store, state, metrics)
+    try:
+        _STAGES[job.stage](job, worker)
+    except BaseException as exc:
+        if rank == 0:
+            why = "the evaluation failed" if isinstance(exc, RewardsUnavailable) else type(exc).__name__
+            state.update(status="stopped", reason=f"{why}: {first_line(exc, 400)}")
+        raise
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+# -- shared parts ------------------------------------------------------------------------------
+
+
+def load_policy(job: StageJob, worker: Worker):
+    """(model, tokenizer, name) of the stage's starting weights, on the CPU in float32."""
+    import torch
+    import transformers
+
+    from speedforge.policy.backends import CHATML_TEMPLATE, resolve_model
+
+    ref = job.init_model
+    if ref.startswith(STORE_MODEL):
+        stage = ref[len(STORE_MODEL):]
+        ref = str(RunState(worker.store, job.config.train.run, stage).download("final", job.run_dir.parent / stage / "final"))
+    folder, gguf_file, name = resolve_model(ref)
+    transformers.logging.set_verbosity_error()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return plain_weights(model, ref or name), tokenizer, name
+
+
+def plain_weights(model, where: str):
+    """`model` as a trainable model. transformers loads a GGUF file's weights as plain tensors
+    (dequantized) unless a GGUF matmul kernel keeps them packed, and in both cases marks the
+    model quantized by its GGUF quantizer, which says it is not trainable: TRL's trainers then
+    refuse it ("You cannot perform fine-tuning on purely quantized models"). With every weight a
+    plain tensor the marks are wrong, and are dropped; packed layers are an error."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return model
+    packed = [n for n, m in model.named_modules() if type(m).__name__.startswith("Gguf")]
+    if packed:
+        raise StageError(f"{where}: {len(packed)} layer(s) stayed packed as GGUF blocks (e.g. {packed[0]}), which "
+                         "cannot be trained; uninstall the `kernels` package so transformers dequantizes them, or "
+                         "start from a Hugging Face checkpoint folder")  # fmt: skip
+    quantizer.remove_quantization_config(model)
+    return model
+
+
+def token_budget(tokenizer, limit: int, reserve: int = 0):
+    """A `Fits` for speedforge.train.data: prompt (and answer) within `limit` - `reserve` tokens."""
+
+    def fits(prompt, answer: str) -> bool:
+        messages = prompt.messages() + ([{"role": "assistant", "content": answer}] if answer else [])
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not answer)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + reserve <= limit
+
+    return fits
+
+
+def context_tokens(model) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+def common_args(worker: Worker, output_dir: Path, steps: int, batch_size: int, learning_rate: float,
+                save_every: int) -> dict[str, Any]:  # fmt: skip
+    """TrainingArguments shared by every stage."""
+    import torch
+
+    on_gpu = worker.device.startswith("cuda")
+    return dict(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=batch_size,
+                learning_rate=learning_rate, logging_steps=1, save_steps=save_every, save_total_limit=1,
+                report_to=[], seed=worker.train.seed, data_seed=worker.train.seed, use_cpu=not on_gpu,
+                bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True, dataloader_num_workers=0)  # fmt: skip
+
+
+def local_checkpoint(worker: Worker, output_dir: Path, local_step: int) -> str | None:
+    """The state's latest checkpoint downloaded as `output_dir/checkpoint-<local_step>`, for the
+    trainer's resume_from_checkpoint; None when the stage has none."""
+    saved = worker.state.read() or {}
+    if not saved.get("checkpoint"):
+        return None
+    folder = output_dir / f"checkpoint-{local_step}"
+    worker.state.download(saved["checkpoint"], folder)
+    return str(folder)
+
+
+def callbacks(worker: Worker, clock: "StepClock", offset: int = 0, fields: Callable[[int], dict] | None = None):
+    """The callbacks every stage's trainer gets: checkpoints to the store, metrics per step."""
+    from transformers import TrainerCallback
+
+    class StoreCheckpoints(TrainerCallback):
+        """Every checkpoint the trainer saves goes to the run's state: the other workers' RNG files
+        first, then rank 0 uploads the folder and points state.json at it."""
+
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            key = f"checkpoints/{offset + state.global_step:08d}"
+            if worker.rank != 0:
+                worker.state.upload(folder, key, only=(f"rng_state_{worker.rank}.pth",))
+            worker.barrier()
+            if worker.rank == 0:
+                extra = fields(state.global_step) if fields else {}
+                worker.state.save_checkpoint(folder, offset + state.global_step, **extra)
+            worker.barrier()
+
+    class StepMetrics(TrainerCallback):
+        """A metrics line per optimizer step: the clock's split, the step's samples, the loss."""
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            clock.start()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.stop(offset + state.global_step)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                clock.flush(worker, {k: logs[k] for k in ("loss", "learning_rate", "grad_norm") if k in logs})
+
+    class TimeLimit(TrainerCallback):
+        """`train.max_stage_s`: the step that ends past the limit is the last one; the trainer
+        saves it (a checkpoint in the store) and the stage ends with its final weights."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            limit = worker.train.max_stage_s
+            over = bool(limit) and time.perf_counter() - worker.started > limit
+            if any(worker.gather(over)):  # every worker stops at the same step
+                control.should_training_stop = True
+                control.should_save = True
+                worker.time_limited = True
+
+    return [StoreCheckpoints(), StepMetrics(), TimeLimit()]
+
+
+class StepClock:
+    """Times a step: generation and evaluation are added by whoever does them, the step's wall
+    time by the callbacks; rollouts of the step are kept for its metrics line."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.times = StepTimes()
+        self.rollouts: list = []
+        self.began = time.perf_counter()
+        self.pending: dict | None = None
+
+    def start(self) -> None:
+        self.times, self.rollouts, self.began = StepTimes(), [], time.perf_counter()
+
+    def stop(self, step: int) -> None:
+        self.times.step_s = time.perf_counter() - self.began
+        self.pending = {"stage": self.stage, "kind": "step", "step": step, **self.times.as_dict()}
+
+    def flush(self, worker: Worker, extra: dict) -> None:
+        if self.pending is None:
+            return
+        record = {**self.pending, **extra}
+        gathered = [r for part in worker.gather(self.rollouts) for r in part]
+        if gathered:
+            record.update(rollout_stats(gathered))
+        if worker.metrics is not None:
+            worker.metrics.write(record)
+        self.pending = None
+
+
+def save_final(worker: Worker, trainer, model, tokenizer) -> None:
+    """The final weights and tokenizer: `<run_dir>/final` and the state's `final/`; status done.
+    `trainer` None: the stage trained nothing (every sample failed), the weights are `model`'s."""
+    final = worker.job.run_dir / "final"
+    if trainer is not None:
+        trainer.save_model(str(final))  # written by rank 0
+    elif worker.rank == 0:
+        model.save_pretrained(str(final))
+    if worker.rank == 0:
+        tokenizer.save_pretrained(str(final))
+        worker.state.upload(final, "final")
+        worker.state.update(status="done", final="final", final_local=str(final), reason="",
+                            ended="time limit" if worker.time_limited else "steps")  # fmt: skip
+    worker.barrier()
+
+
+def resumed_step(worker: Worker) -> int:
+    """The step of the state's latest checkpoint when resuming (0 when starting)."""
+    if not worker.job.resume:
+        return 0
+    return int((worker.state.read() or {}).get("step", 0))
+
+
+# -- stage 1: SFT ------------------------------------------------------------------------------
+
+
+def frozen_pairs(worker: Worker, name: str, build: Callable[[], list[SFTPair]]) -> list[SFTPair]:
+    """The pairs frozen under `name` in the run's state; built and frozen by rank 0 the first time."""
+    if worker.rank == 0 and worker.state.get_json(name) is None:
+        worker.state.put_json(name, [p.to_dict() for p in build()])
+    worker.barrier()
+    return [SFTPair(**p) for p in worker.state.get_json(name)]
+
+
+def fine_tune(worker: Worker, model, tokenizer, pairs: list[SFTPair], output_dir: Path, steps: int, batch_size: int,
+              learning_rate: float, max_length: int, save_every: int, resume_from: str | None, clock: StepClock,
+              offset: int = 0, fields: Callable[[int], dict] | None = None):  # fmt: skip
+    """TRL's SFTTrainer on the pairs for `steps` steps (loss on the answers only); the trainer."""
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    dataset = datasets.Dataset.from_list([p.example() for p in pairs])
+    args = SFTConfig(**common_args(worker, output_dir, steps, batch_size, learning_rate, save_every),
+                     max_length=max_length, completion_only_loss=True)  # fmt: skip
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=callbacks(worker, clock, offset, fields))  # fmt: skip
+    trainer.train(resume_from_checkpoint=resume_from)
+    return trainer
+
+
+@register_stage("sft")
+def run_sft(job: StageJob, worker: Worker) -> None:
+    from speedforge.search.variants import VariantsTable
+
+    sft = job.config.train.sft
+    model, tokenizer, _ = load_policy(job, worker)
+    fits = token_budget(tokenizer, min(sft.max_length, context_tokens(model)))
+    pairs = frozen_pairs(worker, "data.json", lambda: sft_pairs(
+        job.train_tasks, VariantsTable.load(worker.store), job.pool, sft.exemplars, job.config.train.seed, fits))
+    if not pairs:
+        raise StageError(f"no SFT pair fits sft.max_length = {sft.max_length} tokens")
+    output_dir = job.run_dir / "checkpoints"
+    done = resumed_step(worker)
+    resume_from = local_checkpoint(worker, output_dir, done) if done else None
+    trainer = fine_tune(worker, model, tokenizer, pairs, output_dir, sft.steps, sft.batch_size, sft.learning_rate,
+                        sft.max_length, sft.save_every, resume_from, StepClock("sft"))  # fmt: skip
+    save_final(worker, trainer, model, tokenizer)
+
+
+# -- stage 2: self-training --------------------------------------------------------------------
+
+
+def sample_round(job: StageJob, worker: Worker, model, tokenizer, name: str, scorer: Scorer, round_no: int) -> list[SFTPair]:
+    """Stage 2's sampling: `samples` answers per training task, evaluated as one batch; the pairs
+    of those that measured ok (the model's own answers)."""
+    from speedforge.policy.backends import HFBackend
+    from speedforge.policy.prompts import render_prompt
+
+    settings = job.config.train.self_train
+    model.to(worker.device).eval()
+    backend = HFBackend.wrap(model, tokenizer, job.config.policy, name)
+    completions, prompts = [], {}
+    started = time.perf_counter()
+    for index, task in enumerate(job.train_tasks):
+        prompt = render_prompt(task)
+        prompts[task.task_id] = prompt
+        seed = job.config.train.seed * 1_000_003 + round_no * 1_000 + index
+        for generation in backend.generate(prompt.messages(), settings.samples, max_new_tokens=settings.max_new_tokens,
+                                           temperature=settings.temperature, seed=seed):  # fmt: skip
+            completions.append(Completion(task.task_id, prompt.user, generation.text,
+                                          group_id(job.config.train.run, "self", round_no, index)))  # fmt: skip
+    generation_s = time.perf_counter() - started
+    scored = scorer.score(round_no, completions)
+    if worker.metrics is not None:
+        worker.metrics.write({"stage": "self", "kind": "round", "step": round_no, "generation_s": generation_s,
+                              "evaluation_s": scored.evaluation_s, "new_variants": scored.new_variants,
+                              **rollout_stats(scored.rollouts)})  # fmt: skip
+    kept = [r for r in scored.rollouts if r.status == "ok"]
+    return [SFTPair(r.task_id, r.candidate_id, r.speedup or 0.0, prompts[r.task_id].system, r.prompt, r.completion)
+            for r in kept]  # fmt: skip
+
+
+@register_stage("self")
+def run_self(job: StageJob, worker: Worker) -> None:
+    from speedforge.search.variants import VariantsTable
+
+    settings = job.config.train.self_train
+    saved = (worker.state.read() or {}) if job.resume else {}
+    model, tokenizer, name = load_policy(job, worker)
+    if saved.get("checkpoint") and not saved.get("round_step"):  # between rounds: the last round's weights
+        import transformers
+
+        folder = worker.state.download(saved["checkpoint"], job.run_dir / "resume")
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    fits = token_budget(tokenizer, min(settings.max_length, context_tokens(model)))
+    first_round = int(saved.get("round", 1))
+    variants = VariantsTable.load(worker.store)
+    with evaluation(job, worker) as evaluate:
+        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "self", worker.store, variants)
+        trainer = None
+        for round_no in range(first_round, settings.rounds + 1):
+            pairs = frozen_pairs(worker, f"rounds/{round_no:03d}.json",
+                                 lambda r=round_no: sample_round(job, worker, model, tokenizer, name, scorer, r))
+            pairs = [p for p in pairs if fits(_as_prompt(p), p.answer)]
+            offset = (round_no - 1) * settings.steps
+            if pairs:
+                output_dir = job.run_dir / f"round-{round_no:03d}"
+                done = int(saved.get("round_step", 0)) if round_no == first_round else 0
+                resume_from = local_checkpoint(worker, output_dir, done) if done else None
+                trainer = fine_tune(worker, model, tokenizer, pairs, output_dir, settings.steps, settings.batch_size,
+                                    settings.learning_rate, settings.max_length, settings.save_every, resume_from,
+                                    StepClock("self"), offset,
+                                    lambda step, r=round_no: {"round": r, "round_step": step})  # fmt: skip
+                model = trainer.model
+            if worker.rank == 0:
+                worker.state.update(round=round_no + 1, round_step=0)
+            if worker.time_limited:
+                break
+    save_final(worker, trainer, model, tokenizer)
+
+
+def _as_prompt(pair: SFTPair):
+    from speedforge.policy.prompts import Prompt
+
+    return Prompt("", pair.system, pair.prompt, ())
+
+
+def evaluation(job: StageJob, worker: Worker):
+    """The batch evaluator: the job's stand-in, else `train.evaluation`."""
+    import contextlib
+
+    from speedforge.train.evaluation import open_evaluation
+
+    if job.evaluate is not None:
+        return contextlib.nullcontext(job.evaluate)
+    return open_evaluation(job.config, worker.tasks, job.pool)
+
+
+# -- stage 3: GRPO -----------------------------------------------------------------------------
+
+
+def live_variants(worker: Worker, steps_done: int):
+    """The variants table as it was after `steps_done` steps: variants an interrupted run found
+    in steps it will do again are left out, so the resumed run renders the same prompts."""
+    from speedforge.search.variants import VariantsTable
+
+    mine = f"model:{worker.train.run}/{worker.job.stage}@"
+
+    def later(origin: str) -> bool:
+        return origin.startswith(mine) and origin[len(mine):].isdigit() and int(origin[len(mine):]) > steps_done
+
+    return VariantsTable(v for v in VariantsTable.load(worker.store) if not later(v.origin))
+
+
+@register_stage("grpo")
+def run_grpo(job: StageJob, worker: Worker) -> None:
+    import datasets
+    from trl import GRPOConfig, GRPOTrainer
+
+    settings = job.config.train.grpo
+    model, tokenizer, name = load_policy(job, worker)
+    done = resumed_step(worker)
+    variants = live_variants(worker, done)
+    limit = min(settings.max_prompt_tokens, context_tokens(model) - settings.max_new_tokens)
+    live = LivePrompts(worker.tasks, variants, job.config.policy, job.pool, job.config.train.seed,
+                       settings.contrastive, token_budget(tokenizer, limit))  # fmt: skip
+    if worker.rank == 0 and worker.state.get_json("data.json") is None:
+        worker.state.put_json("data.json", [{"task_id": t.task_id, "row": i} for i, t in enumerate(job.train_tasks)])
+    worker.barrier()
+    dataset = datasets.Dataset.from_list(worker.state.get_json("data.json")).with_transform(live)
+    clock = StepClock("grpo")
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose generation time goes to the step clock."""
+
+        def _generate(self, prompts_):
+            began = time.perf_counter()
+            try:
+                return super()._generate(prompts_)
+            finally:
+                clock.times.generation_s += time.perf_counter() - began
+
+    per_device = settings.prompts_per_step * settings.generations // worker.world
+    output_dir = job.run_dir / "checkpoints"
+    with evaluation(job, worker) as evaluate:
+        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "grpo", worker.store, variants)
+
+        def speedforge_reward(prompts, completions, task_id, row, parents, trainer_state, **_):
+            step = trainer_state.global_step + 1
+            batch = [Completion(t, p[-1]["content"], c[-1]["content"], group_id(worker.train.run, "grpo", step, r),
+                                tuple(parent))  # fmt: skip
+                     for p, c, t, r, parent in zip(prompts, completions, task_id, row, parents)]
+            scored = scorer.score(step, batch)
+            clock.times.evaluation_s += scored.evaluation_s
+            clock.rollouts.extend(scored.rollouts)
+            return scored.rewards
+
+        args = GRPOConfig(**common_args(worker, output_dir, settings.steps, per_device, settings.learning_rate,
+                                        settings.save_every),
+                          num_generations=settings.generations, max_completion_length=settings.max_new_tokens,
+                          temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
+                          remove_unused_columns=False, shuffle_dataset=True)  # fmt: skip
+        trainer = TimedGRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
+                                   processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
+        resume_from = local_checkpoint(worker, output_dir, done) if done else None
+        try:
+            trainer.train(resume_from_checkpoint=resume_from)
+        except RewardsUnavailable:
+            if trainer.state.global_step > int((worker.state.read() or {}).get("step", 0)):
+                trainer._save_checkpoint(trainer.model, None)  # the steps since the last save, before stopping
+                callbacks(worker, clock)[0].on_save(trainer.args, trainer.state, trainer.control)
+            raise
+    save_final(worker, trainer, trainer.model, tokenizer)

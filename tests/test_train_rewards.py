@@ -1,0 +1,149 @@
+"""Reward functions on crafted evaluation results: every status has a defined reward, a failed
+candidate scores below every correct one and a cheating one lower still, an infra_error is never
+scored, and an unstable result is discounted (or measured again first, by the scorer)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from speedforge.config import ConfigError, RewardConfig, from_mapping
+from speedforge.records import STATUSES, EvalResult
+from speedforge.train.rewards import (
+    MissingReward,
+    Sample,
+    cheated,
+    known_rewards,
+    reward_fn,
+    rewards_by_name,
+    total_rewards,
+)
+
+CONFIG = RewardConfig()
+FAILURES = ("compile_error", "runtime_error", "incorrect", "timeout", "crashed")
+REASONS = {  # what the evaluator says for each, as it says it
+    "screen_rejected": "line 3: threading.Thread(...) starts a thread: threads (work can finish after the timer stops) [threads]",
+    "hack_detected": "a new thread appeared during the timed calls",
+    "compile_error": "error: expected ';' before '}' token",
+    "runtime_error": "RuntimeError: shape mismatch",
+    "incorrect": "output 0 differs: max |diff| 0.5 > tolerance",
+    "timeout": "run exceeded 300 s",
+    "crashed": "killed by signal 11 (SIGSEGV)",
+    "infra_error": "bench worker died",
+}
+
+
+def result(status: str, speedup: float | None = None, unstable: bool = False, reason: str | None = None,
+           candidate: str = "c") -> EvalResult:  # fmt: skip
+    ok = status == "ok"
+    return EvalResult(candidate_id=candidate, task_id="cpp/t", pool="cpu", status=status, correct=ok,
+                      speedup=speedup if ok else None, unstable=unstable,
+                      reason=REASONS.get(status, "") if reason is None else reason)  # fmt: skip
+
+
+SCORED_STATUSES = [s for s in STATUSES if s != "infra_error"]
+PER_RESULT = ("speedup", "log_speedup", "auc")
+
+
+def test_every_registered_reward_is_known_and_the_default_weights_use_registered_ones():
+    assert {"speedup", "log_speedup", "cudal1", "auc", "format"} <= set(known_rewards())
+    assert set(CONFIG.weights) <= set(known_rewards())
+
+
+@pytest.mark.parametrize("name", PER_RESULT)
+@pytest.mark.parametrize("status", SCORED_STATUSES)
+def test_every_status_has_a_finite_reward(name, status):
+    samples = [Sample(result(status, speedup=1.7))]
+    [value] = reward_fn(name)(samples, CONFIG)
+    assert math.isfinite(value)
+
+
+@pytest.mark.parametrize("name", PER_RESULT)
+def test_a_failed_candidate_scores_below_every_correct_one_and_a_cheat_lower_still(name):
+    fn = reward_fn(name)
+    slowest_ok = fn([Sample(result("ok", speedup=1e-3))], CONFIG)[0]
+    fastest_ok = fn([Sample(result("ok", speedup=1e3))], CONFIG)[0]
+    failed = [fn([Sample(result(s))], CONFIG)[0] for s in FAILURES]
+    cheats = [fn([Sample(result(s))], CONFIG)[0] for s in ("screen_rejected", "hack_detected")]
+    assert fastest_ok > slowest_ok
+    assert max(failed) < slowest_ok
+    assert max(cheats) < min(failed)
+
+
+@pytest.mark.parametrize("rule", ["not-python", "no-model-new"])
+def test_an_answer_without_a_program_is_a_failure_not_a_cheat(rule):
+    no_program = result("screen_rejected", reason=f"line 1: invalid syntax: not valid Python [{rule}]")
+    assert not cheated(no_program)
+    assert cheated(result("screen_rejected")) and cheated(result("hack_detected"))
+    fn = reward_fn("speedup")
+    assert fn([Sample(no_program)], CONFIG) == fn([Sample(result("incorrect"))], CONFIG)
+
+
+def test_speedups_are_clipped_and_log_speedup_is_symmetric():
+    config = RewardConfig(max_speedup=4.0)
+    assert reward_fn("speedup")([Sample(result("ok", 100.0))], config) == [4.0]
+    up, down = reward_fn("log_speedup")([Sample(result("ok", 2.0)), Sample(result("ok", 0.5))], config)
+    assert up == pytest.approx(math.log(2.0)) and down == pytest.approx(-math.log(2.0))
+    assert reward_fn("auc")([Sample(result("ok", 1.25))], config) == [pytest.approx(0.25)]
+
+
+@pytest.mark.parametrize("name", [*PER_RESULT, "cudal1", "format"])
+def test_an_infra_error_is_never_scored(name):
+    samples = [Sample(result("ok", 1.5), "g"), Sample(result("infra_error"), "g")]
+    with pytest.raises(MissingReward, match="infra_error"):
+        reward_fn(name)(samples, CONFIG)
+
+
+def test_an_ok_result_without_a_speedup_is_never_scored():
+    broken = EvalResult(candidate_id="c", task_id="cpp/t", pool="cpu", status="ok", correct=True, speedup=None)
+    with pytest.raises(MissingReward):
+        reward_fn("speedup")([Sample(broken)], CONFIG)
+
+
+def test_cudal1_normalises_within_each_group_and_clips():
+    samples = [Sample(result("ok", 2.0, candidate="a"), "g1"), Sample(result("incorrect", candidate="b"), "g1"),
+               Sample(result("ok", 1.5, candidate="c"), "g2"), Sample(result("ok", 1.5, candidate="d"), "g2")]  # fmt: skip
+    values = reward_fn("cudal1")(samples, CONFIG)
+    assert values[0] == pytest.approx(1.0) and values[1] == pytest.approx(-1.0)  # (x - mean) / std in g1
+    assert values[2] == values[3] == 0.0  # a group that is all alike has no signal
+    many = [Sample(result("ok", 9.0, candidate="top"), "g")] + [Sample(result("ok", 1.0, candidate=str(i)), "g")
+                                                                 for i in range(30)]  # fmt: skip
+    assert reward_fn("cudal1")(many, RewardConfig(group_clip=2.0))[0] == 2.0
+
+
+def test_cudal1_puts_a_cheat_below_a_failure_in_its_group():
+    samples = [Sample(result("ok", 1.2), "g"), Sample(result("incorrect"), "g"), Sample(result("hack_detected"), "g")]
+    ok, failed, cheat = reward_fn("cudal1")(samples, CONFIG)
+    assert ok > failed > cheat
+
+
+def test_format_counts_the_three_sections_and_the_code():
+    samples = [Sample(result("ok", 1.1)), Sample(result("ok", 1.1), missing=("Algorithm Design",)),
+               Sample(result("incorrect"), missing=("Performance Analysis", "Algorithm Design", "Code Implementation",
+                                                    "code"))]  # fmt: skip
+    assert reward_fn("format")(samples, CONFIG) == [1.0, 0.75, 0.0]
+
+
+def test_an_unstable_speedup_is_discounted_towards_one():
+    config = RewardConfig(unstable_discount=0.5)
+    stable, unstable = reward_fn("speedup")([Sample(result("ok", 3.0)), Sample(result("ok", 3.0, unstable=True))], config)
+    assert stable == 3.0 and unstable == 2.0  # 1 + (3 - 1) * 0.5
+    slower = reward_fn("speedup")([Sample(result("ok", 0.5, unstable=True))], config)[0]
+    assert slower == 0.75  # a slowdown is discounted towards 1 too
+    assert reward_fn("speedup")([Sample(result("ok", 3.0, unstable=True))], RewardConfig(unstable_discount=1.0)) == [3.0]
+
+
+def test_the_total_is_the_weighted_sum():
+    config = RewardConfig(weights={"speedup": 2.0, "format": 0.5})
+    samples = [Sample(result("ok", 1.5), missing=("code",)), Sample(result("incorrect"))]
+    parts = rewards_by_name(samples, config)
+    assert total_rewards(samples, config) == [2.0 * parts["speedup"][i] + 0.5 * parts["format"][i] for i in range(2)]
+    assert total_rewards(samples, config)[0] == pytest.approx(2 * 1.5 + 0.5 * 0.75)
+
+
+def test_an_unknown_reward_name_is_a_config_error_naming_the_known_ones():
+    with pytest.raises(ConfigError, match=r"train\.rewards\.weights: unknown reward\(s\) 'speed'; known: .*cudal1"):
+        from speedforge.config import Config
+
+        from_mapping(Config, {"train": {"rewards": {"weights": {"speed": 1.0}}}}, where="c.yaml")

@@ -1,0 +1,307 @@
+"""The three training stages on Ray Train with TRL, on the CPU, with a tiny model this module
+builds (two layers, SmolLM2's tokenizer from the default model's GGUF file): each stage runs its
+steps and ends with a checkpoint the hf backend loads; a GRPO run whose evaluation service dies
+stops with a checkpoint, never trains on missing rewards, and resumes at the step it left off
+with the same data (and, its RNG restored, the same samples) as a run that was never stopped."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("ray")
+
+from speedforge.config import Config, EvaluatorConfig, GRPOStageConfig, PolicyConfig, RayTrainConfig  # noqa: E402
+from speedforge.config import SelfTrainConfig, SFTConfig, TrainConfig  # noqa: E402
+from speedforge.errors import UserError  # noqa: E402
+from speedforge.records import Candidate  # noqa: E402
+from speedforge.recipes.training import run_training  # noqa: E402
+from speedforge.search.variants import VariantsTable, make_variant  # noqa: E402
+from speedforge.store import open_store  # noqa: E402
+from speedforge.tasks import find_task  # noqa: E402
+from speedforge.train.metrics import read_metrics  # noqa: E402
+from speedforge.train.rollouts import RolloutsTable  # noqa: E402
+from speedforge.train.state import RunState  # noqa: E402
+
+TASKS = ("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares")  # the last one held out
+FAST = '''"""relu(a + b) * scale with in-place ops: one temporary instead of two."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, a, b):
+        return torch.relu_(a + b).mul_(self.scale)
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A 2-layer Llama with SmolLM2's tokenizer and chat template (random weights)."""
+    import torch
+    import transformers
+
+    from speedforge.policy.backends import resolve_model
+
+    folder, gguf_file, _ = resolve_model("")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=4096, tie_word_embeddings=True,
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-model")
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray for the module (each run_training joins it instead of starting its own)."""
+    from speedforge.cluster.session import ray_session
+    from speedforge.config import ServiceConfig
+
+    with ray_session(None, ServiceConfig()):
+        yield
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return tmp_path_factory.mktemp("train")
+
+
+def make_config(workspace, model: str, run: str, store: str, **train) -> Config:
+    evaluator = EvaluatorConfig(cache_dir=str(workspace / "cache"), cpu_timed_calls=5, max_timed_calls=10,
+                                min_timed_s=0.0, warmup_calls=1)  # fmt: skip
+    settings = dict(run=run, store=str(workspace / store), work_dir=str(workspace / "work"), tasks=TASKS,
+                    heldout=(TASKS[-1],), eval_retries=1, eval_retry_wait_s=0.0,
+                    ray=RayTrainConfig(cpus_per_worker=1, use_gpu=False),
+                    sft=SFTConfig(sources=("variants",), steps=2, learning_rate=1e-3, max_length=2048),
+                    self_train=SelfTrainConfig(samples=2, steps=2, max_new_tokens=24, learning_rate=1e-3),
+                    grpo=GRPOStageConfig(steps=3, generations=2, max_new_tokens=16, learning_rate=1e-3)) | train  # fmt: skip
+    return Config(evaluator=evaluator, policy=PolicyConfig(model=model, device="cpu"), train=TrainConfig(**settings))
+
+
+def seed_store(config: Config) -> None:
+    """The variants table the SFT pairs and GRPO's exemplars come from: one candidate, measured."""
+    from speedforge.evaluator import evaluate
+
+    task = find_task(TASKS[0])
+    candidate = Candidate.make(task.task_id, FAST, origin="test")
+    result = evaluate(task, candidate, config.evaluator, device="cpu", pool="cpu")
+    assert result.ok, result.reason
+    VariantsTable.append(open_store(config.train.store), [make_variant(candidate, result)])
+
+
+@pytest.fixture(scope="module")
+def sft_run(workspace, tiny_model, ray_local):
+    config = make_config(workspace, tiny_model, "chain", "store-chain")
+    seed_store(config)
+    return config, run_training(config, "sft")
+
+
+def test_sft_runs_its_steps_and_ends_with_a_checkpoint_the_hf_backend_loads(sft_run):
+    from speedforge.policy.backends import HFBackend
+
+    config, outcome = sft_run
+    assert outcome.stage == "sft" and outcome.steps == 2 and not outcome.resumed
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [(m["step"], m["kind"]) for m in lines] == [(1, "step"), (2, "step")]
+    assert all(m["loss"] > 0 and m["step_s"] > 0 for m in lines)
+    assert list((Path(outcome.run_dir) / "tensorboard").glob("events.out.tfevents.*"))
+    state = RunState(open_store(config.train.store), "chain", "sft")
+    saved = state.read()
+    assert saved["status"] == "done" and saved["step"] == 2 and saved["checkpoint"] == "checkpoints/00000002"
+    kept = {k.rsplit("/", 1)[1] for k in state.store.list("runs/chain/sft/checkpoints/")}
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= kept
+    pairs = state.get_json("data.json")
+    assert pairs and {p["task_id"] for p in pairs} == {TASKS[0]}  # the held-out task is never trained on
+    backend = HFBackend(PolicyConfig(model=outcome.final_checkpoint, device="cpu", max_new_tokens=4))
+    assert len(backend.generate([{"role": "user", "content": "hi"}], 2, temperature=0)) == 2
+
+
+def passes_the_first_sample():
+    """A stand-in evaluation service for stage 2: the first sample of each task passes (a tiny
+    random model never writes a passing program), the others are incorrect."""
+
+    def evaluate(candidates):
+        from speedforge.records import EvalResult
+
+        results, seen = [], set()
+        for c in candidates:
+            first = c.task_id not in seen
+            seen.add(c.task_id)
+            results.append(EvalResult(candidate_id=c.candidate_id, task_id=c.task_id, pool="cpu",
+                                      status="ok" if first else "incorrect", correct=first,
+                                      speedup=1.2 if first else None))  # fmt: skip
+        return results
+
+    return evaluate
+
+
+@pytest.mark.slow  # ~30 s more on 2 shared cores; SFT and GRPO, which it is built from, run in the quick suite
+def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):
+    config, _ = sft_run
+    outcome = run_training(config, "self", evaluate=passes_the_first_sample())
+    assert outcome.steps == 2
+    store = open_store(config.train.store)
+    rollouts = RolloutsTable.load(store, run="chain", stage="self")
+    assert sorted((r.step, r.task_id, r.status) for r in rollouts) == \
+        [(1, TASKS[0], "incorrect"), (1, TASKS[0], "ok"), (1, TASKS[1], "incorrect"), (1, TASKS[1], "ok")]  # fmt: skip
+    assert {r.policy_version for r in rollouts} == {"chain/self@0"}
+    state = RunState(store, "chain", "self")
+    pairs = state.get_json("rounds/001.json")
+    assert sorted(p["answer"] for p in pairs) == sorted(r.completion for r in rollouts if r.status == "ok")  # its own
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [(m["kind"], m["step"]) for m in lines] == [("round", 1), ("step", 1), ("step", 2)]
+    assert lines[0]["valid_fraction"] == 0.5 and lines[0]["samples"] == 4
+    assert state.read()["checkpoint"] == "checkpoints/00000002"
+
+
+@pytest.fixture(scope="module")
+def grpo_uninterrupted(workspace, sft_run):
+    _, sft = sft_run
+    config = make_config(workspace, sft.final_checkpoint, "straight", "store-straight")
+    seed_store(config)
+    return config, run_training(config, "grpo")
+
+
+def test_grpo_runs_its_steps_with_rewards_measured_by_the_evaluator(grpo_uninterrupted):
+    config, outcome = grpo_uninterrupted
+    assert outcome.steps == 3
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="straight", stage="grpo")
+    assert [r.step for r in rollouts] == [1, 1, 2, 2, 3, 3]
+    assert all(r.status != "infra_error" and r.reward is not None for r in rollouts)
+    assert {r.task_id for r in rollouts} <= set(TASKS[:2])  # never the held-out task
+    assert [r.policy_version for r in rollouts[::2]] == ["straight/grpo@0", "straight/grpo@1", "straight/grpo@2"]
+    for step in (1, 2, 3):  # one group per step: its two samples answer the same prompt
+        group = [r for r in rollouts if r.step == step]
+        assert len({r.group_id for r in group}) == 1 and len({r.prompt for r in group}) == 1
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    for line in lines:
+        assert {"reward_mean", "reward_max", "valid_fraction", "speedup_p50", "speedup_max", "loss"} <= set(line)
+        assert line["generation_s"] > 0 and line["evaluation_s"] >= 0 and line["update_s"] > 0
+        assert line["samples"] == 2
+
+
+def dies_after_first_step():
+    """The evaluation service answers the first step (this machine's sandbox), then is gone."""
+    calls = []
+
+    def evaluate(candidates):
+        from speedforge.evaluator import evaluate as evaluate_one
+        from speedforge.tasks import find_task
+
+        calls.append(len(candidates))
+        if len(calls) > 1:
+            raise ConnectionError("the evaluation service died")
+        return [evaluate_one(find_task(c.task_id), c, device="cpu", pool="cpu") for c in candidates]
+
+    return evaluate
+
+
+def test_a_run_whose_evaluation_dies_stops_with_a_checkpoint_and_resumes_with_the_same_data(workspace,
+                                                                                          grpo_uninterrupted):  # fmt: skip
+    straight_config, _ = grpo_uninterrupted
+    config = dataclasses.replace(straight_config, train=dataclasses.replace(
+        straight_config.train, run="stopped", store=str(workspace / "store-stopped")))  # fmt: skip
+    seed_store(config)
+    with pytest.raises(UserError, match=r"stopped at step 1 \(checkpoint in .*\): the evaluation failed: .*died.*--resume"):
+        run_training(config, "grpo", evaluate=dies_after_first_step())
+    store = open_store(config.train.store)
+    saved = RunState(store, "stopped", "grpo").read()
+    assert saved["status"] == "stopped" and saved["step"] == 1 and saved["checkpoint"] == "checkpoints/00000001"
+    assert [r.step for r in RolloutsTable.load(store, run="stopped")] == [1, 1]  # step 2 wrote nothing
+    with pytest.raises(UserError, match="already has a grpo stage.*pass --resume"):
+        run_training(config, "grpo")
+
+    outcome = run_training(config, "grpo", resume=True)
+    assert outcome.steps == 3 and outcome.resumed
+    resumed = RolloutsTable.load(store, run="stopped")
+    straight = RolloutsTable.load(open_store(straight_config.train.store), run="straight")
+    assert [(r.step, r.task_id, r.group_id.__class__) for r in resumed] == \
+        [(r.step, r.task_id, r.group_id.__class__) for r in straight]  # fmt: skip
+    assert [r.completion for r in resumed] == [r.completion for r in straight]  # same weights, RNG and data position
+    assert [m["step"] for m in read_metrics(open(outcome.metrics_path))] == [1, 2, 3]
+    assert json.loads(RunState(store, "stopped", "grpo").get_text("state.json") or "{}")["status"] == "done"
+
+
+@pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)
+def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(workspace, tiny_model, ray_local):
+    from speedforge.config import StoreConfig
+    from speedforge.recipes.training_job import TrainingJob, run_training_job
+
+    store = workspace / "pipeline-store"
+    seed_store(make_config(workspace, tiny_model, "job", "pipeline-store"))  # the baselines seed it in a pipeline
+    text = (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
+            f'evaluator: {{cache_dir: "{workspace / "cache"}", cpu_timed_calls: 5, max_timed_calls: 10}}\n'
+            f'train:\n  run: job\n  work_dir: "{workspace / "work"}"\n  tasks: {list(TASKS)}\n  heldout: ["{TASKS[-1]}"]\n'
+            "  sft: {sources: [variants], steps: 2, learning_rate: 1.0e-3, max_length: 2048}\n")  # fmt: skip
+    outcome = run_training_job(TrainingJob(stage="sft", store=str(store), config_text=text, mode="local"), StoreConfig())
+    assert outcome["stage"] == "sft" and outcome["steps"] == 2
+    assert (Path(outcome["final_checkpoint"]) / "config.json").is_file()
+    runs = open_store(str(store))  # train.store unset: the run's state is in the pipeline's store
+    assert json.loads(runs.get_bytes("train/sft/outcome.json")) == outcome
+    assert RunState(runs, "job", "sft").read()["status"] == "done"
+
+
+def test_train_status_reads_the_run_back_and_draws_the_reward_curve(grpo_uninterrupted, tmp_path, capsys):
+    from speedforge.cli import main
+
+    config, _ = grpo_uninterrupted
+    path = tmp_path / "train.yaml"
+    path.write_text(f'train: {{store: "{config.train.store}", work_dir: "{config.train.work_dir}"}}\n')
+    png = tmp_path / "reward.png"
+    assert main(["--config", str(path), "train", "status", "straight", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "run straight in " in out and png.read_bytes().startswith(b"\x89PNG")
+    stages = out.split("\n\n")[0]
+    assert "grpo" in stages and "done" in stages and "sft" not in stages.split("\n", 1)[1]  # only this run's stage
+    rows = [line.split() for line in out.split("\n\n")[1].splitlines() if line.startswith("grpo ")]  # the steps table
+    assert [row[1] for row in rows] == ["1", "2", "3"]
+    assert main(["--config", str(path), "train", "status", "nosuch"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "no run 'nosuch' in " in error and error.endswith("runs there: straight")
+
+
+def test_bench_train_splits_the_step_time_of_a_run(grpo_uninterrupted, tmp_path, capsys):
+    import importlib.util
+
+    _, outcome = grpo_uninterrupted
+    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).parent.parent / "benchmarks" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([outcome.metrics_path, "--out", str(tmp_path), "--heldout", f"grpo={tmp_path / 'none.json'}"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (grpo,) = summary["split"]
+    assert grpo["stage"] == "grpo" and grpo["steps"] == 3
+    lines = read_metrics(open(outcome.metrics_path))
+    for part in ("generation_s", "evaluation_s", "update_s", "step_s"):
+        values = sorted(m[part] for m in lines)
+        assert grpo[part]["median"] == values[1] and grpo[part]["min"] == values[0] and grpo[part]["max"] == values[2]
+    shares = grpo["generation_s"]["share"] + grpo["evaluation_s"]["share"] + grpo["update_s"]["share"]
+    assert shares == pytest.approx(1.0)
+    assert summary["heldout"] == {"grpo": None} and "(missing" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "reward_curve.png").is_file()
+    capsys.readouterr()
+
+
+@pytest.mark.slow  # another SFT fit
+def test_a_stage_ends_at_its_time_limit_with_a_checkpoint_and_final_weights(workspace, tiny_model, ray_local):
+    config = make_config(workspace, tiny_model, "limited", "store-limited", max_stage_s=0.001,
+                         sft=SFTConfig(sources=("variants",), steps=5, learning_rate=1e-3, max_length=2048, save_every=3))  # fmt: skip
+    seed_store(config)
+    outcome = run_training(config, "sft")
+    assert outcome.steps == 1 and (Path(outcome.final_checkpoint) / "config.json").is_file()
+    saved = RunState(open_store(config.train.store), "limited", "sft").read()
+    assert saved["status"] == "done" and saved["ended"] == "time limit" and saved["checkpoint"] == "checkpoints/00000001"
