@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS := dev,cluster,train,pipelines,ann-bench,reports
 PYTEST_ARGS ?=
 
-.PHONY: run run-pipeline test test-slow test-gpu venv clean
+.PHONY: run run-suite test test-slow test-gpu venv clean
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,14 @@ $(BIN)/.installed: pyproject.toml setup.py
 
 venv: $(BIN)/.installed
 
+# The main job: the training pipeline on this machine with kfp.local (stage, baselines, GRPO,
+# search, portability, report), on embedded defaults.
 run: venv
-	$(BIN)/speedforge run
-
-# The training pipeline on this machine with kfp.local (`make run` will become this once the
-# training, portability and report recipes are merged).
-run-pipeline: venv
 	$(BIN)/speedforge pipeline run-local
+
+# The earlier main job: the built-in candidates, then a short search (no training).
+run-suite: venv
+	$(BIN)/speedforge run
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
