@@ -1,6 +1,6 @@
 """The pipelines run on this machine with kfp.local (every step a subprocess of this Python), the
 store on a real embedded S3 server, local Ray in each evaluating step: what `speedforge pipeline
-run-local` (what `make run` does) does.
+run-local` does, and so `make run`.
 
 The first test is quick: a run naming an unknown pool fails at its first step, and the failure
 report says which step and why. The slow ones evaluate for real on two CPU pools (`cpu` and a
