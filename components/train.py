@@ -14,7 +14,8 @@ def train(config: str, train_config: str, stage: str, mode: str, store: str, ray
     """Run training stage `stage` on `train_config` (YAML text; "" = embedded defaults): mode local (in this
     pod), rayjob (a RayJob on RayCluster `ray_cluster`, followed to its end) or ray (the Job Submission API
     at `ray_dashboard`). Fails with the job's reason and message when the job fails. `baselines`: the
-    pools' baseline summaries (they seeded the variants table training draws exemplars from), logged."""
+    pools' baseline summaries (they seeded the variants table training draws exemplars from), logged. The
+    training run is named after the pipeline run (pipeline-<run id>) unless the training config names one."""
     from collections import namedtuple
 
     from speedforge.config import loads_config
@@ -26,5 +27,5 @@ def train(config: str, train_config: str, stage: str, mode: str, store: str, ray
     settings = loads_config(config, where="the config parameter")
     outcome = run_step(settings, store, run_id, f"train-{stage}", lambda: run_training_job(TrainingJob(
         stage=stage, store=store, config_text=train_config, mode=mode, cluster=ray_cluster, namespace=namespace,
-        image=image, address=ray_dashboard, timeout_s=timeout_s), settings.store))
+        image=image, address=ray_dashboard, timeout_s=timeout_s, run=f"pipeline-{run_id}"), settings.store))
     return namedtuple("Training", "outcome final_checkpoint")(outcome, outcome["final_checkpoint"])

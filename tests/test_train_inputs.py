@@ -113,6 +113,16 @@ def test_a_pipeline_store_is_the_runs_store_unless_the_config_names_one(tmp_path
     assert kept.train.store == str(tmp_path) and kept.store.endpoint_url == "http://own:9000"
 
 
+
+def test_each_pipeline_run_trains_a_run_of_its_own_unless_the_config_names_one():
+    # nightly pipeline runs share a store: under one fixed name the second night would find the
+    # first night's finished run and refuse to start
+    assert with_run_store(Config(), "s3://b/p", run="pipeline-42").train.run == "pipeline-42"
+    assert with_run_store(Config(), "s3://b/p").train.run == TrainConfig().run
+    own = dataclasses.replace(Config(), train=dataclasses.replace(Config().train, run="nightly"))
+    assert with_run_store(own, "s3://b/p", run="pipeline-42").train.run == "nightly"
+
+
 def test_the_train_command_prints_one_error_line_for_a_bad_config(tmp_path):
     path = tmp_path / "train.yaml"
     path.write_text(textwrap.dedent("""\

@@ -116,6 +116,13 @@ def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconf
     assert [line.split(": ", 1)[1] for line in lines[1:]] == ["Initializing/-", "Running/RUNNING", "Complete/SUCCEEDED"]
 
 
+
+def test_a_named_training_run_travels_to_the_remote_driver():
+    store = "s3://b/pipeline"
+    assert job(store, run="pipeline-7", resume=True).entrypoint() == (
+        f"python -m speedforge.recipes.training_job --stage grpo --store {store} --run pipeline-7 --resume")
+
+
 def test_a_failed_rayjob_fails_the_step_with_its_reason_and_message(kubeconfig, tmp_path):
     kuberay = FakeKubeRay(running(1) + [{"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
                                          "message": "Job entrypoint command failed with exit code 1"}])  # fmt: skip

@@ -52,17 +52,20 @@ def load_train_config(path: str | None) -> Config:
     return load_config(path)
 
 
-def with_run_store(config: Config, store: str, store_config=None) -> Config:
+def with_run_store(config: Config, store: str, store_config=None, run: str = "") -> Config:
     """`config` with its run's state, rollouts and variants in `store` (a pipeline run's prefix,
-    whose variants table its baselines seeded) unless `train.store` names one; and with
+    whose variants table its baselines seeded) unless `train.store` names one; with
     `store_config` (the pipeline's endpoint and credentials) unless the config has a store:
-    section of its own."""
-    from speedforge.config import StoreConfig
+    section of its own; and named `run` unless the config names its run (train.run other than
+    the default)."""
+    from speedforge.config import StoreConfig, TrainConfig
 
     if store_config is not None and config.store == StoreConfig():
         config = dataclasses.replace(config, store=store_config)
     if store and not config.train.store:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, store=store))
+    if run and config.train.run == TrainConfig().run:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, run=run))
     return config
 
 

@@ -46,6 +46,7 @@ class TrainingJob:
     store: str  # the run's store: the outcome is recorded under train/<stage>/outcome.json
     config_text: str = ""  # YAML of the training config ("" = the training recipe's embedded defaults)
     resume: bool = False
+    run: str = ""  # the training run's name ("" = the config's train.run); a pipeline names one per pipeline run
     mode: str = "local"  # local | rayjob | ray
     cluster: str = "speedforge"  # rayjob: the RayCluster it runs on
     namespace: str = ""  # rayjob: "" = this pod's namespace
@@ -70,7 +71,7 @@ class TrainingJob:
     def entrypoint(self) -> str:
         """The driver's command on the cluster."""
         words = ["python", "-m", "speedforge.recipes.training_job", "--stage", self.stage, "--store", self.store]
-        return shlex.join(words + (["--resume"] if self.resume else []))
+        return shlex.join(words + (["--run", self.run] if self.run else []) + (["--resume"] if self.resume else []))
 
 
 def run_training_job(job: TrainingJob, store_config: StoreConfig,
@@ -78,7 +79,7 @@ def run_training_job(job: TrainingJob, store_config: StoreConfig,
     """Run `job`'s stage where its mode says and return the outcome's dict (run_dir,
     final_checkpoint, steps, metrics_path, stage)."""
     if job.mode == "local":
-        return train_and_record(job.stage, job.store, job.config_text, job.resume, store_config)
+        return train_and_record(job.stage, job.store, job.config_text, job.resume, store_config, run=job.run)
     say = on_status or (lambda line: print(line, file=sys.stderr, flush=True))
     env = {CONFIG_ENV: job.config_text} if job.config_text else {}
     if job.mode == "rayjob":
@@ -131,9 +132,11 @@ def pod_namespace() -> str:
 
 
 def train_and_record(stage: str, store: str, config_text: str = "", resume: bool = False,
-                     store_config: StoreConfig | None = None) -> dict:  # fmt: skip
+                     store_config: StoreConfig | None = None, run: str = "") -> dict:  # fmt: skip
     """Issue 12's training stage on the config text (empty: embedded defaults), its outcome's
-    dict recorded in the run's store (train/<stage>/outcome.json) and returned."""
+    dict recorded in the run's store (train/<stage>/outcome.json) and returned. `run` names the
+    training run where the config leaves train.run at its default: each pipeline run trains a
+    run of its own in a store that nightly runs share."""
     from speedforge.recipes.training import load_train_config, run_training, with_run_store
     from speedforge.store import open_store
 
@@ -145,7 +148,7 @@ def train_and_record(stage: str, store: str, config_text: str = "", resume: bool
             config = load_train_config(str(path))
     else:
         config = load_train_config(None)
-    outcome = run_training(with_run_store(config, store, store_config), stage, resume=resume).to_dict()
+    outcome = run_training(with_run_store(config, store, store_config, run=run), stage, resume=resume).to_dict()
     target.put_bytes(f"train/{stage}/outcome.json", json.dumps(outcome, indent=1, sort_keys=True).encode())
     return outcome
 
@@ -170,10 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Run one training stage and record its outcome in the store.")  # fmt: skip
     parser.add_argument("--stage", required=True)
     parser.add_argument("--store", required=True, help="the run's store (s3://bucket/prefix or a folder)")
+    parser.add_argument("--run", default="", help="the training run's name (default: the config's train.run)")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     try:
-        outcome = train_and_record(args.stage, args.store, os.environ.get(CONFIG_ENV, ""), args.resume)
+        outcome = train_and_record(args.stage, args.store, os.environ.get(CONFIG_ENV, ""), args.resume, run=args.run)
     except UserError as exc:
         print(f"training: error: {exc}", file=sys.stderr)
         return 2
