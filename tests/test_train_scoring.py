@@ -18,25 +18,9 @@ from speedforge.train.data import LivePrompts, answer_text, sft_pairs, split_tas
 from speedforge.train.evaluation import open_evaluation
 from speedforge.train.rollouts import RolloutsTable
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, evaluate_with_retries
+from train_samples import FAST, answer
 
 TASK = find_task("cpp/add_relu_scale")
-FAST = '''"""relu(a + b) * scale in place."""
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, a, b):
-        return torch.relu_(a + b).mul_(self.scale)
-'''
-
-
-def answer(code: str) -> str:
-    return f"### Performance Analysis\nThree passes.\n### Algorithm Design\nOne pass.\n### Code Implementation\n```python\n{code}```\n"
 
 
 def measured(candidate: Candidate, status: str = "ok", speedup: float = 1.5, unstable: bool = False) -> EvalResult:
@@ -204,7 +188,7 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     assert "1.30x speedup" in fast.prompt and "1.30x speedup" not in slow.prompt  # a lower-scoring exemplar only
     for section in ("### Performance Analysis", "### Algorithm Design", "### Code Implementation"):
         assert section in fast.answer
-    assert fast.answer.rstrip().endswith("```") and "in place." in fast.answer  # the design is the docstring
+    assert fast.answer.rstrip().endswith("```") and "one temporary instead of two" in fast.answer  # the design is the docstring
     assert answer_text(TASK, table.get(fast.variant_id, "cpu")) == fast.answer
     # a budget that fits no exemplar drops it; one that fits nothing drops the pair
     assert "Earlier variants, with" not in sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: "1.30x" not in p.user)[1].prompt

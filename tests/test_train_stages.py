@@ -26,21 +26,9 @@ from speedforge.tasks import find_task  # noqa: E402
 from speedforge.train.metrics import read_metrics  # noqa: E402
 from speedforge.train.rollouts import RolloutsTable  # noqa: E402
 from speedforge.train.state import RunState  # noqa: E402
+from train_samples import FAST  # noqa: E402
 
 TASKS = ("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares")  # the last one held out
-FAST = '''"""relu(a + b) * scale with in-place ops: one temporary instead of two."""
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, a, b):
-        return torch.relu_(a + b).mul_(self.scale)
-'''
 
 
 @pytest.fixture(scope="module")
