@@ -136,8 +136,7 @@ def passes_the_first_sample():
     return evaluate
 
 
-@pytest.mark.slow  # ~30 s more on 2 shared cores; SFT and GRPO, which it is built from, run in the quick suite
-def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):
+def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):  # the issue asks for every stage in CI
     config, _ = sft_run
     outcome = run_training(config, "self", evaluate=passes_the_first_sample())
     assert outcome.steps == 2
