@@ -22,6 +22,10 @@
 #   TRAIN_HELDOUT_TIMEOUT (60)  TRAIN_SFT_TIMEOUT (240)  TRAIN_GRPO_GRACE (90: the step in flight at the limit)
 #   TRAIN_EVALUATION (local | service)  TRAIN_RUN (run name, default train-check)
 #   TRAIN_BUILD_WORKERS (half the cores, at most 8: a step's builds overlap, the runs that time go one by one)
+#   TRAIN_PHASES ("before sft grpo after summary"): the phases to run. A machine whose commands have a
+#     time limit runs them over several calls, e.g. "before sft", then "grpo", then "after summary";
+#     the run's store, logs and step times stay in $OUT/train between them. The before phase starts
+#     a fresh run; so does the sft phase without it (keeping the "before" figures).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -42,7 +46,13 @@ cpus=$(( $(nproc) > 4 ? 4 : 1 ))  # torch threads of the Ray Train worker (the r
 builders=${TRAIN_BUILD_WORKERS:-$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))}
 yaml_list() { echo "[$(echo "$1" | sed 's/[^,][^,]*/"&"/g; s/,/, /g')]"; }
 
-rm -rf "$dir/store" "$dir/work"  # a fresh run each time (the build cache in SPEEDFORGE_CACHE is kept)
+phases=" ${TRAIN_PHASES:-before sft grpo after summary} "
+phase() { [[ $phases == *" $1 "* ]]; }
+if phase before; then  # a fresh run (the build cache in SPEEDFORGE_CACHE is kept)
+  rm -rf "$dir/store" "$dir/work" "$dir/times.txt" "$dir/failed.txt" "$dir"/heldout-*.json "$dir"/*.log
+elif phase sft; then
+  rm -rf "$dir/store" "$dir/work" "$dir/heldout-sft.json" "$dir/heldout-grpo.json" "$dir/sft.log" "$dir/grpo.log"
+fi
 cat >"$dir/config.yaml" <<EOF
 policy:
   model: "${TRAIN_MODEL:-}"
@@ -69,8 +79,7 @@ EOF
 sed "s/^  max_stage_s: 0$/  max_stage_s: $grpo_s/" "$dir/config.yaml" >"$dir/config-grpo.yaml"
 sf=($PY -m speedforge.cli --config "$dir/config.yaml")  # arrays: `timeout` runs commands, not functions
 sf_grpo=($PY -m speedforge.cli --config "$dir/config-grpo.yaml")
-failed=()
-times=()
+touch "$dir/times.txt" "$dir/failed.txt"  # step times and failures of every phase, over several calls
 step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to NAME.log
   local name=$1 limit=$2; shift 2
   echo "== $name (limit ${limit}s): $*"
@@ -78,8 +87,8 @@ step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to
   timeout --kill-after=15 "$limit" "$@" >"$dir/$name.log" 2>&1
   local rc=$?
   echo "   $name: exit $rc after $(( SECONDS - t0 )) s"
-  times+=("$name $(( SECONDS - t0 ))s")
-  [ $rc -eq 0 ] || { failed+=("$name (exit $rc$([ $rc -eq 124 ] && echo ', time limit'))"); tail -n 5 "$dir/$name.log"; }
+  echo "$name $(( SECONDS - t0 ))s" >>"$dir/times.txt"
+  [ $rc -eq 0 ] || { echo "$name (exit $rc$([ $rc -eq 124 ] && echo ', time limit'))" >>"$dir/failed.txt"; tail -n 5 "$dir/$name.log"; }
   return $rc
 }
 heldout_check() {  # heldout_check LABEL [MODEL]
@@ -89,24 +98,29 @@ heldout_check() {  # heldout_check LABEL [MODEL]
 }
 final() { sed -n 's/^ *"final_checkpoint": "\(.*\)",*$/\1/p' "$dir/$1.log" | head -1; }
 
-started=$(date +%s)
-heldout_check before
-step sft "${TRAIN_SFT_TIMEOUT:-240}" "${sf[@]}" train --stage sft --json
-sft_model=$(final sft)
-[ -n "$sft_model" ] && heldout_check sft "$sft_model"
-step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) "${sf_grpo[@]}" train --stage grpo --json
-grpo_model=$(final grpo)
-[ -n "$grpo_model" ] && heldout_check grpo "$grpo_model"
+if phase before; then heldout_check before; fi
+if phase sft; then
+  step sft "${TRAIN_SFT_TIMEOUT:-240}" "${sf[@]}" train --stage sft --json
+  sft_model=$(final sft)
+  [ -n "$sft_model" ] && heldout_check sft "$sft_model"
+fi
+if phase grpo; then step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) "${sf_grpo[@]}" train --stage grpo --json; fi
+if phase after; then
+  grpo_model=$([ -f "$dir/grpo.log" ] && final grpo)
+  [ -n "$grpo_model" ] && heldout_check grpo "$grpo_model"
+fi
+phase summary || exit 0
 for stage in sft grpo; do
   [ -f "$dir/work/$run/$stage/metrics.jsonl" ] && cp "$dir/work/$run/$stage/metrics.jsonl" "$dir/metrics-$stage.jsonl"
 done
-note="family $family, device $device, $(nproc) cores, run took $(( $(date +%s) - started )) s (${times[*]})"
-[ ${#failed[@]} -gt 0 ] && note="$note; failed: ${failed[*]}"
+steps_taken=$(paste -sd' ' "$dir/times.txt")
+failures=$(paste -sd' ' "$dir/failed.txt")
+note="family $family, device $device, $(nproc) cores, steps: $steps_taken"
+[ -n "$failures" ] && note="$note; failed: $failures"
 args=()
-for label in before sft grpo; do args+=(--heldout "$label=$dir/heldout-$label.json"); done
-[ "$samples" -gt 0 ] || args=()
+for label in before sft grpo; do [ -f "$dir/heldout-$label.json" ] && args+=(--heldout "$label=$dir/heldout-$label.json"); done
 $PY benchmarks/bench_train.py "$dir/metrics-sft.jsonl" "$dir/metrics-grpo.jsonl" "${args[@]}" --out "$dir" \
   --device "$($PY -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")' 2>/dev/null)" \
   --note "$note" | tee "$dir/bench_train.txt"
 echo "train check: $note"
-[ ${#failed[@]} -eq 0 ]
+[ -z "$failures" ]

@@ -16,6 +16,7 @@ from speedforge.store import open_store
 from speedforge.tasks import builtin_tasks, find_task
 from speedforge.train.data import LivePrompts, answer_text, sft_pairs, split_tasks
 from speedforge.train.evaluation import open_evaluation
+from speedforge.train.metrics import common_reasons, rollout_stats
 from speedforge.train.rollouts import RolloutsTable
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, evaluate_with_retries
 from train_samples import FAST, answer
@@ -143,6 +144,15 @@ def test_real_evaluation_of_a_step_with_a_good_answer_and_garbage(tmp_path):
     good, garbage = scored.rollouts
     assert good.status == "ok" and good.speedup > 0 and garbage.status == "screen_rejected"
     assert scored.rewards[0] > scored.rewards[1]
+    stats = rollout_stats(scored.rollouts)  # the step's metrics line says why the garbage failed
+    assert stats["statuses"] == {"ok": 1, "screen_rejected": 1}
+    assert list(stats["reasons"]) == ["screen_rejected"] and "not valid Python" in stats["reasons"]["screen_rejected"]
+
+
+def test_the_most_common_reason_of_each_failing_status_is_kept():
+    pairs = [("runtime_error", "NameError: x\ntraceback"), ("runtime_error", "NameError: x"),
+             ("runtime_error", "CUDA error"), ("ok", ""), ("incorrect", ""), ("compile_error", "e" * 500)]
+    assert common_reasons(pairs, width=20) == {"compile_error": "e" * 20, "runtime_error": "NameError: x"}
 
 
 def test_a_step_written_again_after_a_resume_keeps_its_latest_rows(tmp_path):

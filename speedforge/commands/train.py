@@ -106,6 +106,9 @@ def _heldout(args: argparse.Namespace) -> int:
     print_table(["task", "samples", "compiled", "correct", "best speedup", "statuses"],
                 [[t["task_id"], t["samples"], f"{t['compiled_fraction']:.0%}", f"{t['valid_fraction']:.0%}",
                   t["best_speedup"], ", ".join(f"{k} {v}" for k, v in t["statuses"].items())] for t in report.tasks])  # fmt: skip
+    for task in report.tasks:
+        for status, reason in task.get("reasons", {}).items():
+            print(f"  {task['task_id']} {status}, most often: {reason}")
     print(f"overall: compiled {report.compiled_fraction:.0%}, correct {report.valid_fraction:.0%}, "
           f"best speedup {report.best_speedup if report.best_speedup is not None else '-'}")  # fmt: skip
     return 0

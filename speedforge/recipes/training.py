@@ -405,7 +405,7 @@ class HeldoutReport:
 
     model: str
     pool: str
-    tasks: list[dict]  # task_id, samples, compiled_fraction, valid_fraction, best_speedup, statuses
+    tasks: list[dict]  # task_id, samples, compiled_fraction, valid_fraction, best_speedup, statuses, reasons
     compiled_fraction: float  # samples that built and ran (neither refused by the screen nor a compile error)
     valid_fraction: float  # samples that passed correctness (status ok)
     best_speedup: float | None
@@ -423,7 +423,7 @@ def evaluate_heldout(config: Config, model: str | None, samples: int) -> Heldout
     from speedforge.policy.prompts import render_prompt
     from speedforge.search.loop import default_pool
     from speedforge.train.evaluation import open_evaluation
-    from speedforge.train.metrics import NOT_COMPILED
+    from speedforge.train.metrics import NOT_COMPILED, common_reasons
     from speedforge.train.scoring import candidate_from
 
     check_family(config)
@@ -451,7 +451,8 @@ def evaluate_heldout(config: Config, model: str | None, samples: int) -> Heldout
             rows.append({"task_id": task.task_id, "samples": len(results),
                          "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
                          "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
-                         "statuses": {s: mine.count(s) for s in sorted(set(mine))}})  # fmt: skip
+                         "statuses": {s: mine.count(s) for s in sorted(set(mine))},
+                         "reasons": common_reasons((r.status, r.reason) for r in results)})  # fmt: skip
     best = [r["best_speedup"] for r in rows if r["best_speedup"] is not None]
     return HeldoutReport(backend.model_name, pool, rows, sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
                          statuses.count("ok") / len(statuses), max(best, default=None))  # fmt: skip

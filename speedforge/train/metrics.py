@@ -6,7 +6,8 @@ TensorBoard, and the file copied to the run's state in the store after every ste
 
 A GRPO or self-training step records the reward mean and max, the valid fraction (status ok),
 the compiled fraction (built and ran: neither refused by the screen nor a compile error), the
-speedup quantiles of its ok samples, the statuses, and its time split into generation,
+speedup quantiles of its ok samples, the statuses with the most common reason of each failing
+one (so a run whose samples all fail says why), and its time split into generation,
 evaluation and update. A step written again after a resume replaces the earlier line when
 read back (`read_metrics`).
 """
@@ -56,6 +57,16 @@ def quantile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def common_reasons(pairs: Iterable[tuple[str, str]], width: int = 160) -> dict[str, str]:
+    """The most common reason of each failing status among (status, reason) pairs, cut to `width`
+    characters; a status whose samples gave no reason is left out."""
+    by_status: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for status, reason in pairs:
+        if status != "ok" and reason:
+            by_status[status][reason.strip().splitlines()[0][:width]] += 1
+    return {status: counts.most_common(1)[0][0] for status, counts in sorted(by_status.items())}
+
+
 def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """The reward and speedup figures of one step's samples."""
     rewards = [r.reward for r in rollouts if r.reward is not None]
@@ -71,6 +82,7 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
         "speedup_p90": quantile(speedups, 0.9),
         "speedup_max": max(speedups) if speedups else None,
         "statuses": dict(collections.Counter(r.status for r in rollouts)),
+        "reasons": common_reasons((r.status, json.loads(r.result_json).get("reason", "")) for r in rollouts),
     }
 
 
