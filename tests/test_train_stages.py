@@ -16,6 +16,7 @@ pytest.importorskip("trl")
 pytest.importorskip("ray")
 
 from speedforge.config import Config, EvaluatorConfig, GRPOStageConfig, PolicyConfig, RayTrainConfig  # noqa: E402
+from speedforge.config import RewardConfig  # noqa: E402
 from speedforge.config import SelfTrainConfig, SFTConfig, TrainConfig  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
 from speedforge.records import Candidate  # noqa: E402
@@ -79,12 +80,12 @@ def make_config(workspace, model: str, run: str, store: str, **train) -> Config:
     return Config(evaluator=evaluator, policy=PolicyConfig(model=model, device="cpu"), train=TrainConfig(**settings))
 
 
-def seed_store(config: Config) -> None:
+def seed_store(config: Config, task_id: str = TASKS[0], source: str = FAST) -> None:
     """The variants table the SFT pairs and GRPO's exemplars come from: one candidate, measured."""
     from speedforge.evaluator import evaluate
 
-    task = find_task(TASKS[0])
-    candidate = Candidate.make(task.task_id, FAST, origin="test")
+    task = find_task(task_id)
+    candidate = Candidate.make(task.task_id, source, origin="test")
     result = evaluate(task, candidate, config.evaluator, device="cpu", pool="cpu")
     assert result.ok, result.reason
     VariantsTable.append(open_store(config.train.store), [make_variant(candidate, result)])
@@ -292,3 +293,21 @@ def test_a_stage_ends_at_its_time_limit_with_a_checkpoint_and_final_weights(work
     assert outcome.steps == 1 and (Path(outcome.final_checkpoint) / "config.json").is_file()
     saved = RunState(open_store(config.train.store), "limited", "sft").read()
     assert saved["status"] == "done" and saved["ended"] == "time limit" and saved["checkpoint"] == "checkpoints/00000001"
+
+
+@pytest.mark.slow  # an ann index built and swept per measured candidate
+def test_grpo_on_the_ann_family_scores_its_samples_with_the_auc_reward(workspace, tiny_model, ray_local):
+    from speedforge.ann.engine import module_source
+
+    tasks = ("ann/glove-search", "ann/glove-refinement", "ann/sift-search")
+    config = make_config(workspace, tiny_model, "ann", "store-ann", family="ann", tasks_uri="builtin:ann", tasks=tasks,
+                         heldout=(tasks[-1],), rewards=RewardConfig(weights={"auc": 1.0, "format": 0.1}),
+                         grpo=GRPOStageConfig(steps=2, generations=2, max_new_tokens=16, learning_rate=1e-3))  # fmt: skip
+    seed_store(config, tasks[0], module_source("search"))  # the baseline search module, measured: an exemplar
+    outcome = run_training(config, "grpo")
+    assert outcome.steps == 2
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="ann", stage="grpo")
+    assert len(rollouts) == 4 and {r.task_id for r in rollouts} <= set(tasks[:2])
+    for rollout in rollouts:  # a tiny random model's answers: every one scored, none by infrastructure
+        assert rollout.status not in ("ok", "infra_error") and rollout.result.reason
+        assert set(json.loads(rollout.rewards_json)) == {"auc", "format"} and rollout.reward is not None
