@@ -51,6 +51,15 @@ def test_repeated_searches_on_changing_thread_counts_keep_answering_the_same(ind
         np.testing.assert_array_equal(labels, expected[0][part])
 
 
+def test_a_non_finite_query_is_named_by_its_row_on_any_number_of_threads(index, sift):
+    queries = sift.queries.copy()
+    queries[150, 3] = np.inf
+    queries[41, 0] = np.nan
+    for threads in THREAD_COUNTS:
+        with pytest.raises(ValueError, match=r"queries contain NaN or infinite values \(first at row 41\)"):
+            index.search(queries, 10, 40, threads=threads)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="lists threads through /proc")
 def test_repeated_searches_reuse_the_same_worker_threads():
     script = """
