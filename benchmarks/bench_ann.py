@@ -8,7 +8,9 @@ recall@10 = 0.90 and the area under the QPS-recall curve for recall in [0.85, 0.
 to the best library that is not speedforge's. The libraries' searches are interleaved point by
 point in random order; a point's QPS is from the median of its repeats, and `spread` is the
 median over points of (slowest - fastest) / median. Single-thread calls are timed by the
-calling thread's CPU clock (--clock), so a shared machine's load moves them little.
+calling thread's CPU clock (--clock), so a shared machine's load moves them little. Before
+each timed call the process waits until its threads are idle (--settle, see _settle): faiss's
+OpenMP workers keep spinning for milliseconds after its call returns, on every core it used.
 
 Libraries, configured as ann-benchmarks configures them:
 - hnswlib, faiss (IndexHNSWFlat), usearch-f32 / usearch-i8 (connectivity M, expansion_add
@@ -284,6 +286,26 @@ def _measured(wall, cpu, threads, clock):
     return wall
 
 
+SETTLE_PROBE_S = 0.005  # one look at the process's CPU use ...
+SETTLE_IDLE_CPU_S = 0.0005  # ... finds it idle below this much CPU time
+SETTLE_MAX_S = 0.25
+
+
+def _settle():
+    """Wait (at most SETTLE_MAX_S) until this process's threads are idle, so that no library's
+    call is measured while another library's threads still run. OpenMP workers spin-wait after
+    a parallel region: after each faiss search, each of its libgomp workers burns about 9 ms of
+    CPU on the 2-core box (none of hnswlib's, ScaNN's, USearch's or ours do), so on 16 threads
+    the next library's 1-3 ms call ran with 15 cores taken, and faiss's own next call found its
+    workers still awake. Every library's call now starts with the others' threads asleep."""
+    deadline = time.perf_counter() + SETTLE_MAX_S
+    while time.perf_counter() < deadline:
+        cpu0 = time.process_time()
+        time.sleep(SETTLE_PROBE_S)
+        if time.process_time() - cpu0 < SETTLE_IDLE_CPU_S:
+            return
+
+
 def _release_freed_memory():
     """Collect garbage and hand freed heap pages back to the system, so that the next index's
     RSS growth is its own (otherwise it reuses what an earlier, deleted index freed)."""
@@ -334,6 +356,8 @@ def bench_shape(shape, distribution, data, args, threads, budget):
             for _ in range(args.repeats):
                 for lib in rng.permutation(active):
                     setting = settings[lib][step]
+                    if args.settle:
+                        _settle()
                     cpu0, start = time.thread_time(), time.perf_counter()
                     labels = indexes[lib].search(ds.queries, args.k, setting, t)
                     wall, cpu = time.perf_counter() - start, time.thread_time() - cpu0
@@ -442,6 +466,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per point (QPS from the median)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="single-thread calls timed by the thread's CPU clock (default) or the wall clock")
+    parser.add_argument("--settle", action=argparse.BooleanOptionalAction, default=True,
+                        help="before each timed call, wait until the process's threads are idle (default; "
+                        "--no-settle: back to back, as the runs before this option measured)")
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop building and sweeping after this many seconds, printing what is done (0: no limit)")
@@ -464,7 +491,8 @@ def main(argv=None):
     threads = args.threads or os.cpu_count() or 1
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
           f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
-          f"sfann codes {args.quantization}, threads {threads}, {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
+          f"sfann codes {args.quantization}, threads {threads}, {'settled' if args.settle else 'unsettled'} calls, "
+          f"{time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
     for note in notes:
         print(f"# note: {note}", flush=True)
     budget = Budget(args.budget_s)

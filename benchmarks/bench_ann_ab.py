@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--quantization", default="sq8", choices=("sq8", "none"))
+    parser.add_argument("--threads", type=int, default=1,
+                        help="search threads (calls of 25 queries per thread; above 1, timed by the wall clock)")
     args = parser.parse_args(argv)
     old, new = load_engine(args.old), baseline()
     for case in args.cases.split(","):
@@ -50,7 +52,8 @@ def main(argv=None) -> int:
             "module": "search", "data": {"shape": shape, "distribution": distribution, "n": int(n),
                                          "queries": args.queries},
             "index": {"M": 16, "ef_construction": 100, "quantization": args.quantization},
-            "sweep": {"k": 10, "ef": [10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128], "repeats": 3}})
+            "sweep": {"k": 10, "ef": [10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128], "repeats": 3,
+                      "threads": args.threads}})
         spec = tasks.parse_spec(source, case)
         rewards = []
         for seed in range(args.seeds):

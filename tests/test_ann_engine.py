@@ -128,14 +128,6 @@ def test_bad_input_is_rejected_with_a_clear_message(sift):
         eng.Index(8, "hamming")
 
 
-def test_parallel_search_equals_single_thread_search(sift):
-    index = eng.Index(sift.dim, "l2", M=8, ef_construction=40)
-    index.build(sift.base, threads=2)
-    one = index.search(sift.queries, 10, 40, threads=1)[0]
-    two = index.search(sift.queries, 10, 40, threads=2)[0]
-    np.testing.assert_array_equal(one, two)
-
-
 @pytest.mark.parametrize("module", ["construction", "search", "refinement"])
 def test_a_module_rebuilt_from_its_own_source_behaves_exactly_like_the_engine(module, tmp_path, sift):
     from speedforge.ann.engine import build_candidate, load_extension, module_source

@@ -85,6 +85,36 @@ def test_the_benchmark_reports_both_data_kinds_and_ratios(bench, capsys, tmp_pat
     assert all(r["points_1t"] for r in rows)
 
 
+class _FakeClock:
+    """time as _settle sees it: the process's CPU time rises by busy_s over each of the first
+    `busy` sleeps and by almost nothing after."""
+
+    def __init__(self, busy, busy_s=0.004):
+        self.wall, self.cpu, self.sleeps, self.busy, self.busy_s = 0.0, 0.0, 0, busy, busy_s
+
+    def perf_counter(self):
+        return self.wall
+
+    def process_time(self):
+        return self.cpu
+
+    def sleep(self, seconds):
+        self.sleeps += 1
+        self.wall += seconds
+        self.cpu += self.busy_s if self.sleeps <= self.busy else 1e-5
+
+
+def test_settle_waits_until_the_process_threads_are_idle(bench, monkeypatch):
+    clock = _FakeClock(busy=3)
+    monkeypatch.setattr(bench, "time", clock)
+    bench._settle()
+    assert clock.sleeps == 4  # three busy probes, then an idle one
+    always_busy = _FakeClock(busy=10**6)
+    monkeypatch.setattr(bench, "time", always_busy)
+    bench._settle()  # gives up after SETTLE_MAX_S
+    assert always_busy.sleeps == round(bench.SETTLE_MAX_S / bench.SETTLE_PROBE_S)
+
+
 def test_sizes_per_shape(bench):
     assert bench._sizes("5000", ["sift", "gist"]) == {"sift": 5000, "gist": 5000}
     assert bench._sizes("sift=100,gist=7", ["sift", "glove", "gist"]) == {"sift": 100, "glove": 100, "gist": 7}

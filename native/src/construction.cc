@@ -20,7 +20,8 @@ class HnswBuilder final : public Builder {
   void build(const VectorStore& store, const BuildParams& params, Graph& graph) override;
 };
 
-struct ThreadState {
+// One builder thread's state; line-aligned, as the threads' states sit side by side in a vector.
+struct alignas(64) ThreadState {
   VisitedList visited;
   CandidatePool pool;
   std::vector<uint32_t> links;

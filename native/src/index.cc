@@ -1,6 +1,7 @@
 // The index: owns vectors, graph and modules; batch search over threads; save/load.
 #include "sfann/index.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -12,13 +13,10 @@ namespace {
 
 constexpr char kMagic[8] = {'S', 'F', 'A', 'N', 'N', '0', '0', '1'};
 
-void check_finite(const float* data, size_t count, const char* what) {
-  for (size_t i = 0; i < count; ++i) {
-    if (!std::isfinite(data[i])) {
-      throw std::invalid_argument(std::string(what) + " contain NaN or infinite values (first at row " +
-                                  std::to_string(i) + ")");
-    }
-  }
+bool all_finite(const float* row, int dim) {
+  bool finite = true;
+  for (int j = 0; j < dim; ++j) finite &= std::isfinite(row[j]);
+  return finite;
 }
 
 template <typename T>
@@ -50,10 +48,8 @@ void Index::build(const float* data, size_t n, int threads) {
   if (n >= CandidatePool::kExpanded) throw std::invalid_argument("too many vectors (limit 2^31 - 1)");
   // Finite check per row so the message names the row.
   for (size_t i = 0; i < n; ++i) {
-    for (int j = 0; j < dim_; ++j) {
-      if (!std::isfinite(data[i * dim_ + j])) {
-        throw std::invalid_argument("data vectors contain NaN or infinite values (first at row " + std::to_string(i) + ")");
-      }
+    if (!all_finite(data + i * dim_, dim_)) {
+      throw std::invalid_argument("data vectors contain NaN or infinite values (first at row " + std::to_string(i) + ")");
     }
   }
   auto start = std::chrono::steady_clock::now();
@@ -94,15 +90,24 @@ void Index::search(const float* queries, size_t nq, int k, int ef, int threads, 
     throw std::invalid_argument("k=" + std::to_string(k) + " is larger than the index (" + std::to_string(store_.size()) +
                                 " vectors)");
   }
-  check_finite(queries, nq * static_cast<size_t>(dim_), "queries");
   ef = std::max(ef, k);
   threads = std::max(1, std::min<int>(resolve_threads(threads), static_cast<int>(std::max<size_t>(nq, 1))));
   std::vector<std::unique_ptr<SearchScratch>> scratch(threads);
   for (auto& s : scratch) s = take_scratch();
+  // Each query is checked by the thread that searches it (a serial pass over all of them would
+  // hold up every thread); a non-finite one is skipped, and the first such row named after.
+  std::atomic<size_t> first_bad(nq);
   try {
     parallel_for(0, nq, threads, [&](size_t i, int t) {
+      const float* query = queries + i * dim_;
+      if (!all_finite(query, dim_)) {
+        size_t seen = first_bad.load(std::memory_order_relaxed);
+        while (i < seen && !first_bad.compare_exchange_weak(seen, i, std::memory_order_relaxed)) {
+        }
+        return;
+      }
       SearchScratch& s = *scratch[t];
-      store_.prepare_query(queries + i * dim_, s.query.data());
+      store_.prepare_query(query, s.query.data());
       space_.prepare_query(s.query.data(), s.prepared.data());
       searcher_->search(graph_, space_, s.prepared.data(), ef, s);
       refiner_->refine(store_, space_, s.query.data(), k, s, labels + i * k, dists + i * k);
@@ -112,6 +117,10 @@ void Index::search(const float* queries, size_t nq, int k, int ef, int threads, 
     throw;
   }
   for (auto& s : scratch) give_scratch(std::move(s));
+  if (first_bad.load() < nq) {
+    throw std::invalid_argument("queries contain NaN or infinite values (first at row " +
+                                std::to_string(first_bad.load()) + ")");
+  }
 }
 
 size_t Index::memory_bytes() const { return store_.memory_bytes() + space_.memory_bytes() + graph_.memory_bytes(); }

@@ -1,6 +1,7 @@
 // Shared types of the speedforge graph ANN engine (sfann): metrics, aligned buffers, prefetch.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -83,6 +84,27 @@ class AlignedBuffer {
   }
   T* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// An allocator whose blocks start on a cache line and fill whole lines, for small arrays that one
+// thread writes while other threads work on arrays of their own: no two blocks share a line.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
+  T* allocate(size_t count) {
+    const size_t bytes = std::max<size_t>(64, (count * sizeof(T) + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, bytes);
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) noexcept { std::free(p); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const noexcept { return false; }
 };
 
 // Prefetch `bytes` starting at `ptr` into L1, one cache line at a time.

@@ -29,9 +29,16 @@ class Builder {
   virtual void build(const VectorStore& store, const BuildParams& params, Graph& graph) = 0;
 };
 
-// Scratch space of one search thread (one query at a time).
-struct SearchScratch {
-  explicit SearchScratch(size_t n, int dim_padded) : visited(n), query(dim_padded), prepared(dim_padded) {}
+// Scratch space of one search thread (one query at a time). Threads search side by side, each
+// with its own scratch, so nothing of one scratch shares a cache line with another's: the struct
+// (the pool's and the visited list's counters) is line-aligned, and the free buffers are given
+// room here, beside this scratch's other buffers, before any thread writes to them.
+struct alignas(64) SearchScratch {
+  static constexpr size_t kBufferRoom = 512;  // entries (at least twice the largest M)
+  explicit SearchScratch(size_t n, int dim_padded) : visited(n), query(dim_padded), prepared(dim_padded) {
+    buffer.reserve(kBufferRoom);
+    dists.reserve(kBufferRoom);
+  }
   VisitedList visited;
   CandidatePool pool;
   AlignedBuffer<float> query;     // the padded (and, for angular, normalised) query

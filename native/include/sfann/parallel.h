@@ -1,12 +1,12 @@
-// parallel_for over [0, n) with dynamic chunks on plain std::threads.
+// parallel_for over [begin, end) in dynamic chunks, on the calling thread and the workers of a
+// persistent thread pool (src/parallel.cc).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
-#include <mutex>
+#include <cstddef>
 #include <thread>
-#include <vector>
+#include <type_traits>
 
 namespace sfann {
 
@@ -16,7 +16,22 @@ inline int resolve_threads(int threads) {
   return hw ? static_cast<int>(hw) : 1;
 }
 
-// Calls fn(i, thread_index) for every i in [begin, end); the first exception is rethrown.
+// Calls body(ctx, t) on the calling thread (t = 0) and on up to threads - 1 other threads
+// (t = 1, 2, ...), and returns once every call has returned; the first exception one of them
+// threw is rethrown then. A call may get fewer threads than it asks for (the pool is busy with
+// another caller's work, or the system refuses new threads), so bodies share their work out
+// dynamically and never count on a given t being run.
+//
+// The other threads are the workers of one pool per process, started on first use, grown to
+// the largest count asked for, and reused by every later call. One caller uses the pool at a
+// time: a concurrent caller, or a body that itself calls parallel_for, gets threads started for
+// its call alone. A child process forked from this one starts a pool of its own (the parent's
+// workers do not exist in it).
+void run_on_threads(int threads, void (*body)(void* ctx, int t), void* ctx);
+
+// Calls fn(i, t) for every i in [begin, end), on threads with indexes t in [0, threads) that
+// take chunks of `chunk` indexes as they go; the first exception is rethrown (the remaining
+// chunks are then skipped).
 template <typename Fn>
 void parallel_for(size_t begin, size_t end, int threads, Fn&& fn, size_t chunk = 16) {
   if (end <= begin) return;
@@ -25,28 +40,31 @@ void parallel_for(size_t begin, size_t end, int threads, Fn&& fn, size_t chunk =
     for (size_t i = begin; i < end; ++i) fn(i, 0);
     return;
   }
-  std::atomic<size_t> next(begin);
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&](int t) {
+  struct Work {
+    alignas(64) std::atomic<size_t> next;  // alone on its cache line: every chunk writes it
+    alignas(64) size_t end;
+    size_t chunk;
+    std::remove_reference_t<Fn>* fn;
+  } work;
+  work.next.store(begin, std::memory_order_relaxed);
+  work.end = end;
+  work.chunk = chunk;
+  work.fn = &fn;
+  auto body = [](void* ctx, int t) {
+    Work& w = *static_cast<Work*>(ctx);
     try {
       for (;;) {
-        size_t start = next.fetch_add(chunk);
-        if (start >= end) break;
-        size_t stop = std::min(end, start + chunk);
-        for (size_t i = start; i < stop; ++i) fn(i, t);
+        const size_t start = w.next.fetch_add(w.chunk, std::memory_order_relaxed);
+        if (start >= w.end) break;
+        const size_t stop = std::min(w.end, start + w.chunk);
+        for (size_t i = start; i < stop; ++i) (*w.fn)(i, t);
       }
     } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-      next.store(end);
+      w.next.store(w.end, std::memory_order_relaxed);
+      throw;
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
-  worker(0);
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
+  run_on_threads(threads, body, &work);
 }
 
 }  // namespace sfann

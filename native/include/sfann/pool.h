@@ -87,8 +87,9 @@ class CandidatePool {
   float dist(int i) const { return dists_[i]; }
 
  private:
-  std::vector<uint32_t> ids_;
-  std::vector<float> dists_;
+  // Rewritten on every insert: cache-line blocks of their own (pools of several threads).
+  std::vector<uint32_t, CacheLineAllocator<uint32_t>> ids_;
+  std::vector<float, CacheLineAllocator<float>> dists_;
   int size_ = 0;
   int capacity_ = 0;
   int cursor_ = 0;
