@@ -105,7 +105,7 @@ if want ann && [ -f benchmarks/bench_ann.py ]; then
   # replaces the sizes below. Then the ann reward's CV over 6 sandboxes (ANN_REWARD_BUDGET_S, default 80).
   ann_budget=${ANN_BUDGET_S:-270}
   timeout $((ann_budget + 60)) $PY benchmarks/bench_ann.py \
-    ${ANN_ARGS:---n sift=50000,glove=50000,gist=20000 --queries 500 --repeats 2} \
+    ${ANN_ARGS:---n sift=50000,glove=50000,gist=20000 --queries 500 --repeats 3} \
     --budget-s "$ann_budget" --json "$OUT/bench_ann.json" >"$OUT/bench_ann.txt" 2>"$OUT/bench_ann.log"
   note ann "exit $? (bench_ann.txt, bench_ann.log, bench_ann.json)"
   reward_budget=${ANN_REWARD_BUDGET_S:-80}
