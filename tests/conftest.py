@@ -12,6 +12,12 @@ S3 in tests is a real SeaweedFS server (speedforge.store.s3server), started once
         client.list_objects_v2(Bucket=s3_server.bucket)
 
 Do not stop the session server in a test; start your own SeaweedServer for that.
+
+A policy for tests of the plumbing around one is made once per session (the default model takes
+half a minute to load; its own tests load it):
+
+    def test_plumbing(tiny_model):             # a folder: a 2-layer random Llama, SmolLM2's tokenizer
+        PolicyConfig(model=tiny_model, device="cpu")
 """
 
 from __future__ import annotations
@@ -51,3 +57,25 @@ def s3_uri(s3_env, request):
     """A fresh `s3://<bucket>/<prefix>` for this test alone (the env points at the server)."""
     name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
     return f"s3://{s3_env.bucket}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A 2-layer Llama with SmolLM2's tokenizer and chat template (random weights), for tests of
+    the plumbing around a policy (the default model's own tests load the default model)."""
+    import torch
+
+    transformers = pytest.importorskip("transformers", reason="the tiny model needs the 'train' extra")
+    from speedforge.policy.backends import resolve_model
+
+    folder, gguf_file, _ = resolve_model("")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=4096, tie_word_embeddings=True,
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-model")
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
