@@ -13,15 +13,23 @@ S3 in tests is a real SeaweedFS server (speedforge.store.s3server), started once
 
 Do not stop the session server in a test; start your own SeaweedServer for that.
 
-A policy for tests of the plumbing around one is made once per session (the default model takes
-half a minute to load; its own tests load it):
+Two more things are made once per session, because they cost tens of seconds each:
 
     def test_plumbing(tiny_model):             # a folder: a 2-layer random Llama, SmolLM2's tokenizer
         PolicyConfig(model=tiny_model, device="cpu")
+
+    def test_measures(warm_cache):             # a cache dir in which one built-in cpp candidate is built
+        EvaluatorConfig(cache_dir=warm_cache.cache_dir), find_task(warm_cache.task_id)
+
+The warm cache is shared in place by every test that uses it: what a test keeps under its cache
+dir besides builds (run-s3, pipeline-s3) is that test's alone only while no other test using the
+warm cache runs the same command. A test that counts compiles or tests the build cache itself
+keeps a cold cache of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -79,3 +87,28 @@ def tiny_model(tmp_path_factory):
     transformers.LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmCache:
+    """An evaluator cache dir in which the candidate of `task_id` is built."""
+
+    cache_dir: str
+    task_id: str
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory) -> WarmCache:
+    """A cache dir shared by the session's tests, with one built-in cpp candidate built in it once:
+    the first of a staged builtin:cpp data set (staging sorts candidates by id), which a pipeline
+    with a budget of one candidate measures. Shared in place: a build is reused only at the path
+    it was built at (its ninja files name that path)."""
+    from speedforge.config import EvaluatorConfig
+    from speedforge.evaluator import build_candidate
+    from speedforge.tasks import builtin_candidates, find_task
+
+    cache_dir = str(tmp_path_factory.mktemp("warm-cache"))
+    candidate = min(builtin_candidates("cpp"), key=lambda c: c.candidate_id)
+    build = build_candidate(find_task(candidate.task_id), candidate, EvaluatorConfig(cache_dir=cache_dir))
+    assert build.ok, build.failure
+    return WarmCache(cache_dir, candidate.task_id)
