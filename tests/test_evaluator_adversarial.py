@@ -56,6 +56,12 @@ def report_config(tmp_path_factory) -> EvaluatorConfig:
     )
 
 
+def _limited(config: EvaluatorConfig, expected: set[str]) -> EvaluatorConfig:
+    """A trick that must time out never ends: its run time limit is all it costs, so it gets a
+    short one (the honest candidate after it keeps the full limit)."""
+    return dataclasses.replace(config, run_timeout_s=8.0) if expected == {"timeout"} else config
+
+
 def _candidate(task: Task, path: Path, source: str | None = None) -> Candidate:
     return Candidate.make(task.task_id, source if source is not None else path.read_text(), origin=f"test:{path.name}")
 
@@ -98,7 +104,7 @@ def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, m
         server = _ListeningServer()
         source = source.replace("PORT = 0", f"PORT = {server.port}")
 
-    result = evaluate(task, _candidate(task, path, source), report_config)
+    result = evaluate(task, _candidate(task, path, source), _limited(report_config, expected))
 
     _assert_caught(path, source, result, expected)
     if server is not None:
@@ -120,9 +126,10 @@ def test_tricks_past_the_screen_are_caught_at_run_time_with_the_default_screen(p
     ESCAPE_PROBE.unlink(missing_ok=True)
     source = path.read_text()
 
-    result = evaluate(task, _candidate(task, path, source), config)
+    expected = _expectations(path)[1]
+    result = evaluate(task, _candidate(task, path, source), _limited(config, expected))
 
-    _assert_caught(path, source, result, _expectations(path)[1])
+    _assert_caught(path, source, result, expected)
     assert result.screen_findings == screen(source, "cpp").findings
 
 

@@ -19,6 +19,8 @@ TASK = Task(task_id="ext/scaled_relu", family="cpp", name="scaled_relu", source=
 # Compiles `good` from __init__ and tries `broken`, which fails at its first line, in a
 # try/except fallback. The fallback checks that the run stage raised
 # the build stage's recorded error instead of compiling again: otherwise its output is wrong.
+# `broken` names a header that does not exist: the compiler stops there, before it parses the
+# torch headers load_inline puts first (an #error would only fail after half a minute of that).
 LAZY = r'''
 import os
 
@@ -26,7 +28,7 @@ import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-BROKEN = "#error deliberately broken\n"
+BROKEN = "#include <speedforge_deliberately_missing.h>\n"
 
 
 class ModelNew(nn.Module):

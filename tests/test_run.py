@@ -1,9 +1,10 @@
 """The main job (`speedforge run`, what `make run` does) end to end on a tiny budget: the built-in
 candidates measured, the suite staged to a real embedded S3, the search seeded with them.
 
-The last test runs the command itself with the default model and the real sandbox on one task
-(61 s on 2 cores, most of it compiling the task's fast candidate once: under the 2 minutes that
-would make it `slow`). The others run the same recipe and printer with a scripted policy and a
+The last test runs the command itself with the real sandbox on one task: the one whose fast
+candidate the session's warm cache holds built (compiling it takes most of a minute on 2 cores),
+searched by the session's tiny model (the default model's own tests load the default model, which
+takes half a minute). The others run the same recipe and printer with a scripted policy and a
 scripted evaluator (no compiler, no model; speedforge ships no deterministic generation
 backend), which lets them check what a real model cannot be relied on to produce: a passing
 sample, and a second run that starts from the first one's variants."""
@@ -11,6 +12,7 @@ sample, and a second run that starts from the first one's variants."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from speedforge.cli import main
 from speedforge.commands.run import RunPrinter, best_rows
@@ -86,19 +88,20 @@ def test_the_main_job_without_a_search_makes_no_backend_and_stages_nothing(tmp_p
     assert not (tmp_path / "cache" / "run-s3").exists()
 
 
-def test_speedforge_run_end_to_end_on_one_task_with_the_default_model(tmp_path, capsys):
+def test_speedforge_run_end_to_end_on_one_task_with_a_tiny_model(tmp_path, warm_cache, tiny_model, capsys):
     config = tmp_path / "config.yaml"
     config.write_text(
-        f"evaluator:\n  cache_dir: {tmp_path / 'cache'}\n  correctness_trials: 2\n  cpu_timed_calls: 5\n"
+        f"evaluator:\n  cache_dir: {warm_cache.cache_dir}\n  correctness_trials: 2\n  cpu_timed_calls: 5\n"
         "  min_timed_s: 0.0\n  max_timed_calls: 5\n  warmup_calls: 1\n"
-        "policy:\n  cpu_threads: 1\n  device: cpu\n"
+        f"policy:\n  model: {tiny_model}\n  cpu_threads: 1\n  device: cpu\n"
     )
-    code = main(["--config", str(config), "run", "--family", "cpp", "--tasks", TASK_ID, "--search-tasks", "1",
+    task_id = warm_cache.task_id
+    code = main(["--config", str(config), "run", "--family", "cpp", "--tasks", task_id, "--search-tasks", "1",
                  "--search-samples", "1", "--search-tokens", "16"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     assert "1/1 ok" in out and "staged builtin-cpp v1 (14 tasks)" in out
-    assert f"{TASK_ID}: 1 round(s) x 1 sample(s), policy hf:SmolLM2-135M-Instruct, pool cpu" in out
+    assert f"{task_id}: 1 round(s) x 1 sample(s), policy hf:{Path(tiny_model).name}, pool cpu" in out
     row = out.splitlines()[-1].split()
     # 16 tokens hold no whole program: the best is the built-in candidate, none of the policy's passed
-    assert (row[0], row[2], row[-1]) == (TASK_ID, "builtin", "0/1")
+    assert (row[0], row[2], row[-1]) == (task_id, "builtin", "0/1")

@@ -1,9 +1,11 @@
 """The in-context search loop: sample -> evaluate -> add to variants, every sample accounted for;
-and `speedforge optimize`, once with the default model on a CPU task."""
+and `speedforge optimize`, once with the session's tiny model on a CPU task (conftest; the default
+model generates in test_policy_backends)."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -201,17 +203,17 @@ def test_pools_and_devices():
 
 
 @pytest.fixture
-def quick_config(tmp_path):
+def quick_config(tmp_path, tiny_model):
     path = tmp_path / "config.yaml"
     path.write_text(
         f"evaluator:\n  cache_dir: {tmp_path / 'cache'}\n  correctness_trials: 2\n  cpu_timed_calls: 5\n"
         "  min_timed_s: 0.0\n  max_timed_calls: 5\n  warmup_calls: 1\n  run_timeout_s: 120.0\n"
-        "policy:\n  cpu_threads: 1\n  device: cpu\n"
+        f"policy:\n  model: {tiny_model}\n  cpu_threads: 1\n  device: cpu\n"
     )
     return str(path)
 
 
-def test_optimize_one_round_with_the_default_model(quick_config, s3_uri, capsys):
+def test_optimize_one_round_with_a_tiny_model(quick_config, tiny_model, s3_uri, capsys):
     code = main(["--config", quick_config, "optimize", "--task", TASK.task_id, "--rounds", "1", "--samples", "2",
                  "--max-new-tokens", "24", "--store", s3_uri])  # fmt: skip
     out = capsys.readouterr().out
@@ -220,14 +222,15 @@ def test_optimize_one_round_with_the_default_model(quick_config, s3_uri, capsys)
     header = next(i for i, line in enumerate(lines) if line.startswith("round  samples  valid"))
     row = lines[header + 1].split()
     assert row[:2] == ["1", "2"] and row[3].endswith("%")
-    assert "policy hf:SmolLM2-135M-Instruct, pool cpu" in out
+    name = Path(tiny_model).name
+    assert f"policy hf:{name}, pool cpu" in out
     # 24 tokens hold no whole program: nothing passes, and the outcome says why
     assert "no valid variant of cpp/add_relu_scale on cpu after 2 sample(s)" in out
     stored = open_store(s3_uri).read_records(TABLE, Variant)
     assert len(stored) == 2  # two samples of 24 tokens at temperature 0.8, seeded: two distinct candidates
     for variant in stored:
         assert variant.status in STATUSES and variant.status != "ok"
-        assert variant.origin == "model:SmolLM2-135M-Instruct@round1" and variant.score is None
+        assert variant.origin == f"model:{name}@round1" and variant.score is None
 
 
 def test_optimize_with_the_endpoint_down_ends_with_one_clear_line(capsys):

@@ -1,5 +1,5 @@
-"""The three training stages on Ray Train with TRL, on the CPU, with a tiny model this module
-builds (two layers, SmolLM2's tokenizer from the default model's GGUF file): each stage runs its
+"""The three training stages on Ray Train with TRL, on the CPU, with the session's tiny model
+(conftest: two layers, SmolLM2's tokenizer from the default model's GGUF file): each stage runs its
 steps and ends with a checkpoint the hf backend loads; a GRPO run whose evaluation service dies
 stops with a checkpoint, never trains on missing rewards, and resumes at the step it left off
 with the same data (and, its RNG restored, the same samples) as a run that was never stopped."""
@@ -30,27 +30,6 @@ from speedforge.train.state import RunState  # noqa: E402
 from train_samples import FAST  # noqa: E402
 
 TASKS = ("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares")  # the last one held out
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A 2-layer Llama with SmolLM2's tokenizer and chat template (random weights)."""
-    import torch
-    import transformers
-
-    from speedforge.policy.backends import resolve_model
-
-    folder, gguf_file, _ = resolve_model("")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                      max_position_embeddings=4096, tie_word_embeddings=True,
-                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-model")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
