@@ -151,7 +151,7 @@ def test_real_evaluation_of_a_step_with_a_good_answer_and_garbage(tmp_path):
 
 def test_the_most_common_reason_of_each_failing_status_is_kept():
     pairs = [("runtime_error", "NameError: x\ntraceback"), ("runtime_error", "NameError: x"),
-             ("runtime_error", "CUDA error"), ("ok", ""), ("incorrect", ""), ("compile_error", "e" * 500)]
+             ("runtime_error", "CUDA error"), ("ok", ""), ("incorrect", ""), ("timeout", " \n "), ("compile_error", "e" * 500)]
     assert common_reasons(pairs, width=20) == {"compile_error": "e" * 20, "runtime_error": "NameError: x"}
 
 

@@ -62,7 +62,7 @@ def common_reasons(pairs: Iterable[tuple[str, str]], width: int = 160) -> dict[s
     characters; a status whose samples gave no reason is left out."""
     by_status: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for status, reason in pairs:
-        if status != "ok" and reason:
+        if status != "ok" and reason.strip():
             by_status[status][reason.strip().splitlines()[0][:width]] += 1
     return {status: counts.most_common(1)[0][0] for status, counts in sorted(by_status.items())}
 
