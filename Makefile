@@ -7,6 +7,9 @@ TORCH_SPEC ?= torch==2.13.0
 # Every extra (pyproject.toml), so both entry points have everything; the core needs none of them.
 EXTRAS := dev,cluster,train,pipelines,ann-bench,reports
 PYTEST_ARGS ?=
+# Worker processes for `make test` (pytest-xdist); 0 runs the suite in this process. Each worker
+# starts its own S3 server, Ray and session fixtures. The slow and GPU suites run in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: run run-suite test test-slow test-gpu venv clean
 
@@ -32,7 +35,7 @@ run-suite: venv
 	$(BIN)/speedforge run
 
 test: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: venv
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

@@ -136,6 +136,15 @@ class EvaluatorConfig(Checked):
     max_timed_calls: int = setting(200, AT_LEAST_1)  # ...up to this many
     ci_target: float = setting(0.01, AT_LEAST_0)  # stop pairing once the speedup's 95% interval is within +- this (relative)
     unstable_ci: float = setting(0.05, AT_LEAST_0)  # still wider than +- this after max_timed_calls: measure again, then mark unstable
+    # CPU family: each side's time is this quantile of its timed calls (the GPU uses the median).
+    # Noise on a CPU only adds time, and a shared host's drift moves the median of a memory-bound
+    # reference more than its fast calls (benchmarks/RESULTS.md, issue 10); 0.5 is the median.
+    cpu_time_quantile: float = setting(0.25, number(0.0, high=0.5))
+    # CPU family: each timed pair's inputs and outputs stay alive for this many more pairs, within
+    # cpu_rotation_mb, so that successive calls run on different memory and a measurement averages
+    # over placements instead of taking the one its process got (0: off; benchmarks/RESULTS.md)
+    cpu_rotation_pairs: int = setting(8, AT_LEAST_0)
+    cpu_rotation_mb: int = setting(512, AT_LEAST_0)
     cpu_threads: int = setting(1, AT_LEAST_1)  # torch threads in the sandbox for the CPU family
     pin_cpus: bool = True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
     memory_limit_mb: int = setting(8192, AT_LEAST_1)  # address-space limit of the sandbox on CPU; RSS watchdog on GPU

@@ -175,12 +175,12 @@ class EvalResult(Record):
     reason: str = ""  # why it failed, one line; empty when ok
     device_name: str = ""
     correct: bool = False
-    speedup: float | None = None  # median(ref_us) / median(cand_us)
+    speedup: float | None = None  # ref_us / cand_us
     speedup_lo: float | None = None  # 95% confidence interval of the speedup (bootstrap over pairs)
     speedup_hi: float | None = None
     unstable: bool = False  # the interval stayed wider than the target after measuring again: discount it
-    ref_us: float | None = None  # median time of the reference, microseconds
-    cand_us: float | None = None  # median time of the candidate, microseconds
+    ref_us: float | None = None  # time of the reference, microseconds: the median (GPU), the cpu_time_quantile (CPU)
+    cand_us: float | None = None  # time of the candidate, microseconds, the same statistic
     ref_iqr_us: float | None = None  # interquartile range of the reference times
     cand_iqr_us: float | None = None
     max_abs_err: float | None = None  # worst |candidate - reference| over the trials

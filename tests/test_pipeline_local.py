@@ -133,7 +133,6 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools(tmp_path, capsys
     check_training_run(run)
 
 
-@pytest.mark.slow  # about 150 s: with it a clean clone's `CI=true make test` took 1246 s on 2 cores, over 20 minutes
 @needs_training
 def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(tmp_path, tiny_model, warm_cache):
     """The same run on what CI affords: the session's tiny model trained for one GRPO step, quick

@@ -81,6 +81,23 @@ def test_credentials_are_generated_kept_in_the_data_dir_and_required(tmp_path, m
         assert open_store("s3://bucket-two/x").read_records("tasks", Task) == [TASK]
 
 
+def test_a_restarted_server_serves_the_objects_it_had_as_soon_as_start_returns(tmp_path):
+    # CI failure of 2026-11-24: after a restart the gateway and the bucket answered while the volume
+    # server had not yet registered its volumes, and the first read got InternalError "volume N not
+    # found" for seconds. start() must return only once stored objects can be read; the client
+    # below makes a single attempt, so a read in that window fails this test.
+    server = SeaweedServer(tmp_path / "s3", bucket="restarts")
+    with server:
+        server.client().put_object(Bucket="restarts", Key="kept/a.json", Body=b"{}")
+    for _ in range(3):
+        with server:
+            client = server.client(retries={"max_attempts": 1})
+            assert client.get_object(Bucket="restarts", Key="kept/a.json")["Body"].read() == b"{}"
+            listed = client.list_objects_v2(Bucket="restarts")
+            assert [o["Key"] for o in listed["Contents"]] == ["kept/a.json"]  # the readiness probe left nothing
+            client.put_object(Bucket="restarts", Key="kept/a.json", Body=b"{}")
+
+
 def test_serve_command_prints_a_usable_endpoint_and_stops_cleanly_on_sigterm(tmp_path, monkeypatch):
     command = [sys.executable, "-m", "speedforge.cli", "s3", "serve", "--dir", str(tmp_path / "s3"),
                "--bucket", "served", "--env-file", str(tmp_path / "s3.env")]  # fmt: skip

@@ -25,6 +25,7 @@ this (sandboxed) process and measures them:
 
 from __future__ import annotations
 
+import collections
 import copy
 import importlib.util
 import math
@@ -36,7 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
-from speedforge import families
+from speedforge import families, stats
 from speedforge.errors import first_line
 from speedforge.evaluator.job import Job
 
@@ -167,6 +168,8 @@ class _Harness:
         self.Event = torch.cuda.Event if self.is_cuda else None
         self.current_stream = torch.cuda.current_stream if self.is_cuda else None
         self.training = job.task.mode == "train"
+        # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
+        self.quantile = 0.5 if self.is_cuda else float(self.config.cpu_time_quantile)
         self.knobs = {"ref": guards.read_knobs()}  # the reference's backend knobs; the candidate's once it loads
         self.active = "ref"  # whose knobs are in effect
 
@@ -371,10 +374,18 @@ class _Harness:
         if self.is_cuda and int(config.l2_flush_mb) > 0:
             flush = self.torch.empty(int(config.l2_flush_mb) << 20, dtype=self.torch.int8, device=self.device)
         est = {"ref": 0.0, "cand": 0.0}
-        for i in range(int(config.warmup_calls)):
+        self.kept = None
+        i = 0
+        while i < int(config.warmup_calls) or self._rotation_filling():  # the rotation fills before timing
             inputs = self.fresh_inputs(10_000 + i)
+            pair = []  # each side's inputs and output, as a timed pair keeps them (the rotation is sized on it)
             for side, model in (("cand", cand_model), ("ref", ref_model)):
-                est[side] = self._timed_call(model, self.clone(inputs), flush, side)[1]
+                args = self.clone(inputs)
+                out, est[side] = self._timed_call(model, args, flush, side)
+                pair += [args, out]
+            self._keep(pair)
+            del pair, out
+            i += 1
         per_call = max(max(est.values()), 1e-6)
         base = int(config.timed_calls if self.is_cuda else config.cpu_timed_calls)
         most = int(config.max_timed_calls)
@@ -387,7 +398,7 @@ class _Harness:
                 break
         chosen = min(rounds, key=lambda r: r["width"])
         times = chosen["times"]
-        ref_us, cand_us = statistics.median(times["ref"]), statistics.median(times["cand"])
+        ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
         return {
             "ref_us": ref_us,
             "cand_us": cand_us,
@@ -413,18 +424,42 @@ class _Harness:
             inputs = self.fresh_inputs(first_index + i)
             order = [("ref", ref_model), ("cand", cand_model)]
             self.rng.shuffle(order)
-            outs = {}
+            outs, args = {}, {"ref": inputs, "cand": self.clone(inputs)}
             for side, model in order:
-                outs[side], seconds = self._timed_call(model, inputs if side == "ref" else self.clone(inputs), flush, side)
+                outs[side], seconds = self._timed_call(model, args[side], flush, side)
                 times[side].append(seconds * 1e6)
             self.compare(outs["cand"], outs["ref"], [], [], f"timed call {i + 1}", exact_error=False)
-            del outs
+            self._keep([args["ref"], args["cand"], outs["ref"], outs["cand"]])
+            del outs, args
             n = i + 1
             if n == most or (n >= least and (n - least) % check_every == 0):
-                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31))
+                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
+                                                 quantile=self.quantile)
                 if width <= target:
                     break
         return {"times": times, "lo": lo, "hi": hi, "width": width}
+
+    def _keep(self, pair: list) -> None:
+        """CPU: keep a timed pair's inputs and outputs alive for the next cpu_rotation_pairs pairs.
+
+        Where a tensor lands in physical memory changes how fast a memory-bound kernel runs on it
+        (cache sets, pages), and a process that frees and reallocates the same sizes gets the same
+        blocks back on every call: each sandbox then measured the one placement it happened to
+        get. The same cpp kernel gave 1.14x-1.45x over 10 processes, each steady within itself;
+        with 8 pairs kept alive, so that each call runs on other blocks than the last 8 did,
+        1.25x-1.31x with the same mean (benchmarks/RESULTS.md, issue 10). The rotation's size is
+        set by the first pair: as many pairs as fit in cpu_rotation_mb."""
+        if self.is_cuda:
+            return
+        tensors = [t.detach() for t in _flatten(self.torch, pair)]  # the memory only, not an autograd graph
+        if self.kept is None:
+            nbytes = sum(t.untyped_storage().nbytes() for t in tensors)
+            fits = (int(self.config.cpu_rotation_mb) << 20) // max(nbytes, 1)
+            self.kept = collections.deque(maxlen=min(int(self.config.cpu_rotation_pairs), fits))
+        self.kept.append(tensors)
+
+    def _rotation_filling(self) -> bool:
+        return self.kept is not None and len(self.kept) < (self.kept.maxlen or 0)
 
     def _timed_call(self, model, args: list, flush, side: str):
         what = "ModelNew.forward" if side == "cand" else "the reference"
@@ -450,9 +485,10 @@ T_975_3DOF = 3.182  # Student's t, 97.5% quantile, BATCHES - 1 degrees of freedo
 
 
 def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int,
-                     resamples: int = 400) -> tuple[float, float, float]:
-    """95% interval of median(ref) / median(cand): the wider of a bootstrap over whole pairs and
-    a batch-means interval over consecutive batches of pairs.
+                     resamples: int = 400, quantile: float = 0.5) -> tuple[float, float, float]:
+    """95% interval of q(ref) / q(cand), q the times' `quantile` (the median by default): the
+    wider of a bootstrap over whole pairs and a batch-means interval over consecutive batches
+    of pairs.
 
     The bootstrap treats pairs as independent. They are not where the machine's state drifts
     over seconds (a neighbour's memory traffic on a shared host slows a memory-bound reference
@@ -465,20 +501,24 @@ def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int
     Returns (lo, hi, relative half-width (hi - lo) / 2 / point estimate); inf width for fewer
     than 4 pairs or a zero median."""
     n = len(ref_us)
-    point_c = statistics.median(cand_us) if cand_us else 0.0
+    point_c = stats.quantile(cand_us, quantile) if cand_us else 0.0
     if n < 4 or point_c <= 0:
         return None, None, math.inf
-    point = statistics.median(ref_us) / point_c
+    point = stats.quantile(ref_us, quantile) / point_c
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, n, (resamples, n), generator=gen)
-    ref = torch.tensor(ref_us, dtype=torch.float64)[idx].median(dim=1).values
-    cand = torch.tensor(cand_us, dtype=torch.float64)[idx].median(dim=1).values
+
+    def resampled(values: list[float]):
+        drawn = torch.tensor(values, dtype=torch.float64)[idx]
+        return drawn.median(dim=1).values if quantile == 0.5 else torch.quantile(drawn, quantile, dim=1)
+
+    ref, cand = resampled(ref_us), resampled(cand_us)
     ratios = (ref / cand.clamp_min(1e-12)).sort().values
     lo, hi = float(ratios[int(0.025 * resamples)]), float(ratios[int(0.975 * resamples) - 1])
     if n >= 4 * BATCHES:
         size = n // BATCHES
-        batch = [statistics.median(ref_us[b * size:(b + 1) * size])
-                 / max(statistics.median(cand_us[b * size:(b + 1) * size]), 1e-12) for b in range(BATCHES)]
+        batch = [stats.quantile(ref_us[b * size:(b + 1) * size], quantile)
+                 / max(stats.quantile(cand_us[b * size:(b + 1) * size], quantile), 1e-12) for b in range(BATCHES)]
         half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
         lo, hi = min(lo, point - half), max(hi, point + half)
     return lo, hi, (hi - lo) / 2 / point

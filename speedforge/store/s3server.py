@@ -38,6 +38,7 @@ COMPONENTS = ("s3", "master", "volume", "filer", "admin")
 GRPC_OFFSET = 10000
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 PR_SET_PDEATHSIG = 1
+PROBE_KEY = ".speedforge-ready"  # start() writes, reads and deletes this object, at the bucket root
 
 
 class S3ServerError(UserError):
@@ -179,7 +180,8 @@ class SeaweedServer:
         return [find_weed(), "mini", *(f"-{k}={v}" for k, v in options.items())]
 
     def start(self) -> "SeaweedServer":
-        """Start the server (on the same ports again after a stop) and wait until S3 answers."""
+        """Start the server (on the same ports again after a stop) and wait until objects can be
+        written and read through S3."""
         if self.running:
             return self
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
@@ -205,25 +207,35 @@ class SeaweedServer:
         return self
 
     def _wait_ready(self) -> None:
+        """Wait until the gateway answers and, with a bucket, an object round trip through it works.
+
+        The gateway and the bucket answer before the volume server has registered its volumes with
+        the master; until it has, reads of data written before a restart fail with InternalError
+        ("volume N not found") and writes hang on assigning a volume. A put, get and delete of a
+        probe object passes only once that registration is done."""
         import urllib.error
         import urllib.request
 
         deadline = time.monotonic() + self.start_timeout_s
+        waiting_for = "the gateway"
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise S3ServerError(f"weed exited with code {self.process.returncode}; see {self.log_file}")
             try:
                 urllib.request.urlopen(f"{self.endpoint}/healthz", timeout=1).close()
-                if not self.bucket or self._bucket_ready():
-                    return
             except urllib.error.HTTPError:  # the gateway answers; health may be a 4xx
-                if not self.bucket or self._bucket_ready():
-                    return
-            except OSError:
                 pass
+            except OSError:
+                time.sleep(0.2)
+                continue
+            if not self.bucket:
+                return
+            waiting_for = self._data_path_blocker()
+            if waiting_for is None:
+                return
             time.sleep(0.2)
-        raise S3ServerError(f"S3 server did not answer on {self.endpoint} in {self.start_timeout_s:.0f} s; "
-                            f"see {self.log_file}")  # fmt: skip
+        raise S3ServerError(f"S3 server on {self.endpoint} was not ready in {self.start_timeout_s:.0f} s "
+                            f"(waiting for {waiting_for}); see {self.log_file}")  # fmt: skip
 
     def client(self, **config):
         """A boto3 S3 client for this server with its credentials (botocore Config options as kwargs)."""
@@ -234,15 +246,26 @@ class SeaweedServer:
                             aws_secret_access_key=self.secret_key, region_name="us-east-1",
                             config=botocore.config.Config(**config) if config else None)  # fmt: skip
 
-    def _bucket_ready(self) -> bool:
+    def _data_path_blocker(self) -> str | None:
+        """None once the bucket exists and a probe object can be written, read back and deleted;
+        otherwise what is not there yet."""
         import botocore.exceptions
 
-        client = self.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)
+        client = self.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5)
+        key = PROBE_KEY  # one fixed key: a retry overwrites it, and deleting it leaves no folder behind
+        step = "the bucket"
         try:
             client.head_bucket(Bucket=self.bucket)
-            return True
+            step = "a volume to write to"
+            client.put_object(Bucket=self.bucket, Key=key, Body=b"ready")
+            step = "reads of stored objects"
+            if client.get_object(Bucket=self.bucket, Key=key)["Body"].read() != b"ready":
+                return step
+            step = "deletes"
+            client.delete_object(Bucket=self.bucket, Key=key)
+            return None
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError):
-            return False
+            return step
 
     @property
     def running(self) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from speedforge.records import Rollout
+from speedforge.stats import quantile
 
 NOT_COMPILED = ("screen_rejected", "compile_error")
 
@@ -44,17 +45,6 @@ class StepTimes:
     def as_dict(self) -> dict[str, float]:
         return {"generation_s": self.generation_s, "evaluation_s": self.evaluation_s, "update_s": self.update_s,
                 "step_s": self.step_s}  # fmt: skip
-
-
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (linear interpolation), None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def common_reasons(pairs: Iterable[tuple[str, str]], width: int = 160) -> dict[str, str]:
