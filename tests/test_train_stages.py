@@ -234,6 +234,8 @@ def test_train_status_reads_the_run_back_and_draws_the_reward_curve(grpo_uninter
     assert "run straight in " in out and png.read_bytes().startswith(b"\x89PNG")
     stages = out.split("\n\n")[0]
     assert "grpo" in stages and "done" in stages and "sft" not in stages.split("\n", 1)[1]  # only this run's stage
+    store_files = sorted(str(p.relative_to(config.train.store)) for p in Path(config.train.store).rglob("*") if p.is_file())
+    assert "\n\n" in out, f"no steps table in:\n{out}\nthe store holds: {store_files}"
     rows = [line.split() for line in out.split("\n\n")[1].splitlines() if line.startswith("grpo ")]  # the steps table
     assert [row[1] for row in rows] == ["1", "2", "3"]
     assert main(["--config", str(path), "train", "status", "nosuch"]) == 2
