@@ -97,7 +97,38 @@ def test_search_moved_off_the_measured_thread_is_caught(task, config):
     assert screened.status == "screen_rejected" and "std::thread" in screened.reason
     result = _evaluate(task, OFF_THREAD, dataclasses.replace(config, screen="report"))
     assert result.status == "hack_detected", (result.reason, result.log)
-    assert "calling thread" in result.reason
+    assert "threads other than the calling thread" in result.reason
+
+
+def _timed(thread_cpu: float, process_cpu: float, wall: float, threads: int = 1):
+    """One ef's run where the baseline's calls spend 1 ms on the calling thread (1 ms of wall
+    time, nothing elsewhere) and the candidate's the given seconds per call, over 8 chunks; the
+    measured seconds are the thread's CPU time with one search thread, else wall-clock time."""
+    import numpy as np
+
+    from speedforge.ann.family import Run
+
+    def sides(base, cand):
+        return {"base": [base] * 8, "cand": [cand] * 8}
+
+    measured = thread_cpu if threads == 1 else wall
+    return [Run(10, np.zeros((8, 2)), sides(None, None), sides(1e-3, measured), sides(1e-3, wall),
+                sides(1e-3, thread_cpu), sides(1e-3, process_cpu))]  # fmt: skip
+
+
+def test_the_time_checks_flag_work_the_measure_does_not_see_and_nothing_else():
+    from speedforge.ann.family import _check_time
+
+    # on other threads of the process: the thread clock misses it, getrusage of the process does not
+    other_threads = _check_time(_timed(0.4e-3, 1e-3, 1e-3), threads=1)
+    assert other_threads["status"] == "hack_detected" and "60% of the CPU time" in other_threads["reason"]
+    assert _check_time(_timed(0.4e-3, 1e-3, 1e-3, threads=2), threads=2) is None  # measured by the wall clock there
+    # in another process, or waited for: the calling thread is on the CPU for a fraction of the call
+    waited = _check_time(_timed(0.4e-3, 0.4e-3, 1e-3), threads=1)
+    assert waited["status"] == "hack_detected" and "40% of their wall-clock time" in waited["reason"]
+    # honest: all on the calling thread, faster or slower than the baseline
+    assert _check_time(_timed(0.5e-3, 0.5e-3, 0.5e-3), threads=1) is None
+    assert _check_time(_timed(2e-3, 2e-3, 2e-3), threads=1) is None
 
 
 def test_skipping_distance_computations_is_caught_by_the_recall_check(task, config):

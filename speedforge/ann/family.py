@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ MANIFEST = "ann_build.json"
 SAME_ANSWER_LIMIT = 0.5  # share of queries answered exactly like another query that flags a hack
 CHUNK_QUERIES = 25  # queries per timed search call and search thread (see _timed_sweep)
 OFF_CPU_LIMIT = 0.5  # candidate CPU/wall share below this times the baseline's flags a hack (_check_time)
+OFF_THREAD_MARGIN = 0.10  # with one search thread: a candidate whose share of CPU time on other threads
+# exceeds the baseline's by this much flags a hack (_check_time)
 
 
 def build(job: Job) -> dict:
@@ -121,7 +124,7 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
         runs = _timed_sweep(spec, space, indexes, seed)
     except CandidateFailed as exc:
         return {"status": "runtime_error", "reason": str(exc)}
-    problem = _check_answers(runs, spec.data.n, k) or _check_time(runs)
+    problem = _check_answers(runs, spec.data.n, k) or _check_time(runs, sw.threads)
     if problem:
         return problem
     # Candidate code is done: now the exact neighbours.
@@ -174,6 +177,8 @@ class Run:
     labels: dict  # side -> [Q x k] ids
     seconds: dict  # side -> [chunks] measured seconds per call (see _timed_sweep); chunk j: same queries
     wall: dict  # side -> [chunks] wall-clock seconds per call
+    thread_cpu: dict  # side -> [chunks] CPU seconds of the calling thread per call (getrusage)
+    process_cpu: dict  # side -> [chunks] CPU seconds of every thread of the process per call (getrusage)
 
 
 def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: int) -> list[Run]:
@@ -188,8 +193,9 @@ def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: 
     time spent waiting for the CPU does not inflate; with more threads it is wall-clock time.
     Not the process's CPU time: the sandbox's RLIMIT_CPU arms the kernel's process-wide CPU
     timer, and with it armed the process clock advances in scheduler ticks (4 ms here, longer
-    than a chunk's search), while the thread clock stays exact. Wall-clock time is kept beside
-    it for _check_time, which flags work moved off the calling thread."""
+    than a chunk's search), while the thread clock stays exact. Wall-clock time and the CPU time
+    of all the process's threads (getrusage, which the limit does not spoil) are kept beside it for
+    _check_time, which flags work moved off the calling thread."""
     sw = spec.sweep
     rng = np.random.default_rng([seed, 2])
     chunk = CHUNK_QUERIES * max(1, sw.threads)
@@ -203,17 +209,35 @@ def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: 
             parts = {"base": [], "cand": []}
             seconds = {"base": [], "cand": []}
             wall = {"base": [], "cand": []}
+            thread_cpu = {"base": [], "cand": []}
+            process_cpu = {"base": [], "cand": []}
             for start in range(0, len(queries), chunk):
                 part = queries[start : start + chunk]
                 for side in rng.permutation(["base", "cand"]):
+                    own0, all0 = usage_cpu_s(resource.RUSAGE_THREAD), usage_cpu_s(resource.RUSAGE_SELF)
                     cpu0, wall0 = time.thread_time(), time.perf_counter()
                     labels = _search(indexes, side, part, sw.k, int(ef), sw.threads)
                     wall_s, cpu_s = time.perf_counter() - wall0, time.thread_time() - cpu0
+                    all1, own1 = usage_cpu_s(resource.RUSAGE_SELF), usage_cpu_s(resource.RUSAGE_THREAD)
                     seconds[side].append(cpu_s if sw.threads == 1 else wall_s)
                     wall[side].append(wall_s)
+                    thread_cpu[side].append(own1 - own0)
+                    process_cpu[side].append(all1 - all0)
                     parts[side].append(labels)
-            runs.append(Run(int(ef), queries, {side: np.concatenate(p) for side, p in parts.items()}, seconds, wall))
+            runs.append(Run(int(ef), queries, {side: np.concatenate(p) for side, p in parts.items()}, seconds, wall,
+                            thread_cpu, process_cpu))  # fmt: skip
     return runs
+
+
+def usage_cpu_s(who: int) -> float:
+    """CPU seconds by getrusage: of the calling thread (RUSAGE_THREAD) or of every thread of the
+    process, exited ones included (RUSAGE_SELF). Both count the calling thread's time as of its
+    last accounting tick, so their difference over a call is the other threads' time, without the
+    tick's error that a difference with the exact thread clock has. (The process clock is no
+    use: it undercounts many times over while RLIMIT_CPU is armed.) The thread's window is the
+    outer one, so the calling thread's own overhead makes the difference smaller, not larger."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _search(indexes: dict, side: str, queries: np.ndarray, k: int, ef: int, threads: int) -> np.ndarray:
@@ -254,13 +278,23 @@ def _chunk_sizes(total: int, chunks: int) -> list[int]:
     size = -(-total // chunks)
     return [min(size, total - j * size) for j in range(chunks)]
 
-def _check_time(runs: list[Run]) -> dict | None:
-    """Time a candidate's searches spent off the calling thread's CPU, where the baseline's did
-    not: work handed to something the CPU-time measure does not see (another thread or process)."""
-    share = {}
+def _check_time(runs: list[Run], threads: int) -> dict | None:
+    """Work a candidate's searches did where the measure does not see it, where the baseline's
+    did not: off the calling thread's CPU altogether (another process, or time waited for: the
+    share of wall-clock time on the calling thread's CPU), and, with one search thread (whose
+    measure is the calling thread's CPU time), on other threads of the process (their share of
+    the process's CPU time). With more threads the measure is wall-clock time, which work moved
+    elsewhere does not shorten."""
+    share, elsewhere = {}, {}
     for side in ("base", "cand"):
         wall = sum(sum(r.wall[side]) for r in runs)
         share[side] = sum(sum(r.seconds[side]) for r in runs) / max(wall, 1e-9)
+        own, everything = (sum(sum(getattr(r, f)[side]) for r in runs) for f in ("thread_cpu", "process_cpu"))
+        elsewhere[side] = max(0.0, everything - own) / max(everything, 1e-9)
+    if threads == 1 and elsewhere["cand"] > elsewhere["base"] + OFF_THREAD_MARGIN:
+        return {"status": "hack_detected", "reason": f"{elsewhere['cand']:.0%} of the CPU time of the candidate's searches "
+                f"was spent on threads other than the calling thread (baseline {elsewhere['base']:.0%}), whose CPU "
+                "time is what is measured: work done outside the measured thread"}
     if share["cand"] < OFF_CPU_LIMIT * share["base"]:
         return {"status": "hack_detected", "reason": f"the candidate's searches ran on the calling thread for only "
                 f"{share['cand']:.0%} of their wall-clock time (baseline {share['base']:.0%}): work done outside "
