@@ -148,6 +148,7 @@ class EvaluatorConfig(Checked):
     cpu_threads: int = setting(1, AT_LEAST_1)  # torch threads in the sandbox for the CPU family
     pin_cpus: bool = True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
     memory_limit_mb: int = setting(8192, AT_LEAST_1)  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
+    disk_limit_mb: int = setting(2048, AT_LEAST_1)  # what one sandboxed stage may write in all (scratch folder, build folder); killed past it
     max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
     cpu_time_limit_s: float = setting(0.0, AT_LEAST_0)  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads
     l2_flush_mb: int = setting(256, AT_LEAST_0)  # bytes written between GPU timed calls to flush L2

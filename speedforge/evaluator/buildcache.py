@@ -99,7 +99,8 @@ class BuildCache:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def scratch(self) -> Path:
-        """A private, empty temp dir for one sandboxed job."""
-        import tempfile
+        """A private, empty temp dir for one sandboxed job (those of evaluators that have gone
+        are removed first: speedforge.evaluator.sandbox.scratch_dir)."""
+        from speedforge.evaluator.sandbox import scratch_dir
 
-        return Path(tempfile.mkdtemp(prefix="job-", dir=self.root / "tmp"))
+        return scratch_dir(self.root / "tmp")

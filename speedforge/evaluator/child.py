@@ -106,15 +106,16 @@ def lock_down(job: Job) -> list[str]:
     config = job.config
     warnings: list[str] = []
     _limit(resource.RLIMIT_CORE, 0)
-    _limit(resource.RLIMIT_FSIZE, 4 << 30)
+    _limit(resource.RLIMIT_FSIZE, config.disk_limit_mb << 20)  # one file; the parent watches the total
     _limit(resource.RLIMIT_NPROC, config.max_processes + 64 if job.kind == "build" else config.max_processes)
     if job.device == "cpu":
         _limit(resource.RLIMIT_AS, config.memory_limit_mb << 20)
     if config.landlock:
-        from speedforge.evaluator import landlock
+        from speedforge.evaluator import landlock, namespaces
 
         # the CUDA driver writes below /proc/<pid>: this process's own entry, nothing else of /proc
-        writable = [job.workdir, job.build_dir, "/dev", os.path.realpath("/proc/self")]
+        writable = [job.workdir, job.build_dir, *landlock.writable_devices(namespaces.private_shm()),
+                    os.path.realpath("/proc/self")]  # fmt: skip
         warning = landlock.restrict(readable_paths(), writable)
         if warning:
             warnings.append(warning)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import shutil
 import time
 import traceback
 
@@ -21,6 +20,7 @@ from speedforge.evaluator import cpus
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
+from speedforge.evaluator.zygote import remove_tree
 from speedforge.evaluator.screen import screen
 from speedforge.records import Candidate, EvalResult, Task
 
@@ -153,14 +153,14 @@ def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorC
                        max_processes=config.max_processes + (64 if job.kind == "build" else 0),
                        isolate_network=config.network_isolation, zygote=zygote)  # fmt: skip
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(str(workdir))
 
 
 def _stage_result(outcome: Outcome, stage: str) -> StageResult:
     """The child's result, validated, or a status for how the child ended when it wrote none;
     a result with a key no StageResult has is an infra_error naming it."""
     if outcome.result is not None and not (outcome.timed_out or outcome.killed_for_memory
-                                           or outcome.killed_for_processes):
+                                           or outcome.killed_for_processes or outcome.killed_for_disk):
         try:
             result = StageResult.from_dict(outcome.result)
         except (RecordError, TypeError) as exc:
@@ -172,7 +172,9 @@ def _stage_result(outcome: Outcome, stage: str) -> StageResult:
     if outcome.timed_out:
         status, why = "timeout", "did not finish in time and was killed"
     elif outcome.killed_for_memory:
-        status, why = "crashed", "exceeded the memory limit and was killed"
+        status, why = "crashed", "exceeded the memory limit (its processes and its /dev/shm) and was killed"
+    elif outcome.killed_for_disk:
+        status, why = "crashed", "wrote more than its disk quota (evaluator.disk_limit_mb) and was killed"
     elif outcome.killed_for_processes:
         status, why = "hack_detected", "started more processes than allowed and was killed"
     elif outcome.signal_name == "SIGXCPU":

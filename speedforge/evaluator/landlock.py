@@ -9,6 +9,7 @@ is single-threaded (before torch starts thread pools) so every thread inherits i
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import platform
 import struct
@@ -29,6 +30,11 @@ _NET_BIND_TCP, _NET_CONNECT_TCP = 1, 2  # ABI 4
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2  # ABI 6
 
 DIR_RIGHTS_READ = EXECUTE | READ_FILE | READ_DIR
+# The devices a sandbox may write: what Python and torch open for writing (subprocess's
+# DEVNULL, os.urandom's fallback), and the NVIDIA driver's device files, which CUDA opens
+# read-write. The rest of /dev (disks, ttys, kmsg, the host's /dev/shm) is read-only at most.
+WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+NVIDIA_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -40,6 +46,17 @@ def abi_version() -> int:
         return 0
     version = _libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
     return max(int(version), 0)
+
+
+def writable_devices(private_shm: bool) -> list[str]:
+    """The paths under /dev a sandbox may write: the harmless devices, the NVIDIA devices present,
+    and /dev/shm only when it is the sandbox's own tmpfs (speedforge.evaluator.namespaces)."""
+    paths = list(WRITABLE_DEVICES)
+    for pattern in NVIDIA_DEVICES:
+        paths += sorted(glob.glob(pattern))
+    if private_shm:
+        paths.append("/dev/shm")
+    return paths
 
 
 def _handled_fs(abi: int) -> int:

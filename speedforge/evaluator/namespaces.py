@@ -2,7 +2,9 @@
 
 `isolate()` puts the calling (single-threaded) process into new network, PID and mount
 namespaces and forks: the child it returns in is PID 1 of a namespace of its own, with a fresh
-/proc (the CUDA driver reads /proc/<getpid()>), no network, and the kernel kills every process
+/proc (the CUDA driver reads /proc/<getpid()>), a private, size-limited /dev/shm (a tmpfs that
+exists only in its mount namespace: the kernel frees it, and everything written there, when the
+namespace's last process ends, however it ends), no network, and the kernel kills every process
 in that namespace when the child exits. The parent side (the keeper) waits and mirrors the
 child's end; the child dies with the keeper (a parent-death signal), and `die_with_parent` ties
 any other harness process to its parent the same way.
@@ -18,6 +20,9 @@ import signal
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
+SHM = "/dev/shm"
+
+_private_shm = False  # whether this process's /dev/shm is the tmpfs `isolate` mounted
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
@@ -43,11 +48,18 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def isolate() -> list[str]:
+def private_shm() -> bool:
+    """Whether this process's /dev/shm is a private tmpfs mounted by `isolate`."""
+    return _private_shm
+
+
+def isolate(shm_mb: int) -> list[str]:
     """Enter new namespaces and fork. Returns (in the child only) warnings for what was refused.
+    `shm_mb`: the size of the private /dev/shm.
 
     The parent never returns: it waits for the child and exits as the child did.
     """
+    global _private_shm
     warnings: list[str] = []
     uid, gid = os.getuid(), os.getgid()
     flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
@@ -69,7 +81,21 @@ def isolate() -> list[str]:
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0 or \
             _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
         warnings.append(f"could not mount a private /proc ({os.strerror(ctypes.get_errno())})")
+    problem = _mount_shm(shm_mb)
+    _private_shm = not problem
+    if problem:
+        warnings.append(f"could not mount a private {SHM} ({problem}): the sandbox may not write there")
     return warnings
+
+
+def _mount_shm(size_mb: int) -> str:
+    """Mount a tmpfs of `size_mb` MiB on /dev/shm; '' on success, else why not."""
+    if not os.path.isdir(SHM):
+        return "no such folder"
+    options = f"size={max(1, int(size_mb))}m,mode=1777".encode()
+    if _libc.mount(b"tmpfs", SHM.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+        return os.strerror(ctypes.get_errno())
+    return ""
 
 
 def _mirror(pid: int) -> None:

@@ -8,8 +8,17 @@ The parent side of the sandbox. Jobs run in processes forked from a warm zygote
 - inherits an environment scrubbed to an allow-list (no credentials), with HOME and TMPDIR in a
   private temp dir;
 - adds resource limits and Landlock itself, before any candidate code runs;
+- has a /dev/shm of its own: a tmpfs in its mount namespace, as large as its memory limit, gone
+  with the namespace; the rest of /dev it may not write, bar /dev/null and friends and the
+  NVIDIA devices (speedforge.evaluator.landlock);
 - is watched from here: killed past the time limit, the memory limit (proportional set size of
-  its process tree) or the process limit (RLIMIT_NPROC does not bind root).
+  its process tree plus what it keeps in its /dev/shm), the disk quota (what it wrote to its
+  scratch and build folders, files it deleted but keeps open included) or the process limit
+  (RLIMIT_NPROC does not bind root).
+
+Each job's scratch folder (`scratch_dir`) is named after the process that made it; it is removed
+when the job ends, by the zygote when it ends its jobs because that process has gone, and else
+by the next `scratch_dir` under the same folder once that process is gone.
 
 The zygote is an object, `Zygote`: whoever wants its sandboxes gone at a moment of its own
 choosing makes one, passes it to `run_job` (and the evaluator's entry points) and closes it;
@@ -32,8 +41,10 @@ import itertools
 import json
 import os
 import queue
+import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -73,6 +84,15 @@ STDERR_TAIL_BYTES = 8000
 MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=17179869184:"
                    "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0")
 ZYGOTE_START_TIMEOUT_S = 300.0
+# The zygote runs isolated from the user's folder and environment (python -I: no current folder,
+# no PYTHON* variables, no user site-packages): its import path is the interpreter's and the
+# environment's folders, and then the folder speedforge was imported from (for a checkout that is
+# not installed), last, so that nothing there (a random.py, a torch.py) shadows a module.
+SPEEDFORGE_ROOT = str(Path(speedforge.__file__).resolve().parent.parent)
+ZYGOTE_BOOT = ("import sys; sys.path.append(sys.argv.pop(1)); from speedforge.evaluator.zygote import main; "
+               "sys.exit(main(sys.argv[1:]))")
+SCRATCH_PREFIX = "job-"
+MAX_SCRATCH_ENTRIES = 100_000  # files and folders a job may leave in its folders; more is over the disk quota
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +106,7 @@ class Outcome:
     killed_for_processes: bool
     wall_s: float
     stderr_tail: str
+    killed_for_disk: bool = False
 
     @property
     def signal_name(self) -> str:
@@ -107,7 +128,6 @@ def scrubbed_env() -> dict[str, str]:
         TMPDIR=home,
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONNOUSERSITE="1",
-        PYTHONPATH=str(Path(speedforge.__file__).resolve().parent.parent),
         GLIBC_TUNABLES=MALLOC_TUNABLES,
     )
     return env
@@ -166,7 +186,7 @@ class Zygote:
         self._stop()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            command = [sys.executable, "-s", "-B", "-m", "speedforge.evaluator.zygote", str(child.fileno()),
+            command = [sys.executable, "-I", "-B", "-c", ZYGOTE_BOOT, SPEEDFORGE_ROOT, str(child.fileno()),
                        str(os.getpid())]  # fmt: skip
             self._proc = self._launcher.popen(command, pass_fds=(child.fileno(),), env=scrubbed_env(),
                                               stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -295,14 +315,17 @@ def default_zygote() -> Zygote:
 
 
 def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
-            isolate_network: bool = True, zygote: Zygote | None = None) -> Outcome:
+            isolate_network: bool = True, zygote: Zygote | None = None, disk_limit_mb: int | None = None) -> Outcome:
     """Run `job` in a child sandboxed by `zygote` (default: `default_zygote()`); always returns
-    an Outcome, killing the child if need be."""
+    an Outcome, killing the child if need be. `disk_limit_mb` (default: the job's config's) is
+    what the job may add to its scratch folder (`workdir`) and its build folder together."""
     zygote = zygote if zygote is not None else default_zygote()
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
     job_path.write_text(job.to_json())
     stderr_path = workdir / "stderr.txt"
+    disk = _DiskWatch([workdir] + ([Path(job.build_dir)] if job.build_dir else []),
+                      job.config.disk_limit_mb if disk_limit_mb is None else disk_limit_mb)  # fmt: skip
     read_fd, write_fd = os.pipe()
     start = time.perf_counter()
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
@@ -316,14 +339,17 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
     reader.start()
+    ended = False
     try:
-        returncode, timed_out, over_memory, over_processes = _watch(zygote, pid, timeout_s, memory_limit_mb,
-                                                                    max_processes)  # fmt: skip
+        returncode, killed_for = _watch(zygote, pid, timeout_s, memory_limit_mb, max_processes, disk)
+        ended = True
     finally:  # what the job left running, or all of it when interrupted (KeyboardInterrupt)
         _kill_group(pid)
+        if not ended:  # its folders are removed next: let it end first
+            zygote.wait(pid, 5.0)
     reader.join(timeout=5)
     result = None
-    if not (timed_out or over_memory or over_processes) and chunks:
+    if not killed_for and chunks:
         try:
             result = json.loads(b"".join(chunks).decode())
         except (ValueError, UnicodeDecodeError):
@@ -331,12 +357,58 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
     return Outcome(
         result=result if isinstance(result, dict) else None,
         returncode=returncode,
-        timed_out=timed_out,
-        killed_for_memory=over_memory,
-        killed_for_processes=over_processes,
+        timed_out=killed_for == "time",
+        killed_for_memory=killed_for == "memory",
+        killed_for_processes=killed_for == "processes",
+        killed_for_disk=killed_for == "disk",
         wall_s=time.perf_counter() - start,
         stderr_tail=_tail(stderr_path),
     )
+
+
+def scratch_dir(parent: Path) -> Path:
+    """A new, empty scratch folder for one job under `parent`, named after this process (its PID
+    namespace, id and start time); folders there whose process has gone are removed first."""
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_scratch(parent)
+    owner = f"{_pid_namespace()}.{os.getpid()}.{_start_ticks(os.getpid())}"
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{owner}-", dir=parent))
+
+
+def remove_orphaned_scratch(parent: Path) -> list[Path]:
+    """Remove the scratch folders under `parent` whose process (in this PID namespace) has gone:
+    what a killed evaluator left. Returns the folders removed."""
+    namespace, removed = _pid_namespace(), []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = re.fullmatch(rf"{SCRATCH_PREFIX}(\d+)\.(\d+)\.(\d+)-.*", entry.name)
+        if not match or int(match[1]) != namespace:
+            continue  # not a scratch folder, or one of another PID namespace (a container sharing the cache)
+        if _start_ticks(int(match[2])) != int(match[3]):  # gone, or its PID now someone else's
+            from speedforge.evaluator.zygote import remove_tree
+
+            remove_tree(entry.path)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _start_ticks(pid: int) -> int:
+    """When process `pid` started (clock ticks after boot, from /proc), or -1 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def _drain(fd: int, chunks: list[bytes]) -> None:
@@ -345,25 +417,97 @@ def _drain(fd: int, chunks: list[bytes]) -> None:
             chunks.append(data)
 
 
-def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int,
-           max_processes: int) -> tuple[int | None, bool, bool, bool]:  # fmt: skip
-    """Wait for the child; kill it on timeout, or when its process tree exceeds the memory limit
-    or the process limit. Returns (returncode, timed_out, over_memory, over_processes)."""
+def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int, max_processes: int,
+           disk: _DiskWatch) -> tuple[int | None, str]:  # fmt: skip
+    """Wait for the child; kill it on timeout, or when its process tree exceeds the memory limit,
+    the process limit or the disk quota. Returns (returncode, what it was killed for: "time",
+    "memory", "processes", "disk" or "")."""
     deadline = time.monotonic() + timeout_s
     poll_s = 0.005
     while True:
         code = zygote.wait(pid, poll_s)
         if code is not None:
-            return code, False, False, False
+            return code, ""
         poll_s = min(poll_s * 2, 0.2)
-        verdict = (time.monotonic() > deadline, False, False)
-        if not verdict[0]:
+        killed_for = "time" if time.monotonic() > deadline else ""
+        if not killed_for:
             procs = _tree(pid)
-            # +1: the namespace's keeper process is the harness's, not the candidate's
-            verdict = (False, _memory_mb(procs) > memory_limit_mb, len(procs) > max_processes + 1)
-        if any(verdict):
+            if _memory_mb(procs) + _shm_mb(pid) > memory_limit_mb:
+                killed_for = "memory"
+            elif len(procs) > max_processes + 1:  # +1: the namespace's keeper process is the harness's
+                killed_for = "processes"
+            elif disk.over(procs):
+                killed_for = "disk"
+        if killed_for:
             _kill_group(pid)
-            return zygote.wait(pid, 30.0), *verdict
+            return zygote.wait(pid, 30.0), killed_for
+
+
+class _DiskWatch:
+    """What a job has added to its folders: the blocks of their files (each counted once), plus
+    the files its processes keep open after deleting them, less what was there at its start."""
+
+    def __init__(self, roots: list[Path], limit_mb: int) -> None:
+        self.roots, self.limit_bytes = roots, limit_mb << 20
+        self.devices = {os.stat(root).st_dev for root in roots if root.exists()}
+        self.baseline = self._walk(set())[0]
+
+    def over(self, procs: list[psutil.Process]) -> bool:
+        seen: set[tuple[int, int]] = set()
+        used, entries = self._walk(seen)
+        used += self._deleted_open_files(procs, seen)
+        return entries > MAX_SCRATCH_ENTRIES or used - self.baseline > self.limit_bytes
+
+    def _walk(self, seen: set[tuple[int, int]]) -> tuple[int, int]:
+        used = entries = 0
+        stack = [str(root) for root in self.roots]
+        while stack and entries <= MAX_SCRATCH_ENTRIES:
+            try:
+                listing = list(os.scandir(stack.pop()))
+            except OSError:
+                continue
+            for entry in listing:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                entries += 1
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    used += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+        return used, entries
+
+    def _deleted_open_files(self, procs: list[psutil.Process], seen: set[tuple[int, int]]) -> int:
+        used = 0
+        for proc in procs:
+            try:
+                fds = os.listdir(f"/proc/{proc.pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    st = os.stat(f"/proc/{proc.pid}/fd/{fd}")
+                except OSError:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 0 and st.st_dev in self.devices and key not in seen:
+                    seen.add(key)
+                    used += st.st_blocks * 512
+        return used
+
+
+def _shm_mb(pid: int) -> float:
+    """What the job keeps in its private /dev/shm (a tmpfs in its mount namespace, which holds
+    it outside any process's memory); 0 while it has none of its own."""
+    try:
+        own = os.statvfs(f"/proc/{pid}/root/dev/shm")
+        if os.stat(f"/proc/{pid}/root/dev/shm").st_dev == os.stat("/dev/shm").st_dev:
+            return 0.0
+    except OSError:
+        return 0.0
+    return (own.f_blocks - own.f_bfree) * own.f_frsize / 2**20
 
 
 def _tree(pid: int) -> list[psutil.Process]:

@@ -22,11 +22,13 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
+import time
 
-_JOBS: set[int] = set()  # live job children, each the leader of its process group
+_JOBS: dict[int, str] = {}  # live job children (each the leader of its process group): their scratch folders
 
 
 def preload() -> None:
@@ -95,7 +97,7 @@ def _start_job(sock: socket.socket, request: dict, fds: list[int]) -> None:
         return
     if pid == 0:
         _in_child(sock, request, fds, zygote_pid)
-    _JOBS.add(pid)
+    _JOBS[pid] = os.path.dirname(request["job"])
     for fd in fds:
         os.close(fd)
     _send(sock, {"id": request["id"], "pid": pid})
@@ -119,7 +121,11 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         os.setsid()
         job = child.load_job(request["job"])
         child.limit_cpu_time(job)
-        warnings = namespaces.isolate() if request["isolate"] else ["network isolation disabled by config"]
+        if request["isolate"]:
+            warnings = namespaces.isolate(job.config.memory_limit_mb)
+        else:
+            warnings = ["network isolation disabled by config: the sandbox shares the host's network, and "
+                        "/dev/shm is the host's, which it may not write"]
         child.execute(job, result_fd, warnings)
     finally:
         os._exit(70)
@@ -133,12 +139,14 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _JOBS.discard(pid)
+        _JOBS.pop(pid, None)
         _send(sock, {"pid": pid, "status": status})
 
 
 def _kill_jobs() -> None:
-    """SIGKILL the process group of every live job (its namespace dies with its first process)."""
+    """SIGKILL the process group of every live job (its namespace dies with its first process),
+    wait for each to end and remove its scratch folder: the zygote ends this way when the
+    process that started it has gone (SIGKILL included), which can no longer clean up."""
     for pid in _JOBS:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -146,6 +154,23 @@ def _kill_jobs() -> None:
             os.kill(pid, signal.SIGKILL)
         except PermissionError:
             pass
+    for pid, workdir in list(_JOBS.items()):
+        try:
+            os.waitpid(pid, 0)  # its keeper ends after the namespace's last process (namespaces)
+        except ChildProcessError:
+            pass
+        remove_tree(workdir)
+    _JOBS.clear()
+
+
+def remove_tree(path: str) -> None:
+    """Remove a folder, again while it still exists: a process of a job killed a moment ago may
+    still be ending (a namespace's other processes end just after its keeper)."""
+    for _ in range(20):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.05)
 
 
 def _on_sigterm(*_) -> None:
