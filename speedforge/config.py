@@ -7,6 +7,7 @@ default lives in its dataclass field and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -102,14 +103,50 @@ NOT_EMPTY = matches(r"(?s).+", "a non-empty string")
 CUDA_ARCH = matches(r"(\d+\.\d+a?)?", '"" or a compute capability like "9.0"')
 
 
+MAX_SECONDS = 30 * 24 * 3600  # a time limit or period (a field named *_s): up to 30 days
+MAX_MB = 1 << 20  # a size (a field named *_mb): up to 1 TiB; a memory limit: up to this host's memory...
+MEMORY_CEILING_FLOOR_MB = 16384  # ...or 16 GiB on a smaller host, so that the defaults hold on any host
+MAX_INT = (1 << 63) - 1  # every other whole number fits a 64-bit integer (Arrow, torch seeds)
+
+
+def host_memory_mb() -> int:
+    """This host's physical memory, MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+
+
+def _sane(name: str, value: Any) -> str | None:
+    """What is wrong with any number of a config: not finite, or past the range its unit allows
+    (seconds up to days, memory up to the host's); numbers inside mappings and lists too."""
+    if isinstance(value, dict):
+        return next(filter(None, (_sane(name, v) for v in value.values())), None)
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (_sane(name, v) for v in value)), None)
+    if not _is_number(value):
+        return None
+    if not math.isfinite(value):
+        return f"expected a finite number, got {_show(value)}"
+    if name.endswith("_s"):
+        high, unit = MAX_SECONDS, f"{MAX_SECONDS} (30 days in seconds)"
+    elif name.endswith("_mb") and "memory" in name:
+        high = max(host_memory_mb(), MEMORY_CEILING_FLOOR_MB)
+        unit = f"{high} (this host's memory in MiB, or 16 GiB if that is more)"
+    elif name.endswith("_mb"):
+        high, unit = MAX_MB, f"{MAX_MB} (1 TiB in MiB)"
+    else:
+        high, unit = MAX_INT, "2**63 - 1"
+    return None if abs(value) <= high else f"expected at most {unit}, got {_show(value)}"
+
+
 class Checked:
-    """Base of the config dataclasses: each field's check runs whenever one is built, from YAML
-    (`from_mapping`) or in code (including `dataclasses.replace`)."""
+    """Base of the config dataclasses: each field's check, and the range its unit allows
+    (`_sane`), run whenever one is built, from YAML (`from_mapping`) or in code (including
+    `dataclasses.replace`)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             check = f.metadata.get("check")
-            problem = check(getattr(self, f.name)) if check else None
+            value = getattr(self, f.name)
+            problem = (check(value) if check else None) or _sane(f.name, value)
             if problem:
                 raise FieldError(type(self).__name__, f.name, problem)
 
@@ -472,19 +509,52 @@ def _coerce(hint: Any, value: Any, key: str, check: Check | None = None) -> Any:
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
     """Load the root config from YAML; None gives the embedded defaults. Every problem (a missing,
-    unreadable or binary file, bad YAML, a bad key or value) is a one-line ConfigError."""
+    unreadable, binary or empty file, bad YAML, a key given twice, a bad key or value) is a
+    one-line ConfigError."""
     if path is None:
         return Config()
-    return loads_config(read_text(path, "config file", ConfigError), where=str(path))
+    data = _parse(read_text(path, "config file", ConfigError), where=str(path))
+    if data is None:
+        raise ConfigError(f"{path}: the file holds no settings (it is empty, or only comments); "
+                          "leave out --config to use the defaults")  # fmt: skip
+    return from_mapping(Config, data, where=str(path))
 
 
 def loads_config(text: str, where: str = "config") -> Config:
     """The root config from YAML text (a pipeline parameter, say), as strictly as load_config;
     empty text gives the embedded defaults. `where` names the text in errors."""
+    return from_mapping(Config, _parse(text, where), where=where)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that gives a key twice (YAML would keep the last)."""
+
+
+def _mapping_without_repeats(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    lines: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # a merge key (<<) may be overridden: that is what it is for
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = lines.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:  # an unhashable key: construct_mapping says so
+            break
+        if first != key_node.start_mark.line + 1:
+            raise ConfigError(f"key {_show(key)} is given twice (lines {first} and {key_node.start_mark.line + 1}); "
+                              "keep one")  # fmt: skip
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
+
+
+def _parse(text: str, where: str) -> Any:
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{where}: not valid YAML{at}: {getattr(exc, 'problem', None) or first_line(exc)}") from None
-    return from_mapping(Config, data, where=where)

@@ -108,3 +108,42 @@ def test_valid_dataclasses_built_in_code_keep_working(tmp_path):
     config = EvaluatorConfig(screen="report", cache_dir=str(tmp_path), run_timeout_s=60.0)
     assert dataclasses.replace(config, screen="enforce").screen == "enforce"
     assert Config().policy.backend == "hf"
+
+
+OUT_OF_RANGE = [  # (YAML, what the one-line error must say after "<file>: ")
+    ("evaluator:\n  run_timeout_s: .inf\n", "evaluator.run_timeout_s: expected a finite number, got inf"),
+    ("evaluator:\n  build_timeout_s: -.inf\n", "evaluator.build_timeout_s: expected a number > 0, got -inf"),
+    ("evaluator:\n  atol: .nan\n", "evaluator.atol: expected a number >= 0, got nan"),
+    ("evaluator:\n  run_timeout_s: 2592001\n", "evaluator.run_timeout_s: expected at most 2592000 (30 days"),
+    ("evaluator:\n  memory_limit_mb: 99999999999999999999999\n", "evaluator.memory_limit_mb: expected at most"),
+    ("evaluator:\n  disk_limit_mb: 2000000\n", "evaluator.disk_limit_mb: expected at most 1048576 (1 TiB in MiB)"),
+    ("evaluator:\n  seed: 99999999999999999999999\n", "evaluator.seed: expected at most 2**63 - 1"),
+    ("store:\n  retry_s: .inf\n", "store.retry_s: expected a finite number, got inf"),
+    ("service:\n  pools:\n    T4:\n      resources: {gpu_t4: .inf}\n", "service.pools.T4.resources: expected a finite"),
+    ("train:\n  rewards:\n    weights: {cudal1: .inf}\n", "train.rewards.weights: expected a finite number, got inf"),
+    ("evaluator:\n  run_timeout_s: 5\n  run_timeout_s: 6\n", "key 'run_timeout_s' is given twice (lines 2 and 3)"),
+    ("evaluator:\n  screen: report\nevaluator:\n  screen: enforce\n", "key 'evaluator' is given twice (lines 1 and 3)"),
+    ("", "the file holds no settings (it is empty, or only comments); leave out --config"),
+    ("# nothing set here\n", "the file holds no settings (it is empty, or only comments); leave out --config"),
+]
+
+
+@pytest.mark.parametrize("text, message", OUT_OF_RANGE, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(OUT_OF_RANGE)])
+def test_a_non_finite_huge_repeated_or_missing_value_is_one_line(tmp_path, text, message):
+    path = tmp_path / "speedforge.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    line = str(caught.value)
+    assert line.startswith(f"{path}: ") and message in line and "\n" not in line
+
+
+def test_memory_up_to_the_hosts_and_days_long_timeouts_are_accepted(tmp_path):
+    from speedforge.config import host_memory_mb
+
+    path = tmp_path / "speedforge.yaml"
+    path.write_text(f"evaluator:\n  memory_limit_mb: {host_memory_mb()}\n  run_timeout_s: 259200\n")
+    config = load_config(path)
+    assert config.evaluator.memory_limit_mb == host_memory_mb() and config.evaluator.run_timeout_s == 259200.0
+    with pytest.raises(ConfigError, match="expected a finite number"):
+        dataclasses.replace(config.evaluator, build_timeout_s=float("inf"))
