@@ -38,17 +38,34 @@ def first_line(what: BaseException | str, limit: int | None = None) -> str:
     return text.splitlines()[0][:limit]
 
 
-def read_text(path: str | os.PathLike, what: str = "file", error: type[UserError] = UserError) -> str:
-    """The UTF-8 text of a file the user named (`what` says which, e.g. "candidate file"), or
-    `error` in one line when it is missing, not a file, unreadable or binary."""
+def read_bytes(path: str | os.PathLike, what: str = "file", error: type[Exception] = UserError) -> bytes:
+    """The bytes of a file the user named (`what` says which, e.g. "candidate file"), or `error`
+    in one line when it is missing, not a file or unreadable."""
     path = Path(path)
     if not path.exists():
         raise error(f"{what} not found: {path}")
     if not path.is_file():
         raise error(f"{what} {path} is not a file")
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise error(f"{what} {path} is not UTF-8 text (a binary file?)") from None
+        return path.read_bytes()
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror or first_line(exc)}") from None
+
+
+def decode_text(data: bytes, what: str, error: type[Exception] = UserError) -> str:
+    """`data` as UTF-8 text, or `error` in one line naming `what` (a file, a line of one) when it
+    is not: undecodable, or holding NUL bytes, which no text we read (Python, YAML, JSON) has."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} is not UTF-8 text (a binary file?)") from None
+    if "\0" in text:
+        raise error(f"{what} is not text: it holds NUL bytes (a binary file?)")
+    return text
+
+
+def read_text(path: str | os.PathLike, what: str = "file", error: type[Exception] = UserError) -> str:
+    """The UTF-8 text of a file the user named (`what` says which, e.g. "candidate file"), or
+    `error` in one line when it is missing, not a file, unreadable or binary. Every reader of a
+    text file a user gives goes through here (or read_bytes and decode_text, line by line)."""
+    return decode_text(read_bytes(path, what, error), f"{what} {Path(path)}", error)

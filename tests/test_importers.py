@@ -218,3 +218,52 @@ def test_stage_command_refuses_bad_input_then_stages_the_rest_with_skip_bad(tmp_
     dataset = load_dataset(open_store(dest), "l1")
     assert dataset.manifest["skipped"] == ["l1.jsonl: line 5: not valid JSON: Expecting property name enclosed "
                                            "in double quotes at column 2"]  # fmt: skip
+
+
+BINARY = bytes(range(256)) * 4  # not UTF-8, NUL bytes included
+
+
+@pytest.mark.parametrize("content", [BINARY, b"class Model:\n    pass\0\n"], ids=["undecodable", "nul-bytes"])
+def test_a_binary_task_file_in_a_kernelbench_folder_is_one_bad_item(tmp_path, content, capsys):
+    root = kernelbench_checkout(tmp_path / "kb")
+    (root / "level1" / "99_Binary.py").write_bytes(content)
+    with pytest.raises(ImportProblems) as info:
+        import_source(str(root))
+    (problem,) = info.value.imported.problems
+    assert "99_Binary.py" in problem and "binary file?" in problem
+    kept = import_source(str(root), skip_bad=True)
+    assert [t.task_id for t in kept.tasks] == ["kernelbench/level1/19_ReLU", "kernelbench/level2/7_Scale"]
+    dest = str(tmp_path / "store")
+    assert main(["stage", "--source", str(root), "--dest", dest]) == 2
+    err = capsys.readouterr().err
+    assert "99_Binary.py" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert main(["stage", "--source", str(root), "--dest", dest, "--skip-bad", "--name", "kb"]) == 0
+    assert "skipped:" in capsys.readouterr().err
+
+
+def test_an_undecodable_jsonl_line_is_one_bad_item_and_the_rest_imports(tmp_path):
+    path = cuda_l1_jsonl(tmp_path / "l1.jsonl")
+    with open(path, "ab") as f:
+        f.write(b'{"level_id": 1, "task_id": 5, "ref_code": "\xff\xfe"}\n')
+    with pytest.raises(ImportProblems) as info:
+        import_source(str(path))
+    (problem,) = info.value.imported.problems
+    assert "line 5" in problem and "not UTF-8 text" in problem
+    kept = import_source(str(path), skip_bad=True)
+    assert len(kept.tasks) == 3 and len(kept.candidates) == 2
+
+
+def test_a_binary_jsonl_file_is_one_line(tmp_path):
+    path = tmp_path / "l1.jsonl"
+    path.write_bytes(BINARY)
+    with pytest.raises(UserError) as info:
+        import_source(str(path))
+    assert "\n" not in str(info.value)
+
+
+def test_a_binary_task_or_candidate_given_to_eval_is_one_line(tmp_path, capsys):
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(BINARY)
+    assert main(["eval", "--task", str(binary), "--candidate", str(binary)]) == 2
+    err = capsys.readouterr().err
+    assert "binary file?" in err and len(err.strip().splitlines()) == 1

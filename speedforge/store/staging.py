@@ -26,6 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from speedforge.errors import first_line
 from speedforge.records import TABLES, Candidate, Record, Task
 from speedforge.store import CorruptObjectError, ObjectExistsError, Store, StoreError, decode_records, encode_records
 
@@ -104,9 +105,9 @@ def read_manifest(store: Store, name: str, version: int | None = None) -> dict[s
     key = manifest_key(name, version)
     try:
         manifest = json.loads(store.get_bytes(key))
-    except json.JSONDecodeError as exc:
-        raise CorruptObjectError(f"corrupted manifest {store.describe(key)}: {exc}") from None
-    if manifest.get("format") != FORMAT:
+    except ValueError as exc:  # not JSON, or not UTF-8 (a binary object)
+        raise CorruptObjectError(f"corrupted manifest {store.describe(key)}: {first_line(exc)}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise StoreError(f"{store.describe(key)}: not a {FORMAT} manifest")
     return manifest
 

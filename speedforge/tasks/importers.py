@@ -24,7 +24,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from speedforge.errors import UserError
+from speedforge.errors import UserError, decode_text, read_bytes
 from speedforge.records import Candidate, Task
 from speedforge.tasks.loader import TaskFormatError, check_reference_source, defined_names, load_task_folder
 from speedforge.tasks.suite import builtin_candidates, builtin_tasks, suite_families
@@ -164,10 +164,7 @@ def _kernelbench_row(row: dict, family: str, where: str) -> Task:
 @importer("cuda-l1-jsonl")
 def import_cuda_l1(source: str, family: str) -> Imported:
     path = Path(source)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {source}: {exc}") from None
+    lines = read_bytes(path, "JSONL file").splitlines()  # each line decoded apart: a bad one is one bad item
     tasks: dict[str, Task] = {}
     candidates: list[Candidate] = []
     problems: list[str] = []
@@ -176,7 +173,7 @@ def import_cuda_l1(source: str, family: str) -> Imported:
             continue
         where = f"{path.name}: line {line_no}"
         try:
-            task, candidate = _cuda_l1_item(line, family, where)
+            task, candidate = _cuda_l1_item(decode_text(line, where, TaskFormatError), family, where)
         except TaskFormatError as exc:
             problems.append(str(exc))
             continue

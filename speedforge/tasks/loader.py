@@ -11,6 +11,7 @@ import ast
 import re
 from pathlib import Path
 
+from speedforge.errors import read_text
 from speedforge.records import Task
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
@@ -27,6 +28,8 @@ def defined_names(source: str, filename: str = "<task>") -> set[str]:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
         raise TaskFormatError(f"{filename}: not valid Python: line {exc.lineno}: {exc.msg}") from None
+    except ValueError as exc:  # NUL bytes (Python 3.11 says so with a ValueError)
+        raise TaskFormatError(f"{filename}: not valid Python: {exc}") from None
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -49,9 +52,7 @@ def check_reference_source(source: str, filename: str = "<task>") -> None:
 def load_task_file(path: str | Path, family: str = "cuda", task_id: str | None = None, level: int = 0) -> Task:
     """One reference program from a .py file."""
     path = Path(path)
-    if not path.is_file():
-        raise TaskFormatError(f"task file not found: {path}")
-    source = path.read_text()
+    source = read_text(path, "task file", TaskFormatError)  # missing, unreadable or binary: one line
     check_reference_source(source, str(path))
     return Task(
         task_id=task_id or f"file/{path.stem}",
@@ -100,5 +101,5 @@ def load_task_folder(root: str | Path, family: str = "cuda",
 def module_docstring(source: str) -> str:
     try:
         return ast.get_docstring(ast.parse(source)) or ""
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return ""
