@@ -15,7 +15,7 @@ import sys
 
 from speedforge import __version__
 from speedforge.config import load_config
-from speedforge.errors import Terminated, UserError, interrupt_on_sigterm
+from speedforge.errors import Terminated, UserError, interrupt_on_sigterm, sigterm_received
 
 # Command modules, in the order `--help` lists them. Add one line per new command module.
 COMMAND_MODULES = (
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR_EXIT
     except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
-        return SIGTERM_EXIT if isinstance(exc, Terminated) else SIGINT_EXIT
+        return SIGTERM_EXIT if isinstance(exc, Terminated) or sigterm_received() else SIGINT_EXIT
     finally:
         if previous_sigterm is not None:  # main() called in-process (tests) leaves no handler behind
             signal.signal(signal.SIGTERM, previous_sigterm)

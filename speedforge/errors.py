@@ -16,7 +16,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C, so the same clean-up runs for both."""
 
 
+_sigterm_received = threading.Event()
+
+
 def _terminate(signum: int, frame: object) -> None:
+    _sigterm_received.set()
     raise Terminated()
 
 
@@ -27,6 +31,12 @@ def interrupt_on_sigterm() -> object:
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _terminate)
+
+
+def sigterm_received() -> bool:
+    """Whether SIGTERM raised Terminated in this process: Ray's ray.get turns any interrupt it
+    sees while waiting into a plain KeyboardInterrupt, so the exception alone cannot tell."""
+    return _sigterm_received.is_set()
 
 
 def first_line(what: BaseException | str, limit: int | None = None) -> str:

@@ -14,20 +14,29 @@ left as it was).
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 
 from speedforge.cluster.pools import local_ray_resources
 from speedforge.config import ServiceConfig
-from speedforge.errors import UserError, first_line, interrupt_on_sigterm
+from speedforge.errors import Terminated, UserError, first_line, interrupt_on_sigterm
 from speedforge.extras import require
 
 
 @contextlib.contextmanager
 def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
-    """Join the Ray cluster at `address` (None: start a local one) for the body of the `with`."""
+    """Join the Ray cluster at `address` (None: start a local one) for the body of the `with`.
+
+    A local Ray's processes (its GCS, raylet, dashboard and agents, and the workers) do not
+    outlive the session: a guard process watches them, and when the session ends, or this
+    process dies without ending it (SIGKILL), it kills those still running after GUARD_GRACE_S.
+    """
     started = connect_ray(address, config)
+    guard = _start_guard() if started and not address else None
     try:
         yield
     finally:
@@ -35,6 +44,12 @@ def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
             import ray
 
             ray.shutdown()
+        if guard is not None:
+            guard.stdin.close()  # the guard's cue (the kernel gives the same one if this process dies)
+            try:
+                guard.wait(timeout=GUARD_GRACE_S + 30)
+            except subprocess.TimeoutExpired:
+                guard.kill()
 
 
 def connect_ray(address: str | None, config: ServiceConfig) -> bool:
@@ -60,11 +75,55 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
             ray.init(resources=local_ray_resources(config), include_dashboard=False,
                      _system_config={"worker_niceness": 0}, **options)  # fmt: skip
     except (ConnectionError, SystemExit) as exc:  # Ray exits (SystemExit) when the GCS never answers
+        if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # ray.init's own SIGTERM handler
+            ray.shutdown()  # what it had started
+            raise Terminated() from None
         raise UserError(f"cannot join the Ray cluster at {address}: {first_line(exc) or type(exc).__name__} (a "
                         "cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
                         "RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
     interrupt_on_sigterm()  # ray.init replaced SIGTERM's handler with one that dumps a C++ stack
     return True
+
+
+GUARD_GRACE_S = 5.0  # what a local Ray's processes get to end by themselves before the guard kills them
+# The guard of a local Ray: every second, the Ray processes below this one (by command line: Ray's
+# executables and scripts, and its workers, "ray::..."); at the end of its stdin (the session
+# ended, or this process died) it waits GUARD_GRACE_S for them to end, then kills the rest.
+GUARD = """
+import os, select, sys
+import psutil
+owner, grace = psutil.Process(int(sys.argv[1])), float(sys.argv[2])
+def ray_processes():
+    try:
+        found = owner.children(recursive=True)
+    except psutil.Error:
+        return []
+    def is_ray(p):
+        try:
+            return p.name().startswith("ray::") or "/ray/" in " ".join(p.cmdline())
+        except psutil.Error:
+            return False
+    return [p for p in found if p.pid != os.getpid() and is_ray(p)]
+seen = {}
+while True:
+    ready, _, _ = select.select([0], [], [], 1.0)
+    if ready and not os.read(0, 4096):
+        break
+    seen.update((p.pid, p) for p in ray_processes())
+seen.update((p.pid, p) for p in ray_processes())
+_, alive = psutil.wait_procs(list(seen.values()), timeout=grace)
+for p in alive:
+    try:
+        p.kill()  # psutil checks it is still the process it saw (not a reused id)
+    except psutil.Error:
+        pass
+"""
+
+
+def _start_guard() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-I", "-c", GUARD, str(os.getpid()), str(GUARD_GRACE_S)],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip  (Ctrl-C on the terminal is not for it)
 
 
 RAY_ADDRESS_HELP = "give the GCS address host:6379, or ray://head:10001 for the Ray Client"

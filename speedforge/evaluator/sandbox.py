@@ -89,8 +89,9 @@ ZYGOTE_START_TIMEOUT_S = 300.0
 # environment's folders, and then the folder speedforge was imported from (for a checkout that is
 # not installed), last, so that nothing there (a random.py, a torch.py) shadows a module.
 SPEEDFORGE_ROOT = str(Path(speedforge.__file__).resolve().parent.parent)
-ZYGOTE_BOOT = ("import sys; sys.path.append(sys.argv.pop(1)); from speedforge.evaluator.zygote import main; "
-               "sys.exit(main(sys.argv[1:]))")
+ZYGOTE_MODULE = "speedforge.evaluator.zygote"  # named on its command line, where `ps` shows it
+ZYGOTE_BOOT = ("import importlib, sys; sys.path.append(sys.argv[2]); "
+               "sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[3:]))")
 SCRATCH_PREFIX = "job-"
 MAX_SCRATCH_ENTRIES = 100_000  # files and folders a job may leave in its folders; more is over the disk quota
 
@@ -186,8 +187,8 @@ class Zygote:
         self._stop()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            command = [sys.executable, "-I", "-B", "-c", ZYGOTE_BOOT, SPEEDFORGE_ROOT, str(child.fileno()),
-                       str(os.getpid())]  # fmt: skip
+            command = [sys.executable, "-I", "-B", "-c", ZYGOTE_BOOT, ZYGOTE_MODULE, SPEEDFORGE_ROOT,
+                       str(child.fileno()), str(os.getpid())]  # fmt: skip
             self._proc = self._launcher.popen(command, pass_fds=(child.fileno(),), env=scrubbed_env(),
                                               stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from speedforge.config import Config
@@ -44,6 +45,7 @@ def sweep_to_results(config: Config, tasks_uri: str, candidates_uri: str, pools:
     from speedforge.cluster.service import EvaluationService, ResultsTable
     from speedforge.cluster.session import ray_session
     from speedforge.cluster.sweep import check_inputs
+    from speedforge.evaluator.sandbox import remove_orphaned_scratch
     from speedforge.store import open_store
 
     require("cluster", "ray", purpose="the Ray evaluation service")  # before anything is read or written
@@ -60,9 +62,12 @@ def sweep_to_results(config: Config, tasks_uri: str, candidates_uri: str, pools:
         raise UserError(str(exc).replace("the tasks given", tasks_label)) from None
     out = open_store(out_uri, endpoint_url=endpoint, config=config.store)
     with ResultsTable.open(out, config, force=force) as table:  # before Ray: a second run refuses at once
-        with ray_session(address, config.service), EvaluationService(config) as service, \
-                (view or _Silent()) as shown:  # fmt: skip
-            results = service.submit(candidates, pools, tasks, store=table, on_progress=shown.update)
+        try:
+            with ray_session(address, config.service), EvaluationService(config) as service, \
+                    (view or _Silent()) as shown:  # fmt: skip
+                results = service.submit(candidates, pools, tasks, store=table, on_progress=shown.update)
+        finally:  # what workers killed mid-job (an interrupt) left; their processes are gone with the session
+            remove_orphaned_scratch(Path(config.evaluator.cache_dir) / "tmp")
     return SweepOutcome(results, out.uri, table.kept_parts)
 
 
