@@ -108,3 +108,12 @@ def test_evaluate_command_joins_an_existing_cluster_at_address(tmp_path):
             head.kill()
     (result,) = open_store(tmp_path / "out").read_records("results", EvalResult)
     assert result.status == "ok"
+
+
+def test_a_summary_of_results_kept_in_the_spill_says_so_in_its_last_line(capsys):
+    from speedforge.commands.evaluate import print_summary
+
+    print_summary([], "s3://bucket/out", kept_parts=2)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("2 part(s) of these results are only in the local spill, not in s3://bucket/out")
+    assert not any("in the results table of" in line for line in out)

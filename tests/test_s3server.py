@@ -150,3 +150,57 @@ def test_server_dies_with_a_killed_parent(tmp_path):
     while psutil.pid_exists(weed_pid) and psutil.Process(weed_pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "weed outlived its parent"
         time.sleep(0.2)
+
+
+def _serve(tmp_path, bucket: str = "served") -> tuple[subprocess.Popen, dict[str, str], str]:
+    command = [sys.executable, "-m", "speedforge.cli", "s3", "serve", "--dir", str(tmp_path / "s3"),
+               "--bucket", bucket]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not any(line.startswith("export SPEEDFORGE_S3_ENDPOINT") for line in lines):
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+    if not lines or not lines[0].startswith("S3 endpoint"):
+        process.kill()
+        pytest.fail(f"s3 serve did not start: {lines} {process.communicate()}")
+    return process, dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export ")), lines[0]
+
+
+def test_serve_started_again_on_the_same_dir_keeps_its_endpoint_and_a_client_reaches_it(tmp_path, monkeypatch):
+    first, env, banner = _serve(tmp_path)
+    try:
+        use_server(monkeypatch, env)
+        store = open_store("s3://served/a")  # opened once, used across the restart (as a running sweep does)
+        store.put_bytes("before.txt", b"1")
+        first.kill()  # SIGKILL: no clean stop; weed dies with it (parent-death signal)
+        first.wait()
+        again, env_again, banner_again = _serve(tmp_path)
+    finally:
+        first.kill()
+        first.wait()
+    try:
+        assert (banner_again, env_again) == (banner, env)
+        store.put_bytes("after.txt", b"2")
+        assert store.get_bytes("before.txt") == b"1" and store.get_bytes("after.txt") == b"2"
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(30)
+
+
+def test_a_port_taken_since_the_last_start_gives_new_ports_and_says_so(tmp_path):
+    server = SeaweedServer(tmp_path / "s3", bucket=None)
+    server.ports = {f"{c}.{kind}": p for c, p in zip(("s3", "master", "volume", "filer", "admin"), range(1, 6))
+                    for kind in ("port", "port.grpc")}  # fmt: skip
+    server.data_dir.mkdir(parents=True)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server.ports["s3.port"] = port
+        server._save_ports()
+        fresh = SeaweedServer(tmp_path / "s3", bucket=None)
+        assert fresh._saved_ports(wait_s=0.0) == {}
+        assert f"port(s) {port}" in fresh.moved and f"changed from http://127.0.0.1:{port}" in fresh.moved

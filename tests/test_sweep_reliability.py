@@ -64,6 +64,50 @@ def test_results_of_a_sweep_whose_store_goes_down_are_written_exactly_once(tmp_p
     assert pairs(recorded) == pairs(first)  # each result in the store once
 
 
+def test_a_sweep_writes_on_when_the_s3_server_is_started_again_on_its_folder(tmp_path, local_ray, monkeypatch, capfd):
+    """`speedforge s3 serve` restarted on the same --dir comes back on the same endpoint, so the
+    sweep's retries reach it and nothing goes to the spill."""
+    import threading
+
+    task = fx.task()
+    candidates = [fx.plain_candidate(task, i) for i in range(4)]
+    config = fx.test_config(tmp_path)
+    config = dataclasses.replace(config, store=dataclasses.replace(config.store, retry_s=300.0, open_retry_s=2.0,
+                                                                   spill_dir=str(tmp_path / "spill")))  # fmt: skip
+    first = SeaweedServer(tmp_path / "weed", bucket="restart").start()
+    again = SeaweedServer(tmp_path / "weed", bucket="restart")  # a new server process on the same folder
+    started, done = threading.Event(), threading.Event()
+
+    def restart() -> None:  # weed dies with the thread that started it: this one lives to the end
+        again.start()
+        started.set()
+        done.wait()
+
+    restarter = threading.Thread(target=restart, daemon=True)
+    try:
+        for name, value in first.env().items():
+            monkeypatch.setenv(name, value)
+        store = open_store("s3://restart/run", config=config.store)
+
+        def restart_after_first(progress):
+            if progress.pools[0].done == 1 and first.running:
+                first.stop()
+                restarter.start()
+
+        with EvaluationService(config, fx.cheap_build, fx.cheap_run) as service:
+            results = service.submit(candidates, ["cpu"], [task], store=store, on_progress=restart_after_first)
+        assert started.wait(timeout=300)  # the sweep may have written through it before start() returned
+        assert again.running and again.endpoint == first.endpoint
+        recorded = open_store("s3://restart/run", config=config.store).read_records("results", EvalResult)
+    finally:
+        first.stop()
+        again.stop()
+        done.set()
+    assert "this run keeps them in" not in capfd.readouterr().err
+    assert not (tmp_path / "spill").exists()
+    assert pairs(recorded) == pairs(results) == sorted((c.candidate_id, "cpu") for c in candidates)
+
+
 def test_a_second_sweep_on_the_same_out_refuses_while_the_first_runs(tmp_path, local_ray, capsys):
     task = fx.task()
     out = str(tmp_path / "out")
@@ -144,3 +188,4 @@ def test_an_address_that_does_not_answer_fails_within_the_timeout_in_one_line(tm
     expected = "did not answer within 3 s" if kind == "not ray" else "cannot reach the Ray cluster"
     assert expected in err
     assert not ray.is_initialized()
+

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         config, args.tasks, args.candidates, parse_pool_names(args.pools), args.out, address=args.address,
         endpoint=args.endpoint, limit=args.limit, force=args.force, view=ProgressView(live=not args.no_live),
         tasks_label="--tasks")  # fmt: skip
-    print_summary(sweep.results, sweep.out_uri)
+    print_summary(sweep.results, sweep.out_uri, sweep.kept_parts)
     return 1 if sweep.kept_parts else 0
 
 
@@ -113,8 +113,9 @@ class ProgressView:
         return table
 
 
-def print_summary(results: list[EvalResult], out_uri: str) -> None:
-    """Per pool: how many results of each status, and the median speedup of the correct ones."""
+def print_summary(results: list[EvalResult], out_uri: str, kept_parts: int = 0) -> None:
+    """Per pool: how many results of each status, and the median speedup of the correct ones;
+    with parts kept in the local spill (the store was down), a last line that says so."""
     from rich.console import Console
     from rich.table import Table
 
@@ -122,7 +123,8 @@ def print_summary(results: list[EvalResult], out_uri: str) -> None:
     for result in results:
         by_pool.setdefault(result.pool, []).append(result)
     statuses = sorted({r.status for r in results})
-    table = Table(title=f"{len(results)} results in the results table of {out_uri}")
+    where = f"the results table of {out_uri}" if not kept_parts else "this run, not all in the results table"
+    table = Table(title=f"{len(results)} results in {where}")
     table.add_column("pool")
     for status in statuses:
         table.add_column(status, justify="right")
@@ -133,3 +135,6 @@ def print_summary(results: list[EvalResult], out_uri: str) -> None:
         median = f"{statistics.median(speedups):.2f}x" if speedups else "-"
         table.add_row(pool, *(str(counts.get(s, 0)) for s in statuses), median)
     Console().print(table)
+    if kept_parts:
+        print(f"{kept_parts} part(s) of these results are only in the local spill, not in {out_uri}: run the same "
+              "command again once the store is back (it writes them first)")  # fmt: skip

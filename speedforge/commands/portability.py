@@ -72,8 +72,13 @@ def run(args: argparse.Namespace) -> int:
                      len(s.regressions)))  # fmt: skip
     print(format_table(("pool", "device", "tasks", "correct", "mean", "median", "max", "geomean", ">1.01x",
                         "fail/slow here, fast elsewhere"), rows))  # fmt: skip
-    print(f"{len(outcome.results)} results of {outcome.variants} variants in {outcome.results_uri}; "
-          f"report: speedforge report --results {outcome.results_uri} --out DIR")  # fmt: skip
+    if outcome.kept_parts:
+        print(f"{len(outcome.results)} results of {outcome.variants} variants; {outcome.kept_parts} part(s) of them "
+              f"are only in the local spill, not in {outcome.results_uri}: run the same command again once the "
+              "store is back (it writes them first)")  # fmt: skip
+    else:
+        print(f"{len(outcome.results)} results of {outcome.variants} variants in {outcome.results_uri}; "
+              f"report: speedforge report --results {outcome.results_uri} --out DIR")  # fmt: skip
     return 1 if outcome.kept_parts else 0
 
 

