@@ -84,10 +84,11 @@ STDERR_TAIL_BYTES = 8000
 MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=17179869184:"
                    "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0")
 ZYGOTE_START_TIMEOUT_S = 300.0
-# The zygote runs isolated from the user's folder and environment (python -I: no current folder,
-# no PYTHON* variables, no user site-packages): its import path is the interpreter's and the
-# environment's folders, and then the folder speedforge was imported from (for a checkout that is
-# not installed), last, so that nothing there (a random.py, a torch.py) shadows a module.
+# The zygote's import path is the interpreter's and the environment's folders: python -P (no
+# current folder, where `-m` or `-c` would put it first), -s (no user site-packages), $PYTHONPATH's
+# absolute folders only (an empty or relative entry means the current folder), and last the folder
+# speedforge was imported from (a checkout that is not installed), so that nothing there (a
+# random.py, a torch.py) shadows a module.
 SPEEDFORGE_ROOT = str(Path(speedforge.__file__).resolve().parent.parent)
 ZYGOTE_MODULE = "speedforge.evaluator.zygote"  # named on its command line, where `ps` shows it
 ZYGOTE_BOOT = ("import importlib, sys; sys.path.append(sys.argv[2]); "
@@ -129,8 +130,12 @@ def scrubbed_env() -> dict[str, str]:
         TMPDIR=home,
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONNOUSERSITE="1",
+        PYTHONSAFEPATH="1",
         GLIBC_TUNABLES=MALLOC_TUNABLES,
     )
+    folders = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    if folders:
+        env["PYTHONPATH"] = os.pathsep.join(folders)
     return env
 
 
@@ -187,7 +192,7 @@ class Zygote:
         self._stop()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            command = [sys.executable, "-I", "-B", "-c", ZYGOTE_BOOT, ZYGOTE_MODULE, SPEEDFORGE_ROOT,
+            command = [sys.executable, "-P", "-s", "-B", "-c", ZYGOTE_BOOT, ZYGOTE_MODULE, SPEEDFORGE_ROOT,
                        str(child.fileno()), str(os.getpid())]  # fmt: skip
             self._proc = self._launcher.popen(command, pass_fds=(child.fileno(),), env=scrubbed_env(),
                                               stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
