@@ -65,7 +65,8 @@ RULES = (
     Rule("os-sys", "imports os or sys", False, "their risky parts have rules of their own; the sandbox confines the rest"),
     Rule("environment", "environment variables", False, "the sandbox's environment is scrubbed of credentials",
          r"\b(?:secure_)?getenv\s*\(|\benviron\b"),
-    Rule("file-access", "file access", False, "Landlock: writes only to its private temp and build dirs; a private /proc",
+    Rule("file-access", "file access", False, "Landlock: writes only to its private temp and build dirs (within a disk quota), its own /dev/shm "
+         "and /dev/null-like devices; a private /proc",
          r"\b(?:fopen|freopen|unlink)\s*\(|\bstd::[io]?fstream\b|\bstd::filesystem\b|\b(?:open|remove)\s*\(\s*\""),
     Rule("clock", "reads a clock", False, "the harness's timers are captured before import; every timed output checked",
          r"\bclock_gettime\b|\bgettimeofday\b|\brdtsc\b|\bstd::chrono\b|\bclock64\s*\("),
