@@ -21,7 +21,7 @@ import traceback
 from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import cpus
-from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key, toolchain_id
+from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.screen import screen
@@ -74,9 +74,11 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         if not needs_build(task, candidate):  # nothing to compile: the run stage imports it
             return Build(**base, ok=True, failure=None, build_s=0.0, screen_findings=findings)
         cache = BuildCache(config.cache_dir)
+        family = families.get(task.family)
+        config = dataclasses.replace(config, cuda_arch_list=build_arch(family.device, config.cuda_arch_list))
         # where the task decides what is linked (an ann module), the task is part of the build
         key = build_key(candidate.source, task.family, config.cuda_arch_list,
-                        flags=task.source if families.get(task.family).task_in_build_key else "")
+                        flags=task.source if family.task_in_build_key else "")
         base.update(key=key, build_dir=str(cache.build_dir(key)))
         cached = cache.lookup(key)
         if cached is None:
