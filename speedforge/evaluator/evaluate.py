@@ -112,6 +112,10 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     try:
         cache = BuildCache(config.cache_dir)
         seed = config.seed if config.seed is not None else secrets.randbits(30)
+        # the architectures the build targeted: torch names the same flags, and a replayed
+        # extension finds its build up to date instead of compiling in the run stage
+        config = dataclasses.replace(config, cuda_arch_list=build_arch(families.get(task.family).device,
+                                                                       config.cuda_arch_list))  # fmt: skip
         job = Job(kind="run", task=task, candidate=candidate, device=device, seed=seed, workdir="",
                   build_dir=build.build_dir, config=config)  # fmt: skip
         outcome = _run_pinned(cache, job, task, config, device, zygote)
