@@ -117,7 +117,11 @@ def _cuda_l1_verdict(log: Path, tail: str) -> dict:
 
 
 def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
-    """Stage the corpus and evaluate it with `speedforge evaluate` on this machine's GPU, cold."""
+    """Stage the corpus and evaluate it with `speedforge evaluate` on this machine's GPU, cold
+    (--direct: the evaluator's own functions without Ray, builds in parallel worker processes,
+    runs one at a time, for a machine without Ray)."""
+    if args.direct:
+        return run_speedforge_direct(args, rows)
     subset = args.out / "corpus.jsonl"
     subset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = args.out / f"sf-cache-{int(time.time())}"  # a fresh cache: every build is cold
@@ -145,6 +149,43 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache)}
     (args.out / "speedforge_run.json").write_text(json.dumps(summary))
     print(f"speedforge evaluate: {len(results)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+
+
+def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from speedforge.config import EvaluatorConfig
+    from speedforge.evaluator import build_candidate, run_candidate
+    from speedforge.tasks.importers import import_source
+
+    subset = args.out / "corpus.jsonl"
+    subset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = args.out / f"sf-cache-{int(time.time())}"
+    pool = args.pool or detected_pool()
+    t0 = time.perf_counter()
+    imported = import_source(str(subset), kind="cuda-l1-jsonl", family="cuda", skip_bad=True)
+    tasks = {t.task_id: t for t in imported.tasks}
+    candidates = imported.candidates
+    config = EvaluatorConfig(cache_dir=str(cache))
+    ordered = [tasks[c.task_id] for c in candidates]
+    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as workers:
+        builds = list(workers.map(build_candidate, ordered, candidates, [config] * len(candidates),
+                                  ["cuda"] * len(candidates)))  # fmt: skip
+    out = args.out / "speedforge.jsonl"
+    for task, cand, build in zip(ordered, candidates, builds):
+        r = run_candidate(task, cand, build, config, device="cuda", pool=pool)
+        append_jsonl(out, {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
+                           "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
+                           "stopped_early": r.stopped_early, "mode": r.mode, "device": r.device_name,
+                           "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
+                           "findings": list(r.screen_findings)})  # fmt: skip
+        print(f"{r.task_id}: {r.status} {_fmt(r.speedup)} {r.reason[:120]}", flush=True)
+    wall = time.perf_counter() - t0
+    summary = {"kernels": len(rows), "results": len(candidates), "wall_s": wall, "pool": pool, "cache": str(cache),
+               "direct": True}  # fmt: skip
+    (args.out / "speedforge_run.json").write_text(json.dumps(summary))
+    print(f"speedforge (direct): {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
 
 
 def detected_pool() -> str:
@@ -218,8 +259,19 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
           f"{len(only_sf)}, by neither {len(keys) - both - len(only_l1) - len(only_sf)}")  # fmt: skip
     if ratios:
         q = statistics.quantiles(ratios, n=10) if len(ratios) >= 10 else [min(ratios), max(ratios)]
+        within = sum(1 for r in ratios if 0.9 <= r <= 1.1)
         print(f"speedup ratio speedforge / CUDA-L1: median {statistics.median(ratios):.3f}, "
-              f"p10-p90 {q[0]:.3f}-{q[-1]:.3f}, min {min(ratios):.3f}, max {max(ratios):.3f} (n={len(ratios)})")
+              f"p10-p90 {q[0]:.3f}-{q[-1]:.3f}, min {min(ratios):.3f}, max {max(ratios):.3f} (n={len(ratios)}); "
+              f"within +-10%: {within} of {len(ratios)} ({within / len(ratios):.0%})")  # fmt: skip
+        for level in sorted({k.split("/")[1] for k in keys}):
+            lr = [sf[k]["speedup"] / l1[k]["speedup"] for k in keys if k.split("/")[1] == level
+                  and l1[k]["accepted"] and sf[k]["status"] == "ok" and l1[k]["speedup"]]  # fmt: skip
+            if lr:
+                print(f"  {level}: median ratio {statistics.median(lr):.3f}, within +-10% "
+                      f"{sum(1 for r in lr if 0.9 <= r <= 1.1)} of {len(lr)}")
+        early = [k for k in keys if sf[k].get("stopped_early")]
+        if early:
+            print(f"stopped early (interval wholly below early_stop_below): {', '.join(early)}")
     l1_wall = sum(l1[k]["wall_s"] for k in keys)
     run_file = args.out / "speedforge_run.json"
     if run_file.exists() and keys:
@@ -252,7 +304,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder the results accumulate in")
     parser.add_argument("--jsonl", type=Path, default=SHARED / "a100.jsonl", help="CUDA-L1 kernels (JSONL)")
     parser.add_argument("--harness", type=Path, default=SHARED / "eval_cuda.py", help="CUDA-L1's eval_cuda.py")
-    parser.add_argument("--levels", default="1,2", help="KernelBench levels to take (default 1,2)")
+    parser.add_argument("--levels", default="1,2,3", help="KernelBench levels to take (default 1,2,3)")
+    parser.add_argument("--direct", action="store_true",
+                        help="speedforge step: the evaluator's functions without Ray (builds in worker processes)")
     parser.add_argument("--every", type=int, default=3, help="take every k-th kernel (default 3)")
     parser.add_argument("--limit", type=int, default=0, help="at most N kernels (0: all selected)")
     parser.add_argument("--pool", default="", help="speedforge pool (default: from the GPU's name)")

@@ -69,6 +69,7 @@ fi
 
 if want fidelity; then  # issue 10: CUDA-L1's published kernels, its harness vs speedforge (needs ../shared/data or FIDELITY_ARGS)
   fid=${FIDELITY_OUT:-$OUT/fidelity}
+  # levels 1-3 by default; FIDELITY_ARGS="--direct ..." evaluates without Ray (a machine without it)
   for step in ${FIDELITY_STEPS:-cuda-l1 speedforge repeat report}; do
     $PY benchmarks/bench_fidelity.py "$step" --out "$fid" ${FIDELITY_ARGS:-} >>"$OUT/fidelity.txt" 2>&1 \
       || { note fidelity "$step failed (fidelity.txt)"; break; }

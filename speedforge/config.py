@@ -173,6 +173,11 @@ class EvaluatorConfig(Checked):
     max_timed_calls: int = setting(200, AT_LEAST_1)  # ...up to this many
     ci_target: float = setting(0.01, AT_LEAST_0)  # stop pairing once the speedup's 95% interval is within +- this (relative)
     unstable_ci: float = setting(0.05, AT_LEAST_0)  # still wider than +- this after max_timed_calls: measure again, then mark unstable
+    early_stop_below: float = setting(0.5, AT_LEAST_0)  # stop timing once the speedup's interval lies wholly below this (0: off)
+    # The tripwire: the reference's time beside the candidate over its pristine time (a sandbox
+    # that never loaded a candidate, cached per task, pool and environment), both intervals
+    # apart, beyond which the result is hack_detected (0: no pristine runs)
+    reference_slowdown_limit: float = setting(1.5, AT_LEAST_0)
     # CPU family: each side's time is this quantile of its timed calls (the GPU uses the median).
     # Noise on a CPU only adds time, and a shared host's drift moves the median of a memory-bound
     # reference more than its fast calls (benchmarks/RESULTS.md, issue 10); 0.5 is the median.

@@ -183,6 +183,9 @@ class EvalResult(Record):
     cand_us: float | None = None  # time of the candidate, microseconds, the same statistic
     ref_iqr_us: float | None = None  # interquartile range of the reference times
     cand_iqr_us: float | None = None
+    ref_lo_us: float | None = None  # 95% interval of ref_us (bootstrap and batch means over its timed calls)
+    ref_hi_us: float | None = None
+    stopped_early: bool = False  # timing stopped once the speedup's interval lay wholly below early_stop_below
     max_abs_err: float | None = None  # worst |candidate - reference| over the trials
     trials: int = 0  # correctness trials run
     timed_calls: int = 0  # timed calls per side

@@ -221,3 +221,29 @@ def test_an_output_overwritten_by_a_graph_replay_counts_as_aliasing() -> None:
     broken = types.SimpleNamespace(device="cuda:0", untyped_storage=lambda: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):
         _overlaps(fresh, broken)
+
+
+def test_eval_and_a_sweep_share_one_build_of_a_candidate(add_task, config):
+    """`speedforge eval` passes the configured evaluator (no architecture list); a sweep's build
+    workers get the pools' list (sweep_evaluator_config). A CPU family's build does not depend
+    on it: a build through the sweep's config is the one eval finds."""
+    from speedforge.cluster.pools import sweep_evaluator_config
+    from speedforge.config import default_pools
+
+    eval_config = config  # its cache may hold this build already (test_build_is_cached_...): one build either way
+    sweep_config = sweep_evaluator_config(eval_config, {name: default_pools()[name] for name in ("cpu", "H100")})
+    assert sweep_config.cuda_arch_list == "9.0"
+    candidate = _cand(add_task, (DATA / "cpp_add_fast.py").read_text())
+    swept = build_candidate(add_task, candidate, sweep_config)
+    assert swept.ok, swept.failure
+    again = build_candidate(add_task, candidate, eval_config)
+    assert again.ok and again.cached and again.key == swept.key
+
+
+def test_a_gpu_build_key_names_the_visible_gpu_when_no_list_is_configured(monkeypatch):
+    from speedforge.evaluator import buildcache
+
+    monkeypatch.setattr(buildcache, "visible_cuda_arch", lambda: "9.0")
+    assert buildcache.build_arch("cuda", "") == "9.0"  # speedforge eval on an H100
+    assert buildcache.build_arch("cuda", "8.0;9.0") == "8.0;9.0"  # a sweep over A100 and H100: a fat build
+    assert buildcache.build_arch("cpu", "9.0") == ""

@@ -263,3 +263,24 @@ def test_gpu_cuda_graph_outputs_overwritten_by_the_next_call_are_aliasing(task: 
     result = evaluate(task, Candidate.make(task.task_id, source), config, device="cuda")
     assert result.status == "hack_detected", (result.status, result.reason, result.log[-2000:])
     assert "earlier call's output" in result.reason
+
+
+def test_a_sweeps_build_is_the_one_eval_finds(tmp_path) -> None:
+    """A candidate built the way a sweep's build worker builds it (the pool's architecture) is
+    found by `speedforge eval` on a GPU of that architecture (no list configured)."""
+    import torch
+
+    from speedforge.cluster.pools import sweep_evaluator_config
+    from speedforge.config import PoolConfig
+
+    tasks = {t.task_id: t for t in builtin_tasks("cuda")}
+    candidate = next(c for c in builtin_candidates("cuda") if "load_inline" in c.source)
+    task = tasks[candidate.task_id]
+    major, minor = torch.cuda.get_device_capability()
+    eval_config = EvaluatorConfig(cache_dir=str(tmp_path), run_timeout_s=300.0)
+    sweep_config = sweep_evaluator_config(eval_config, {"here": PoolConfig(cuda_arch=f"{major}.{minor}")})
+    swept = build_candidate(task, candidate, sweep_config, "cuda")
+    assert swept.ok and not swept.cached, swept.failure
+    again = build_candidate(task, candidate, eval_config, "cuda")
+    assert again.ok and again.cached and again.key == swept.key
+    assert evaluate(task, candidate, eval_config, device="cuda").build_cached

@@ -110,8 +110,9 @@ def test_the_cpu_time_quantile_is_checked():
         EvaluatorConfig(cpu_time_quantile=0.9)
 
 
-# Fails (a runtime_error) once its input's memory is one it ran on in the last few calls. Call 1
-# is the correctness trial, whose inputs are freed before the timed calls begin.
+# Fails (a runtime_error) once its input's memory is one it ran on in the last few calls. Calls 1
+# and 2 are the first call (in lockstep with the reference's) and the correctness trial, whose
+# inputs are freed before the timed calls begin.
 SAME_MEMORY_PROBE = '''
 import collections
 import torch
@@ -128,7 +129,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls += 1
-        if self.calls > 1:
+        if self.calls > 2:
             if x.data_ptr() in SEEN:
                 raise RuntimeError(f"call {self.calls} ran on the same memory as one of the last {len(SEEN)}")
             SEEN.append(x.data_ptr())
@@ -166,3 +167,30 @@ def test_the_rotation_keeps_as_many_pairs_as_its_memory_budget_fits(config):
     assert EvaluatorConfig().cpu_rotation_pairs == 8
     with pytest.raises(FieldError, match="cpu_rotation_pairs"):
         EvaluatorConfig(cpu_rotation_pairs=-1)
+
+
+HOPELESS = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        for _ in range(40):  # the same result, forty times over
+            out = torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
+        return out
+'''
+
+
+def test_timing_stops_early_once_the_interval_lies_wholly_below_the_bound(task, config):
+    config = dataclasses.replace(config, cpu_timed_calls=40, max_timed_calls=40)
+    candidate = Candidate.make(task.task_id, HOPELESS)
+    stopped = evaluate(task, candidate, config)
+    assert stopped.status == "ok" and stopped.stopped_early and not stopped.unstable
+    assert stopped.timed_calls < 40 and stopped.speedup_hi < config.early_stop_below
+    full = evaluate(task, candidate, dataclasses.replace(config, early_stop_below=0.0))
+    assert full.status == "ok" and not full.stopped_early and full.timed_calls == 40

@@ -50,6 +50,33 @@ def toolchain_id() -> str:
     return " | ".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
+def visible_cuda_arch() -> str:
+    """Compute capabilities of the GPUs visible here ("9.0", "8.0;9.0"), asked of nvidia-smi so
+    the asking process does not initialise CUDA; "" where there is none."""
+    path = shutil.which("nvidia-smi")
+    if not path:
+        return ""
+    try:
+        out = subprocess.run([path, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    archs = {line.strip() for line in out.splitlines() if line.strip().replace(".", "").isdigit()}
+    return ";".join(sorted(archs, key=lambda a: tuple(map(int, a.split(".")))))
+
+
+def build_arch(device: str, cuda_arch_list: str) -> str:
+    """The architectures a build of a family on `device` targets, as its key names them: none for
+    a CPU family (its C++ does not depend on the GPU), the configured list, or else the visible
+    GPUs' (what torch targets when TORCH_CUDA_ARCH_LIST is unset). `speedforge eval` (no list:
+    the visible GPU) and a sweep (the pools' list) then share one build of a candidate on the
+    same machine and cache."""
+    if device != "cuda":
+        return ""
+    return cuda_arch_list or visible_cuda_arch()
+
+
 def build_key(source: str, family: str, cuda_arch_list: str, flags: str = "") -> str:
     digest = hashlib.sha256()
     for part in (HARNESS_VERSION, family, source, toolchain_id(), cuda_arch_list, flags):

@@ -10,6 +10,9 @@ infra_error naming it, so no measurement is ever dropped on the way.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import platform
 import secrets
 import time
 import traceback
@@ -17,12 +20,12 @@ import traceback
 from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import cpus
-from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_key
+from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.zygote import remove_tree
 from speedforge.evaluator.screen import screen
-from speedforge.records import Candidate, EvalResult, Task
+from speedforge.records import Candidate, EvalResult, Task, content_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +74,11 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         if not needs_build(task, candidate):  # nothing to compile: the run stage imports it
             return Build(**base, ok=True, failure=None, build_s=0.0, screen_findings=findings)
         cache = BuildCache(config.cache_dir)
+        family = families.get(task.family)
+        config = dataclasses.replace(config, cuda_arch_list=build_arch(family.device, config.cuda_arch_list))
         # where the task decides what is linked (an ann module), the task is part of the build
         key = build_key(candidate.source, task.family, config.cuda_arch_list,
-                        flags=task.source if families.get(task.family).task_in_build_key else "")
+                        flags=task.source if family.task_in_build_key else "")
         base.update(key=key, build_dir=str(cache.build_dir(key)))
         cached = cache.lookup(key)
         if cached is None:
@@ -107,18 +112,100 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     try:
         cache = BuildCache(config.cache_dir)
         seed = config.seed if config.seed is not None else secrets.randbits(30)
+        # the architectures the build targeted: torch names the same flags, and a replayed
+        # extension finds its build up to date instead of compiling in the run stage
+        config = dataclasses.replace(config, cuda_arch_list=build_arch(families.get(task.family).device,
+                                                                       config.cuda_arch_list))  # fmt: skip
         job = Job(kind="run", task=task, candidate=candidate, device=device, seed=seed, workdir="",
                   build_dir=build.build_dir, config=config)  # fmt: skip
-        pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
-        with cpus.claim(config.cpu_threads if pinned else 0) as claimed:
-            outcome = _sandboxed(cache, dataclasses.replace(job, cpus=tuple(claimed)), config.run_timeout_s, config,
-                                 zygote)  # fmt: skip
-        fields = _stage_result(outcome, "run").result_fields()
+        outcome = _run_pinned(cache, job, task, config, device, zygote)
+        stage = _stage_result(outcome, "run")
+        if stage.ok and config.reference_slowdown_limit > 0 and families.get(task.family).kernelbench:
+            stage = _tripwire(stage, lambda fresh: _pristine_reference(task, config, device, pool, zygote, fresh),
+                              config.reference_slowdown_limit)  # fmt: skip
+        fields = stage.result_fields()
         fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
         return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, wall_s=time.perf_counter() - start)
     except Exception as exc:
         return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
                        log=traceback.format_exc()[-4000:], **common)
+
+
+def _run_pinned(cache: BuildCache, job: Job, task: Task, config: EvaluatorConfig, device: str,
+                zygote: Zygote | None) -> Outcome:  # fmt: skip
+    pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
+    with cpus.claim(config.cpu_threads if pinned else 0) as claimed:
+        return _sandboxed(cache, dataclasses.replace(job, cpus=tuple(claimed)), config.run_timeout_s, config, zygote)
+
+
+def pristine_key(task: Task, config: EvaluatorConfig, device: str, pool: str) -> str:
+    """The cache key of a task's pristine reference timing: the task, the pool and the
+    environment (host, toolchain, torch), and every setting the timing depends on."""
+    timing = {name: getattr(config, name) for name in PRISTINE_SETTINGS}
+    return content_id(HARNESS_VERSION, task.family, task.source, task.run_mode, device, pool, platform.node(),
+                      toolchain_id(), json.dumps(timing, sort_keys=True), length=32)  # fmt: skip
+
+
+PRISTINE_SETTINGS = ("warmup_calls", "timed_calls", "cpu_timed_calls", "min_timed_s", "max_timed_calls", "ci_target",
+                     "unstable_ci", "cpu_time_quantile", "cpu_rotation_pairs", "cpu_rotation_mb", "cpu_threads",
+                     "pin_cpus", "l2_flush_mb", "memory_limit_mb", "correctness_trials")  # fmt: skip
+
+
+def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: str, zygote: Zygote | None,
+                        fresh: bool = False) -> StageResult:  # fmt: skip
+    """The reference timed in a sandbox that never loaded a candidate (against a second
+    instance of itself), cached per task, pool and environment; `fresh` measures it again now
+    (the cache keeps the first)."""
+    cache = BuildCache(config.cache_dir)
+    key = pristine_key(task, config, device, pool)
+    path = cache.root / "pristine" / f"{key}.json"
+    if not fresh:
+        try:
+            return StageResult.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, RecordError, TypeError):
+            pass
+    reference = Candidate.make(task.task_id, task.source, origin="pristine")
+    seed = config.seed if config.seed is not None else secrets.randbits(30)
+    job = Job(kind="pristine", task=task, candidate=reference, device=device, seed=seed, workdir="", build_dir="",
+              config=dataclasses.replace(config, early_stop_below=0.0))  # fmt: skip
+    result = _stage_result(_run_pinned(cache, job, task, config, device, zygote), "pristine reference run")
+    if result.ok and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result.to_dict()))
+        os.replace(tmp, path)
+    return result
+
+
+# Fewer timed calls than this give no interval to judge by (the batch-means part needs 16): no
+# tripwire, and no pristine run either.
+TRIPWIRE_MIN_CALLS = 16
+
+
+def _tripwire(stage: StageResult, pristine, limit: float) -> StageResult:
+    """hack_detected when the reference ran slower beside the candidate than in a pristine
+    sandbox: its interval wholly above the pristine one, and its time above `limit` times the
+    pristine time. A trip is confirmed by a fresh pristine run, so that a machine that got
+    busier since the cached one was taken does not read as sabotage."""
+    def slower(clean: StageResult) -> bool:
+        if (not clean.ok or clean.timed_calls < TRIPWIRE_MIN_CALLS
+                or None in (stage.ref_lo_us, stage.ref_us, clean.ref_hi_us, clean.ref_us)):
+            return False
+        return stage.ref_lo_us > clean.ref_hi_us and stage.ref_us > limit * clean.ref_us
+
+    if stage.timed_calls < TRIPWIRE_MIN_CALLS:
+        return stage
+    clean = pristine(False)
+    if not slower(clean):
+        return stage
+    clean = pristine(True)
+    if not slower(clean):
+        return stage
+    reason = (f"the reference ran slower beside this candidate: {stage.ref_us:.1f} us (95% {stage.ref_lo_us:.1f}-"
+              f"{stage.ref_hi_us:.1f}) against {clean.ref_us:.1f} us (95% {clean.ref_lo_us:.1f}-{clean.ref_hi_us:.1f}) "
+              f"in a pristine sandbox, {stage.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)")
+    return dataclasses.replace(stage, status="hack_detected", reason=reason, speedup=None, speedup_lo=None,
+                               speedup_hi=None)  # fmt: skip
 
 
 def needs_build(task: Task, candidate: Candidate) -> bool:

@@ -215,7 +215,7 @@ def install_start_counter():
 # (std::thread, pthreads, OpenMP of its own) carries the name of the thread that started it.
 # OpenMP threads of torch's intra-op pool carry that name too: warm_thread_pools starts them
 # all before the baseline.
-TORCH_THREAD_NAMES = ("pt_autograd_", "pt_thread_pool", "pt_main_thread", "cuda-EvtHandlr", "cuda0",
+TORCH_THREAD_NAMES = ("pt_autograd_", "pt_thread_pool", "PTThreadPool", "pt_main_thread", "cuda-EvtHandlr", "cuda0",
                       "jemalloc_bg_thd")
 
 

@@ -18,7 +18,7 @@ from typing import Any, Self
 from speedforge.config import EvaluatorConfig, from_mapping
 from speedforge.records import STATUSES, Candidate, EvalResult, Task
 
-JOB_KINDS = ("build", "run")
+JOB_KINDS = ("build", "run", "pristine")  # pristine: the reference against itself, no candidate loaded
 
 
 class RecordError(ValueError):
@@ -40,7 +40,7 @@ def _check_keys(what: str, data: Any, required: set[str], optional: set[str] = f
 class Job:
     """One sandboxed stage of one candidate: what the child needs, and nothing else."""
 
-    kind: str  # "build" | "run"
+    kind: str  # "build" | "run" | "pristine"
     task: Task
     candidate: Candidate
     device: str  # "cpu" | "cuda" | "cuda:<n>"
@@ -135,6 +135,9 @@ class StageResult:
     cand_us: float | None = None
     ref_iqr_us: float | None = None
     cand_iqr_us: float | None = None
+    ref_lo_us: float | None = None
+    ref_hi_us: float | None = None
+    stopped_early: bool = False
     max_abs_err: float | None = None
     trials: int = 0
     timed_calls: int = 0

@@ -4,8 +4,12 @@
 `load_inline` into the job's build directory. `run(job)` loads reference and candidate into
 this (sandboxed) process and measures them:
 
-- same weights: both constructed under the same seed, then the reference's parameters and
-  buffers copied into the candidate wherever names and shapes match;
+- the task's weights: both constructed under the same seed (KernelBench's and CUDA-L1's rule),
+  nothing copied between them, so what a candidate's constructor does to its own parameters
+  (a constant folded into a bias) stands;
+- lockstep: a stateful reference (one that keeps state across calls, such as a hidden state
+  reassigned in forward) and the candidate get the same calls in the same order on the same
+  inputs, from the first warm-up call through correctness and timing;
 - the task's model mode: both models in train or eval mode (`.train()`/`.eval()`), every call
   under no_grad unless the task asks for autograd;
 - fresh inputs from the task's own `get_inputs()` under a secret seed for every trial and every
@@ -16,9 +20,15 @@ this (sandboxed) process and measures them:
 - timing: warm-up, then pairs in random order; on GPU, L2 flushed before each call, outside the
   timed region, and a device-wide synchronize before the end event, so side-stream work counts;
   every timed output is checked against its pair's reference output;
-- backend knobs per side: those the candidate sets (cudnn.benchmark, and TF32 or reduced-precision
-  reductions where the config allows them) apply to its calls only, the reference's calls run
-  with the knobs it had before the candidate loaded (`_Harness._switch`);
+- process-wide state per side (speedforge.evaluator.process_state): every backend flag, thread
+  count, default dtype/device, grad and autocast mode and the environment the reference had
+  before the candidate loaded is put back around every reference call; what the candidate sets
+  (cudnn.benchmark, and TF32 or reduced-precision reductions where the config allows them)
+  applies to its own calls only (`_Harness._switch`);
+- early stop: timing ends once the speedup's interval lies wholly below early_stop_below (a
+  hopeless candidate needs no narrow interval), marked `stopped_early`;
+- pristine runs (job kind "pristine"): the reference timed against a second instance of itself
+  in a process that never loaded a candidate, the tripwire of speedforge.evaluator.evaluate;
 - guards after every phase (speedforge.evaluator.guards): a knob that lowers float32 precision is
   a violation unless `allow_precision_downgrade`.
 """
@@ -39,6 +49,7 @@ from pathlib import Path
 
 from speedforge import families, stats
 from speedforge.errors import first_line
+from speedforge.evaluator import process_state
 from speedforge.evaluator.job import Job
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
@@ -142,7 +153,7 @@ def run(job: Job) -> dict:
     metrics: dict = {"device_name": _device_name(torch, device), "mode": job.task.run_mode}
     try:
         harness = _Harness(torch, guards, job, device, seed)
-        metrics.update(harness.measure())
+        metrics.update(harness.measure_pristine() if job.kind == "pristine" else harness.measure())
         metrics["status"] = "ok"
     except Verdict as verdict:
         metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
@@ -170,8 +181,8 @@ class _Harness:
         self.training = job.task.mode == "train"
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(self.config.cpu_time_quantile)
-        self.knobs = {"ref": guards.read_knobs()}  # the reference's backend knobs; the candidate's once it loads
-        self.active = "ref"  # whose knobs are in effect
+        self.state = {"ref": process_state.capture()}  # the reference's process state; the candidate's once it loads
+        self.active = "ref"  # whose state is in effect
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -193,11 +204,19 @@ class _Harness:
             torch.manual_seed(self.seed)
             model = ref.Model(*copy.deepcopy(self.init_inputs)).to(self.device)
             model.train(self.training)
-            self.knobs["ref"] = self.guards.read_knobs()
+            self.state["ref"] = process_state.capture()
         except Exception as exc:  # the task itself is broken: not the candidate's fault
             raise Verdict("infra_error", f"the task's reference failed: {type(exc).__name__}: {exc}",
                           traceback.format_exc()[-4000:]) from None
         self.get_inputs = ref.get_inputs
+        self.ref_module = ref
+        return model
+
+    def _twin(self):
+        """A second instance of the reference, built the same way (a pristine run's other side)."""
+        self.torch.manual_seed(self.seed)
+        model = self.ref_module.Model(*copy.deepcopy(self.init_inputs)).to(self.device)
+        model.train(self.training)
         return model
 
     def _candidate(self):
@@ -213,13 +232,6 @@ class _Harness:
         model = self._call("ModelNew.to(device)", model.to, self.device)
         self._call("ModelNew.train(mode)", model.train, self.training)
         return model
-
-    def _copy_weights(self, ref_model, cand_model) -> None:
-        ref_state = ref_model.state_dict()
-        shared = {k: v for k, v in ref_state.items()
-                  if k in cand_model.state_dict() and cand_model.state_dict()[k].shape == v.shape}
-        if shared:
-            self._call("ModelNew.load_state_dict", lambda: cand_model.load_state_dict(shared, strict=False))
 
     def fresh_inputs(self, index: int) -> list:
         torch = self.torch
@@ -255,19 +267,42 @@ class _Harness:
             self.guards.warm_thread_pools()  # torch's own threads, all started before the baseline
             baseline = self.guards.Baseline.take(self.device)
             cand_model = self._candidate()
-            self._copy_weights(ref_model, cand_model)
             self._guard(baseline, "loading ModelNew")
+            self._switch("cand")  # lockstep: the candidate's first call is the reference's first call
+            self._call("ModelNew.forward", cand_model, *self.clone(warm))
+            self.sync()
             max_err, trials = self.correctness(ref_model, cand_model)
             self._guard(baseline, "the correctness trials")
             timing = self.timing(ref_model, cand_model)
             self._guard(baseline, "the timed calls")
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
 
+    def measure_pristine(self) -> dict:
+        """The reference against a second instance of itself, in a process no candidate touched:
+        the reference's own time (and interval) for the tripwire, and an A/A ratio."""
+        torch = self.torch
+        with torch.enable_grad() if self.job.task.grad else torch.no_grad():
+            ref_model = self._reference()
+            warm = self.fresh_inputs(-1)
+            ref_out = self._call("the reference", ref_model, *self.clone(warm))
+            self.sync()
+            self.out_bytes = sum(t.numel() * t.element_size() for t in _flatten(torch, ref_out))
+            del ref_out
+            twin = self._twin()
+            self._call("the reference", twin, *self.clone(warm))
+            self.sync()
+            max_err, trials = self.correctness(ref_model, twin)
+            timing = self.timing(ref_model, twin)
+        return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+
     def _guard(self, baseline, phase: str) -> None:
+        self._switch("cand")  # the checks below read the candidate's own process state
         found = baseline.violations(self.device, self.current_stream)
-        if self.active == "cand":
-            self.knobs["cand"] = self.guards.read_knobs()
-        lowered = self.guards.precision_downgrades(self.knobs["ref"], self.knobs.get("cand", self.knobs["ref"]))
+        ref_state, cand_state = self.state["ref"], self.state["cand"]
+        lowered = self.guards.precision_downgrades(ref_state, cand_state)
+        lowered += [f"{name} {cand_state[name]}, the reference's {ref_state[name]} (autocast runs float32 work in "
+                    "lower precision)" for name in ref_state
+                    if name.startswith("torch.is_autocast_enabled(") and cand_state[name] and not ref_state[name]]
         if lowered and not self.config.allow_precision_downgrade:
             found.append("lowered float32 precision, a precision downgrade the config does not allow "
                          f"(allow_precision_downgrade): {'; '.join(lowered)}")
@@ -275,16 +310,22 @@ class _Harness:
             raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
 
     def _switch(self, side: str) -> None:
-        """Put the backend knobs of `side` ("ref" or "cand") in effect, before a call of that side.
+        """Put the process state of `side` ("ref" or "cand") in effect, before a call of that side.
 
-        The knobs in effect while the candidate was active are recorded as its own first (its
-        module, constructor or forward may have set them). The reference always runs with the
-        knobs it had before the candidate loaded; the candidate with the ones it set. Costs a
-        few microseconds, and sets nothing when both sides agree."""
+        The state in effect while the candidate was active is recorded as its own first (its
+        module, constructor or forward may have changed it). The reference always runs with the
+        state it had before the candidate loaded; the candidate with what it set. Costs tens of
+        microseconds (outside timed regions), and sets nothing when both sides agree. State the
+        reference had that cannot be put back (the inter-op thread count, fixed once used) is a
+        hack: the reference would be timed under the candidate's."""
+        current = process_state.capture()  # for either side: the work before a call must not differ by side
         if self.active == "cand":
-            self.knobs["cand"] = self.guards.read_knobs()
-        self.guards.apply_knobs(self.knobs.get(side, self.knobs["ref"]), self.knobs[self.active])
+            self.state["cand"] = current
+        failed = process_state.apply(self.state.get(side, self.state["ref"]), current)
         self.active = side
+        if failed and side == "ref":
+            raise Verdict("hack_detected", "changed process-wide state the reference's calls depend on, which cannot "
+                                           "be put back for them: " + "; ".join(failed[:3]))
 
     def correctness(self, ref_model, cand_model) -> tuple[float, int]:
         trials = int(self.config.correctness_trials)
@@ -394,12 +435,16 @@ class _Harness:
         rounds = []
         for attempt in range(2):
             rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt))
-            if rounds[-1]["width"] <= wide:
+            if rounds[-1]["width"] <= wide or rounds[-1]["stopped_early"]:
                 break
-        chosen = min(rounds, key=lambda r: r["width"])
+        chosen = rounds[-1] if rounds[-1]["stopped_early"] else min(rounds, key=lambda r: r["width"])
         times = chosen["times"]
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
+        ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
         return {
+            "ref_lo_us": ref_lo,
+            "ref_hi_us": ref_hi,
+            "stopped_early": chosen["stopped_early"],
             "ref_us": ref_us,
             "cand_us": cand_us,
             "ref_iqr_us": _iqr(times["ref"]),
@@ -407,15 +452,18 @@ class _Harness:
             "speedup": ref_us / cand_us if cand_us > 0 else None,
             "speedup_lo": chosen["lo"],
             "speedup_hi": chosen["hi"],
-            "unstable": chosen["width"] > wide,
+            "unstable": chosen["width"] > wide and not chosen["stopped_early"],
             "timed_calls": len(times["ref"]),
             "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
         }
 
     def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int) -> dict:
-        """Pairs until the interval is within +-ci_target (checked every few pairs past `least`)
-        or `most` pairs; returns the times (us) and the interval (lo, hi, relative half-width)."""
+        """Pairs until the interval is within +-ci_target (checked every few pairs past `least`),
+        or lies wholly below early_stop_below (checked every EARLY_CHECK_EVERY pairs from
+        EARLY_CHECK_FROM on), or `most` pairs; returns the times (us), the interval (lo, hi,
+        relative half-width) and whether it stopped early."""
         target = float(self.config.ci_target)
+        bound = float(self.config.early_stop_below)
         times: dict[str, list[float]] = {"ref": [], "cand": []}
         lo = hi = None
         width = math.inf
@@ -432,12 +480,16 @@ class _Harness:
             self._keep([args["ref"], args["cand"], outs["ref"], outs["cand"]])
             del outs, args
             n = i + 1
-            if n == most or (n >= least and (n - least) % check_every == 0):
+            regular = n == most or (n >= least and (n - least) % check_every == 0)
+            early = bound > 0 and n >= EARLY_CHECK_FROM and (n - EARLY_CHECK_FROM) % EARLY_CHECK_EVERY == 0
+            if regular or early:
                 lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
                                                  quantile=self.quantile)
-                if width <= target:
+                if bound > 0 and hi is not None and hi < bound:
+                    return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": True}
+                if regular and width <= target:
                     break
-        return {"times": times, "lo": lo, "hi": hi, "width": width}
+        return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": False}
 
     def _keep(self, pair: list) -> None:
         """CPU: keep a timed pair's inputs and outputs alive for the next cpu_rotation_pairs pairs.
@@ -480,6 +532,8 @@ class _Harness:
         return out, _perf_counter() - t0
 
 
+EARLY_CHECK_FROM = 8  # pairs before the first early-stop check...
+EARLY_CHECK_EVERY = 4  # ...and between later ones
 BATCHES = 4  # consecutive batches for the batch-means interval
 T_975_3DOF = 3.182  # Student's t, 97.5% quantile, BATCHES - 1 degrees of freedom
 
@@ -522,6 +576,26 @@ def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int
         half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
         lo, hi = min(lo, point - half), max(hi, point + half)
     return lo, hi, (hi - lo) / 2 / point
+
+
+def quantile_interval(torch, values: list[float], seed: int, resamples: int = 400,
+                      quantile: float = 0.5) -> tuple[float | None, float | None]:
+    """95% interval of the `quantile` of one side's times: the wider of a bootstrap and a
+    batch-means interval (see speedup_interval); (None, None) for fewer than 4 values."""
+    n = len(values)
+    if n < 4:
+        return None, None
+    point = stats.quantile(values, quantile)
+    gen = torch.Generator().manual_seed(seed)
+    drawn = torch.tensor(values, dtype=torch.float64)[torch.randint(0, n, (resamples, n), generator=gen)]
+    picked = (drawn.median(dim=1).values if quantile == 0.5 else torch.quantile(drawn, quantile, dim=1)).sort().values
+    lo, hi = float(picked[int(0.025 * resamples)]), float(picked[int(0.975 * resamples) - 1])
+    if n >= 4 * BATCHES:
+        size = n // BATCHES
+        batch = [stats.quantile(values[b * size:(b + 1) * size], quantile) for b in range(BATCHES)]
+        half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
+        lo, hi = min(lo, point - half), max(hi, point + half)
+    return lo, hi
 
 
 def _flatten(torch, out) -> list:

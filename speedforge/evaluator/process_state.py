@@ -1,0 +1,212 @@
+"""Process-wide state the reference's speed can depend on: read all of it, put it back.
+
+A candidate runs in the same process as the reference it is timed against, so anything it
+changes process-wide (a backend switched off at import, thread counts, the default dtype, an
+environment variable torch reads) could slow the reference down and make the candidate look
+faster. The harness takes a `capture()` of this state before the candidate is imported and
+`apply()`s it around every reference call; the candidate keeps what it set for its own calls
+(speedforge.evaluator.kernels, `_Harness._switch`).
+
+The state is found, not listed, so that a knob nobody thought of is covered too:
+
+- every getter/setter pair of torch's global context (`torch._C._get_X` / `torch._C._set_X`:
+  cudnn, mkldnn, nnpack, blas/linalg backends, deterministic algorithms, ...), and the scaled
+  dot-product attention kernels (`_get_<k>_sdp_enabled` / `_set_sdp_use_<k>`);
+- every property of the `torch.backends.*` module objects, walked recursively
+  (`torch.backends.mkldnn.enabled`, `torch.backends.opt_einsum.strategy`, ...);
+- threads (intra- and inter-op), default dtype and device, grad mode, autocast per device type,
+  anomaly mode, deterministic-algorithms warn-only, the CUDA allocator's memory fraction;
+- the interpreter's: profile and trace functions, switch interval, recursion limit, the
+  garbage collector's thresholds and switch;
+- the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like).
+
+The float32-precision and algorithm knobs (TF32, reduced-precision reductions, cudnn.benchmark)
+are read and written through speedforge.evaluator.guards.KNOBS, which knows their legacy/new API
+order; a candidate lowering precision is still a violation there. What no capture covers
+(work a candidate leaves running between calls, memory pressure) is what the pristine tripwire
+(speedforge.evaluator.evaluate, `_pristine_reference`) is for.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import sys
+import types
+
+import torch
+
+from speedforge.evaluator import guards
+
+# Getter/setter pairs of torch._C that are not settings, or are the precision knobs guards owns.
+_NOT_STATE = ("thread_name", "tracing_state", "torch_function_state", "dispatch_mode", "graph_exec_group",
+              "value_trace", "tensor_metadata", "warnAlways", "backcompat_", "autograd_fallback_mode",
+              "dtensor_allow_implicit_replication")
+_PRECISION = ("tf32", "float32_matmul_precision", "reduced_precision_reduction", "fp16_accumulation",
+              "fp32_precision", "cudnn_benchmark", "cudnn_deterministic", "fp16_bf16_reduction")
+_PRECISION_PROPS = ("allow_tf32", "fp32_precision", "benchmark", "deterministic", "allow_fp16", "allow_bf16")
+_SCALAR = (bool, int, float, str, type(None))
+ENVIRONMENT = "os.environ"
+
+
+def _c_pairs() -> dict[str, tuple]:
+    C = torch._C
+    found: dict[str, tuple] = {}
+    for name in dir(C):
+        if not name.startswith("_get_"):
+            continue
+        stem = name[len("_get_"):]
+        setter = getattr(C, "_set_" + stem, None)
+        if stem.endswith("_sdp_enabled"):  # _get_flash_sdp_enabled / _set_sdp_use_flash
+            setter = getattr(C, "_set_sdp_use_" + stem[:-len("_sdp_enabled")], None)
+        if setter is None or any(word in stem for word in _NOT_STATE + _PRECISION):
+            continue
+        found[f"torch._C.{name}"] = (getattr(C, name), setter)
+    return found
+
+
+def _backend_properties() -> dict[str, tuple]:
+    """Properties of the torch.backends module objects, walked recursively."""
+    import importlib
+    import pkgutil
+
+    import torch.backends
+
+    for info in pkgutil.iter_modules(torch.backends.__path__):
+        try:
+            importlib.import_module(f"torch.backends.{info.name}")
+        except Exception:  # a backend this build lacks
+            continue
+    found: dict[str, tuple] = {}
+    seen: set[int] = set()
+
+    def walk(obj, prefix: str) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        names = set(vars(obj)) | {n for n, v in vars(type(obj)).items() if hasattr(v, "__get__")
+                                  and hasattr(v, "__set__")}  # fmt: skip
+        for name in sorted(names):
+            if name.startswith("__"):
+                continue
+            try:
+                value = getattr(obj, name)
+            except Exception:
+                continue
+            path = f"{prefix}.{name}"
+            if isinstance(value, types.ModuleType):
+                if value.__name__.startswith("torch.backends."):
+                    walk(value, value.__name__)
+            elif isinstance(value, _SCALAR) and not name.isupper() and name not in _PRECISION_PROPS:
+                # a module global too (torch.backends.opt_einsum.strategy, mha._is_fastpath_enabled);
+                # a constant among them is never written, its value never differing
+                found[path] = (functools.partial(getattr, obj, name), functools.partial(setattr, obj, name))
+            elif (type(value).__module__.startswith("torch.backends") and not callable(value)
+                  and not name.startswith("_")):
+                walk(value, path)
+
+    walk(torch.backends, "torch.backends")
+    return found
+
+
+def _device_types() -> list[str]:
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _torch_settings() -> dict[str, tuple]:
+    found: dict[str, tuple] = {
+        "torch.get_num_threads": (torch.get_num_threads, torch.set_num_threads),
+        "torch.get_num_interop_threads": (torch.get_num_interop_threads, None),  # fixed once work started
+        "torch.get_default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "torch.get_default_device": (lambda: str(torch.get_default_device()), torch.set_default_device),
+        "torch.is_grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
+        "torch.is_inference_mode_enabled": (torch.is_inference_mode_enabled, None),
+        "torch.is_anomaly_enabled": (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
+        "torch.is_deterministic_algorithms_warn_only_enabled": (
+            torch.is_deterministic_algorithms_warn_only_enabled,
+            lambda warn: torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
+                                                            warn_only=warn)),
+        "torch.is_autocast_cache_enabled": (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled),
+    }
+    for device in _device_types():
+        found[f"torch.is_autocast_enabled({device})"] = (functools.partial(torch.is_autocast_enabled, device),
+                                                         functools.partial(torch.set_autocast_enabled, device))
+        found[f"torch.get_autocast_dtype({device})"] = (functools.partial(torch.get_autocast_dtype, device),
+                                                        functools.partial(torch.set_autocast_dtype, device))
+    # the interpreter's: a profile or trace function, the thread switch interval, the recursion limit
+    found["sys.getprofile"] = (sys.getprofile, sys.setprofile)
+    found["sys.gettrace"] = (sys.gettrace, sys.settrace)
+    found["sys.getswitchinterval"] = (sys.getswitchinterval, sys.setswitchinterval)
+    found["sys.getrecursionlimit"] = (sys.getrecursionlimit, sys.setrecursionlimit)
+    found["gc.get_threshold"] = (gc.get_threshold, lambda value: gc.set_threshold(*value))
+    found["gc.isenabled"] = (gc.isenabled, lambda on: gc.enable() if on else gc.disable())
+    if torch.cuda.is_available() and hasattr(torch.cuda, "get_per_process_memory_fraction"):
+        found["torch.cuda.get_per_process_memory_fraction"] = (torch.cuda.get_per_process_memory_fraction,
+                                                               torch.cuda.set_per_process_memory_fraction)
+    return found
+
+
+def _environment_read() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def _environment_write(target: dict[str, str]) -> None:
+    for name in set(os.environ) - set(target):
+        del os.environ[name]
+    for name, value in target.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+@functools.cache
+def entries() -> dict[str, tuple]:
+    """name -> (read, write or None) of every piece of state found; found once per process
+    (after torch is imported: the zygote preloads it)."""
+    found = {**_c_pairs(), **_backend_properties(), **_torch_settings()}
+    readable = {}
+    for name, (read, write) in found.items():
+        try:
+            read()
+        except Exception:  # not in this build, or not readable here
+            continue
+        readable[name] = (read, write)
+    readable[ENVIRONMENT] = (_environment_read, _environment_write)
+    return readable
+
+
+def capture() -> dict[str, object]:
+    """The state now in effect, backend precision knobs included (tens of microseconds)."""
+    state: dict[str, object] = {name: read() for name, (read, _) in entries().items()}
+    state.update(guards.read_knobs())
+    return state
+
+
+def apply(target: dict[str, object], current: dict[str, object]) -> list[str]:
+    """Make `target` the state in effect, `current` being the state now; returns what could not
+    be put back (one line each), empty when all of it was."""
+    if target == current:
+        return []
+    guards.apply_knobs({k: target[k] for k in guards.KNOBS}, {k: current[k] for k in guards.KNOBS})
+    failed = []
+    for name, (_, write) in entries().items():
+        if target[name] == current[name]:
+            continue
+        if write is None:
+            failed.append(f"{name} is {_show(current[name])}, was {_show(target[name])}, and cannot be set back")
+            continue
+        try:
+            write(target[name])
+        except Exception as exc:
+            failed.append(f"{name} could not be set back to {_show(target[name])} ({type(exc).__name__})")
+    return failed
+
+
+def differences(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """Names whose value differs between two captures."""
+    return sorted(name for name in before if after.get(name) != before[name])
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,90 @@
+"""Sabotage of the reference through process-wide state: each candidate in tests/sabotage/ slows
+the reference down for the whole process (a backend flag, an attention kernel, work left running
+between calls) while doing the reference's own work. Process state the reference had is put back
+around its calls (speedforge.evaluator.process_state), so a knob gains nothing; what no snapshot
+covers trips the pristine-reference tripwire (hack_detected)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import evaluate
+from speedforge.evaluator.evaluate import _tripwire
+from speedforge.evaluator.job import StageResult
+from speedforge.records import Candidate, Task
+
+HERE = Path(__file__).parent / "sabotage"
+TRICKS = sorted(p for p in HERE.glob("*.py") if not p.name.endswith("_task.py") and p.name != "background_work.py")
+
+
+def _task(path: Path) -> Task:
+    name = re.search(r"^task: (\S+)$", path.read_text(), re.M).group(1)
+    return Task(task_id=f"sabotage/{Path(name).stem}", family="cpp", name=Path(name).stem,
+                source=(HERE / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> EvaluatorConfig:
+    return EvaluatorConfig(screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=60.0,
+                           correctness_trials=2, cpu_timed_calls=16, min_timed_s=0.0, max_timed_calls=16,
+                           warmup_calls=2)
+
+
+@pytest.mark.parametrize("path", TRICKS, ids=lambda p: p.stem)
+def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Path, config) -> None:
+    """Today's code (c78699c) read these ok at 39x (oneDNN), 1.6x (flash attention) and 3.9x
+    (profile hook); the reference's own state put back, the same work reads no faster."""
+    text = path.read_text()
+    task = _task(path)
+    result = evaluate(task, Candidate.make(task.task_id, text, origin=f"test:{path.name}"), config)
+    assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
+    assert result.speedup < 1.5, result  # the sabotage alone makes the reference 3x to 90x slower
+
+
+@pytest.mark.slow  # timing: the background work halves the reference's CPU share only where others leave it one
+def test_work_left_running_between_calls_trips_the_pristine_reference(config) -> None:
+    path = HERE / "background_work.py"
+    task = _task(path)
+    result = evaluate(task, Candidate.make(task.task_id, path.read_text(), origin="test:background_work"), config)
+    assert result.status == "hack_detected", (result.status, result.reason, result.ref_us)
+    assert result.reason.startswith("the reference ran slower beside this candidate"), result.reason
+    assert result.speedup is None
+
+
+def _stage(ref_us: float, lo: float, hi: float, calls: int = 16) -> StageResult:
+    return StageResult("ok", ref_us=ref_us, ref_lo_us=lo, ref_hi_us=hi, timed_calls=calls, speedup=2.0)
+
+
+def test_tripwire_needs_both_intervals_apart_the_limit_passed_and_a_fresh_pristine_run_to_agree() -> None:
+    pristine = {False: _stage(100.0, 95.0, 110.0), True: _stage(100.0, 96.0, 108.0)}
+    asked = []
+
+    def measure(fresh: bool) -> StageResult:
+        asked.append(fresh)
+        return pristine[fresh]
+
+    assert _tripwire(_stage(140.0, 115.0, 160.0), measure, 1.5).ok  # under the limit
+    assert _tripwire(_stage(200.0, 105.0, 300.0), measure, 1.5).ok  # intervals overlap
+    assert _tripwire(_stage(200.0, 150.0, 250.0, calls=8), measure, 1.5).ok  # too few calls to judge
+    assert asked == [False, False]  # too few calls: no pristine run at all
+    tripped = _tripwire(_stage(200.0, 150.0, 250.0), measure, 1.5)
+    assert tripped.status == "hack_detected" and tripped.speedup is None
+    assert "200.0 us" in tripped.reason and "100.0 us" in tripped.reason
+    assert asked[-2:] == [False, True]  # confirmed by a fresh pristine run
+    pristine[True] = _stage(190.0, 140.0, 260.0)  # the machine got busier: the fresh run is slow too
+    assert _tripwire(_stage(200.0, 150.0, 250.0), measure, 1.5).ok
+
+
+def test_pristine_reference_is_timed_once_per_task_and_cached(config, tmp_path) -> None:
+    import dataclasses
+
+    config = dataclasses.replace(config, cache_dir=str(tmp_path))
+    task = _task(HERE / "mkldnn_off_at_import.py")
+    honest = (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew(")
+    for _ in range(2):
+        assert evaluate(task, Candidate.make(task.task_id, honest), config).status == "ok"
+    assert len(list((tmp_path / "pristine").glob("*.json"))) == 1
