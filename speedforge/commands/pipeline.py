@@ -50,12 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     schedule = commands.add_parser(
         "schedule", help="create a recurring run (nightly by default)",
         description="Create a recurring run of a compiled pipeline with the KFP client: one run at a time, no "
-                    "catch-up. The cron has six fields, seconds first, as KFP reads it; a five-field "
-                    "crontab expression is refused.")  # fmt: skip
+                    "catch-up. The cron is read as KFP reads it, in UTC: six fields, seconds first "
+                    "('0 0 2 * * *'), or a descriptor ('@daily', '@hourly', '@every 6h'); a five-field "
+                    "crontab expression is refused (KFP would read it seconds first).")  # fmt: skip
     _connection_options(schedule)
     _package_options(schedule)
-    schedule.add_argument("--cron", default=None, help="six-field cron, seconds first (default: '0 0 2 * * *', "
-                                                       "02:00 every day)")  # fmt: skip
+    schedule.add_argument("--cron", default=None, help="six-field cron, seconds first, in UTC, or @daily, @every 6h, ... "
+                                                       "(default: '0 0 2 * * *', 02:00 UTC every day)")  # fmt: skip
     schedule.add_argument("--job-name", default="speedforge-nightly")
     schedule.add_argument("--experiment", default="speedforge")
     schedule.add_argument("--service-account", default="speedforge-pipeline",
@@ -146,7 +147,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _schedule(args: argparse.Namespace) -> int:
-    from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, schedule_run
+    import datetime
+
+    from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, next_runs, schedule_run
 
     cron = check_cron(args.cron or DEFAULT_CRON)  # a bad cron fails before the endpoint is tried
     package, arguments = _arguments(args)
@@ -155,6 +158,9 @@ def _schedule(args: argparse.Namespace) -> int:
                        service_account=args.service_account, enabled=not args.disabled)  # fmt: skip
     print(f"recurring run {job.recurring_run_id} ({job.name}): cron {job.cron!r}, service account "
           f"{job.service_account or '-'}, {'enabled' if job.enabled else 'disabled'}")  # fmt: skip
+    first = next_runs(job.cron, datetime.datetime.now(datetime.timezone.utc))[0]
+    print(f"KFP reads the cron in UTC (unless its scheduler's CRON_SCHEDULE_TIMEZONE is set): next run "
+          f"{first:%Y-%m-%d %H:%M:%S} UTC")  # fmt: skip
     return 0
 
 
