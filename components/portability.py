@@ -6,13 +6,14 @@ from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def portability(config: str, variants_uri: str, pool: str, store: str, run_id: str) -> dict:
-    """Evaluate every variant of `variants_uri` and its reference on `pool`; results in
-    <store>/portability/<pool>; returns results_uri and the pool's summary."""
+def portability(config: str, variants_uri: str, pool: str, store: str, ray_address: str, run_id: str) -> dict:
+    """Evaluate every variant of `variants_uri` and its reference on `pool`, on the Ray cluster at
+    `ray_address` ("" = a local Ray in this pod); results in <store>/portability/<pool>; returns
+    results_uri and the pool's summary."""
     from speedforge.config import loads_config
     from speedforge.recipes.portability import run_portability
     from speedforge.recipes.run_steps import run_step
 
     settings = loads_config(config, where="the config parameter")
     return run_step(settings, store, run_id, f"portability-{pool}", run_portability, settings, variants_uri, [pool],
-                    f"{store.rstrip('/')}/portability/{pool}")
+                    f"{store.rstrip('/')}/portability/{pool}", address=ray_address or None)

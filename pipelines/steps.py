@@ -1,12 +1,21 @@
 """What every pipeline step gets: S3 credentials from a Kubernetes secret, resource requests, no
 KFP caching (a measurement is never reused from an earlier run), and, for a step that evaluates
-on a pool in its own pod, that pool's node selector, GPU toleration and GPU limit."""
+on a pool in its own pod, that pool's node selector, GPU toleration and GPU limit.
+
+One owner per GPU: by default an evaluating step sends its work to the RayCluster of k8s/
+(`CLUSTER_ADDRESS`), whose GPU workers hold the GPUs, and requests no GPU itself. `ray_address=""`
+is the explicit other choice: a local Ray in the step's own pod, which then requests its pool's
+GPU (use it without a RayCluster, never beside one that holds the same GPUs)."""
 
 from kfp import dsl, kubernetes
 
 from components.pools import fan_out, pool_placement
 from components.portability import portability
 from components.report import report
+
+# The RayCluster `speedforge` of k8s/base, by Ray Client: KubeRay names its head service
+# <cluster>-head-svc and the head exposes the client port 10001 (a test checks both).
+CLUSTER_ADDRESS = "ray://speedforge-head-svc:10001"
 
 # Keys of the secret (`s3_secret` parameter, see k8s/base/secret-s3.example.yaml), each the
 # environment variable it becomes. Optional: on AWS with pod identities there is no secret.
@@ -33,16 +42,17 @@ def on_pool(task, placement):
     return task
 
 
-def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id):
+def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id, ray_address):
     """The tail both pipelines share: the variant set measured again on every pool (one
-    ParallelFor branch per pool, each placed on its pool's nodes), then one report over them."""
+    ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its pool's
+    nodes when that is ""), then one report over them."""
     per_pool = step(fan_out(pools=pools, uri=variants_uri), None, cpu="100m", memory="256Mi",
                     name="pools with the variants")
     with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
-        placed = step(pool_placement(config=config, pool=item.pool, ray_address=""), None, cpu="500m", memory="1Gi",
-                      name="placement")
+        placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
+                      memory="1Gi", name="placement")
         ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
-                                          run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="portability"),
-                         placed)
+                                          ray_address=ray_address, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
+                              name="portability"), placed)
     return step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
                 s3_secret, name="report")

@@ -107,7 +107,7 @@ needs_training = pytest.mark.skipif(
     reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS))
 TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu", "train_mode": "local",
                "train_stage": "grpo", "baseline_candidates": 1, "search_tasks": 1, "search_rounds": 1,
-               "search_samples": 1}  # fmt: skip
+               "search_samples": 1, "ray_address": ""}  # fmt: skip
 
 
 def check_training_run(run) -> dict:

@@ -178,7 +178,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     arguments = {
-        "source": args.source, "pools": args.pools, "search_pool": "cpu", "model": args.model,
+        "source": args.source, "pools": args.pools, "search_pool": "cpu", "model": args.model, "ray_address": "",
         "train_stage": args.train_stage, "train_mode": "local", "baseline_candidates": args.baseline_candidates,
         "search_tasks": args.search_tasks, "search_rounds": args.search_rounds, "search_samples": args.search_samples,
         "max_new_tokens": args.search_tokens,
