@@ -82,6 +82,30 @@ def test_submit_creates_a_run_and_status_reports_its_error(capsys):
     assert "step train-grpo failed: RayJob ended Failed/FAILED" in out and "traceback" not in out
 
 
+def test_a_token_goes_with_every_request_and_a_missing_one_is_named(capsys, monkeypatch):
+    monkeypatch.delenv("KF_PIPELINES_TOKEN", raising=False)
+    kfp, api = FakeKfp(), FakeApi(None)
+
+    def behind_auth(method, path, query, body):  # a multi-user KFP's auth proxy
+        if api.headers[-1].get("authorization") != "Bearer s3cret":
+            return 401, {"error": "unauthorized"}
+        return kfp(method, path, query, body)
+
+    api.handler = behind_auth
+    with api:
+        assert main(["pipeline", "status", "run-1", "--host", api.url]) == 2
+        err = capsys.readouterr().err
+        assert "401" in err and "a multi-user KFP needs a token: --token or $KF_PIPELINES_TOKEN" in err
+        asked = len(api.headers)
+        assert main(["pipeline", "status", "run-1", "--host", api.url, "--token", "s3cret"]) == 1  # the run FAILED
+        monkeypatch.setenv("KF_PIPELINES_TOKEN", "s3cret")
+        assert main(["pipeline", "submit", "--host", api.url]) == 0
+    assert len(api.headers) > asked + 3
+    assert all(h.get("authorization") == "Bearer s3cret" for h in api.headers[asked:])
+    out, err = capsys.readouterr()
+    assert "run run-1" in out and "s3cret" not in out + err
+
+
 def test_a_five_field_cron_is_refused_before_any_endpoint_is_tried(capsys):
     assert main(["pipeline", "schedule", "--cron", "0 2 * * *", "--host", f"http://127.0.0.1:{closed_port()}"]) == 2
     err = capsys.readouterr().err

@@ -91,6 +91,8 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="Kubeflow Pipelines endpoint (default: $KF_PIPELINES_ENDPOINT)")
     parser.add_argument("--namespace", help="KFP namespace (multi-user deployments; default: kubeflow)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the endpoint (default: 10)")
+    parser.add_argument("--token", help="bearer token of a multi-user KFP (default: $KF_PIPELINES_TOKEN), e.g. "
+                                        "$(kubectl create token default-editor -n NAMESPACE --audience ...)")  # fmt: skip
 
 
 def _package_options(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +141,7 @@ def _submit(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import connect_kfp, submit_run
 
     package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout)
+    client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
     run = submit_run(client, package, arguments, experiment=args.experiment, run_name=args.run_name,
                      service_account=args.service_account)  # fmt: skip
     print(f"run {run.run_id} ({run.name}): {run.state or 'submitted'}" + (f"  {run.url}" if run.url else ""))
@@ -153,7 +155,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
     cron = check_cron(args.cron or DEFAULT_CRON)  # a bad cron fails before the endpoint is tried
     package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout)
+    client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
     job = schedule_run(client, package, arguments, cron=cron, name=args.job_name, experiment=args.experiment,
                        service_account=args.service_account, enabled=not args.disabled)  # fmt: skip
     print(f"recurring run {job.recurring_run_id} ({job.name}): cron {job.cron!r}, service account "
@@ -167,7 +169,7 @@ def _schedule(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import connect_kfp, run_status
 
-    run = run_status(connect_kfp(args.host, args.namespace, args.timeout), args.run_id)
+    run = run_status(connect_kfp(args.host, args.namespace, args.timeout, args.token), args.run_id)
     print_table(["run", "name", "state", "created", "finished", "error"],
                 [[run.run_id, run.name, run.state, run.created_at, run.finished_at, run.error]])  # fmt: skip
     return 0 if run.state not in ("FAILED", "CANCELED") else 1

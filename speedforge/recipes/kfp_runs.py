@@ -38,6 +38,7 @@ from speedforge.extras import require
 
 DEFAULT_CRON = "0 0 2 * * *"  # every day at 02:00:00 UTC (KFP: seconds minutes hours day-of-month month day-of-week)
 ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"  # the KFP SDK's own variable for the endpoint
+TOKEN_ENV = "KF_PIPELINES_TOKEN"  # a bearer token for a multi-user KFP (behind its auth proxy)
 HEALTHZ = "/apis/v2beta1/healthz"
 CRON_NAMES = ("seconds", "minutes", "hours", "day of month", "month", "day of week")
 CRON_BOUNDS = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 6))  # robfig/cron's, per field
@@ -158,9 +159,10 @@ def endpoint(host: str | None) -> str:
     return host if "://" in host else f"http://{host}"
 
 
-def probe_endpoint(host: str, timeout_s: float) -> None:
+def probe_endpoint(host: str, timeout_s: float, token: str = "") -> None:
     """A UserError in one line unless KFP's health check answers at `host` within `timeout_s`
-    (the client itself retries a refused or failing endpoint for half a minute or more)."""
+    (the client itself retries a refused or failing endpoint for half a minute or more); with
+    `token`, as the client will ask: with it as a bearer token."""
     import urllib.error
     import urllib.request
 
@@ -172,29 +174,36 @@ def probe_endpoint(host: str, timeout_s: float) -> None:
         raise UserError(f"cannot reach Kubeflow Pipelines at {host} within {timeout_s:g} s: "
                         f"{exc.strerror or first_line(exc)}; is the endpoint right and port-forwarded?") from None  # fmt: skip
     health = host.rstrip("/") + HEALTHZ
+    request = urllib.request.Request(health, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(health, timeout=timeout_s) as reply:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
             reply.read()
     except urllib.error.HTTPError as exc:
+        hint = (f"a multi-user KFP needs a token: --token or ${TOKEN_ENV}" if exc.code in (401, 403) and not token
+                else "the token was refused" if exc.code in (401, 403)
+                else "is this the ml-pipeline-ui or ml-pipeline service?")  # fmt: skip
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {exc.code} {exc.reason} "
-                        f"from {HEALTHZ} (is this the ml-pipeline-ui or ml-pipeline service?)") from None  # fmt: skip
+                        f"from {HEALTHZ} ({hint})") from None  # fmt: skip
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check within {timeout_s:g} s: "
                         f"{first_line(reason) if isinstance(reason, BaseException) else reason}") from None  # fmt: skip
 
 
-def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0):
-    """A kfp.Client for the endpoint, after checking that it answers."""
+def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0,
+                token: str | None = None):  # fmt: skip
+    """A kfp.Client for the endpoint, after checking that it answers; `token` (else
+    $KF_PIPELINES_TOKEN) goes with every request as a bearer token (multi-user KFP)."""
     require("pipelines", "kfp", purpose="talking to Kubeflow Pipelines")
     import kfp
 
     host = endpoint(host)
-    probe_endpoint(host, timeout_s)
+    token = token or os.environ.get(TOKEN_ENV, "")
+    probe_endpoint(host, timeout_s, token)
     try:
         with warnings.catch_warnings():  # "only works with KFP v2.0.0-beta.2 and later": said in the README
             warnings.simplefilter("ignore", FutureWarning)
-            return kfp.Client(host=host, namespace=namespace or "kubeflow")
+            return kfp.Client(host=host, namespace=namespace or "kubeflow", existing_token=token or None)
     except Exception as exc:  # the client's health check: urllib3, ApiException, ...
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {_reason(exc)}") from None
 
