@@ -23,12 +23,31 @@ S3_SECRET_KEYS = {key: key for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_K
                                        "SPEEDFORGE_S3_ENDPOINT")}  # fmt: skip
 
 
+# Retries: KFP runs a step again after a transient failure (its pod evicted or preempted, the
+# store or the API server briefly gone) only where a second run is harmless: these steps are
+# pure or rewrite what they wrote (a step's record is keyed by its name). An evaluating step
+# (baselines, optimize, portability) or train is not retried: it holds its table's lease, and a
+# rerun of the pipeline goes on from the results it recorded.
+RETRIED = ("check pools", "placement", "pools with the data set", "pools with the variants", "select best variants",
+           "report", "run report")  # fmt: skip
+RETRY = dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="300s")
+# Timeouts (the pod's activeDeadlineSeconds): a step past its limit is stopped and fails, so a hung
+# step cannot hold a nightly run for ever. Evaluations and searches run a day at most; training
+# has its own limit (train_timeout_s, 1 day by default) and this one only backs it up.
+TIMEOUT_S = {"baselines": 86400, "optimize": 86400, "portability": 86400, "train": 7 * 86400,
+             "stage data set": 4 * 3600}  # fmt: skip
+DEFAULT_TIMEOUT_S = 3600
+
+
 def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     """A step: credentials from `s3_secret` (None: a step that never reaches the store), requests,
-    caching off."""
+    caching off, a timeout, and retries where they are harmless (RETRIED)."""
     if s3_secret is not None:
         kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_SECRET_KEYS, optional=True)
     task.set_cpu_request(cpu).set_memory_request(memory).set_caching_options(False)
+    kubernetes.set_timeout(task, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
+    if name in RETRIED:
+        task.set_retry(**RETRY)
     if name:
         task.set_display_name(name)
     return task

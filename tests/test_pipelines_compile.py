@@ -147,6 +147,20 @@ def test_evaluating_steps_send_work_to_the_ray_cluster_by_default_and_take_no_gp
     assert CLUSTER_ADDRESS == f"ray://{cluster['metadata']['name']}-head-svc:{ports['client']}"  # KubeRay's head service
 
 
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_has_a_timeout_and_only_harmless_ones_are_retried(name):
+    from pipelines.steps import RETRIED
+
+    spec, executors = load(name)
+    for executor in spec["deploymentSpec"]["executors"]:
+        assert int(executors[executor]["activeDeadlineSeconds"]) >= 3600, executor
+    retried = {t["taskInfo"]["name"] for t in all_tasks(spec).values() if "retryPolicy" in t}
+    assert retried and retried <= set(RETRIED)
+    assert not retried & {"baselines", "optimize", "portability", "train", "stage data set"}  # they hold leases
+    (policy,) = {str(t["retryPolicy"]) for t in all_tasks(spec).values() if "retryPolicy" in t}
+    assert "'maxRetryCount': 2" in policy and "'backoffDuration': '30s'" in policy
+
+
 def test_the_installed_versions_meet_kfps_exact_pins_and_ours():
     """kfp 2.17.0 pins requests and urllib3 exactly and needs kubernetes<31; the pipelines extra
     asks kubernetes in a range of its own: the environment must satisfy both."""
