@@ -73,5 +73,5 @@ def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id
         ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
                                           ray_address=ray_address, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
                               name="portability"), placed)
-    return step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
+    return step(report(config=config, portability=dsl.Collected(ported.outputs["Output"]), store=store, run_id=run_id),
                 s3_secret, name="report")

@@ -67,7 +67,7 @@ def training(
         trained = step(train(
             config=config, train_config=train_config, stage=train_stage, mode=train_mode, store=store,
             ray_cluster=ray_cluster, namespace=namespace, ray_dashboard=ray_dashboard, image=image,
-            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.output), run_id=run_id), s3_secret,
+            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.outputs["Output"]), run_id=run_id), s3_secret,
             name="train")
         searched = step(optimize(
             config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,

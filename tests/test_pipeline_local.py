@@ -16,6 +16,7 @@ portability and report recipes (skipped until they are there)."""
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,15 @@ def check_training_run(run) -> dict:
     for kind in ("html", "markdown", "json"):
         assert run.report[kind].startswith(run.pipeline_root)
     assert "<html" in open(run.report["html"]).read().lower()
+    # KFP's own artifacts, which its UI shows: the report as HTML and Markdown, per-step Metrics
+    task_dir = Path(run.report["html"]).parents[1]  # <root>/<kfp run>/report/ (report_dir/ holds the files)
+    assert (task_dir / "report_html").read_text() == Path(run.report["html"]).read_text()
+    assert (task_dir / "report_markdown").read_text() == Path(run.report["markdown"]).read_text()
+    metrics = {p.parent.name: json.loads(p.read_text()) for p in task_dir.parent.rglob("metrics") if p.is_file()}
+    assert {m.rstrip("-0123456789") for m in metrics} == {"measure-baselines", "optimize", "portability"}
+    assert len(metrics) == 5  # baselines and portability on both pools, one search
+    for name, values in metrics.items():
+        assert 0.0 <= values["valid_fraction"] <= 1.0, name
     return steps
 
 

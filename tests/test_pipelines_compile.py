@@ -161,6 +161,21 @@ def test_every_step_has_a_timeout_and_only_harmless_ones_are_retried(name):
     assert "'maxRetryCount': 2" in policy and "'backoffDuration': '30s'" in policy
 
 
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_the_report_is_an_html_and_a_markdown_artifact_and_evaluating_steps_write_metrics(name):
+    spec, _ = load(name)
+
+    def artifacts(component: str) -> dict[str, str]:
+        outputs = spec["components"][component]["outputDefinitions"]["artifacts"]
+        return {n: a["artifactType"]["schemaTitle"] for n, a in outputs.items()}
+
+    assert artifacts("comp-report") == {"report_dir": "system.Artifact", "report_html": "system.HTML",
+                                        "report_markdown": "system.Markdown"}  # fmt: skip
+    evaluating = ["comp-portability", *(["comp-measure-baselines", "comp-optimize"] if name == "training" else [])]
+    for component in evaluating:
+        assert artifacts(component) == {"metrics": "system.Metrics"}, component
+
+
 def test_the_installed_versions_meet_kfps_exact_pins_and_ours():
     """kfp 2.17.0 pins requests and urllib3 exactly and needs kubernetes<31; the pipelines extra
     asks kubernetes in a range of its own: the environment must satisfy both."""
