@@ -60,8 +60,8 @@ RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERS
 ARG EXTRAS=cluster,train,pipelines,reports
 WORKDIR /src
 COPY pyproject.toml ./
-COPY docker/requirements.py ./docker/
-RUN python3 docker/requirements.py pyproject.toml "${EXTRAS}" > /tmp/requirements.txt \
+COPY image-tools/requirements.py ./image-tools/
+RUN python3 image-tools/requirements.py pyproject.toml "${EXTRAS}" > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 

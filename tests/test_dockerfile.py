@@ -6,6 +6,7 @@ needs Docker and the CUDA base: not here.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -95,15 +96,14 @@ def test_dependency_layers_come_before_the_source_which_installs_nothing_else():
     after = [a for i, a in runs if i > first_source]
     assert after == ["pip install --no-cache-dir --no-deps --no-build-isolation . && rm -rf /src/build"]
     before = [a.split()[0] for kind, a in steps[:first_source] if kind == "COPY"]
-    assert before == ["pyproject.toml", "docker/requirements.py"]  # the dependency layer reads pyproject only
+    assert before == ["pyproject.toml", "image-tools/requirements.py"]  # the dependency layer reads pyproject only
 
 
 def test_the_dependency_layer_installs_what_pyproject_names_for_the_images_extras():
-    sys.path.insert(0, str(ROOT / "docker"))
-    try:
-        from requirements import requirements
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "image-tools" / "requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    requirements = module.requirements
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     args = dict(a.split("=", 1) for kind, a in instructions() if kind == "ARG" and "=" in a)
     wanted = requirements(ROOT / "pyproject.toml", args["EXTRAS"].split(","))

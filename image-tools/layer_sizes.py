@@ -2,7 +2,7 @@
 each installed distribution is put in the layer of the Dockerfile that would install it, and its
 files (as its RECORD lists them) are summed.
 
-    python docker/layer_sizes.py [--extras cluster,train,pipelines,reports]
+    python image-tools/layer_sizes.py [--extras cluster,train,pipelines,reports]
 
 Layers: `torch` (torch and what it pulls in: with a CUDA build, the nvidia-* wheels and triton),
 `dependencies` (the rest of what pyproject.toml names for the core and the image's extras, with
@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from requirements import requirements  # noqa: E402  (docker/requirements.py)
+from requirements import requirements  # noqa: E402  (image-tools/requirements.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 given extras, one per line, for `pip install -r` before any source is copied (so a code change
 rebuilds only the last layer, not the multi-GB ones).
 
-    python3 docker/requirements.py pyproject.toml cluster,train,pipelines,reports > requirements.txt
+    python3 image-tools/requirements.py pyproject.toml cluster,train,pipelines,reports > requirements.txt
 
 An extra that names speedforge itself (`all`) is expanded; the package itself is left out (it is
 installed from the source, last, with --no-deps). Python 3.11+ (tomllib), no other imports.
@@ -27,7 +27,7 @@ def requirements(pyproject: Path, extras: list[str]) -> list[str]:
         if extra in seen:
             continue
         if extra not in optional:
-            raise SystemExit(f"docker/requirements.py: no extra {extra!r} in {pyproject} (known: {', '.join(optional)})")
+            raise SystemExit(f"image-tools/requirements.py: no extra {extra!r} in {pyproject} (known: {', '.join(optional)})")
         seen.add(extra)
         for requirement in optional[extra]:
             own = re.fullmatch(rf"{re.escape(name)}\[([^\]]+)\]", requirement.strip())
@@ -40,5 +40,5 @@ def requirements(pyproject: Path, extras: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        raise SystemExit("usage: python3 docker/requirements.py PYPROJECT EXTRA[,EXTRA...]")
+        raise SystemExit("usage: python3 image-tools/requirements.py PYPROJECT EXTRA[,EXTRA...]")
     print("\n".join(requirements(Path(sys.argv[1]), [e for e in sys.argv[2].split(",") if e])))
