@@ -1,22 +1,29 @@
 """The in-context search on the first tasks of a data set."""
 
 from kfp import dsl
+from kfp.dsl import Metrics, Output
 
 from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def optimize(config: str, dataset_uri: str, store: str, model: str, checkpoint: str, tasks: int, rounds: int,
-             samples: int, max_new_tokens: int, pool: str, ray_address: str, run_id: str) -> dict:
+             samples: int, max_new_tokens: int, pool: str, ray_address: str, run_id: str,
+             metrics: Output[Metrics]) -> dict:
     """Search the first `tasks` tasks with policy `model` ("" = `checkpoint`, the one training wrote) on
     `pool`, within the budget (rounds x samples, max_new_tokens; 0 = the config's); variants go to the
-    store's variants table. Evaluates on the Ray cluster at `ray_address` when given, else in this pod."""
+    store's variants table. Evaluates on the Ray cluster at `ray_address` when given, else in this pod.
+    `metrics`: samples, the valid fraction and the median best speedup, for KFP's UI."""
     from speedforge.config import loads_config
     from speedforge.recipes.dataset_search import search_dataset
     from speedforge.recipes.run_steps import run_step
+    from speedforge.recipes.step_metrics import step_metrics
     from speedforge.search.printer import SearchPrinter
 
     settings = loads_config(config, where="the config parameter")
-    return run_step(settings, store, run_id, "optimize", search_dataset, settings, dataset_uri, store, SearchPrinter(),
-                    tasks=tasks, model=model or checkpoint, rounds=rounds, samples=samples,
-                    max_new_tokens=max_new_tokens, pool=pool, address=ray_address, service=bool(ray_address))
+    outcome = run_step(settings, store, run_id, "optimize", search_dataset, settings, dataset_uri, store,
+                       SearchPrinter(), tasks=tasks, model=model or checkpoint, rounds=rounds, samples=samples,
+                       max_new_tokens=max_new_tokens, pool=pool, address=ray_address, service=bool(ray_address))
+    for name, value in step_metrics("search", outcome).items():
+        metrics.log_metric(name, value)
+    return outcome

@@ -1,18 +1,25 @@
 """Portability: a variant set rerun, with its references, on one pool."""
 
 from kfp import dsl
+from kfp.dsl import Metrics, Output
 
 from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def portability(config: str, variants_uri: str, pool: str, store: str, run_id: str) -> dict:
-    """Evaluate every variant of `variants_uri` and its reference on `pool`; results in
-    <store>/portability/<pool>; returns results_uri and the pool's summary."""
+def portability(config: str, variants_uri: str, pool: str, store: str, ray_address: str, run_id: str,
+                metrics: Output[Metrics]) -> dict:
+    """Evaluate every variant of `variants_uri` and its reference on `pool`, on the Ray cluster at
+    `ray_address` ("" = a local Ray in this pod); results in <store>/portability/<pool>; returns
+    results_uri and the pool's summary; `metrics`: the valid fraction and the speedups, for KFP's UI."""
     from speedforge.config import loads_config
     from speedforge.recipes.portability import run_portability
     from speedforge.recipes.run_steps import run_step
+    from speedforge.recipes.step_metrics import step_metrics
 
     settings = loads_config(config, where="the config parameter")
-    return run_step(settings, store, run_id, f"portability-{pool}", run_portability, settings, variants_uri, [pool],
-                    f"{store.rstrip('/')}/portability/{pool}")
+    outcome = run_step(settings, store, run_id, f"portability-{pool}", run_portability, settings, variants_uri,
+                       [pool], f"{store.rstrip('/')}/portability/{pool}", address=ray_address or None)
+    for name, value in step_metrics("portability", outcome).items():
+        metrics.log_metric(name, value)
+    return outcome

@@ -1,19 +1,27 @@
-"""The report of a run's portability results: HTML with its plots, Markdown and JSON."""
+"""The report of a run's portability results: HTML with its plots, Markdown and JSON; the HTML and
+the Markdown also as KFP's HTML and Markdown artifacts, which its UI shows."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Output
+from kfp.dsl import HTML, Artifact, Markdown, Output
 
 from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def report(config: str, portability: list, store: str, run_id: str, report_dir: Output[Artifact]) -> dict:
+def report(config: str, portability: list, store: str, run_id: str, report_dir: Output[Artifact],
+           report_html: Output[HTML], report_markdown: Output[Markdown]) -> dict:
     """Write the report of the pools' portability results (`portability`: each pool's summary, with its
-    results_uri) into the `report_dir` artifact; returns the paths of its html, markdown and json."""
+    results_uri) into the `report_dir` artifact, and its HTML (figures inlined) and Markdown as the
+    `report_html` and `report_markdown` artifacts; returns the paths of its html, markdown and json."""
+    import shutil
+
     from speedforge.config import loads_config
     from speedforge.recipes.report import write_report
     from speedforge.recipes.run_steps import run_step
 
     settings = loads_config(config, where="the config parameter")
-    return run_step(settings, store, run_id, "report", write_report, settings,
-                    [summary["results_uri"] for summary in portability], report_dir.path)
+    outcome = run_step(settings, store, run_id, "report", write_report, settings,
+                       [summary["results_uri"] for summary in portability], report_dir.path)
+    shutil.copyfile(outcome["html"], report_html.path)
+    shutil.copyfile(outcome["markdown"], report_markdown.path)
+    return outcome

@@ -1,6 +1,11 @@
 """What every pipeline step gets: S3 credentials from a Kubernetes secret, resource requests, no
 KFP caching (a measurement is never reused from an earlier run), and, for a step that evaluates
-on a pool in its own pod, that pool's node selector, GPU toleration and GPU limit."""
+on a pool in its own pod, that pool's node selector, GPU toleration and GPU limit.
+
+One owner per GPU: by default an evaluating step sends its work to the RayCluster of k8s/
+(`CLUSTER_ADDRESS`), whose GPU workers hold the GPUs, and requests no GPU itself. `ray_address=""`
+is the explicit other choice: a local Ray in the step's own pod, which then requests its pool's
+GPU (use it without a RayCluster, never beside one that holds the same GPUs)."""
 
 from kfp import dsl, kubernetes
 
@@ -8,18 +13,41 @@ from components.pools import fan_out, pool_placement
 from components.portability import portability
 from components.report import report
 
+# The RayCluster `speedforge` of k8s/base, by Ray Client: KubeRay names its head service
+# <cluster>-head-svc and the head exposes the client port 10001 (a test checks both).
+CLUSTER_ADDRESS = "ray://speedforge-head-svc:10001"
+
 # Keys of the secret (`s3_secret` parameter, see k8s/base/secret-s3.example.yaml), each the
 # environment variable it becomes. Optional: on AWS with pod identities there is no secret.
 S3_SECRET_KEYS = {key: key for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
                                        "SPEEDFORGE_S3_ENDPOINT")}  # fmt: skip
 
 
+# Retries: KFP runs a step again after a transient failure (its pod evicted or preempted, the
+# store or the API server briefly gone) only where a second run is harmless: these steps are
+# pure or rewrite what they wrote (a step's record is keyed by its name). An evaluating step
+# (baselines, optimize, portability) or train is not retried: it holds its table's lease, and a
+# rerun of the pipeline goes on from the results it recorded.
+RETRIED = ("check pools", "placement", "pools with the data set", "pools with the variants", "select best variants",
+           "report", "run report")  # fmt: skip
+RETRY = dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="300s")
+# Timeouts (the pod's activeDeadlineSeconds): a step past its limit is stopped and fails, so a hung
+# step cannot hold a nightly run for ever. Evaluations and searches run a day at most; training
+# has its own limit (train_timeout_s, 1 day by default) and this one only backs it up.
+TIMEOUT_S = {"baselines": 86400, "optimize": 86400, "portability": 86400, "train": 7 * 86400,
+             "stage data set": 4 * 3600}  # fmt: skip
+DEFAULT_TIMEOUT_S = 3600
+
+
 def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     """A step: credentials from `s3_secret` (None: a step that never reaches the store), requests,
-    caching off."""
+    caching off, a timeout, and retries where they are harmless (RETRIED)."""
     if s3_secret is not None:
         kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_SECRET_KEYS, optional=True)
     task.set_cpu_request(cpu).set_memory_request(memory).set_caching_options(False)
+    kubernetes.set_timeout(task, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
+    if name in RETRIED:
+        task.set_retry(**RETRY)
     if name:
         task.set_display_name(name)
     return task
@@ -33,16 +61,17 @@ def on_pool(task, placement):
     return task
 
 
-def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id):
+def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id, ray_address):
     """The tail both pipelines share: the variant set measured again on every pool (one
-    ParallelFor branch per pool, each placed on its pool's nodes), then one report over them."""
+    ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its pool's
+    nodes when that is ""), then one report over them."""
     per_pool = step(fan_out(pools=pools, uri=variants_uri), None, cpu="100m", memory="256Mi",
                     name="pools with the variants")
     with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
-        placed = step(pool_placement(config=config, pool=item.pool, ray_address=""), None, cpu="500m", memory="1Gi",
-                      name="placement")
+        placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
+                      memory="1Gi", name="placement")
         ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
-                                          run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="portability"),
-                         placed)
-    return step(report(config=config, portability=dsl.Collected(ported.output), store=store, run_id=run_id),
+                                          ray_address=ray_address, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
+                              name="portability"), placed)
+    return step(report(config=config, portability=dsl.Collected(ported.outputs["Output"]), store=store, run_id=run_id),
                 s3_secret, name="report")

@@ -18,7 +18,7 @@ from components.pools import check_pools, fan_out, pool_placement
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
-from pipelines.steps import on_pool, portability_and_report, step
+from pipelines.steps import CLUSTER_ADDRESS, on_pool, portability_and_report, step
 
 
 @dsl.pipeline(name="speedforge-training",
@@ -37,7 +37,7 @@ def training(
     ray_cluster: str = "speedforge",  # rayjob: the RayCluster (k8s/) the job runs on
     namespace: str = "",  # rayjob: its namespace ("" = the pipeline pods' own)
     ray_dashboard: str = "",  # ray: the cluster's dashboard, e.g. http://speedforge-head-svc:8265
-    ray_address: str = "",  # evaluations join this Ray cluster (ray://speedforge-head-svc:10001); "" = a local Ray in each pod
+    ray_address: str = CLUSTER_ADDRESS,  # evaluations run on this Ray cluster (k8s/), steps take no GPU; "" = a local Ray in each evaluating step's pod, which then takes its pool's GPU
     image: str = IMAGE,  # rayjob: the submitter pod's image
     train_timeout_s: float = 86400.0,
     baseline_candidates: int = 0,  # budget: candidates measured per pool (0 = all of the data set)
@@ -67,7 +67,7 @@ def training(
         trained = step(train(
             config=config, train_config=train_config, stage=train_stage, mode=train_mode, store=store,
             ray_cluster=ray_cluster, namespace=namespace, ray_dashboard=ray_dashboard, image=image,
-            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.output), run_id=run_id), s3_secret,
+            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.outputs["Output"]), run_id=run_id), s3_secret,
             name="train")
         searched = step(optimize(
             config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,
@@ -78,4 +78,4 @@ def training(
                                     pool="", store=store, run_id=run_id), s3_secret, name="select best variants")
         selected.after(searched)
         portability_and_report(config=config, pools=checked.output, variants_uri=selected.outputs["variants_uri"],
-                               store=store, s3_secret=s3_secret, run_id=run_id)
+                               store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address)

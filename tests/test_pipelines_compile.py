@@ -121,6 +121,61 @@ def test_the_training_pipeline_takes_data_set_model_pools_budgets_and_store():
     assert params["pools"]["defaultValue"] == "A100,H100,L40"
 
 
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_evaluating_steps_send_work_to_the_ray_cluster_by_default_and_take_no_gpu(name):
+    """One owner per GPU: the RayCluster's GPU workers; a step's own GPU only with ray_address=""."""
+    from pipelines.steps import CLUSTER_ADDRESS
+    from speedforge.config import Config
+    from speedforge.recipes.placement import pool_placement
+
+    spec, _ = load(name)
+    assert spec["root"]["inputDefinitions"]["parameters"]["ray_address"]["defaultValue"] == CLUSTER_ADDRESS
+    evaluating = {"portability", *(["measure-baselines", "optimize"] if name == "training" else [])}
+    found = set()
+    for task_name, task in all_tasks(spec).items():
+        component = task["componentRef"]["name"].removeprefix("comp-").rstrip("-0123456789")
+        if component in evaluating | {"pool-placement"}:
+            source = task["inputs"]["parameters"]["ray_address"]["componentInputParameter"]
+            assert source in ("ray_address", "pipelinechannel--ray_address"), task_name
+            found.add(component)
+    assert found == evaluating | {"pool-placement"}
+    assert pool_placement(Config(), "H100", joins_cluster=True).gpus == 0
+    assert pool_placement(Config(), "H100", joins_cluster=False).gpus == 1  # ray_address="": the step's own GPU
+    k8s = yaml.safe_load_all((ROOT / "k8s" / "base" / "raycluster.yaml").read_text())
+    (cluster,) = [d for d in k8s if d and d["kind"] == "RayCluster"]
+    ports = {p["name"]: p["containerPort"] for p in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert CLUSTER_ADDRESS == f"ray://{cluster['metadata']['name']}-head-svc:{ports['client']}"  # KubeRay's head service
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_has_a_timeout_and_only_harmless_ones_are_retried(name):
+    from pipelines.steps import RETRIED
+
+    spec, executors = load(name)
+    for executor in spec["deploymentSpec"]["executors"]:
+        assert int(executors[executor]["activeDeadlineSeconds"]) >= 3600, executor
+    retried = {t["taskInfo"]["name"] for t in all_tasks(spec).values() if "retryPolicy" in t}
+    assert retried and retried <= set(RETRIED)
+    assert not retried & {"baselines", "optimize", "portability", "train", "stage data set"}  # they hold leases
+    (policy,) = {str(t["retryPolicy"]) for t in all_tasks(spec).values() if "retryPolicy" in t}
+    assert "'maxRetryCount': 2" in policy and "'backoffDuration': '30s'" in policy
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_the_report_is_an_html_and_a_markdown_artifact_and_evaluating_steps_write_metrics(name):
+    spec, _ = load(name)
+
+    def artifacts(component: str) -> dict[str, str]:
+        outputs = spec["components"][component]["outputDefinitions"]["artifacts"]
+        return {n: a["artifactType"]["schemaTitle"] for n, a in outputs.items()}
+
+    assert artifacts("comp-report") == {"report_dir": "system.Artifact", "report_html": "system.HTML",
+                                        "report_markdown": "system.Markdown"}  # fmt: skip
+    evaluating = ["comp-portability", *(["comp-measure-baselines", "comp-optimize"] if name == "training" else [])]
+    for component in evaluating:
+        assert artifacts(component) == {"metrics": "system.Metrics"}, component
+
+
 def test_the_installed_versions_meet_kfps_exact_pins_and_ours():
     """kfp 2.17.0 pins requests and urllib3 exactly and needs kubernetes<31; the pipelines extra
     asks kubernetes in a range of its own: the environment must satisfy both."""

@@ -72,26 +72,38 @@ def fit_count(nodes: Iterable[Mapping[str, float]], need: Mapping[str, float]) -
     return total
 
 
-def plan_bench_workers(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[str, float]]) -> dict[str, int]:
+def plan_bench_workers(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[str, float]],
+                       autoscaling: bool = False) -> dict[str, int]:  # fmt: skip
     """Bench workers per pool: the configured count, or as many as fit (one per GPU).
 
     A pool that the cluster cannot host even one worker of is a UserError that says which
-    resource is missing, so a sweep never waits on a pool with no workers.
+    resource is missing, so a sweep never waits on a pool with no workers; unless the cluster
+    autoscales (service.autoscaling): then the pool gets its configured count, at least one,
+    which the autoscaler is asked for (absent_pools names these, whose workers are waited for).
     """
     plan = {}
     for name, pool in pools.items():
         need = worker_need(pool)
         fit = fit_count(nodes, need)
+        if fit == 0 and autoscaling:
+            plan[name] = max(1, pool.workers)
+            continue
         if fit == 0:
             internal = ("node:", "memory", "object_store")
             offered = sorted({k for node in nodes for k in node if not k.startswith(internal)})
             hint = f"; start Ray with resources={{'{CPU_POOL_RESOURCE}': N}}" if CPU_POOL_RESOURCE in need else ""
             raise UserError(
                 f"pool {name!r} has no workers: no node of the Ray cluster has {_describe(need)} "
-                f"(the cluster offers {', '.join(offered) or 'nothing'}){hint}"
+                f"(the cluster offers {', '.join(offered) or 'nothing'}){hint}; if the cluster adds nodes on "
+                "demand (KubeRay's autoscaler), set service.autoscaling: true to wait for one"
             )
         plan[name] = min(pool.workers, fit) if pool.workers > 0 else fit
     return plan
+
+
+def absent_pools(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[str, float]]) -> list[str]:
+    """The pools no node of the cluster can host a worker of now (an autoscaler may add one)."""
+    return [name for name, pool in pools.items() if fit_count(nodes, worker_need(pool)) == 0]
 
 
 def plan_build_workers(config: ServiceConfig, nodes: Sequence[Mapping[str, float]], bench_cpus: float) -> int:

@@ -34,7 +34,9 @@ from speedforge.cluster.actors import BenchWorker, BuildFn, BuildWorker, RunFn
 from speedforge.cluster.pools import (
     actor_options,
     build_nice,
+    absent_pools,
     build_slowdown,
+    fit_count,
     plan_bench_workers,
     plan_build_workers,
     resolve_pools,
@@ -46,6 +48,14 @@ from speedforge.config import Config, ServiceConfig
 from speedforge.errors import UserError, first_line
 from speedforge.extras import require
 from speedforge.records import TABLES, Candidate, EvalResult, Task
+
+
+WAIT_NOTE_S = 60.0  # while waiting for an autoscaled pool, a line this often
+
+
+def say(message: str) -> None:
+    """A line for the person running this (stderr, so stdout stays the command's output)."""
+    print(f"speedforge: {message}", file=sys.stderr, flush=True)
 
 
 class ResultsTable:
@@ -178,6 +188,7 @@ class EvaluationService:
         self.run_fn = run_fn
         self._build: WorkerSet | None = None
         self._bench: dict[str, WorkerSet] = {}
+        self.waiting_for: tuple[str, ...] = ()  # stages waited for now: no node had room (autoscaling)
 
     @property
     def service(self) -> ServiceConfig:
@@ -189,7 +200,10 @@ class EvaluationService:
         """Start build workers and the bench workers of `pools`; returns bench workers per pool.
 
         An unknown pool, or one the cluster has no resources for, fails at once with a
-        UserError; a pool none of whose workers start within `worker_start_timeout_s` too.
+        UserError; a pool none of whose workers start within `worker_start_timeout_s` too. With
+        `service.autoscaling`, a pool with no node yet is waited for up to `pool_wait_s` instead
+        (its pending workers are the autoscaler's demand); one whose node never comes is left
+        with no workers and `unavailable` set, so a sweep fails its results (the others go on).
         """
         require("cluster", "ray", purpose="the Ray evaluation service")
         import ray
@@ -198,10 +212,12 @@ class EvaluationService:
             raise UserError("Ray is not running: open speedforge.cluster.ray_session() first")
         configs = resolve_pools(pools, self.service)
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-        plan = plan_bench_workers(configs, nodes)
+        autoscaling = self.service.autoscaling
+        plan = plan_bench_workers(configs, nodes, autoscaling=autoscaling)
+        waiting = set(absent_pools(configs, nodes)) if autoscaling else set()
         starting: dict[str, list[Any]] = {}
         if self._build is None:
-            bench_cpus = sum(worker_need(configs[p]).get("CPU", 0.0) * n for p, n in plan.items())
+            bench_cpus = sum(worker_need(configs[p]).get("CPU", 0.0) * n for p, n in plan.items() if p not in waiting)
             actor = ray.remote(BuildWorker).options(**actor_options({"CPU": self.service.build_num_cpus}),
                                                     max_restarts=0)  # fmt: skip
             count = plan_build_workers(self.service, nodes, bench_cpus)
@@ -213,55 +229,97 @@ class EvaluationService:
 
             self._build = WorkerSet("build", spawn, self.service.worker_restarts)
             starting["build"] = self._build.grow_to(count)
+            if autoscaling and fit_count(nodes, {"CPU": self.service.build_num_cpus}) == 0:
+                waiting.add("build")
         for name, count in plan.items():
             if name not in self._bench:
                 pool = configs[name]
                 actor = ray.remote(BenchWorker).options(**actor_options(worker_need(pool)), max_restarts=0)
                 spawn = lambda a=actor, n=name, d=pool.device: a.remote(self.run_fn, n, d, self.build_fn)  # noqa: E731
                 self._bench[name] = WorkerSet(name, spawn, self.service.worker_restarts)
+            self._bench[name].unavailable = ""
             starting[name] = self._bench[name].grow_to(count)
-        self._wait_ready(starting)
+        self._wait_ready(starting, waiting)
         return {name: len(self._bench[name].workers) for name in plan}
 
-    def _wait_ready(self, starting: dict[str, list[Any]]) -> None:
-        """Wait until every worker being started is up, at most `worker_start_timeout_s`.
+    def _wait_ready(self, starting: dict[str, list[Any]], waiting: set[str] = frozenset()) -> None:
+        """Wait until every worker being started is up, at most `worker_start_timeout_s`, or
+        `pool_wait_s` for the stages in `waiting` (no node yet: the autoscaler is adding one).
 
-        A stage none of whose new workers started is a UserError; workers still pending at the
-        deadline (the cluster has no room for them: resources taken by other actors) are killed
-        and dropped with a warning, so no work is ever sent to a worker that cannot run.
+        A stage none of whose new workers started is a UserError, except a waiting pool: it is
+        left with no workers and `unavailable` says why (its results fail in the sweep). Workers
+        still pending at the deadline (the cluster has no room for them: resources taken by other
+        actors) are killed and dropped with a warning, so no work is ever sent to a worker that
+        cannot run.
         """
-        import ray
-
         refs = {handle.ready.remote(): (name, handle) for name, handles in starting.items() for handle in handles}
         up = {name: 0 for name, handles in starting.items() if handles}
-        deadline = time.monotonic() + self.service.worker_start_timeout_s
+        began = time.monotonic()
+        limit = {name: self.service.pool_wait_s if name in waiting else self.service.worker_start_timeout_s
+                 for name in up}  # fmt: skip
+        waited = sorted(name for name in waiting if name in up)
+        if waited:
+            say(f"{', '.join(waited)}: no node of the Ray cluster has room for a worker yet; waiting up to "
+                f"{self.service.pool_wait_s:g} s for the autoscaler to add one (service.pool_wait_s)")  # fmt: skip
         pending = list(refs)
         failure: dict[str, str] = {}
+        next_note = began + WAIT_NOTE_S
+        self.waiting_for = tuple(waited)
+        try:
+            self._wait_loop(refs, pending, up, began, limit, waiting, failure, next_note)
+        finally:
+            self.waiting_for = ()
+        down = sorted(name for name, count in up.items() if count == 0)
+        never = [name for name in down if name in waiting and name != "build" and name not in failure]
+        for name in never:
+            self._bench[name].unavailable = (f"pool {name}: no node with room for its workers came within "
+                                             f"{self.service.pool_wait_s:g} s of asking the autoscaler "
+                                             "(service.pool_wait_s; see `ray status` and the RayCluster's events)")  # fmt: skip
+            say(self._bench[name].unavailable + "; its results fail as infra_error, the other pools go on")
+        down = [name for name in down if name not in never]
+        if down:
+            raise UserError("; ".join(
+                f"{name} workers failed to start: {failure[name]}" if name in failure else
+                f"no worker of {name} started within {limit[name]:g} s: " + (
+                    "no node with room for it came (autoscaling: see `ray status`)" if name in waiting else
+                    "the cluster has the resources, but they are taken (see `ray status`)") for name in down))  # fmt: skip
+        dropped = {name: len(starting[name]) - count for name, count in up.items() if 0 < count < len(starting[name])}
+        if dropped:
+            say(", ".join(f"{n} of {len(starting[name])} {name} workers" for name, n in dropped.items())
+                + f" did not start within {self.service.worker_start_timeout_s:g} s (resources taken?) and were "
+                "dropped; the sweep runs on the others")  # fmt: skip
+
+    def _wait_loop(self, refs: dict[Any, tuple[str, Any]], pending: list[Any], up: dict[str, int], began: float,
+                   limit: dict[str, float], waiting: set[str], failure: dict[str, str], next_note: float) -> None:  # fmt: skip
+        """_wait_ready's loop: count workers up in `up`, failures in `failure`, drop the late."""
+        import ray
+
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
+            now = time.monotonic()
+            if now >= next_note:
+                still = sorted({refs[ref][0] for ref in pending if refs[ref][0] in waiting and up[refs[ref][0]] == 0})
+                if still:
+                    say(f"still waiting for a node for {', '.join(still)} ({now - began:.0f} of "
+                        f"{self.service.pool_wait_s:g} s)")  # fmt: skip
+                next_note = now + WAIT_NOTE_S
+            soonest = min(limit[refs[ref][0]] for ref in pending) + began
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(soonest, next_note) - now))
+            if not ready:  # nothing came in time: drop what is past its stage's limit
+                now = time.monotonic()
+                expired = [ref for ref in pending if now - began >= limit[refs[ref][0]]]
+                pending = [ref for ref in pending if ref not in expired]
+                for ref in expired:  # never placed: drop, or a sweep would wait on them
+                    self._drop(*refs[ref])
+                continue
             name, handle = refs[ready[0]]
             try:
                 ray.get(ready[0])
+                if name in waiting and up[name] == 0:
+                    say(f"{name}: a worker is up after {time.monotonic() - began:.0f} s")
                 up[name] += 1
             except ray.exceptions.RayError as exc:
                 failure[name] = first_line(exc)
                 self._drop(name, handle)
-        for ref in pending:  # never placed: drop, or a sweep would wait on them
-            self._drop(*refs[ref])
-        down = sorted(name for name, count in up.items() if count == 0)
-        if down:
-            timeout = self.service.worker_start_timeout_s
-            raise UserError("; ".join(
-                f"{name} workers failed to start: {failure[name]}" if name in failure else
-                f"no worker of {name} started within {timeout:g} s: the cluster has the resources, but they are "
-                "taken (see `ray status`)" for name in down))  # fmt: skip
-        dropped = {name: len(starting[name]) - count for name, count in up.items() if count < len(starting[name])}
-        if dropped:
-            print("speedforge: " + ", ".join(f"{n} of {len(starting[name])} {name} workers" for name, n in dropped.items())
-                  + f" did not start within {self.service.worker_start_timeout_s:g} s (resources taken?) and were "
-                  "dropped; the sweep runs on the others", file=sys.stderr, flush=True)  # fmt: skip
 
     def _drop(self, name: str, handle: Any) -> None:
         """Kill a worker that did not start and forget it."""

@@ -129,6 +129,7 @@ class WorkerSet:
         self.restarts_left = restarts
         self.workers: list[Worker] = []
         self.died = 0
+        self.unavailable = ""  # why this stage has no worker at all (a pool whose node never came), if so
 
     def grow_to(self, count: int) -> list[Any]:
         """Start workers until there are `count`; the handles of the new ones."""
@@ -394,7 +395,7 @@ class Sweep:
     def _stage_gone(self, queue: deque[Item], stage: str, counter: str) -> None:
         """Every worker of a stage died and none may be restarted: fail what waits for it."""
         workers = self._workers(stage)
-        reason = f"{stage} workers: none left ({workers.died} died, restart budget spent)"
+        reason = workers.unavailable or f"{stage} workers: none left ({workers.died} died, restart budget spent)"
         while queue:
             item = queue.popleft()
             for pool in [p for p in item.owed if stage in ("build", p)]:

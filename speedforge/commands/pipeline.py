@@ -50,12 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     schedule = commands.add_parser(
         "schedule", help="create a recurring run (nightly by default)",
         description="Create a recurring run of a compiled pipeline with the KFP client: one run at a time, no "
-                    "catch-up. The cron has six fields, seconds first, as KFP reads it; a five-field "
-                    "crontab expression is refused.")  # fmt: skip
+                    "catch-up. The cron is read as KFP reads it, in UTC: six fields, seconds first "
+                    "('0 0 2 * * *'), or a descriptor ('@daily', '@hourly', '@every 6h'); a five-field "
+                    "crontab expression is refused (KFP would read it seconds first).")  # fmt: skip
     _connection_options(schedule)
     _package_options(schedule)
-    schedule.add_argument("--cron", default=None, help="six-field cron, seconds first (default: '0 0 2 * * *', "
-                                                       "02:00 every day)")  # fmt: skip
+    schedule.add_argument("--cron", default=None, help="six-field cron, seconds first, in UTC, or @daily, @every 6h, ... "
+                                                       "(default: '0 0 2 * * *', 02:00 UTC every day)")  # fmt: skip
     schedule.add_argument("--job-name", default="speedforge-nightly")
     schedule.add_argument("--experiment", default="speedforge")
     schedule.add_argument("--service-account", default="speedforge-pipeline",
@@ -90,6 +91,8 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="Kubeflow Pipelines endpoint (default: $KF_PIPELINES_ENDPOINT)")
     parser.add_argument("--namespace", help="KFP namespace (multi-user deployments; default: kubeflow)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the endpoint (default: 10)")
+    parser.add_argument("--token", help="bearer token of a multi-user KFP (default: $KF_PIPELINES_TOKEN), e.g. "
+                                        "$(kubectl create token default-editor -n NAMESPACE --audience ...)")  # fmt: skip
 
 
 def _package_options(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +141,7 @@ def _submit(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import connect_kfp, submit_run
 
     package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout)
+    client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
     run = submit_run(client, package, arguments, experiment=args.experiment, run_name=args.run_name,
                      service_account=args.service_account)  # fmt: skip
     print(f"run {run.run_id} ({run.name}): {run.state or 'submitted'}" + (f"  {run.url}" if run.url else ""))
@@ -146,22 +149,27 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _schedule(args: argparse.Namespace) -> int:
-    from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, schedule_run
+    import datetime
+
+    from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, next_runs, schedule_run
 
     cron = check_cron(args.cron or DEFAULT_CRON)  # a bad cron fails before the endpoint is tried
     package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout)
+    client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
     job = schedule_run(client, package, arguments, cron=cron, name=args.job_name, experiment=args.experiment,
                        service_account=args.service_account, enabled=not args.disabled)  # fmt: skip
     print(f"recurring run {job.recurring_run_id} ({job.name}): cron {job.cron!r}, service account "
           f"{job.service_account or '-'}, {'enabled' if job.enabled else 'disabled'}")  # fmt: skip
+    first = next_runs(job.cron, datetime.datetime.now(datetime.timezone.utc))[0]
+    print(f"KFP reads the cron in UTC (unless its scheduler's CRON_SCHEDULE_TIMEZONE is set): next run "
+          f"{first:%Y-%m-%d %H:%M:%S} UTC")  # fmt: skip
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import connect_kfp, run_status
 
-    run = run_status(connect_kfp(args.host, args.namespace, args.timeout), args.run_id)
+    run = run_status(connect_kfp(args.host, args.namespace, args.timeout, args.token), args.run_id)
     print_table(["run", "name", "state", "created", "finished", "error"],
                 [[run.run_id, run.name, run.state, run.created_at, run.finished_at, run.error]])  # fmt: skip
     return 0 if run.state not in ("FAILED", "CANCELED") else 1
@@ -172,7 +180,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     arguments = {
-        "source": args.source, "pools": args.pools, "search_pool": "cpu", "model": args.model,
+        "source": args.source, "pools": args.pools, "search_pool": "cpu", "model": args.model, "ray_address": "",
         "train_stage": args.train_stage, "train_mode": "local", "baseline_candidates": args.baseline_candidates,
         "search_tasks": args.search_tasks, "search_rounds": args.search_rounds, "search_samples": args.search_samples,
         "max_new_tokens": args.search_tokens,

