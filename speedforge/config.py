@@ -294,7 +294,6 @@ class RewardConfig(Checked):
     max_speedup: float = setting(10.0, number(1, above=True))  # speedups (and AUC ratios) are clipped here
     failed_penalty: float = setting(0.5, AT_LEAST_0)  # compile_error, runtime_error, incorrect, timeout, crashed: this far below the lowest correct score
     rejected_penalty: float = setting(1.0, AT_LEAST_0)  # screen_rejected, hack_detected: this far below it
-    group_clip: float = setting(3.0, POSITIVE)  # cudal1: rewards normalised within the group are clipped to +- this
     unstable: str = setting("discount", one_of(("discount", "remeasure")))  # a result marked unstable: discounted, or measured again first
     unstable_discount: float = setting(0.5, number(0, high=1))  # an unstable speedup s counts as 1 + (s - 1) * this
     remeasure: int = setting(1, AT_LEAST_0)  # unstable: remeasure: measurements again before it is discounted
@@ -317,7 +316,8 @@ class SFTConfig(Checked):
     """Stage 1: supervised fine-tuning on (prompt, answer) pairs from validated variants."""
 
     sources: tuple[str, ...] = setting(("builtin", "variants"), _sft_sources)  # builtin | variants | cuda-l1:PATH
-    import_limit: int = setting(0, AT_LEAST_0)  # cuda-l1: measure the first N kernels of the training tasks (0: all)
+    import_limit: int = setting(0, AT_LEAST_0)  # cuda-l1: the first N kernels of the training tasks (0: all)
+    trust_source: bool = False  # cuda-l1: the source's own validation (its published speedup) stands in for measuring here; recorded on the pairs
     exemplars: int = setting(1, AT_LEAST_0)  # lower-scoring variants of the task shown in a pair's prompt
     steps: int = setting(2, AT_LEAST_1)
     batch_size: int = setting(1, AT_LEAST_1)  # pairs per worker per step

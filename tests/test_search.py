@@ -16,7 +16,7 @@ from speedforge.records import STATUSES, EvalResult, Variant
 from speedforge.search.loop import BACKEND_ERROR, default_pool, local_evaluator, pool_device, run_search
 from speedforge.store import open_store
 from speedforge.tasks import find_task
-from speedforge.search.variants import TABLE, VariantsTable
+from speedforge.variants import TABLE, VariantsTable
 
 TASK = find_task("cpp/add_relu_scale")
 FAST = """import torch
@@ -175,7 +175,7 @@ def test_the_real_evaluator_scores_what_the_policy_wrote(tmp_path):
 
 def test_variants_table_keeps_one_row_per_candidate_and_pool_and_the_best_per_task():
     from speedforge.records import Candidate
-    from speedforge.search.variants import make_variant
+    from speedforge.variants import make_variant
 
     a = Candidate.make(TASK.task_id, "a", origin="model:m@round1", parent_ids=("p",))
     b = Candidate.make(TASK.task_id, "b")

@@ -11,7 +11,7 @@ import pytest
 from speedforge.config import Config, EvaluatorConfig, RewardConfig, TrainConfig
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Variant
-from speedforge.search.variants import VariantsTable
+from speedforge.variants import VariantsTable
 from speedforge.store import open_store
 from speedforge.tasks import builtin_tasks, find_task
 from speedforge.train.data import LivePrompts, answer_text, sft_pairs, split_tasks
@@ -192,7 +192,8 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     table = VariantsTable([variant(TASK.task_id, FAST, 1.3), variant(TASK.task_id, FAST + "#2\n", 2.0),
                            variant(heldout.task_id, "class ModelNew: pass\n", 3.0),
                            dataclasses.replace(variant(TASK.task_id, "broken", 0.0), status="incorrect", score=None)])  # fmt: skip
-    pairs = sft_pairs([TASK], table, "cpu", exemplars=1, seed=0)
+    pairs = list(sft_pairs([TASK], table, "cpu", exemplars=1, seed=0).pairs)
+    assert {p.validated for p in pairs} == {"measured"}
     assert [p.score for p in pairs] == [1.3, 2.0] and {p.task_id for p in pairs} == {TASK.task_id}
     slow, fast = pairs
     assert "1.30x speedup" in fast.prompt and "1.30x speedup" not in slow.prompt  # a lower-scoring exemplar only
@@ -201,8 +202,10 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     assert fast.answer.rstrip().endswith("```") and "one temporary instead of two" in fast.answer  # the design is the docstring
     assert answer_text(TASK, table.get(fast.variant_id, "cpu")) == fast.answer
     # a budget that fits no exemplar drops it; one that fits nothing drops the pair
-    assert "Earlier variants, with" not in sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: "1.30x" not in p.user)[1].prompt
-    assert sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: False) == []
+    fewer = sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: "1.30x" not in p.user)
+    assert "Earlier variants, with" not in fewer.pairs[1].prompt and fewer.fewer_exemplars == 1
+    nothing = sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: False)
+    assert nothing.pairs == () and nothing.dropped_too_long == 2
 
 
 def test_live_prompts_show_variants_found_since_the_last_fetch_and_render_the_same_for_the_same_table():

@@ -21,7 +21,7 @@ from speedforge.config import SelfTrainConfig, SFTConfig, TrainConfig  # noqa: E
 from speedforge.errors import UserError  # noqa: E402
 from speedforge.records import Candidate  # noqa: E402
 from speedforge.recipes.training import run_training  # noqa: E402
-from speedforge.search.variants import VariantsTable, make_variant  # noqa: E402
+from speedforge.variants import VariantsTable, make_variant  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.tasks import find_task  # noqa: E402
 from speedforge.train.metrics import read_metrics  # noqa: E402

@@ -28,7 +28,7 @@ from speedforge.records import Candidate, EvalResult, Task
 from speedforge.recipes.task_search import SearchView, run_view_search
 from speedforge.search.loop import EvaluateFn, SearchResult, default_pool, local_evaluator, pool_device
 from speedforge.tasks import builtin_candidates, builtin_tasks
-from speedforge.search.variants import VariantsTable, make_variant
+from speedforge.variants import VariantsTable, make_variant
 
 BUCKET, PREFIX = "speedforge", "run"  # where the suite is staged on the embedded server
 

@@ -29,7 +29,7 @@ from speedforge.search.loop import (
     run_search,
     service_evaluator,
 )
-from speedforge.search.variants import VariantsTable
+from speedforge.variants import VariantsTable
 
 
 class SearchView(Protocol):

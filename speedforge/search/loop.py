@@ -29,7 +29,7 @@ from speedforge.policy.prompts import (
     render_prompt,
 )
 from speedforge.records import Candidate, EvalResult, Task, Variant
-from speedforge.search.variants import VariantsTable, make_variant
+from speedforge.variants import VariantsTable, make_variant
 
 # evaluate_fn(task, candidates, pool) -> one EvalResult per candidate, in order.
 EvaluateFn = Callable[[Task, list[Candidate], str], list[EvalResult]]
