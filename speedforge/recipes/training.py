@@ -456,15 +456,28 @@ class HeldoutReport:
     compiled_fraction: float  # samples that built and ran (neither refused by the screen nor a compile error)
     valid_fraction: float  # samples that passed correctness (status ok)
     best_speedup: float | None
+    faster_fraction: float = 0.0  # samples correct and faster than the reference (speedup > 1)
+    median_speedup: float | None = None  # of the correct samples
+    samples: int = 0
+    truncated_fraction: float = 0.0  # samples cut by max_new_tokens (no end of answer)
+    statuses: dict = dataclasses.field(default_factory=dict)  # status -> samples, over every task
+    top_failure: str = ""  # the most common failing status and its most common reason
+    generation_s: float = 0.0
+    generated_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def evaluate_heldout(config: Config, model: str | None, samples: int) -> HeldoutReport:
+def evaluate_heldout(config: Config, model: str | None, samples: int, batch_tasks: int = 16) -> HeldoutReport:
     """Sample `model` (default policy.model) `samples` times on each held-out task, with the plain
-    prompt (no exemplars: the held-out tasks' variants are never shown), and evaluate every sample."""
+    prompt (no exemplars: the held-out tasks' variants are never shown), `batch_tasks` tasks'
+    prompts x samples in one batched generate call, and evaluate every sample (one batch per
+    generate call)."""
+    import collections
     import contextlib
+    import statistics
+    import time
 
     from speedforge.policy.backends import make_backend
     from speedforge.policy.prompts import render_prompt
@@ -485,21 +498,47 @@ def evaluate_heldout(config: Config, model: str | None, samples: int) -> Heldout
         from speedforge.cluster.session import ray_session
 
         session = ray_session(config.train.ray.address or None, config.service)
-    rows, statuses = [], []
+    rows, results_all, generations_all = [], [], []
+    generation_s = 0.0
+    heldout = list(split.heldout)
     with session, open_evaluation(config, tasks, pool) as evaluate:
-        for index, task in enumerate(split.heldout):
-            prompt = render_prompt(task)
-            texts = [g.text for g in backend.generate(prompt.messages(), samples, seed=config.train.seed + index)]
-            candidates = [candidate_from(task, text, f"model:{backend.model_name}@heldout")[0] for text in texts]
+        for first in range(0, len(heldout), max(1, batch_tasks)):
+            chunk = heldout[first:first + max(1, batch_tasks)]
+            began = time.perf_counter()
+            conversations = [render_prompt(task).messages() for task in chunk]
+            if hasattr(backend, "generate_batch"):
+                generated = backend.generate_batch(conversations, samples, seed=config.train.seed + first)
+            else:
+                generated = [backend.generate(m, samples, seed=config.train.seed + first + i)
+                             for i, m in enumerate(conversations)]  # fmt: skip
+            generation_s += time.perf_counter() - began
+            candidates = [candidate_from(task, g.text, f"model:{backend.model_name}@heldout")[0]
+                          for task, gens in zip(chunk, generated) for g in gens]  # fmt: skip
             results = evaluate(candidates)
-            mine = [r.status for r in results]
-            statuses += mine
-            speedups = [r.speedup for r in results if r.ok and r.speedup is not None]
-            rows.append({"task_id": task.task_id, "samples": len(results),
-                         "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
-                         "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
-                         "statuses": {s: mine.count(s) for s in sorted(set(mine))},
-                         "reasons": common_reasons((r.status, r.reason) for r in results)})  # fmt: skip
+            for index, task in enumerate(chunk):
+                mine_results = results[index * samples:(index + 1) * samples]
+                generations_all += generated[index]
+                results_all += mine_results
+                mine = [r.status for r in mine_results]
+                speedups = [r.speedup for r in mine_results if r.ok and r.speedup is not None]
+                rows.append({"task_id": task.task_id, "samples": len(mine),
+                             "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
+                             "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
+                             "statuses": {s: mine.count(s) for s in sorted(set(mine))},
+                             "reasons": common_reasons((r.status, r.reason) for r in mine_results)})  # fmt: skip
+    statuses = [r.status for r in results_all]
+    speedups = [r.speedup for r in results_all if r.ok and r.speedup is not None]
+    failing = collections.Counter(s for s in statuses if s != "ok")
+    top = ""
+    if failing:
+        status = failing.most_common(1)[0][0]
+        reason = common_reasons((r.status, r.reason) for r in results_all if r.status == status).get(status, "")
+        top = f"{status} ({failing[status]} of {len(statuses)}): {reason}"
     best = [r["best_speedup"] for r in rows if r["best_speedup"] is not None]
     return HeldoutReport(backend.model_name, pool, rows, sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
-                         statuses.count("ok") / len(statuses), max(best, default=None))  # fmt: skip
+                         statuses.count("ok") / len(statuses), max(best, default=None),
+                         faster_fraction=sum(s > 1.0 for s in speedups) / len(statuses),
+                         median_speedup=statistics.median(speedups) if speedups else None, samples=len(statuses),
+                         truncated_fraction=sum(g.finish_reason == "length" for g in generations_all) / len(statuses),
+                         statuses=dict(collections.Counter(statuses)), top_failure=top, generation_s=generation_s,
+                         generated_tokens=sum(g.completion_tokens for g in generations_all))  # fmt: skip
