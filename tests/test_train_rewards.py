@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from speedforge.config import ConfigError, RewardConfig, from_mapping
+from speedforge.config import RewardConfig
 from speedforge.records import STATUSES, EvalResult
 from speedforge.train.rewards import (
     MissingReward,
@@ -144,8 +144,13 @@ def test_the_total_is_the_weighted_sum():
     assert total_rewards(samples, config)[0] == pytest.approx(2 * 1.5 + 0.5 * 0.75)
 
 
-def test_an_unknown_reward_name_is_a_config_error_naming_the_known_ones():
-    with pytest.raises(ConfigError, match=r"train\.rewards\.weights: unknown reward\(s\) 'speed'; known: .*cudal1"):
-        from speedforge.config import Config
+def test_an_unknown_reward_name_stops_the_stage_before_any_work_naming_the_known_ones(tmp_path):
+    """The config only reads the weights; the names are checked where a stage is planned."""
+    from speedforge.config import Config, TrainConfig
+    from speedforge.errors import UserError
+    from speedforge.recipes.training import plan_stage
 
-        from_mapping(Config, {"train": {"rewards": {"weights": {"speed": 1.0}}}}, where="c.yaml")
+    config = Config(train=TrainConfig(store=str(tmp_path / "store"), rewards=RewardConfig(weights={"speed": 1.0})))
+    with pytest.raises(UserError, match=r"train\.rewards\.weights: unknown reward 'speed'; known: .*cudal1"):
+        plan_stage(config, "grpo")
+    assert not (tmp_path / "store").exists()

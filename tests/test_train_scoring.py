@@ -15,7 +15,7 @@ from speedforge.variants import VariantsTable
 from speedforge.store import open_store
 from speedforge.tasks import builtin_tasks, find_task
 from speedforge.train.data import LivePrompts, answer_text, sft_pairs, split_tasks
-from speedforge.train.evaluation import open_evaluation
+from speedforge.evaluation import open_evaluation
 from speedforge.train.metrics import common_reasons, rollout_stats
 from speedforge.train.rollouts import RolloutsTable
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, evaluate_with_retries
@@ -138,7 +138,7 @@ def test_an_unstable_result_is_measured_again_when_configured(tmp_path):
 def test_real_evaluation_of_a_step_with_a_good_answer_and_garbage(tmp_path):
     cfg = config(tmp_path)
     store = open_store(cfg.train.store)
-    with open_evaluation(cfg, {TASK.task_id: TASK}, "cpu") as evaluate:
+    with open_evaluation("local", cfg, {TASK.task_id: TASK}, "cpu") as evaluate:
         score = Scorer(cfg, {TASK.task_id: TASK}, evaluate, "cpu", "grpo", store, VariantsTable())
         scored = score.score(1, completions(answer(FAST), "I would fuse the kernels."))
     good, garbage = scored.rollouts
@@ -228,7 +228,7 @@ def test_local_evaluation_with_build_workers_builds_in_processes_and_agrees_with
 
     built = next(c for c in builtin_candidates("cpp") if c.task_id == TASK.task_id)  # inline C++: a real build
     batch = [built, Candidate.make(TASK.task_id, FAST, origin="test"), Candidate.make(TASK.task_id, "garbage", origin="test")]
-    with open_evaluation(config(tmp_path, build_workers=2), {TASK.task_id: TASK}, "cpu") as evaluate:
+    with open_evaluation("local", config(tmp_path), {TASK.task_id: TASK}, "cpu", build_workers=2) as evaluate:
         overlapped = evaluate(batch)
     assert [r.status for r in overlapped] == ["ok", "ok", "screen_rejected"]
     assert overlapped[0].build_s > 0 and not overlapped[0].build_cached  # built by a build process, run here

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from speedforge.config import PolicyConfig
+from speedforge.registry import Registry
 from speedforge.errors import UserError, first_line
 from speedforge.extras import require
 
@@ -66,28 +67,14 @@ class Backend(Protocol):
     ) -> list[Generation]: ...
 
 
-_BACKENDS: dict[str, Callable[[PolicyConfig], Backend]] = {}
-
-
-def register_backend(name: str):
-    """Register a backend factory `f(config: PolicyConfig) -> Backend` under `name`."""
-
-    def decorate(factory):
-        _BACKENDS[name] = factory
-        return factory
-
-    return decorate
-
-
-def known_backends() -> list[str]:
-    return sorted(_BACKENDS)
+BACKENDS: Registry[Callable[[PolicyConfig], Backend]] = Registry("generation backend")
+register_backend = BACKENDS.register  # a factory `f(config: PolicyConfig) -> Backend` under a name
+known_backends = BACKENDS.names
 
 
 def make_backend(config: PolicyConfig) -> Backend:
     """The backend that config.backend names, built from config."""
-    if config.backend not in _BACKENDS:
-        raise UserError(f"unknown generation backend {config.backend!r}; known: {', '.join(known_backends())}")
-    return _BACKENDS[config.backend](config)
+    return BACKENDS.get(config.backend)(config)
 
 
 # -- hf: a local transformers model ------------------------------------------------------------

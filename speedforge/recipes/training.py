@@ -148,12 +148,15 @@ def check_family(config: Config) -> str:
 
 def plan_stage(config: Config, stage: str, resume: bool = False) -> StagePlan:
     """Every check of step 1 of the module docstring; one UserError for the first problem."""
-    from speedforge.search.loop import default_pool
+    from speedforge.evaluation import default_pool
     from speedforge.train.stages import open_run_store
     from speedforge.train.state import RunState
 
+    from speedforge.train.rewards import REWARDS
+
     if stage not in STAGES:
         raise UserError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    REWARDS.check(config.train.rewards.weights, "train.rewards.weights")
     require("cluster", "ray", purpose="training (Ray Train)")
     require("train", "trl", "transformers", "datasets", purpose="training")
     from speedforge.train.metrics import tensorboard_writer_module
@@ -259,7 +262,7 @@ def measure_sources(plan: StagePlan, view: TrainView) -> int:
     status, as a search does; infra_error is left to the next run); the ok variants of the
     training tasks afterwards, or a UserError when there are none."""
     from speedforge.variants import VariantsTable, make_variant
-    from speedforge.train.evaluation import open_evaluation
+    from speedforge.evaluation import open_evaluation
 
     variants = VariantsTable.load(plan.store)
     todo = [c for c in source_candidates(plan.config, plan.split, measured_sources(plan.config))
@@ -267,7 +270,8 @@ def measure_sources(plan: StagePlan, view: TrainView) -> int:
     if todo:
         view.message(f"measuring {len(todo)} source candidate(s) on {plan.pool} for SFT (builds are cached)")
         tasks = {t.task_id: t for t in plan.split.train}
-        with open_evaluation(plan.config, tasks, plan.pool) as evaluate:
+        with open_evaluation(plan.config.train.evaluation, plan.config, tasks, plan.pool,
+                             build_workers=plan.config.train.build_workers) as evaluate:  # fmt: skip
             for candidate, result in zip(todo, evaluate(todo)):  # one batch: with train.build_workers the builds overlap
                 view.message(f"  {candidate.task_id}: {result.status}"
                              + (f" {result.speedup:.2f}x" if result.ok and result.speedup else f" ({result.reason[:80]})"))
@@ -481,10 +485,9 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
 
     from speedforge.policy.backends import make_backend
     from speedforge.policy.prompts import render_prompt
-    from speedforge.search.loop import default_pool
-    from speedforge.train.evaluation import open_evaluation
+    from speedforge.evaluation import default_pool, open_evaluation
+    from speedforge.policy.parser import candidate_from
     from speedforge.train.metrics import NOT_COMPILED, common_reasons
-    from speedforge.train.scoring import candidate_from
 
     check_family(config)
     split = split_tasks(read_tasks(config), config.train)
@@ -501,7 +504,8 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
     rows, results_all, generations_all = [], [], []
     generation_s = 0.0
     heldout = list(split.heldout)
-    with session, open_evaluation(config, tasks, pool) as evaluate:
+    with session, open_evaluation(config.train.evaluation, config, tasks, pool,
+                                  build_workers=config.train.build_workers) as evaluate:  # fmt: skip
         for first in range(0, len(heldout), max(1, batch_tasks)):
             chunk = heldout[first:first + max(1, batch_tasks)]
             began = time.perf_counter()

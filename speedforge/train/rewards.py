@@ -29,8 +29,8 @@ instead of a silent zero (speedforge.train.scoring retries such results before r
 computed). A result marked unstable counts with its speedup pulled towards 1:
 1 + (s - 1) * unstable_discount.
 
-This module imports only the standard library and the records, so the config can check reward
-names cheaply.
+This module imports only the standard library, the records and the registry helper; the names
+in `train.rewards.weights` are checked where a stage is planned (speedforge.recipes.training).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from speedforge.records import EvalResult
+from speedforge.registry import Registry
 
 if TYPE_CHECKING:
     from speedforge.config import RewardConfig
@@ -65,28 +66,11 @@ class Sample:
 
 
 RewardFn = Callable[[Sequence[Sample], "RewardConfig"], list[float]]
-_REWARDS: dict[str, RewardFn] = {}
+REWARDS: Registry[RewardFn] = Registry("reward")
+register_reward = REWARDS.register  # `f(samples, config) -> one reward per sample` under a name
+known_rewards = REWARDS.names
+reward_fn = REWARDS.get
 FORMAT_PARTS = 4  # the three sections and the code
-
-
-def register_reward(name: str):
-    """Register `f(samples, config) -> one reward per sample` under `name`."""
-
-    def decorate(fn: RewardFn) -> RewardFn:
-        _REWARDS[name] = fn
-        return fn
-
-    return decorate
-
-
-def known_rewards() -> list[str]:
-    return sorted(_REWARDS)
-
-
-def reward_fn(name: str) -> RewardFn:
-    if name not in _REWARDS:
-        raise KeyError(f"unknown reward {name!r}; known: {', '.join(known_rewards())}")
-    return _REWARDS[name]
 
 
 def rewards_by_name(samples: Sequence[Sample], config: "RewardConfig") -> dict[str, list[float]]:

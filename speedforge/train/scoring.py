@@ -24,13 +24,12 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from speedforge import families
 from speedforge.config import Config
 from speedforge.errors import first_line
-from speedforge.policy.parser import ParsedResponse, parse_response
+from speedforge.evaluation import BatchEvaluate
+from speedforge.policy.parser import candidate_from
 from speedforge.records import Candidate, EvalResult, Rollout, Task, content_id
 from speedforge.variants import VariantsTable, make_variant
-from speedforge.train.evaluation import BatchEvaluate
 from speedforge.train.rewards import UNSCORED, Sample, rewards_by_name
 from speedforge.train.rollouts import RolloutsTable, make_rollout
 
@@ -57,17 +56,6 @@ class ScoredStep:
     new_variants: int  # successful candidates added to the variants table
     evaluation_s: float  # wall time of the evaluation batch(es), retries included
     attempts: int  # evaluation calls made (1 when nothing was retried)
-
-
-def candidate_from(task: Task, text: str, origin: str, parent_ids: Sequence[str] = ()) -> tuple[Candidate, ParsedResponse]:
-    """The candidate an answer proposes: its last code block, or the whole answer when it has
-    none (so the evaluator records why it fails)."""
-    family = families.get(task.family)
-    parsed = parse_response(text, language=family.language, marker=family.marker)
-    meta = {"missing": list(parsed.missing), "notes": list(parsed.notes)}
-    candidate = Candidate.make(task.task_id, parsed.code or text, origin=origin, parent_ids=tuple(parent_ids),
-                               meta_json=json.dumps(meta))  # fmt: skip
-    return candidate, parsed
 
 
 def evaluate_with_retries(candidates: Sequence[Candidate], evaluate: BatchEvaluate, retries: int, wait_s: float,

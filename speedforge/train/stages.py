@@ -458,11 +458,12 @@ def evaluation(job: StageJob, worker: Worker):
     """The batch evaluator: the job's stand-in, else `train.evaluation`."""
     import contextlib
 
-    from speedforge.train.evaluation import open_evaluation
+    from speedforge.evaluation import open_evaluation
 
     if job.evaluate is not None:
         return contextlib.nullcontext(job.evaluate)
-    return open_evaluation(job.config, worker.tasks, job.pool)
+    return open_evaluation(job.config.train.evaluation, job.config, worker.tasks, job.pool,
+                           build_workers=job.config.train.build_workers)  # fmt: skip
 
 
 # -- stage 3: GRPO -----------------------------------------------------------------------------
