@@ -20,7 +20,6 @@ Invariants, enforced in `score`:
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 

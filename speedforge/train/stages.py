@@ -27,25 +27,15 @@ from typing import Any
 
 from speedforge.errors import first_line
 from speedforge.records import Task, content_id
+from speedforge.registry import Registry
 from speedforge.train.data import LivePrompts, SFTData, SFTPair, sft_pairs
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
 from speedforge.train.job import STORE_MODEL, StageJob
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
 from speedforge.train.state import RunState
 
-_STAGES: dict[str, Callable[[StageJob, "Worker"], None]] = {}
-
-
-def register_stage(name: str):
-    def decorate(fn):
-        _STAGES[name] = fn
-        return fn
-
-    return decorate
-
-
-def known_stages() -> list[str]:
-    return list(_STAGES)
+STAGES: Registry[Callable[[StageJob, "Worker"], None]] = Registry("training stage")
+register_stage = STAGES.register
 
 
 class StageError(RuntimeError):
@@ -122,7 +112,7 @@ def train_loop(loop_config: dict) -> None:
         metrics = MetricsLog(job.run_dir / "metrics.jsonl", job.run_dir / "tensorboard", state)
     worker = Worker(job, rank, world, device, store, state, metrics)
     try:
-        _STAGES[job.stage](job, worker)
+        STAGES.get(job.stage)(job, worker)
     except BaseException as exc:
         if rank == 0:
             why = "the evaluation failed" if isinstance(exc, RewardsUnavailable) else type(exc).__name__
