@@ -9,6 +9,8 @@ the caller reads after the fit.
 
 from __future__ import annotations
 
+import threading
+
 from speedforge.config import RayTrainConfig
 from speedforge.errors import UserError, first_line
 from speedforge.train.job import StageJob
@@ -50,10 +52,25 @@ def fit_stage(job: StageJob) -> None:
             failure_config=FailureConfig(max_failures=0),  # a failure stops with its checkpoint; --resume goes on
         ),
     )
-    try:
-        result = trainer.fit()
-    except Exception as exc:  # Ray raises its TrainingFailedError with the worker's traceback in it
-        raise StageFailed(_worker_error(exc)) from None
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as exc:  # noqa: BLE001  (handed to the main thread)
+            outcome["error"] = exc
+
+    # The fit runs off the main thread, so that Ray Train leaves SIGINT alone (on the main thread it
+    # installs a handler that aborts the run and exits 1 with no message): Ctrl-C and SIGTERM reach
+    # this thread as KeyboardInterrupt / errors.Terminated, the caller records the stage as
+    # interrupted, and Ray's shutdown stops the workers.
+    thread = threading.Thread(target=fit, name="speedforge-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+    if "error" in outcome:  # Ray raises its TrainingFailedError with the worker's traceback in it
+        raise StageFailed(_worker_error(outcome["error"])) from None
+    result = outcome.get("result")
     if getattr(result, "error", None) is not None:
         raise StageFailed(_worker_error(result.error))
 
