@@ -26,7 +26,7 @@
 #   TRAIN_SFT_BATCH (4)  TRAIN_SFT_MAX_LENGTH (4096)  TRAIN_GRPO_SECONDS (240)  TRAIN_PROMPTS (2)  TRAIN_GENERATIONS (8)
 #   TRAIN_HELDOUT_TIMEOUT (300)  TRAIN_SFT_TIMEOUT (300)  TRAIN_GRPO_GRACE (120: the step in flight at the limit)
 #   TRAIN_EVALUATION (local | service)  TRAIN_RUN (run name, default train-check)  TRAIN_RESUME (1: grpo goes on)
-#   TRAIN_BUILD_WORKERS (half the cores, at most 8)
+#   TRAIN_BUILD_WORKERS (half the cores, at most 8)  TRAIN_BENCH_RUNS (3: bench_generation.py runs after GRPO)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -113,7 +113,7 @@ if phase grpo; then
   step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-120} )) "${sf_grpo[@]}" train --stage grpo "${resume[@]}" --json
   # the plain batched figure for the same model, batch (prompts x generations), tokens and device
   timeout 240 $PY benchmarks/bench_generation.py ${TRAIN_MODEL:+--model "$TRAIN_MODEL"} --device "$device" --batch $(( ${TRAIN_PROMPTS:-2} * ${TRAIN_GENERATIONS:-8} )) \
-    --new-tokens "$new_tokens" --runs 3 >"$dir/bench_generation.txt" 2>&1 || echo "bench_generation (exit $?)" >>"$dir/failed.txt"
+    --new-tokens "$new_tokens" --runs "${TRAIN_BENCH_RUNS:-3}" >"$dir/bench_generation.txt" 2>&1 || echo "bench_generation (exit $?)" >>"$dir/failed.txt"
 fi
 if phase after; then
   grpo_model=$([ -f "$dir/grpo.log" ] && final grpo)
