@@ -65,7 +65,8 @@ def rewards(metrics: list[dict], stage: str) -> dict:
     if not rows:
         return {}
     speedups = [m["speedup_max"] for m in rows if m.get("speedup_max") is not None]
-    return {"first_reward_mean": rows[0]["reward_mean"], "last_reward_mean": rows[-1]["reward_mean"],
+    rates = [m["generation_tokens_per_s"] for m in rows if m.get("generation_tokens_per_s")]
+    return {"generation_tokens_per_s_median": statistics.median(rates) if rates else None,"first_reward_mean": rows[0]["reward_mean"], "last_reward_mean": rows[-1]["reward_mean"],
             "best_reward": max(m["reward_max"] for m in rows),
             "valid_fraction": statistics.fmean(m["valid_fraction"] for m in rows),
             "compiled_fraction": statistics.fmean(m.get("compiled_fraction", 0.0) for m in rows),
@@ -87,16 +88,20 @@ def markdown(summary: dict) -> str:
     for key in ("device", "note"):
         if summary.get(key):
             lines.append(f"- {key}: {summary[key]}")
-    lines += ["", "## Held-out tasks", "", "| when | model | samples | compiled | correct | best speedup |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "## Held-out tasks", "",
+              "| when | model | tasks x samples | compiled | correct | faster | median speedup (correct) | best speedup "
+              "| cut at max tokens | most common failure |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, report in summary["heldout"].items():
         if report is None:
-            lines.append(f"| {label} | (missing: that step failed or ran out of time) | | | | |")
+            lines.append(f"| {label} | (missing: that step failed or ran out of time) | | | | | | | | |")
             continue
         samples = sum(t["samples"] for t in report["tasks"])
-        best = report["best_speedup"]
-        lines.append(f"| {label} | {report['model']} | {samples} | {report['compiled_fraction']:.0%} | "
-                     f"{report['valid_fraction']:.0%} | {'-' if best is None else f'{best:.2f}x'} |")  # fmt: skip
+        best, median = report["best_speedup"], report.get("median_speedup")
+        lines.append(f"| {label} | {report['model']} | {len(report['tasks'])} x {samples // max(1, len(report['tasks']))} "
+                     f"| {report['compiled_fraction']:.0%} | {report['valid_fraction']:.0%} | "
+                     f"{report.get('faster_fraction', 0):.0%} | {'-' if median is None else f'{median:.2f}x'} | "
+                     f"{'-' if best is None else f'{best:.2f}x'} | {report.get('truncated_fraction', 0):.0%} | "
+                     f"{report.get('top_failure', '')[:160].replace('|', '/')} |")  # fmt: skip
     lines += ["", "## Step time", ""]
     for row in summary["split"]:
         lines += ["```", split_table(row), "```", ""]
@@ -138,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"held-out {label}: missing")
         else:
             print(f"held-out {label}: compiled {report['compiled_fraction']:.0%}, correct {report['valid_fraction']:.0%}, "
-                  f"best speedup {report['best_speedup']}")  # fmt: skip
+                  f"faster {report.get('faster_fraction', 0):.0%}, median speedup {report.get('median_speedup')}, "
+                  f"best speedup {report['best_speedup']}; most common failure: {report.get('top_failure', '')}")  # fmt: skip
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
-# Issue 12 on one machine, as one command: the held-out tasks sampled from the starting model,
-# SFT, held-out again, GRPO for TRAIN_GRPO_SECONDS, held-out again; then the metrics, the reward
-# curve and a summary with the step-time split (benchmarks/bench_train.py). Local Ray, the local
-# evaluator (this machine's sandbox), one Ray Train worker on the GPU when there is one.
+# Issue 26 on one machine: stage 1 as CUDA-L1 did it, on the real corpus. The held-out tasks of
+# CUDA-L1's released kernels (a100.jsonl, levels 1-3, split by task; 16 held out, never seen by
+# any stage) sampled from the starting model, SFT on the training tasks' published kernels
+# (train.sft.trust_source: their source's validation stands in for measuring each), held-out
+# again, GRPO for TRAIN_GRPO_SECONDS (resumable over several calls), held-out again; then the
+# metrics, the reward curve with the valid fraction, a summary with the step-time split, and
+# generation tokens/s inside GRPO against benchmarks/bench_generation.py (same model, batch and
+# device). Local Ray, the local evaluator (this machine's sandbox), one Ray Train worker on the GPU.
 #
-#   bash benchmarks/train_check.sh                         # cuda family on this GPU
-#   TRAIN_FAMILY=cpp TRAIN_DEVICE=cpu TRAIN_GRPO_SECONDS=30 bash benchmarks/train_check.sh   # a CPU dry run
+#   bash benchmarks/train_check.sh                              # every phase, cuda family on this GPU
+#   TRAIN_PHASES="before" bash benchmarks/train_check.sh        # one phase per call on a machine whose
+#   TRAIN_PHASES="sft" ...; TRAIN_PHASES="grpo" ...;            # commands have a time limit; a grpo phase
+#   TRAIN_PHASES="grpo" TRAIN_RESUME=1 ...; TRAIN_PHASES="after summary" ...   # cut short goes on with TRAIN_RESUME=1
+#   TRAIN_CORPUS=builtin:cpp TRAIN_FAMILY=cpp TRAIN_DEVICE=cpu TRAIN_GRPO_SECONDS=30 bash benchmarks/train_check.sh  # a CPU dry run
 #
 # Everything goes to $OUT/train (default OUT=/tmp/gpu_check): config.yaml, *.log, heldout-*.json,
-# metrics-{sft,grpo}.jsonl, reward_curve.png, summary.{md,json}. Each step has its own time limit
-# (`timeout`), so the whole check ends within about
-#   3 x TRAIN_HELDOUT_TIMEOUT + TRAIN_SFT_TIMEOUT + TRAIN_GRPO_SECONDS + TRAIN_GRPO_GRACE
-# seconds (defaults: 3 x 60 + 240 + 180 + 90 = 690; about 8 minutes when SFT's two source builds and
-# the samples' builds are cold), and a step that fails or
-# runs out of time is named in the summary while the later steps still run where they can.
+# metrics-{sft,grpo}.jsonl, reward_curve.png, bench_generation.txt, summary.{md,json}. Each step
+# has its own time limit (`timeout`); a step that fails or runs out of time is named in the
+# summary while the later steps still run where they can.
 # Knobs (environment):
+#   TRAIN_CORPUS (../shared/data/cuda-l1/a100.jsonl; builtin:FAMILY for the built-in suite)
 #   TRAIN_FAMILY (cuda)  TRAIN_DEVICE (cuda if torch sees a GPU, else cpu)  TRAIN_MODEL ("" = SmolLM2-135M)
-#   TRAIN_TASKS, TRAIN_HELDOUT_TASKS (comma-separated task ids; defaults below)
-#   TRAIN_SFT_STEPS (30)  TRAIN_GRPO_SECONDS (180)  TRAIN_GENERATIONS (4)  TRAIN_MAX_NEW_TOKENS (384)
-#   TRAIN_HELDOUT_SAMPLES (4 per held-out task; 0 skips the held-out checks)
-#   TRAIN_HELDOUT_TIMEOUT (60)  TRAIN_SFT_TIMEOUT (240)  TRAIN_GRPO_GRACE (90: the step in flight at the limit)
-#   TRAIN_EVALUATION (local | service)  TRAIN_RUN (run name, default train-check)
-#   TRAIN_BUILD_WORKERS (half the cores, at most 8: a step's builds overlap, the runs that time go one by one)
-#   TRAIN_PHASES ("before sft grpo after summary"): the phases to run. A machine whose commands have a
-#     time limit runs them over several calls, e.g. "before sft", then "grpo", then "after summary";
-#     the run's store, logs and step times stay in $OUT/train between them. The before phase starts
-#     a fresh run; so does the sft phase without it (keeping the "before" figures).
+#   TRAIN_HELDOUT_COUNT (16)  TRAIN_HELDOUT_SAMPLES (8 per held-out task; 0 skips the checks)
+#   TRAIN_MAX_NEW_TOKENS (1024: held-out samples and GRPO completions)  TRAIN_SFT_STEPS (100)
+#   TRAIN_SFT_BATCH (4)  TRAIN_SFT_MAX_LENGTH (4096)  TRAIN_GRPO_SECONDS (240)  TRAIN_PROMPTS (2)  TRAIN_GENERATIONS (8)
+#   TRAIN_HELDOUT_TIMEOUT (300)  TRAIN_SFT_TIMEOUT (300)  TRAIN_GRPO_GRACE (120: the step in flight at the limit)
+#   TRAIN_EVALUATION (local | service)  TRAIN_RUN (run name, default train-check)  TRAIN_RESUME (1: grpo goes on)
+#   TRAIN_BUILD_WORKERS (half the cores, at most 8)  TRAIN_BENCH_RUNS (3: bench_generation.py runs after GRPO)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -35,16 +36,20 @@ dir=$OUT/train
 mkdir -p "$dir"
 family=${TRAIN_FAMILY:-cuda}
 device=${TRAIN_DEVICE:-$($PY -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)}
-tasks=${TRAIN_TASKS:-$family/add_relu_scale,$family/silu_scale}
-heldout=${TRAIN_HELDOUT_TASKS:-$family/sum_squares}
-samples=${TRAIN_HELDOUT_SAMPLES:-4}
-grpo_s=${TRAIN_GRPO_SECONDS:-180}
+corpus=${TRAIN_CORPUS:-$(cd .. && pwd)/shared/data/cuda-l1/a100.jsonl}
+samples=${TRAIN_HELDOUT_SAMPLES:-8}
+grpo_s=${TRAIN_GRPO_SECONDS:-240}
 run=${TRAIN_RUN:-train-check}
+new_tokens=${TRAIN_MAX_NEW_TOKENS:-1024}
 use_gpu=false
 [ "${device%%:*}" = cuda ] && use_gpu=true
 cpus=$(( $(nproc) > 4 ? 4 : 1 ))  # torch threads of the Ray Train worker (the rest: builds and sandboxes)
 builders=${TRAIN_BUILD_WORKERS:-$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))}
-yaml_list() { echo "[$(echo "$1" | sed 's/[^,][^,]*/"&"/g; s/,/, /g')]"; }
+case $corpus in
+  builtin:*) tasks_uri=$corpus; sources="[builtin]"; trust=false ;;
+  *) [ -f "$corpus" ] || { echo "train check: no corpus at $corpus (set TRAIN_CORPUS)"; exit 2; }
+     tasks_uri="cuda-l1:$corpus"; sources="[\"cuda-l1:$corpus\"]"; trust=true ;;
+esac
 
 phases=" ${TRAIN_PHASES:-before sft grpo after summary} "
 phase() { [[ $phases == *" $1 "* ]]; }
@@ -57,23 +62,22 @@ cat >"$dir/config.yaml" <<EOF
 policy:
   model: "${TRAIN_MODEL:-}"
   device: $device
-  max_new_tokens: ${TRAIN_MAX_NEW_TOKENS:-384}
+  max_new_tokens: $new_tokens
 train:
   run: $run
   store: $dir/store
   work_dir: $dir/work
   family: $family
-  tasks_uri: builtin:$family
-  tasks: $(yaml_list "$tasks,$heldout")
-  heldout: $(yaml_list "$heldout")
+  tasks_uri: "$tasks_uri"
+  heldout_count: ${TRAIN_HELDOUT_COUNT:-16}
   train_count: 0
   evaluation: ${TRAIN_EVALUATION:-local}
   max_stage_s: 0
   build_workers: $builders
   eval_retries: 1
   ray: {workers: 1, use_gpu: $use_gpu, cpus_per_worker: $cpus}
-  sft: {sources: [builtin], steps: ${TRAIN_SFT_STEPS:-30}, learning_rate: 5.0e-5, exemplars: 0, save_every: 10}
-  grpo: {steps: 100000, prompts_per_step: 1, generations: ${TRAIN_GENERATIONS:-4}, max_new_tokens: ${TRAIN_MAX_NEW_TOKENS:-384}, learning_rate: 1.0e-6, save_every: 5}
+  sft: {sources: $sources, trust_source: $trust, steps: ${TRAIN_SFT_STEPS:-100}, batch_size: ${TRAIN_SFT_BATCH:-4}, max_length: ${TRAIN_SFT_MAX_LENGTH:-4096}, learning_rate: 5.0e-5, exemplars: 0, save_every: 1000}
+  grpo: {steps: 2000, prompts_per_step: ${TRAIN_PROMPTS:-2}, generations: ${TRAIN_GENERATIONS:-8}, max_new_tokens: $new_tokens, learning_rate: 1.0e-6, save_every: 2}
 EOF
 # GRPO: the same run with a time limit (the step in flight at the limit is its last)
 sed "s/^  max_stage_s: 0$/  max_stage_s: $grpo_s/" "$dir/config.yaml" >"$dir/config-grpo.yaml"
@@ -93,18 +97,24 @@ step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to
 }
 heldout_check() {  # heldout_check LABEL [MODEL]
   [ "$samples" -gt 0 ] || return 0
-  step "heldout-$1" "${TRAIN_HELDOUT_TIMEOUT:-60}" "${sf[@]}" train heldout --samples "$samples" --json ${2:+--model "$2"} \
+  step "heldout-$1" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --samples "$samples" --json ${2:+--model "$2"} \
     && sed -n '/^{/,$p' "$dir/heldout-$1.log" >"$dir/heldout-$1.json"
 }
 final() { sed -n 's/^ *"final_checkpoint": "\(.*\)",*$/\1/p' "$dir/$1.log" | head -1; }
 
 if phase before; then heldout_check before; fi
 if phase sft; then
-  step sft "${TRAIN_SFT_TIMEOUT:-240}" "${sf[@]}" train --stage sft --json
+  step sft "${TRAIN_SFT_TIMEOUT:-300}" "${sf[@]}" train --stage sft --json
   sft_model=$(final sft)
   [ -n "$sft_model" ] && heldout_check sft "$sft_model"
 fi
-if phase grpo; then step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-90} )) "${sf_grpo[@]}" train --stage grpo --json; fi
+if phase grpo; then
+  resume=(); [ "${TRAIN_RESUME:-0}" = 1 ] && resume=(--resume)
+  step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-120} )) "${sf_grpo[@]}" train --stage grpo "${resume[@]}" --json
+  # the plain batched figure for the same model, batch (prompts x generations), tokens and device
+  timeout 240 $PY benchmarks/bench_generation.py ${TRAIN_MODEL:+--model "$TRAIN_MODEL"} --device "$device" --batch $(( ${TRAIN_PROMPTS:-2} * ${TRAIN_GENERATIONS:-8} )) \
+    --new-tokens "$new_tokens" --runs "${TRAIN_BENCH_RUNS:-3}" >"$dir/bench_generation.txt" 2>&1 || echo "bench_generation (exit $?)" >>"$dir/failed.txt"
+fi
 if phase after; then
   grpo_model=$([ -f "$dir/grpo.log" ] && final grpo)
   [ -n "$grpo_model" ] && heldout_check grpo "$grpo_model"

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from speedforge.errors import UserError
+from speedforge.registry import UnknownName
 
 # The modules that define the built-in families, imported on the first lookup.
 DEFINING_MODULES = ("speedforge.evaluator.kernels", "speedforge.ann.family")
@@ -27,8 +27,8 @@ DEVICES = ("cpu", "cuda")
 LANGUAGES = ("python", "cpp")
 
 
-class UnknownFamily(UserError):
-    """A family name no module registered."""
+class UnknownFamily(UnknownName):
+    """A family name no module registered (the registry helper's one error for an unknown name)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -84,9 +84,9 @@ def test_every_command_refuses_a_bad_config_in_one_line(run_cli, files, tmp_path
 
 def test_config_may_follow_the_subcommand(run_cli, tmp_path):
     config = tmp_path / "speedforge.yaml"
-    config.write_text("policy:\n  backend: vllm\n")
+    config.write_text("policy:\n  device: gpu\n")
     code, err, _ = run_cli(["tasks", "list", "--config", str(config)])
-    assert_one_line_error(code, err, "tasks", "policy.backend: unknown generation backend 'vllm'")
+    assert_one_line_error(code, err, "tasks", "policy.device: expected auto, cpu, cuda or cuda:N, got 'gpu'")
 
 
 @pytest.mark.parametrize("command, words", [

@@ -236,3 +236,23 @@ def test_serve_policy_with_a_missing_model_exits_with_one_line(tmp_path):
         f"speedforge serve-policy: error: model path {tmp_path / 'missing.gguf'} does not exist "
         "(expected a .gguf file or a checkpoint folder)"
     )
+
+
+def test_generate_batch_samples_every_prompt_in_one_call_as_each_prompt_alone(tiny_model):
+    """Prompts of different lengths, padded on the left in one generate call: greedy decoding
+    gives each prompt what it gets alone; sampling gives n samples per prompt, in prompt order."""
+    from speedforge.policy.backends import HFBackend
+
+    backend = HFBackend(PolicyConfig(model=tiny_model, device="cpu", max_new_tokens=6))
+    conversations = [[{"role": "user", "content": "hi"}],
+                     [{"role": "user", "content": "write a fast kernel for the sum of squares of a long vector"}]]  # fmt: skip
+    calls = []
+    generate = backend.model.generate
+    backend.model.generate = lambda *a, **k: calls.append((k.get("input_ids", a[0] if a else None)).shape) or generate(*a, **k)
+    together = backend.generate_batch(conversations, 2, temperature=0)
+    assert len(calls) == 1 and calls[0][0] == 2  # one call, both prompts
+    alone = [backend.generate(c, 1, temperature=0)[0].text for c in conversations]
+    assert [[g.text for g in gens] for gens in together] == [[alone[0]] * 2, [alone[1]] * 2]
+    sampled = backend.generate_batch(conversations, 3, temperature=1.0, seed=1)
+    assert [len(g) for g in sampled] == [3, 3] and all(g.completion_tokens > 0 for gens in sampled for g in gens)
+    assert sampled[0][0].prompt_tokens < sampled[1][0].prompt_tokens

@@ -9,7 +9,7 @@ from speedforge.errors import UserError
 from speedforge.records import TABLES, EvalResult, Variant
 from speedforge.recipes.records import read_records
 from speedforge.store import open_store
-from speedforge.search.variants import VariantsTable
+from speedforge.variants import VariantsTable
 
 
 def test_every_table_of_a_store_is_read_as_its_record_class(tmp_path):

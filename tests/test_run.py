@@ -44,9 +44,9 @@ class ScriptedBackend:
         return [Generation(text=self.answer, completion_tokens=100) for _ in range(n)]
 
 
-def scripted_evaluator(task, candidates, pool):
+def scripted_evaluator(candidates, pool="cpu"):
     """ok for every candidate: the policy's at POLICY_SPEEDUP, the built-in ones at BUILTIN_SPEEDUP."""
-    return [EvalResult(candidate_id=c.candidate_id, task_id=task.task_id, pool=pool, status="ok", device_name="Test CPU",
+    return [EvalResult(candidate_id=c.candidate_id, task_id=c.task_id, pool=pool, status="ok", device_name="Test CPU",
                        speedup=POLICY_SPEEDUP if POLICY_MARK in c.source else BUILTIN_SPEEDUP)
             for c in candidates]  # fmt: skip
 

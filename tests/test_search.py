@@ -13,10 +13,11 @@ from speedforge.cli import main
 from speedforge.config import EvaluatorConfig, PolicyConfig, SearchConfig
 from speedforge.policy.backends import BackendError, Generation
 from speedforge.records import STATUSES, EvalResult, Variant
-from speedforge.search.loop import BACKEND_ERROR, default_pool, local_evaluator, pool_device, run_search
+from speedforge.evaluation import default_pool, local_batch, pool_device, service_batch
+from speedforge.search.loop import BACKEND_ERROR, run_search
 from speedforge.store import open_store
 from speedforge.tasks import find_task
-from speedforge.search.variants import TABLE, VariantsTable
+from speedforge.variants import TABLE, VariantsTable
 
 TASK = find_task("cpp/add_relu_scale")
 FAST = """import torch
@@ -66,12 +67,12 @@ class ScoringEvaluator:
         self.rules = rules  # [(substring, status, speedup, log)]
         self.seen = []
 
-    def __call__(self, task, candidates, pool):
+    def __call__(self, candidates, pool="cpu"):
         self.seen.extend(c.candidate_id for c in candidates)
         results = []
         for c in candidates:
             status, speedup, log = next(((s, x, l) for m, s, x, l in self.rules if m in c.source), ("compile_error", None, ""))
-            results.append(EvalResult(candidate_id=c.candidate_id, task_id=task.task_id, pool=pool, status=status,
+            results.append(EvalResult(candidate_id=c.candidate_id, task_id=c.task_id, pool=pool, status=status,
                                       reason=f"{status} here", speedup=speedup, device_name="Test CPU", log=log))  # fmt: skip
         return results
 
@@ -136,7 +137,7 @@ def test_a_candidate_is_evaluated_once_per_pool():
 
 
 def test_an_evaluation_service_outage_is_recorded_as_infra_error():
-    def down(task, candidates, pool):
+    def down(candidates):
         raise ConnectionError("Ray cluster gone")
 
     variants = VariantsTable()
@@ -166,7 +167,7 @@ def test_the_real_evaluator_scores_what_the_policy_wrote(tmp_path):
                              cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5, warmup_calls=1)  # fmt: skip
     backend = ScriptedBackend([answer(FAST), answer(WRONG), "Sorry, here is no code."])
     variants = VariantsTable()
-    result = search(backend, local_evaluator(config, "cpu"), variants, rounds=1, samples=3)
+    result = search(backend, local_batch(config, {TASK.task_id: TASK}, "cpu"), variants, rounds=1, samples=3)
     statuses = {s.candidate_id: s.status for s in result.samples}
     assert sorted(statuses.values()) == ["incorrect", "ok", "screen_rejected"], result.samples
     best = variants.best(TASK.task_id, "cpu")
@@ -175,7 +176,7 @@ def test_the_real_evaluator_scores_what_the_policy_wrote(tmp_path):
 
 def test_variants_table_keeps_one_row_per_candidate_and_pool_and_the_best_per_task():
     from speedforge.records import Candidate
-    from speedforge.search.variants import make_variant
+    from speedforge.variants import make_variant
 
     a = Candidate.make(TASK.task_id, "a", origin="model:m@round1", parent_ids=("p",))
     b = Candidate.make(TASK.task_id, "b")
@@ -273,7 +274,6 @@ def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
     from speedforge.cluster.service import EvaluationService
     from speedforge.cluster.session import ray_session
     from speedforge.config import Config, ServiceConfig
-    from speedforge.search.loop import service_evaluator
 
     evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), correctness_trials=1, cpu_timed_calls=3,
                                 min_timed_s=0.0, max_timed_calls=3, warmup_calls=1)  # fmt: skip
@@ -281,7 +281,7 @@ def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
     store = open_store(tmp_path / "store")
     with ray_session(None, config.service), EvaluationService(config) as service:
         backend = ScriptedBackend([answer(FAST), answer(WRONG)])
-        result = search(backend, service_evaluator(service, store=store), rounds=1, samples=2, store=store)
+        result = search(backend, service_batch(service, {TASK.task_id: TASK}, "cpu", store=store), rounds=1, samples=2, store=store)
     assert sorted(s.status for s in result.samples) == ["incorrect", "ok"]
     assert len(store.read_records("results", EvalResult)) == 2  # the service's results table
     assert len(store.read_records(TABLE, Variant)) == 2

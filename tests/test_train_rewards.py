@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from speedforge.config import ConfigError, RewardConfig, from_mapping
+from speedforge.config import RewardConfig
 from speedforge.records import STATUSES, EvalResult
 from speedforge.train.rewards import (
     MissingReward,
@@ -101,15 +101,17 @@ def test_an_ok_result_without_a_speedup_is_never_scored():
         reward_fn("speedup")([Sample(broken)], CONFIG)
 
 
-def test_cudal1_normalises_within_each_group_and_clips():
+def test_cudal1_is_the_gated_speedup_and_no_reward_normalises_within_a_group():
+    """Rewards are normalised once, by TRL's GRPOTrainer (scale_rewards: group): every reward
+    function here gives a sample the same value alone as among any group."""
     samples = [Sample(result("ok", 2.0, candidate="a"), "g1"), Sample(result("incorrect", candidate="b"), "g1"),
-               Sample(result("ok", 1.5, candidate="c"), "g2"), Sample(result("ok", 1.5, candidate="d"), "g2")]  # fmt: skip
-    values = reward_fn("cudal1")(samples, CONFIG)
-    assert values[0] == pytest.approx(1.0) and values[1] == pytest.approx(-1.0)  # (x - mean) / std in g1
-    assert values[2] == values[3] == 0.0  # a group that is all alike has no signal
-    many = [Sample(result("ok", 9.0, candidate="top"), "g")] + [Sample(result("ok", 1.0, candidate=str(i)), "g")
-                                                                 for i in range(30)]  # fmt: skip
-    assert reward_fn("cudal1")(many, RewardConfig(group_clip=2.0))[0] == 2.0
+               Sample(result("ok", 1.5, candidate="c"), "g2"), Sample(result("ok", 1.5, candidate="d"), "g2"),
+               Sample(result("ok", 40.0, candidate="e"), "g2")]  # fmt: skip
+    assert reward_fn("cudal1")(samples, CONFIG) == [2.0, 0.0, 1.5, 1.5, CONFIG.max_speedup]
+    for name in known_rewards():
+        together = reward_fn(name)(samples, CONFIG)
+        alone = [reward_fn(name)([s], CONFIG)[0] for s in samples]
+        assert together == alone, name
 
 
 def test_cudal1_puts_a_cheat_below_a_failure_in_its_group():
@@ -142,8 +144,13 @@ def test_the_total_is_the_weighted_sum():
     assert total_rewards(samples, config)[0] == pytest.approx(2 * 1.5 + 0.5 * 0.75)
 
 
-def test_an_unknown_reward_name_is_a_config_error_naming_the_known_ones():
-    with pytest.raises(ConfigError, match=r"train\.rewards\.weights: unknown reward\(s\) 'speed'; known: .*cudal1"):
-        from speedforge.config import Config
+def test_an_unknown_reward_name_stops_the_stage_before_any_work_naming_the_known_ones(tmp_path):
+    """The config only reads the weights; the names are checked where a stage is planned."""
+    from speedforge.config import Config, TrainConfig
+    from speedforge.errors import UserError
+    from speedforge.recipes.training import plan_stage
 
-        from_mapping(Config, {"train": {"rewards": {"weights": {"speed": 1.0}}}}, where="c.yaml")
+    config = Config(train=TrainConfig(store=str(tmp_path / "store"), rewards=RewardConfig(weights={"speed": 1.0})))
+    with pytest.raises(UserError, match=r"train\.rewards\.weights: unknown reward 'speed'; known: .*cudal1"):
+        plan_stage(config, "grpo")
+    assert not (tmp_path / "store").exists()

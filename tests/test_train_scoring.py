@@ -11,11 +11,11 @@ import pytest
 from speedforge.config import Config, EvaluatorConfig, RewardConfig, TrainConfig
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Variant
-from speedforge.search.variants import VariantsTable
+from speedforge.variants import VariantsTable
 from speedforge.store import open_store
 from speedforge.tasks import builtin_tasks, find_task
 from speedforge.train.data import LivePrompts, answer_text, sft_pairs, split_tasks
-from speedforge.train.evaluation import open_evaluation
+from speedforge.evaluation import open_evaluation
 from speedforge.train.metrics import common_reasons, rollout_stats
 from speedforge.train.rollouts import RolloutsTable
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, evaluate_with_retries
@@ -138,7 +138,7 @@ def test_an_unstable_result_is_measured_again_when_configured(tmp_path):
 def test_real_evaluation_of_a_step_with_a_good_answer_and_garbage(tmp_path):
     cfg = config(tmp_path)
     store = open_store(cfg.train.store)
-    with open_evaluation(cfg, {TASK.task_id: TASK}, "cpu") as evaluate:
+    with open_evaluation("local", cfg, {TASK.task_id: TASK}, "cpu") as evaluate:
         score = Scorer(cfg, {TASK.task_id: TASK}, evaluate, "cpu", "grpo", store, VariantsTable())
         scored = score.score(1, completions(answer(FAST), "I would fuse the kernels."))
     good, garbage = scored.rollouts
@@ -192,7 +192,8 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     table = VariantsTable([variant(TASK.task_id, FAST, 1.3), variant(TASK.task_id, FAST + "#2\n", 2.0),
                            variant(heldout.task_id, "class ModelNew: pass\n", 3.0),
                            dataclasses.replace(variant(TASK.task_id, "broken", 0.0), status="incorrect", score=None)])  # fmt: skip
-    pairs = sft_pairs([TASK], table, "cpu", exemplars=1, seed=0)
+    pairs = list(sft_pairs([TASK], table, "cpu", exemplars=1, seed=0).pairs)
+    assert {p.validated for p in pairs} == {"measured"}
     assert [p.score for p in pairs] == [1.3, 2.0] and {p.task_id for p in pairs} == {TASK.task_id}
     slow, fast = pairs
     assert "1.30x speedup" in fast.prompt and "1.30x speedup" not in slow.prompt  # a lower-scoring exemplar only
@@ -201,8 +202,10 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     assert fast.answer.rstrip().endswith("```") and "one temporary instead of two" in fast.answer  # the design is the docstring
     assert answer_text(TASK, table.get(fast.variant_id, "cpu")) == fast.answer
     # a budget that fits no exemplar drops it; one that fits nothing drops the pair
-    assert "Earlier variants, with" not in sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: "1.30x" not in p.user)[1].prompt
-    assert sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: False) == []
+    fewer = sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: "1.30x" not in p.user)
+    assert "Earlier variants, with" not in fewer.pairs[1].prompt and fewer.fewer_exemplars == 1
+    nothing = sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: False)
+    assert nothing.pairs == () and nothing.dropped_too_long == 2
 
 
 def test_live_prompts_show_variants_found_since_the_last_fetch_and_render_the_same_for_the_same_table():
@@ -225,7 +228,7 @@ def test_local_evaluation_with_build_workers_builds_in_processes_and_agrees_with
 
     built = next(c for c in builtin_candidates("cpp") if c.task_id == TASK.task_id)  # inline C++: a real build
     batch = [built, Candidate.make(TASK.task_id, FAST, origin="test"), Candidate.make(TASK.task_id, "garbage", origin="test")]
-    with open_evaluation(config(tmp_path, build_workers=2), {TASK.task_id: TASK}, "cpu") as evaluate:
+    with open_evaluation("local", config(tmp_path), {TASK.task_id: TASK}, "cpu", build_workers=2) as evaluate:
         overlapped = evaluate(batch)
     assert [r.status for r in overlapped] == ["ok", "ok", "screen_rejected"]
     assert overlapped[0].build_s > 0 and not overlapped[0].build_cached  # built by a build process, run here

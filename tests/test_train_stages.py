@@ -21,7 +21,7 @@ from speedforge.config import SelfTrainConfig, SFTConfig, TrainConfig  # noqa: E
 from speedforge.errors import UserError  # noqa: E402
 from speedforge.records import Candidate  # noqa: E402
 from speedforge.recipes.training import run_training  # noqa: E402
-from speedforge.search.variants import VariantsTable, make_variant  # noqa: E402
+from speedforge.variants import VariantsTable, make_variant  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.tasks import find_task  # noqa: E402
 from speedforge.train.metrics import read_metrics  # noqa: E402
@@ -83,16 +83,18 @@ def test_sft_runs_its_steps_and_ends_with_a_checkpoint_the_hf_backend_loads(sft_
     config, outcome = sft_run
     assert outcome.stage == "sft" and outcome.steps == 2 and not outcome.resumed
     lines = read_metrics(open(outcome.metrics_path))
-    assert [(m["step"], m["kind"]) for m in lines] == [(1, "step"), (2, "step")]
-    assert all(m["loss"] > 0 and m["step_s"] > 0 for m in lines)
+    assert [(m["step"], m["kind"]) for m in lines] == [(0, "data"), (1, "step"), (2, "step")]
+    assert lines[0]["pairs"] == 1 and lines[0]["validated_measured"] == 1 and lines[0]["dropped_too_long"] == 0
+    assert all(m["loss"] > 0 and m["step_s"] > 0 for m in lines[1:])
     assert list((Path(outcome.run_dir) / "tensorboard").glob("events.out.tfevents.*"))
     state = RunState(open_store(config.train.store), "chain", "sft")
     saved = state.read()
     assert saved["status"] == "done" and saved["step"] == 2 and saved["checkpoint"] == "checkpoints/00000002"
     kept = {k.rsplit("/", 1)[1] for k in state.store.list("runs/chain/sft/checkpoints/")}
     assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= kept
-    pairs = state.get_json("data.json")
-    assert pairs and {p["task_id"] for p in pairs} == {TASKS[0]}  # the held-out task is never trained on
+    data = state.get_json("data.json")
+    assert data["counts"] == saved["data"] and data["pairs"]
+    assert {p["task_id"] for p in data["pairs"]} == {TASKS[0]}  # the held-out task is never trained on
     backend = HFBackend(PolicyConfig(model=outcome.final_checkpoint, device="cpu", max_new_tokens=4))
     assert len(backend.generate([{"role": "user", "content": "hi"}], 2, temperature=0)) == 2
 
@@ -126,7 +128,7 @@ def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):  # the i
         [(1, TASKS[0], "incorrect"), (1, TASKS[0], "ok"), (1, TASKS[1], "incorrect"), (1, TASKS[1], "ok")]  # fmt: skip
     assert {r.policy_version for r in rollouts} == {"chain/self@0"}
     state = RunState(store, "chain", "self")
-    pairs = state.get_json("rounds/001.json")
+    pairs = state.get_json("rounds/001.json")["pairs"]
     assert sorted(p["answer"] for p in pairs) == sorted(r.completion for r in rollouts if r.status == "ok")  # its own
     lines = read_metrics(open(outcome.metrics_path))
     assert [(m["kind"], m["step"]) for m in lines] == [("round", 1), ("step", 1), ("step", 2)]
@@ -137,32 +139,36 @@ def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):  # the i
 @pytest.fixture(scope="module")
 def grpo_uninterrupted(workspace, sft_run):
     _, sft = sft_run
-    config = make_config(workspace, sft.final_checkpoint, "straight", "store-straight")
+    config = make_config(workspace, sft.final_checkpoint, "straight", "store-straight",
+                         grpo=GRPOStageConfig(steps=4, generations=2, max_new_tokens=16, learning_rate=1e-3))  # fmt: skip
     seed_store(config)
     return config, run_training(config, "grpo")
 
 
 def test_grpo_runs_its_steps_with_rewards_measured_by_the_evaluator(grpo_uninterrupted):
     config, outcome = grpo_uninterrupted
-    assert outcome.steps == 3
+    assert outcome.steps == 4
     rollouts = RolloutsTable.load(open_store(config.train.store), run="straight", stage="grpo")
-    assert [r.step for r in rollouts] == [1, 1, 2, 2, 3, 3]
+    assert [r.step for r in rollouts] == [1, 1, 2, 2, 3, 3, 4, 4]
+    epochs = [r.task_id for r in rollouts[::2]]
+    assert sorted(epochs[:2]) == sorted(epochs[2:]) == sorted(TASKS[:2])  # each epoch: every training task once
     assert all(r.status != "infra_error" and r.reward is not None for r in rollouts)
     assert {r.task_id for r in rollouts} <= set(TASKS[:2])  # never the held-out task
-    assert [r.policy_version for r in rollouts[::2]] == ["straight/grpo@0", "straight/grpo@1", "straight/grpo@2"]
-    for step in (1, 2, 3):  # one group per step: its two samples answer the same prompt
+    assert [r.policy_version for r in rollouts[::2]] == [f"straight/grpo@{n}" for n in range(4)]
+    for step in (1, 2, 3, 4):  # one group per step: its two samples answer the same prompt
         group = [r for r in rollouts if r.step == step]
         assert len({r.group_id for r in group}) == 1 and len({r.prompt for r in group}) == 1
     lines = read_metrics(open(outcome.metrics_path))
-    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert [m["step"] for m in lines] == [1, 2, 3, 4]
     for line in lines:
         assert {"reward_mean", "reward_max", "valid_fraction", "speedup_p50", "speedup_max", "loss"} <= set(line)
         assert line["generation_s"] > 0 and line["evaluation_s"] >= 0 and line["update_s"] > 0
         assert line["samples"] == 2
+        assert 2 <= line["generated_tokens"] <= 2 * 16 and line["generation_tokens_per_s"] > 0  # one batched call
 
 
-def dies_after_first_step():
-    """The evaluation service answers the first step (this machine's sandbox), then is gone."""
+def dies_after(steps: int):
+    """The evaluation service answers `steps` steps (this machine's sandbox), then is gone."""
     calls = []
 
     def evaluate(candidates):
@@ -170,37 +176,59 @@ def dies_after_first_step():
         from speedforge.tasks import find_task
 
         calls.append(len(candidates))
-        if len(calls) > 1:
+        if len(calls) > steps:
             raise ConnectionError("the evaluation service died")
         return [evaluate_one(find_task(c.task_id), c, device="cpu", pool="cpu") for c in candidates]
 
     return evaluate
 
 
-def test_a_run_whose_evaluation_dies_stops_with_a_checkpoint_and_resumes_with_the_same_data(workspace,
-                                                                                          grpo_uninterrupted):  # fmt: skip
+def test_a_run_whose_evaluation_dies_stops_with_a_checkpoint_and_resumes_exactly_across_an_epoch(workspace,
+                                                                                                grpo_uninterrupted):  # fmt: skip
+    """Checkpoints every 2 steps; the evaluation dies at step 4, after step 3 wrote its rollouts
+    without a checkpoint. The resume starts at step 3, the first of the second epoch (2 tasks, a
+    prompt per step): same data, samples and rollouts as the uninterrupted run, step 3 once."""
     straight_config, _ = grpo_uninterrupted
     config = dataclasses.replace(straight_config, train=dataclasses.replace(
-        straight_config.train, run="stopped", store=str(workspace / "store-stopped")))  # fmt: skip
+        straight_config.train, run="stopped", store=str(workspace / "store-stopped"),
+        grpo=dataclasses.replace(straight_config.train.grpo, save_every=2)))  # fmt: skip
     seed_store(config)
-    with pytest.raises(UserError, match=r"stopped at step 1 \(checkpoint in .*\): the evaluation failed: .*died.*--resume"):
-        run_training(config, "grpo", evaluate=dies_after_first_step())
+    with pytest.raises(UserError, match=r"stopped at step 2 \(checkpoint in .*\): the evaluation failed: .*died.*--resume"):
+        run_training(config, "grpo", evaluate=dies_after(3))
     store = open_store(config.train.store)
     saved = RunState(store, "stopped", "grpo").read()
-    assert saved["status"] == "stopped" and saved["step"] == 1 and saved["checkpoint"] == "checkpoints/00000001"
-    assert [r.step for r in RolloutsTable.load(store, run="stopped")] == [1, 1]  # step 2 wrote nothing
+    assert saved["status"] == "stopped" and saved["step"] == 2 and saved["checkpoint"] == "checkpoints/00000002"
+    assert [r.step for r in RolloutsTable.load(store, run="stopped")] == [1, 1, 2, 2, 3, 3]  # step 4 wrote nothing
     with pytest.raises(UserError, match="already has a grpo stage.*pass --resume"):
         run_training(config, "grpo")
 
     outcome = run_training(config, "grpo", resume=True)
-    assert outcome.steps == 3 and outcome.resumed
+    assert outcome.steps == 4 and outcome.resumed
     resumed = RolloutsTable.load(store, run="stopped")
     straight = RolloutsTable.load(open_store(straight_config.train.store), run="straight")
-    assert [(r.step, r.task_id, r.group_id.__class__) for r in resumed] == \
-        [(r.step, r.task_id, r.group_id.__class__) for r in straight]  # fmt: skip
+    assert [(r.step, r.task_id) for r in resumed] == [(r.step, r.task_id) for r in straight]
     assert [r.completion for r in resumed] == [r.completion for r in straight]  # same weights, RNG and data position
-    assert [m["step"] for m in read_metrics(open(outcome.metrics_path))] == [1, 2, 3]
+    raw = store.read_records(RolloutsTable.name, RolloutsTable.record)  # the table itself: step 3 only once
+    assert sorted(r.step for r in raw) == [1, 1, 2, 2, 3, 3, 4, 4] and len({r.rollout_id for r in raw}) == 8
+    assert [m["step"] for m in read_metrics(open(outcome.metrics_path))] == [1, 2, 3, 4]
     assert json.loads(RunState(store, "stopped", "grpo").get_text("state.json") or "{}")["status"] == "done"
+
+
+@pytest.mark.slow  # two more Ray Train workers, each loading the model and joining a gloo group, on 2 shared cores
+def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
+    """DDP through ScalingConfig.num_workers (gloo on the CPU): a group's two samples are
+    generated and scored one per worker, and both land in the rollouts table."""
+    _, sft = sft_run
+    config = make_config(workspace, sft.final_checkpoint, "ddp", "store-ddp",
+                         ray=RayTrainConfig(workers=2, cpus_per_worker=1, use_gpu=False),
+                         grpo=GRPOStageConfig(steps=1, generations=2, max_new_tokens=8, learning_rate=1e-3))  # fmt: skip
+    seed_store(config)
+    outcome = run_training(config, "grpo")
+    assert outcome.steps == 1 and (Path(outcome.final_checkpoint) / "config.json").is_file()
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="ddp")
+    assert [r.step for r in rollouts] == [1, 1] and len({r.group_id for r in rollouts}) == 1
+    (line,) = read_metrics(open(outcome.metrics_path))
+    assert line["samples"] == 2 and "loss" in line  # both workers' samples in rank 0's metrics line
 
 
 @pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)
@@ -237,7 +265,7 @@ def test_train_status_reads_the_run_back_and_draws_the_reward_curve(grpo_uninter
     store_files = sorted(str(p.relative_to(config.train.store)) for p in Path(config.train.store).rglob("*") if p.is_file())
     assert "\n\n" in out, f"no steps table in:\n{out}\nthe store holds: {store_files}"
     rows = [line.split() for line in out.split("\n\n")[1].splitlines() if line.startswith("grpo ")]  # the steps table
-    assert [row[1] for row in rows] == ["1", "2", "3"]
+    assert [row[1] for row in rows] == ["1", "2", "3", "4"]
     assert main(["--config", str(path), "train", "status", "nosuch"]) == 2
     error = capsys.readouterr().err.strip()
     assert "no run 'nosuch' in " in error and error.endswith("runs there: straight")
@@ -253,11 +281,12 @@ def test_bench_train_splits_the_step_time_of_a_run(grpo_uninterrupted, tmp_path,
     assert bench.main([outcome.metrics_path, "--out", str(tmp_path), "--heldout", f"grpo={tmp_path / 'none.json'}"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     (grpo,) = summary["split"]
-    assert grpo["stage"] == "grpo" and grpo["steps"] == 3
+    assert grpo["stage"] == "grpo" and grpo["steps"] == 4
     lines = read_metrics(open(outcome.metrics_path))
     for part in ("generation_s", "evaluation_s", "update_s", "step_s"):
         values = sorted(m[part] for m in lines)
-        assert grpo[part]["median"] == values[1] and grpo[part]["min"] == values[0] and grpo[part]["max"] == values[2]
+        assert grpo[part]["median"] == pytest.approx((values[1] + values[2]) / 2)
+        assert grpo[part]["min"] == values[0] and grpo[part]["max"] == values[3]
     shares = grpo["generation_s"]["share"] + grpo["evaluation_s"]["share"] + grpo["update_s"]["share"]
     assert shares == pytest.approx(1.0)
     assert summary["heldout"] == {"grpo": None} and "(missing" in (tmp_path / "summary.md").read_text()

@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "speedup per task.")  # fmt: skip
     heldout.add_argument("--model", help="a checkpoint folder or .gguf file (default: policy.model)")
     heldout.add_argument("--samples", type=int, default=4, help="samples per held-out task (default: 4)")
+    heldout.add_argument("--batch-tasks", type=int, default=16,
+                         help="held-out tasks whose prompts x samples go to one batched generate call (default: 16)")
     heldout.add_argument("--json", action="store_true", help="print the report as JSON")
     heldout.set_defaults(func=_heldout)
 
@@ -98,7 +100,8 @@ def _heldout(args: argparse.Namespace) -> int:
 
     if args.samples < 1:
         raise UserError(f"--samples must be at least 1, got {args.samples}")
-    report = evaluate_heldout(load_train_config(getattr(args, "config", None)), args.model, args.samples)
+    report = evaluate_heldout(load_train_config(getattr(args, "config", None)), args.model, args.samples,
+                              args.batch_tasks)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0
@@ -109,6 +112,11 @@ def _heldout(args: argparse.Namespace) -> int:
     for task in report.tasks:
         for status, reason in task.get("reasons", {}).items():
             print(f"  {task['task_id']} {status}, most often: {reason}")
-    print(f"overall: compiled {report.compiled_fraction:.0%}, correct {report.valid_fraction:.0%}, "
-          f"best speedup {report.best_speedup if report.best_speedup is not None else '-'}")  # fmt: skip
+    median = f"{report.median_speedup:.2f}x" if report.median_speedup is not None else "-"
+    print(f"overall: compiled {report.compiled_fraction:.0%}, correct {report.valid_fraction:.0%}, faster "
+          f"{report.faster_fraction:.0%}, median speedup of the correct {median}, best speedup "
+          f"{report.best_speedup if report.best_speedup is not None else '-'}; {report.truncated_fraction:.0%} cut at "
+          f"max_new_tokens")  # fmt: skip
+    if report.top_failure:
+        print(f"most common failure: {report.top_failure}")
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from speedforge.config import PolicyConfig
+from speedforge.registry import Registry
 from speedforge.errors import UserError, first_line
 from speedforge.extras import require
 
@@ -66,28 +67,14 @@ class Backend(Protocol):
     ) -> list[Generation]: ...
 
 
-_BACKENDS: dict[str, Callable[[PolicyConfig], Backend]] = {}
-
-
-def register_backend(name: str):
-    """Register a backend factory `f(config: PolicyConfig) -> Backend` under `name`."""
-
-    def decorate(factory):
-        _BACKENDS[name] = factory
-        return factory
-
-    return decorate
-
-
-def known_backends() -> list[str]:
-    return sorted(_BACKENDS)
+BACKENDS: Registry[Callable[[PolicyConfig], Backend]] = Registry("generation backend")
+register_backend = BACKENDS.register  # a factory `f(config: PolicyConfig) -> Backend` under a name
+known_backends = BACKENDS.names
 
 
 def make_backend(config: PolicyConfig) -> Backend:
     """The backend that config.backend names, built from config."""
-    if config.backend not in _BACKENDS:
-        raise UserError(f"unknown generation backend {config.backend!r}; known: {', '.join(known_backends())}")
-    return _BACKENDS[config.backend](config)
+    return BACKENDS.get(config.backend)(config)
 
 
 # -- hf: a local transformers model ------------------------------------------------------------
@@ -255,6 +242,49 @@ class HFBackend:
                 )
             )
         return generations
+
+
+    def generate_batch(self, conversations: list[list[dict[str, str]]], n: int = 1, *, max_new_tokens=None,
+                       temperature=None, top_p=None, seed=None) -> list[list[Generation]]:  # fmt: skip
+        """`n` samples of each conversation, all in one batched `generate` call (prompts padded on
+        the left, one KV cache for the batch): [conversation][sample]."""
+        import torch
+
+        max_new_tokens = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature = self.config.temperature if temperature is None else temperature
+        top_p = self.config.top_p if top_p is None else top_p
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        texts = [self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in conversations]
+        side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"
+        try:
+            batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        finally:
+            self.tokenizer.padding_side = side
+        width = int(batch["input_ids"].shape[1])
+        if self.context_tokens:
+            if width >= self.context_tokens:
+                raise BackendError(f"a prompt of {width} tokens does not fit the model's {self.context_tokens}")
+            max_new_tokens = min(max_new_tokens, self.context_tokens - width)
+        if seed is not None:
+            torch.manual_seed(seed)
+        greedy = temperature <= 0  # every sample of a prompt is the same: decode it once
+        sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p)
+        with torch.inference_mode():
+            output = self.model.generate(**batch, max_new_tokens=max_new_tokens, num_return_sequences=1 if greedy else n,
+                                         pad_token_id=self.tokenizer.pad_token_id, **sampling)  # fmt: skip
+        if greedy:
+            output = output.repeat_interleave(n, dim=0)
+        eos = self.tokenizer.eos_token_id
+        prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
+        out: list[list[Generation]] = [[] for _ in conversations]
+        for index, row in enumerate(output[:, width:].tolist()):
+            ended = eos in row
+            tokens = row[: row.index(eos) + 1] if ended else row
+            out[index // n].append(Generation(text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                                              completion_tokens=len(tokens), prompt_tokens=int(prompt_tokens[index // n]),
+                                              finish_reason="stop" if ended else "length"))  # fmt: skip
+        return out
 
 
 @register_backend("hf")

@@ -146,3 +146,22 @@ def parse_response(text: str, language: str = "python", marker: str = "ModelNew"
         missing=tuple(missing),
         notes=tuple(notes),
     )
+
+
+def candidate_from(task, text: str, origin: str, parent_ids=(), **meta):
+    """The candidate an answer proposes, and the parsed answer: its last code block in the task
+    family's language (the one defining the family's marker), or the whole answer when it has
+    none, so the evaluator records why it fails. `meta` (e.g. finish_reason) goes to the
+    candidate's meta_json with what the parser missed and noted. The one way from a response to
+    a candidate: the search loop, every training stage and the held-out check use it."""
+    import json
+
+    from speedforge import families
+    from speedforge.records import Candidate
+
+    family = families.get(task.family)
+    parsed = parse_response(text, language=family.language, marker=family.marker)
+    details = {"missing": list(parsed.missing), "notes": list(parsed.notes), **meta}
+    candidate = Candidate.make(task.task_id, parsed.code or text, origin=origin, parent_ids=tuple(parent_ids),
+                               meta_json=json.dumps(details))  # fmt: skip
+    return candidate, parsed

@@ -38,7 +38,7 @@ def measure_baselines(config: Config, dataset_uri: str, pool: str, run_uri: str,
     cluster at `address`, or a local Ray) and seed the run's variants table with them."""
     from speedforge.recipes.records import read_records
     from speedforge.recipes.results import sweep_to_results
-    from speedforge.search.variants import VariantsTable, make_variant
+    from speedforge.variants import VariantsTable, make_variant
     from speedforge.store import open_store
 
     out_uri = f"{run_uri.rstrip('/')}/baselines/{pool}"

@@ -35,7 +35,7 @@ def select_best_variants(config: Config, run_uri: str, dataset_uri: str, out_uri
     """Write the best variant per task of `run_uri` (measured on `pool` only, when given) with
     the tasks of `dataset_uri` to `out_uri`."""
     from speedforge.recipes.records import read_records
-    from speedforge.search.variants import VariantsTable
+    from speedforge.variants import VariantsTable
     from speedforge.store import open_store
 
     table = VariantsTable.load(open_store(run_uri, config=config.store))

@@ -26,9 +26,10 @@ from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Task
 from speedforge.recipes.task_search import SearchView, run_view_search
-from speedforge.search.loop import EvaluateFn, SearchResult, default_pool, local_evaluator, pool_device
+from speedforge.evaluation import BatchEvaluate, default_pool, local_batch
+from speedforge.search.loop import SearchResult
 from speedforge.tasks import builtin_candidates, builtin_tasks
-from speedforge.search.variants import VariantsTable, make_variant
+from speedforge.variants import VariantsTable, make_variant
 
 BUCKET, PREFIX = "speedforge", "run"  # where the suite is staged on the embedded server
 
@@ -61,7 +62,7 @@ def default_family() -> str:
 
 
 def run_suite(config: Config, view: SuiteView, family: str | None = None, task_ids: Iterable[str] | None = None,
-              search_tasks: int = 2, backend=None, evaluate_fn: EvaluateFn | None = None) -> SuiteOutcome:  # fmt: skip
+              search_tasks: int = 2, backend=None, evaluate_fn: BatchEvaluate | None = None) -> SuiteOutcome:  # fmt: skip
     """Steps 1 and 2 of the module docstring on the built-in tasks `task_ids` (all of the family
     when None). `backend`: made from config.policy when None; `evaluate_fn`: this machine's
     sandbox when None (tests give deterministic stand-ins for both)."""
@@ -77,8 +78,8 @@ def run_suite(config: Config, view: SuiteView, family: str | None = None, task_i
 
         backend = make_backend(config.policy)
     candidates = [c for c in builtin_candidates(family) if c.task_id in wanted]
-    measure = evaluate_fn or local_evaluator(config.evaluator, device)
-    results = [measure(tasks[c.task_id], [c], device)[0]
+    measure = evaluate_fn or local_batch(config.evaluator, tasks, device)
+    results = [measure([c])[0]
                for c in view.evaluating(candidates, family, device, config.evaluator.cache_dir)]  # fmt: skip
     view.evaluated(results)
     searches = []
@@ -90,7 +91,7 @@ def run_suite(config: Config, view: SuiteView, family: str | None = None, task_i
 
 
 def search_suite(config: Config, backend, tasks: list[Task], candidates: list[Candidate], results: list[EvalResult],
-                 search_ids: list[str], view: SuiteView, evaluate_fn: EvaluateFn | None = None) -> list[SearchResult]:  # fmt: skip
+                 search_ids: list[str], view: SuiteView, evaluate_fn: BatchEvaluate | None = None) -> list[SearchResult]:  # fmt: skip
     """Step 2: stage, seed the variants table with `results`, search the tasks `search_ids`."""
     from speedforge.store.s3server import SeaweedServer
     from speedforge.store.staging import load_dataset, stage_dataset
@@ -111,6 +112,6 @@ def search_suite(config: Config, backend, tasks: list[Task], candidates: list[Ca
         outcomes = []
         for task in (t for t in dataset.tasks if t.task_id in search_ids):
             pool = default_pool(task, config.search.pool)
-            measure = evaluate_fn or local_evaluator(config.evaluator, pool_device(pool))
+            measure = evaluate_fn or local_batch(config.evaluator, {task.task_id: task}, pool)
             outcomes.append(run_view_search(task, backend, config, measure, variants, pool, view, store))
         return outcomes

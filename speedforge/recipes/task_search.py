@@ -19,17 +19,9 @@ from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Task
 from speedforge.recipes.records import read_records
-from speedforge.search.loop import (
-    EvaluateFn,
-    RoundStats,
-    SearchResult,
-    default_pool,
-    local_evaluator,
-    pool_device,
-    run_search,
-    service_evaluator,
-)
-from speedforge.search.variants import VariantsTable
+from speedforge.evaluation import BatchEvaluate, default_pool, open_evaluation
+from speedforge.search.loop import RoundStats, SearchResult, run_search
+from speedforge.variants import VariantsTable
 
 
 class SearchView(Protocol):
@@ -68,25 +60,24 @@ def search_task(config: Config, task_id: str, view: SearchView, tasks_uri: str =
     return result
 
 
-def run_view_search(task: Task, backend, config: Config, evaluate_fn: EvaluateFn, variants: VariantsTable, pool: str,
+def run_view_search(task: Task, backend, config: Config, evaluate: BatchEvaluate, variants: VariantsTable, pool: str,
                     view: SearchView, store=None) -> SearchResult:  # fmt: skip
     """run_search on one task, reporting to `view`: the task line first, then each round."""
     view.searching(task, config.search, backend, pool)
-    return run_search(task, backend, evaluate_fn, variants, config.policy, config.search, pool, store=store,
+    return run_search(task, backend, evaluate, variants, config.policy, config.search, pool, store=store,
                       on_round=view.round, on_progress=view.progress)  # fmt: skip
 
 
 @contextlib.contextmanager
 def evaluation(config: Config, pool: str, tasks: dict[str, Task], store, service: bool,
-               address: str | None) -> Iterator[EvaluateFn]:  # fmt: skip
-    """The evaluate function: the Ray service with `service`, else this machine's sandbox."""
+               address: str | None) -> Iterator[BatchEvaluate]:  # fmt: skip
+    """The batch evaluation: the Ray service with `service` (its results also in `store`), else
+    this machine's sandbox."""
     if not service:
-        yield local_evaluator(config.evaluator, pool_device(pool))
+        with open_evaluation("local", config, tasks, pool) as evaluate:
+            yield evaluate
         return
-    from speedforge.cluster.pools import resolve_pools
-    from speedforge.cluster.service import EvaluationService
     from speedforge.cluster.session import ray_session
 
-    resolve_pools([pool], config.service)
-    with ray_session(address, config.service), EvaluationService(config) as evaluation_service:
-        yield service_evaluator(evaluation_service, tasks, store)
+    with ray_session(address, config.service), open_evaluation("service", config, tasks, pool, store=store) as evaluate:
+        yield evaluate

@@ -11,9 +11,10 @@ from doing any work:
    evaluator, the tasks and their split, the starting model, the run's state in the store (a
    stage that has steps is resumed with `resume`, never overwritten), and for SFT that
    validated variants exist or can be measured.
-2. SFT only: measure the source candidates (built-in fast candidates, CUDA-L1's published
-   kernels) that the variants table lacks, and check that some training task has a variant
-   that measured ok.
+2. Record the task split with the run (`runs/<run>/split.json`); a later stage whose split
+   differs is refused. SFT only: measure the source candidates (built-in fast candidates,
+   CUDA-L1's published kernels unless `sft.trust_source`) that the variants table lacks, and
+   check that some training task has a variant that measured ok or a trusted source kernel.
 3. Join or start Ray and run the stage on a TorchTrainer (speedforge.train.raytrain), showing
    each metrics line as it lands in the store.
 4. Read the outcome back from the run's state: the final checkpoint (a folder `serve-policy`
@@ -147,12 +148,15 @@ def check_family(config: Config) -> str:
 
 def plan_stage(config: Config, stage: str, resume: bool = False) -> StagePlan:
     """Every check of step 1 of the module docstring; one UserError for the first problem."""
-    from speedforge.search.loop import default_pool
+    from speedforge.evaluation import default_pool
     from speedforge.train.stages import open_run_store
     from speedforge.train.state import RunState
 
+    from speedforge.train.rewards import REWARDS
+
     if stage not in STAGES:
         raise UserError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    REWARDS.check(config.train.rewards.weights, "train.rewards.weights")
     require("cluster", "ray", purpose="training (Ray Train)")
     require("train", "trl", "transformers", "datasets", purpose="training")
     from speedforge.train.metrics import tensorboard_writer_module
@@ -187,7 +191,7 @@ def starting_model(config: Config, stage: str, store) -> str:
     """`train.init`, else the final weights of the latest earlier stage of this run, else
     `policy.model`; a path is checked here (one that does not exist fails at once)."""
     from speedforge.policy.backends import resolve_model
-    from speedforge.train.raytrain import STORE_MODEL
+    from speedforge.train.job import STORE_MODEL
     from speedforge.train.state import RunState
 
     if not config.train.init:
@@ -200,8 +204,8 @@ def starting_model(config: Config, stage: str, store) -> str:
 
 
 def check_sft_sources(config: Config, split: TaskSplit, pool: str, store) -> None:
-    """Stage 1 needs validated variants of the training tasks, or candidates to measure."""
-    from speedforge.search.variants import VariantsTable
+    """Stage 1 needs validated variants of the training tasks, or candidates to measure (or trust)."""
+    from speedforge.variants import VariantsTable
 
     sources = config.train.sft.sources
     for source in sources:
@@ -215,6 +219,21 @@ def check_sft_sources(config: Config, split: TaskSplit, pool: str, store) -> Non
                         f"tasks ({ids}) that measured ok on {pool}, and train.sft.sources ({', '.join(sources)}) give no "
                         "candidate to measure; run `speedforge optimize --store` or `speedforge run` first, or add "
                         "builtin to train.sft.sources")  # fmt: skip
+
+
+def trusted_candidates(config: Config, split: TaskSplit) -> tuple[Candidate, ...]:
+    """With `sft.trust_source`: the published kernels (CUDA-L1's) of the training tasks, which
+    SFT takes as validated by their source; none otherwise."""
+    if not config.train.sft.trust_source:
+        return ()
+    cuda_l1 = [s for s in config.train.sft.sources if s.startswith(CUDA_L1)]
+    return tuple(source_candidates(config, split, cuda_l1))
+
+
+def measured_sources(config: Config) -> list[str]:
+    """The SFT sources whose candidates are measured here (all but the trusted ones)."""
+    trusting = config.train.sft.trust_source
+    return [s for s in config.train.sft.sources if not (trusting and s.startswith(CUDA_L1))]
 
 
 def source_candidates(config: Config, split: TaskSplit, sources: Sequence[str]) -> list[Candidate]:
@@ -242,16 +261,17 @@ def measure_sources(plan: StagePlan, view: TrainView) -> int:
     """Evaluate the source candidates the variants table lacks on the pool and add them (every
     status, as a search does; infra_error is left to the next run); the ok variants of the
     training tasks afterwards, or a UserError when there are none."""
-    from speedforge.search.variants import VariantsTable, make_variant
-    from speedforge.train.evaluation import open_evaluation
+    from speedforge.variants import VariantsTable, make_variant
+    from speedforge.evaluation import open_evaluation
 
     variants = VariantsTable.load(plan.store)
-    todo = [c for c in source_candidates(plan.config, plan.split, plan.config.train.sft.sources)
+    todo = [c for c in source_candidates(plan.config, plan.split, measured_sources(plan.config))
             if (c.candidate_id, plan.pool) not in variants]  # fmt: skip
     if todo:
         view.message(f"measuring {len(todo)} source candidate(s) on {plan.pool} for SFT (builds are cached)")
         tasks = {t.task_id: t for t in plan.split.train}
-        with open_evaluation(plan.config, tasks, plan.pool) as evaluate:
+        with open_evaluation(plan.config.train.evaluation, plan.config, tasks, plan.pool,
+                             build_workers=plan.config.train.build_workers) as evaluate:  # fmt: skip
             for candidate, result in zip(todo, evaluate(todo)):  # one batch: with train.build_workers the builds overlap
                 view.message(f"  {candidate.task_id}: {result.status}"
                              + (f" {result.speedup:.2f}x" if result.ok and result.speedup else f" ({result.reason[:80]})"))
@@ -260,10 +280,33 @@ def measure_sources(plan: StagePlan, view: TrainView) -> int:
                     variants.add(variant)
                     VariantsTable.append(plan.store, [variant])
     ok = sum(len(variants.successful(t.task_id, plan.pool)) for t in plan.split.train)
-    if not ok:
+    trusted = len(trusted_candidates(plan.config, plan.split))
+    if trusted:
+        view.message(f"SFT takes {trusted} published kernel(s) of the training tasks as validated by their source "
+                     "(train.sft.trust_source)")  # fmt: skip
+    if not ok and not trusted:
         raise UserError(f"no validated variants for SFT: none of the training tasks' variants measured ok on "
                         f"{plan.pool} (the variants table of {plan.store.uri})")  # fmt: skip
-    return ok
+    return ok + trusted
+
+
+def record_split(plan: StagePlan) -> None:
+    """The run's task split, written by its first stage; a stage whose split differs (another
+    seed, other tasks or held-out tasks) is refused, so no stage ever trains on a task that an
+    earlier one held out."""
+    import json
+
+    key = f"runs/{plan.config.train.run}/split.json"
+    mine = {**plan.split.to_dict(), "seed": plan.config.train.seed, "tasks_uri": plan.config.train.tasks_uri}
+    if plan.store.exists(key):
+        recorded = json.loads(plan.store.get_bytes(key))
+        if (recorded.get("train"), recorded.get("heldout")) != (mine["train"], mine["heldout"]):
+            raise UserError(f"run {plan.config.train.run!r} was split differently by an earlier stage "
+                            f"({plan.store.describe(key)}: {len(recorded.get('train', []))} training, "
+                            f"{len(recorded.get('heldout', []))} held-out tasks); use the run's train.tasks, "
+                            "train.heldout and train.seed, or start a new run")  # fmt: skip
+        return
+    plan.store.put_bytes(key, json.dumps(mine, indent=1).encode())
 
 
 # -- 3 and 4: the stage on Ray Train ----------------------------------------------------------
@@ -274,32 +317,40 @@ def run_training(config: Config, stage: str, *, resume: bool = False, view: Trai
     """Run `stage` of the run `config.train` names (see the module docstring). `evaluate`: a
     stand-in BatchEvaluate for the training steps (tests inject evaluation faults with it)."""
     from speedforge.cluster.session import ray_session
-    from speedforge.train.raytrain import StageFailed, StageJob, fit_stage
+    from speedforge.train.job import StageJob
+    from speedforge.train.raytrain import StageFailed, fit_stage
 
     view = view or _Quiet()
     plan = plan_stage(config, stage, resume)
     if resume and plan.saved and plan.saved.get("status") == "done":
         view.message(f"run {config.train.run!r}: the {stage} stage is done already ({plan.saved.get('step')} steps)")
         return outcome(plan)
+    record_split(plan)
     view.starting(plan)
     if not resume:  # a stage that never reached a step starts afresh: no data frozen by an earlier attempt
         plan.state.clear()
         plan.state.update(status="running", step=0, checkpoint="", reason="")
-    job = StageJob(config, stage, resume, plan.split.train, plan.pool, plan.init_model, evaluate)
-    with ray_session(config.train.ray.address or None, config.service):
-        if stage == "sft" and not resume:
-            measure_sources(plan, view)
-        watcher = MetricsWatcher(plan.state, view)
-        watcher.start()
-        try:
-            fit_stage(job)
-        except StageFailed as exc:
-            saved = plan.state.read() or {}
-            where = f"step {saved.get('step', 0)}" + (f" (checkpoint in {plan.state.describe()})" if saved.get("checkpoint") else "")
-            raise UserError(f"run {config.train.run!r}: the {stage} stage stopped at {where}: "
-                            f"{saved.get('reason') or exc}; fix that and rerun with --resume") from None  # fmt: skip
-        finally:
-            watcher.stop()
+    job = StageJob(config, stage, resume, plan.split.train, plan.pool, plan.init_model, evaluate,
+                   trusted=trusted_candidates(config, plan.split) if stage == "sft" else ())  # fmt: skip
+    try:
+        with ray_session(config.train.ray.address or None, config.service):
+            if stage == "sft" and not resume:
+                measure_sources(plan, view)
+            watcher = MetricsWatcher(plan.state, view)
+            watcher.start()
+            try:
+                fit_stage(job)
+            except StageFailed as exc:
+                saved = plan.state.read() or {}
+                where = f"step {saved.get('step', 0)}" + (f" (checkpoint in {plan.state.describe()})" if saved.get("checkpoint") else "")
+                raise UserError(f"run {config.train.run!r}: the {stage} stage stopped at {where}: "
+                                f"{saved.get('reason') or exc}; fix that and rerun with --resume") from None  # fmt: skip
+            finally:
+                watcher.stop()
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (errors.Terminated): after Ray has stopped the workers
+        why = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
+        plan.state.update(status="interrupted", reason=f"interrupted ({why}); --resume goes on from the last checkpoint")
+        raise
     return outcome(plan)
 
 
@@ -409,22 +460,34 @@ class HeldoutReport:
     compiled_fraction: float  # samples that built and ran (neither refused by the screen nor a compile error)
     valid_fraction: float  # samples that passed correctness (status ok)
     best_speedup: float | None
+    faster_fraction: float = 0.0  # samples correct and faster than the reference (speedup > 1)
+    median_speedup: float | None = None  # of the correct samples
+    samples: int = 0
+    truncated_fraction: float = 0.0  # samples cut by max_new_tokens (no end of answer)
+    statuses: dict = dataclasses.field(default_factory=dict)  # status -> samples, over every task
+    top_failure: str = ""  # the most common failing status and its most common reason
+    generation_s: float = 0.0
+    generated_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def evaluate_heldout(config: Config, model: str | None, samples: int) -> HeldoutReport:
+def evaluate_heldout(config: Config, model: str | None, samples: int, batch_tasks: int = 16) -> HeldoutReport:
     """Sample `model` (default policy.model) `samples` times on each held-out task, with the plain
-    prompt (no exemplars: the held-out tasks' variants are never shown), and evaluate every sample."""
+    prompt (no exemplars: the held-out tasks' variants are never shown), `batch_tasks` tasks'
+    prompts x samples in one batched generate call, and evaluate every sample (one batch per
+    generate call)."""
+    import collections
     import contextlib
+    import statistics
+    import time
 
     from speedforge.policy.backends import make_backend
     from speedforge.policy.prompts import render_prompt
-    from speedforge.search.loop import default_pool
-    from speedforge.train.evaluation import open_evaluation
+    from speedforge.evaluation import default_pool, open_evaluation
+    from speedforge.policy.parser import candidate_from
     from speedforge.train.metrics import NOT_COMPILED, common_reasons
-    from speedforge.train.scoring import candidate_from
 
     check_family(config)
     split = split_tasks(read_tasks(config), config.train)
@@ -438,21 +501,48 @@ def evaluate_heldout(config: Config, model: str | None, samples: int) -> Heldout
         from speedforge.cluster.session import ray_session
 
         session = ray_session(config.train.ray.address or None, config.service)
-    rows, statuses = [], []
-    with session, open_evaluation(config, tasks, pool) as evaluate:
-        for index, task in enumerate(split.heldout):
-            prompt = render_prompt(task)
-            texts = [g.text for g in backend.generate(prompt.messages(), samples, seed=config.train.seed + index)]
-            candidates = [candidate_from(task, text, f"model:{backend.model_name}@heldout")[0] for text in texts]
+    rows, results_all, generations_all = [], [], []
+    generation_s = 0.0
+    heldout = list(split.heldout)
+    with session, open_evaluation(config.train.evaluation, config, tasks, pool,
+                                  build_workers=config.train.build_workers) as evaluate:  # fmt: skip
+        for first in range(0, len(heldout), max(1, batch_tasks)):
+            chunk = heldout[first:first + max(1, batch_tasks)]
+            began = time.perf_counter()
+            conversations = [render_prompt(task).messages() for task in chunk]
+            if hasattr(backend, "generate_batch"):
+                generated = backend.generate_batch(conversations, samples, seed=config.train.seed + first)
+            else:
+                generated = [backend.generate(m, samples, seed=config.train.seed + first + i)
+                             for i, m in enumerate(conversations)]  # fmt: skip
+            generation_s += time.perf_counter() - began
+            candidates = [candidate_from(task, g.text, f"model:{backend.model_name}@heldout")[0]
+                          for task, gens in zip(chunk, generated) for g in gens]  # fmt: skip
             results = evaluate(candidates)
-            mine = [r.status for r in results]
-            statuses += mine
-            speedups = [r.speedup for r in results if r.ok and r.speedup is not None]
-            rows.append({"task_id": task.task_id, "samples": len(results),
-                         "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
-                         "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
-                         "statuses": {s: mine.count(s) for s in sorted(set(mine))},
-                         "reasons": common_reasons((r.status, r.reason) for r in results)})  # fmt: skip
+            for index, task in enumerate(chunk):
+                mine_results = results[index * samples:(index + 1) * samples]
+                generations_all += generated[index]
+                results_all += mine_results
+                mine = [r.status for r in mine_results]
+                speedups = [r.speedup for r in mine_results if r.ok and r.speedup is not None]
+                rows.append({"task_id": task.task_id, "samples": len(mine),
+                             "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
+                             "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
+                             "statuses": {s: mine.count(s) for s in sorted(set(mine))},
+                             "reasons": common_reasons((r.status, r.reason) for r in mine_results)})  # fmt: skip
+    statuses = [r.status for r in results_all]
+    speedups = [r.speedup for r in results_all if r.ok and r.speedup is not None]
+    failing = collections.Counter(s for s in statuses if s != "ok")
+    top = ""
+    if failing:
+        status = failing.most_common(1)[0][0]
+        reason = common_reasons((r.status, r.reason) for r in results_all if r.status == status).get(status, "")
+        top = f"{status} ({failing[status]} of {len(statuses)}): {reason}"
     best = [r["best_speedup"] for r in rows if r["best_speedup"] is not None]
     return HeldoutReport(backend.model_name, pool, rows, sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
-                         statuses.count("ok") / len(statuses), max(best, default=None))  # fmt: skip
+                         statuses.count("ok") / len(statuses), max(best, default=None),
+                         faster_fraction=sum(s > 1.0 for s in speedups) / len(statuses),
+                         median_speedup=statistics.median(speedups) if speedups else None, samples=len(statuses),
+                         truncated_fraction=sum(g.finish_reason == "length" for g in generations_all) / len(statuses),
+                         statuses=dict(collections.Counter(statuses)), top_failure=top, generation_s=generation_s,
+                         generated_tokens=sum(g.completion_tokens for g in generations_all))  # fmt: skip

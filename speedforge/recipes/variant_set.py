@@ -105,7 +105,7 @@ def _read(config: Config, uri: str, tasks_uri: str | None, skip_bad: bool,
     if path.suffix in IMPORTED_FILES or (not path.exists() and "://" not in uri):
         raise UserError(f"variant set not found: {uri} (a store, a staged data set, builtin[:FAMILY] or a CUDA-L1 "
                         ".jsonl file)")  # fmt: skip
-    from speedforge.search.variants import VariantsTable
+    from speedforge.variants import VariantsTable
     from speedforge.store import open_store
 
     store = open_store(uri, endpoint_url=endpoint, config=config.store)

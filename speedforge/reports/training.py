@@ -24,7 +24,16 @@ def step_row(record: dict[str, Any]) -> list[object]:
 
 
 def steps_table(metrics: Sequence[dict[str, Any]]) -> str:
-    return format_table(STEP_COLUMNS, [step_row(m) for m in metrics])
+    return format_table(STEP_COLUMNS, [step_row(m) for m in metrics if m.get("kind") != "data"])
+
+
+def data_line(record: dict[str, Any]) -> str:
+    """A stage's data line (kind "data"): SFT's pairs and what was left out."""
+    validated = ", ".join(f"{k.removeprefix('validated_')} {v}" for k, v in record.items() if k.startswith("validated_"))
+    return (f"{record.get('stage')} data: {record.get('pairs')} pair(s) of {record.get('tasks')} task(s)"
+            f"{f' (validated: {validated})' if validated else ''}; {record.get('fewer_exemplars', 0)} with fewer "
+            f"exemplars and {record.get('dropped_too_long', 0)} dropped as longer than {record.get('max_length')} "
+            "tokens")  # fmt: skip
 
 
 def stages_table(states: dict[str, dict]) -> str:
@@ -42,8 +51,10 @@ class TrainPrinter:
     def starting(self, plan) -> None:
         train = plan.config.train
         resumed = f", resuming at step {plan.saved.get('step', 0)}" if plan.resume and plan.saved else ""
+        ids = [t.task_id for t in plan.split.train]
+        shown = ", ".join(ids[:6]) + (f", ... {len(ids) - 6} more" if len(ids) > 6 else "")
         print(f"run {train.run}: stage {plan.stage} on {len(plan.split.train)} task(s) "
-              f"({', '.join(t.task_id for t in plan.split.train)}), held out {len(plan.split.heldout)}; "
+              f"({shown}), held out {len(plan.split.heldout)}; "
               f"pool {plan.pool}, {train.evaluation} evaluation, {train.ray.workers} Ray Train worker(s), "
               f"model {plan.init_model or 'default (SmolLM2-135M-Instruct)'}{resumed}", flush=True)  # fmt: skip
         print(f"  state: {plan.state.describe()}", flush=True)
@@ -52,6 +63,9 @@ class TrainPrinter:
         print(f"  .. {text}", file=sys.stderr, flush=True)
 
     def metrics(self, record: dict[str, Any]) -> None:
+        if record.get("kind") == "data":
+            print(f"  {data_line(record)}", flush=True)
+            return
         if self.rows == 0:
             print("  ".join(c.ljust(w) for c, w in zip(STEP_COLUMNS, STEP_WIDTHS)).rstrip(), flush=True)
         print("  ".join(cell(v).ljust(w) for v, w in zip(step_row(record), STEP_WIDTHS)).rstrip(), flush=True)

@@ -11,66 +11,25 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import random
 import time
 from collections.abc import Callable
 
-from speedforge import families
-from speedforge.config import EvaluatorConfig, PolicyConfig, SearchConfig
+from speedforge.config import PolicyConfig, SearchConfig
+from speedforge.evaluation import BatchEvaluate
 from speedforge.policy.backends import Backend
 from speedforge.policy.exemplars import sample_exemplars
-from speedforge.policy.parser import parse_response
+from speedforge.policy.parser import candidate_from
 from speedforge.policy.prompts import (
     Feedback,
-    Prompt,
     exemplars_from_variants,
     feedback_from_result,
     render_prompt,
 )
 from speedforge.records import Candidate, EvalResult, Task, Variant
-from speedforge.search.variants import VariantsTable, make_variant
+from speedforge.variants import VariantsTable, make_variant
 
-# evaluate_fn(task, candidates, pool) -> one EvalResult per candidate, in order.
-EvaluateFn = Callable[[Task, list[Candidate], str], list[EvalResult]]
 BACKEND_ERROR = "backend_error"  # status of a sample the backend could not produce
-
-
-def local_evaluator(config: EvaluatorConfig | None = None, device: str = "cpu") -> EvaluateFn:
-    """Evaluate in this machine's sandbox, one candidate after the other."""
-
-    def run(task: Task, candidates: list[Candidate], pool: str) -> list[EvalResult]:
-        from speedforge.evaluator import evaluate
-
-        return [evaluate(task, c, config, device=device, pool=pool) for c in candidates]
-
-    return run
-
-
-def service_evaluator(service, tasks: dict[str, Task] | None = None, store=None) -> EvaluateFn:
-    """Evaluate on the Ray evaluation service (speedforge.cluster.service.EvaluationService);
-    results also go to `store`'s results table, and pairs already there are not run again."""
-
-    def run(task: Task, candidates: list[Candidate], pool: str) -> list[EvalResult]:
-        return service.submit(candidates, [pool], {**(tasks or {}), task.task_id: task}, store=store)
-
-    return run
-
-
-def default_pool(task: Task, configured: str) -> str:
-    """The pool to measure on: the configured one for CPU families; for a family that runs on
-    CUDA the local GPU's pool name (H100, A100, ... as in the service's pools), else "cuda"."""
-    family = families.find(task.family)  # an unknown one fails where its prompt is rendered
-    if family is None or family.device != "cuda":
-        return configured
-    from speedforge.cluster.pools import local_gpu_pool
-
-    return local_gpu_pool() or "cuda"
-
-
-def pool_device(pool: str) -> str:
-    """The device argument of `evaluate` for a pool."""
-    return "cpu" if pool == "cpu" else "cuda"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,25 +75,12 @@ class SearchResult:
         return bool(self.samples) and all(s.status == BACKEND_ERROR for s in self.samples)
 
 
-def _candidate(task: Task, text: str, prompt: Prompt, origin: str, finish_reason: str, tokens: int):
-    family = families.get(task.family)
-    parsed = parse_response(text, language=family.language, marker=family.marker)
-    meta = {"missing": list(parsed.missing), "notes": list(parsed.notes), "finish_reason": finish_reason}
-    meta["completion_tokens"] = tokens
-    # No code found: the whole response is the candidate, so the evaluator records why it fails.
-    source = parsed.code or text
-    candidate = Candidate.make(
-        task.task_id, source, origin=origin, parent_ids=prompt.exemplar_ids, meta_json=json.dumps(meta)
-    )
-    return candidate, parsed
-
-
-def _guarded_evaluate(evaluate_fn: EvaluateFn, task: Task, candidates: list[Candidate], pool: str):
+def _guarded_evaluate(evaluate: BatchEvaluate, task: Task, candidates: list[Candidate], pool: str):
     """Results for every candidate; an evaluation service that fails becomes infra_error results."""
     if not candidates:
         return []
     try:
-        results = list(evaluate_fn(task, candidates, pool))
+        results = list(evaluate(candidates))
         if len(results) != len(candidates):
             raise RuntimeError(f"{len(results)} results for {len(candidates)} candidates")
     except Exception as exc:  # the loop must survive an evaluation service outage
@@ -150,7 +96,7 @@ def _guarded_evaluate(evaluate_fn: EvaluateFn, task: Task, candidates: list[Cand
 def run_search(
     task: Task,
     backend: Backend,
-    evaluate_fn: EvaluateFn,
+    evaluate: BatchEvaluate,
     variants: VariantsTable,
     policy: PolicyConfig,
     search: SearchConfig,
@@ -159,7 +105,8 @@ def run_search(
     on_round: Callable[[RoundStats], None] | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> SearchResult:
-    """Run `search.rounds` rounds of `search.samples` samples on one task; returns what happened."""
+    """Run `search.rounds` rounds of `search.samples` samples on one task, each round's new
+    candidates measured as one batch by `evaluate` (speedforge.evaluation); returns what happened."""
     rng = random.Random(search.seed)
     progress = on_progress or (lambda message: None)
     devices: dict[str, str] = {}  # variant id -> device name it was measured on
@@ -188,15 +135,16 @@ def run_search(
                 samples.extend(Sample(round_index, "", BACKEND_ERROR, reason) for _ in range(count))
                 continue
             for generation in generations:
-                candidate, parsed = _candidate(
-                    task, generation.text, prompt, origin, generation.finish_reason, generation.completion_tokens
+                candidate, parsed = candidate_from(
+                    task, generation.text, origin, prompt.exemplar_ids, finish_reason=generation.finish_reason,
+                    completion_tokens=generation.completion_tokens,
                 )
                 pending.append((candidate, parsed.analysis, generation.completion_tokens, parsed.missing))
 
         # Evaluate each new candidate once; a candidate already measured on this pool keeps its result.
         fresh = {c.candidate_id: c for c, *_ in pending if (c.candidate_id, pool) not in variants}
         progress(f"round {round_index}: evaluating {len(fresh)} candidate(s) on pool {pool}")
-        results = dict(zip(fresh, _guarded_evaluate(evaluate_fn, task, list(fresh.values()), pool)))
+        results = dict(zip(fresh, _guarded_evaluate(evaluate, task, list(fresh.values()), pool)))
         new_variants: list[Variant] = []
         for candidate, analysis, tokens, missing in pending:
             result = results.get(candidate.candidate_id)

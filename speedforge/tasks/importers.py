@@ -26,10 +26,11 @@ from tqdm import tqdm
 
 from speedforge.errors import UserError, decode_text, read_bytes
 from speedforge.records import Candidate, Task
+from speedforge.registry import Registry
 from speedforge.tasks.loader import TaskFormatError, check_reference_source, defined_names, load_task_folder
 from speedforge.tasks.suite import builtin_candidates, builtin_tasks, suite_families
 
-IMPORTERS: dict[str, Callable[[str, str], "Imported"]] = {}
+IMPORTERS: Registry[Callable[[str, str], "Imported"]] = Registry("importer")
 KERNELBENCH_COLUMNS = ("code", "level", "name", "problem_id")
 CUDA_L1_FIELDS = ("level_id", "task_id", "ref_code")
 NO_CODE = (None, "", "None")  # CUDA-L1 marks a task without a published kernel with null or "None"
@@ -60,8 +61,7 @@ class ImportProblems(UserError):
 
 def importer(name: str) -> Callable:
     def register(fn: Callable[[str, str], Imported]) -> Callable[[str, str], Imported]:
-        IMPORTERS[name] = fn
-        return fn
+        return IMPORTERS.register(name)(fn)
 
     return register
 
@@ -90,9 +90,7 @@ def detect_kind(source: str) -> str:
 def import_source(source: str, kind: str = "auto", family: str = "cuda", skip_bad: bool = False) -> Imported:
     """Import `source` with the named importer (auto: detect_kind); see the module docstring."""
     kind = detect_kind(source) if kind == "auto" else kind
-    if kind not in IMPORTERS:
-        raise UserError(f"unknown importer {kind!r}; known: {', '.join(IMPORTERS)}")
-    imported = IMPORTERS[kind](source, family)
+    imported = IMPORTERS.get(kind)(source, family)
     if imported.problems and not skip_bad:
         raise ImportProblems(imported)
     if not imported.tasks:

@@ -2,13 +2,17 @@
 
     rewards.py     reward functions registered by name, computed from EvalResults
     rollouts.py    the rollouts table: one Rollout per sample, with its result and reward
-    data.py        the task split, SFT pairs from the variants table, GRPO's live prompts
+    data.py        the task split, SFT pairs (measured variants, or trusted source kernels), GRPO's live prompts
     scoring.py     a step's completions -> candidates -> one evaluation batch -> rewards
-    evaluation.py  the batch evaluators: this machine's sandbox, or the Ray evaluation service
     state.py       a run's state in the object store: checkpoints, data, the stage's progress
     metrics.py     per-step metrics: JSONL, TensorBoard, the reward curve
+    job.py         the job record of a stage, sent to every Ray Train worker
     stages.py      the three stages, each a TRL trainer run inside one Ray Train worker
     raytrain.py    the TorchTrainer that runs a stage (ScalingConfig from the config)
+
+Batches are evaluated through speedforge.evaluation (local or service, by name), responses become
+candidates through speedforge.policy.parser.candidate_from, and variants go to the core's
+variants table (speedforge.variants): nothing here imports speedforge.search.
 
 The recipe `speedforge.recipes.training` assembles them; `speedforge train` calls it.
 """

@@ -2,11 +2,17 @@
 prompts, rendered when the trainer fetches them from the live variants table.
 
     split = split_tasks(tasks, config.train)                 # training and held-out tasks
-    pairs = sft_pairs(split.train, variants, pool, exemplars=1, seed=0)
+    data = sft_pairs(split.train, variants, pool, exemplars=1, seed=0, trusted=source_candidates)
     prompts = LivePrompts(tasks, variants, config.policy, pool, seed=0)
 
 The split is a seeded hash order of the task ids, so it does not depend on the order tasks were
-listed in, and no stage ever trains on a held-out task.
+listed in, and no stage ever trains on a held-out task; the run records it (`split.json`).
+
+An SFT pair's answer is validated one of two ways, recorded on the pair (`validated`):
+`measured` (a variant of the table that measured ok here) or `source:<origin>` (with
+`train.sft.trust_source`, a published kernel whose source's own harness validated it, e.g.
+CUDA-L1's released kernels with their published speedup). A pair longer than the model's
+context (`fits`) first shows fewer exemplars, then is dropped; `SFTData` counts both.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from speedforge.config import PolicyConfig, TrainConfig
 from speedforge.errors import UserError
 from speedforge.policy.exemplars import sample_exemplars
 from speedforge.policy.prompts import Prompt, exemplars_from_variants, render_prompt
-from speedforge.records import Task, Variant, content_id
-from speedforge.search.variants import VariantsTable
+from speedforge.records import Candidate, Task, Variant, content_id
+from speedforge.variants import VariantsTable
 from speedforge.tasks.loader import module_docstring
 
 Fits = Callable[[Prompt, str], bool]  # whether a prompt and an answer ("" for none yet) fit the model
@@ -30,6 +36,10 @@ Fits = Callable[[Prompt, str], bool]  # whether a prompt and an answer ("" for n
 class TaskSplit:
     train: tuple[Task, ...]
     heldout: tuple[Task, ...]
+
+    def to_dict(self) -> dict:
+        """What the run records: the task ids of each side."""
+        return {"train": [t.task_id for t in self.train], "heldout": [t.task_id for t in self.heldout]}
 
 
 def split_tasks(tasks: Sequence[Task], config: TrainConfig) -> TaskSplit:
@@ -66,6 +76,7 @@ class SFTPair:
     system: str
     prompt: str  # the user message
     answer: str
+    validated: str = "measured"  # measured (here, the variants table) | source:<origin> (train.sft.trust_source)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -82,14 +93,18 @@ def answer_text(task: Task, variant: Variant) -> str:
     """An answer in the three sections for a variant that measured ok: the analysis the model
     wrote when it has one, else what the task's notes say about it; the design from the
     variant's own docstring; its code."""
+    return _answer(task, variant.source, variant.analysis,
+                   f"This variant measured {variant.score:.2f}x the reference's speed on {variant.pool}.")
+
+
+def _answer(task: Task, source: str, analysis: str, measured: str) -> str:
     notes = _first_paragraph(task.notes)
-    analysis = variant.analysis.strip() or (
-        f"{notes} " if notes else "") + f"This variant measured {variant.score:.2f}x the reference's speed on {variant.pool}."
-    design = _first_paragraph(module_docstring(variant.source)) or (
+    analysis = analysis.strip() or (f"{notes} " if notes else "") + measured
+    design = _first_paragraph(module_docstring(source)) or (
         f"Compute the same function as the reference with the implementation below instead of the reference's "
         f"operations one after another.")  # fmt: skip
     return (f"### Performance Analysis\n{analysis}\n\n### Algorithm Design\n{design}\n\n"
-            f"### Code Implementation\n```python\n{variant.source.rstrip()}\n```\n")  # fmt: skip
+            f"### Code Implementation\n```python\n{source.rstrip()}\n```\n")  # fmt: skip
 
 
 def _first_paragraph(text: str) -> str:
@@ -105,23 +120,81 @@ def _first_paragraph(text: str) -> str:
     return " ".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class SFTData:
+    """Stage 1's pairs and what became of the rest (every count is of candidate answers)."""
+
+    pairs: tuple[SFTPair, ...]
+    fewer_exemplars: int = 0  # pairs kept with fewer exemplars than asked, to fit
+    dropped_too_long: int = 0  # answers left out: prompt + answer longer than the model's context
+    heldout_skipped: int = 0  # source candidates of held-out (or unknown) tasks, never used
+
+    def counts(self) -> dict[str, int]:
+        by = {}
+        for pair in self.pairs:
+            by[pair.validated] = by.get(pair.validated, 0) + 1
+        return {"pairs": len(self.pairs), "tasks": len({p.task_id for p in self.pairs}),
+                "fewer_exemplars": self.fewer_exemplars, "dropped_too_long": self.dropped_too_long,
+                "heldout_skipped": self.heldout_skipped, **{f"validated_{k}": v for k, v in sorted(by.items())}}  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return {"pairs": [p.to_dict() for p in self.pairs], "counts": self.counts()}
+
+    @classmethod
+    def from_dict(cls, value: dict) -> "SFTData":
+        counts = value.get("counts", {})
+        return cls(tuple(SFTPair(**p) for p in value["pairs"]), int(counts.get("fewer_exemplars", 0)),
+                   int(counts.get("dropped_too_long", 0)), int(counts.get("heldout_skipped", 0)))  # fmt: skip
+
+
 def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exemplars: int, seed: int,
-              fits: Fits | None = None) -> list[SFTPair]:  # fmt: skip
-    """One pair per successful variant of each task on `pool`: its prompt shows up to `exemplars`
-    lower-scoring variants of the task (fewer when the prompt does not fit), its answer is
-    answer_text. A pair whose prompt does not fit even without exemplars is left out."""
-    pairs = []
+              fits: Fits | None = None, trusted: Sequence[Candidate] = ()) -> SFTData:  # fmt: skip
+    """One pair per successful variant of each task on `pool`, and one per `trusted` candidate
+    (validated by its source) of these tasks that the table does not already hold as measured:
+    its prompt shows up to `exemplars` lower-scoring variants of the task (fewer when the prompt
+    does not fit), its answer is answer_text. A pair that does not fit even without exemplars is
+    dropped (counted). Trusted candidates of other tasks (the held-out ones) are never used."""
+    pairs: list[SFTPair] = []
+    fewer = dropped = 0
+    wanted = {t.task_id for t in tasks}
+    by_task: dict[str, list[Candidate]] = {}
+    for candidate in trusted:
+        by_task.setdefault(candidate.task_id, []).append(candidate)
     for task in tasks:
         ok = variants.successful(task.task_id, pool)
-        for variant in sorted(ok, key=lambda v: (v.score, v.variant_id)):
-            lower = [v for v in ok if v.score < variant.score]
-            rng = random.Random(content_id(str(seed), variant.variant_id))
+        answers = [(v.variant_id, v.score, answer_text(task, v), "measured") for v in sorted(ok, key=lambda v: (v.score, v.variant_id))]
+        measured = {v.variant_id for v in ok}
+        for candidate in by_task.get(task.task_id, ()):
+            if candidate.candidate_id not in measured:
+                score = published_speedup(candidate)
+                where = candidate.origin.removeprefix("import:")
+                answers.append((candidate.candidate_id, score, _answer(task, candidate.source, "",
+                                f"Its source ({where}) measured it at {score:.2f}x the reference's speed."),
+                                f"source:{where}"))  # fmt: skip
+        for answer_id, score, answer, validated in answers:
+            lower = [v for v in ok if v.score < score and v.variant_id != answer_id]
+            rng = random.Random(content_id(str(seed), answer_id))
             chosen = sorted(rng.sample(lower, min(exemplars, len(lower))), key=lambda v: (v.score, v.variant_id))
-            answer = answer_text(task, variant)
             prompt = fitting_prompt(task, chosen, fits, answer)
-            if prompt is not None:
-                pairs.append(SFTPair(task.task_id, variant.variant_id, variant.score, prompt.system, prompt.user, answer))
-    return pairs
+            if prompt is None:
+                dropped += 1
+                continue
+            fewer += len(prompt.exemplar_ids) < len(chosen)
+            pairs.append(SFTPair(task.task_id, answer_id, score, prompt.system, prompt.user, answer, validated))
+    skipped = sum(len(v) for k, v in by_task.items() if k not in wanted)
+    return SFTData(tuple(pairs), fewer, dropped, skipped)
+
+
+def published_speedup(candidate: Candidate) -> float:
+    """The speedup a candidate's source published for it (CUDA-L1's `score_default`), else 1.0."""
+    import json
+
+    try:
+        published = json.loads(candidate.meta_json or "{}").get("published") or {}
+    except (ValueError, AttributeError):
+        return 1.0
+    value = published.get("score_default")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
 
 
 def fitting_prompt(task: Task, chosen: Sequence[Variant], fits: Fits | None, answer: str = "") -> Prompt | None:

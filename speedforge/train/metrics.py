@@ -37,14 +37,19 @@ class StepTimes:
     generation_s: float = 0.0
     evaluation_s: float = 0.0
     step_s: float = 0.0
+    generated_tokens: int = 0  # completion tokens the step's generation produced (on this worker)
 
     @property
     def update_s(self) -> float:
         return max(0.0, self.step_s - self.generation_s - self.evaluation_s)
 
     def as_dict(self) -> dict[str, float]:
-        return {"generation_s": self.generation_s, "evaluation_s": self.evaluation_s, "update_s": self.update_s,
-                "step_s": self.step_s}  # fmt: skip
+        out = {"generation_s": self.generation_s, "evaluation_s": self.evaluation_s, "update_s": self.update_s,
+               "step_s": self.step_s}  # fmt: skip
+        if self.generated_tokens and self.generation_s > 0:
+            out |= {"generated_tokens": self.generated_tokens,
+                    "generation_tokens_per_s": self.generated_tokens / self.generation_s}  # fmt: skip
+        return out
 
 
 def common_reasons(pairs: Iterable[tuple[str, str]], width: int = 160) -> dict[str, str]:

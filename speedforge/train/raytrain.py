@@ -1,42 +1,20 @@
 """The Ray Train wiring: one TorchTrainer per stage, its ScalingConfig from `train.ray`.
 
-    job = StageJob(config, "grpo", resume=False, train_tasks=split.train, pool="cpu", init_model="")
     fit_stage(job)      # runs speedforge.train.stages.train_loop on every worker; raises on failure
 
-The job travels to the workers as one typed record (`train_loop_config={"job": job}`), never
-as a dict read back by keys. The stage's progress and outcome are in the run's state in the
-object store (speedforge.train.state), which the caller reads after the fit.
+The job (speedforge.train.job.StageJob) travels to the workers as one typed record. The stage's
+progress and outcome are in the run's state in the object store (speedforge.train.state), which
+the caller reads after the fit.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-from typing import Any
+import threading
 
-from speedforge.config import Config, RayTrainConfig
+from speedforge.config import RayTrainConfig
 from speedforge.errors import UserError, first_line
-from speedforge.records import Task
-
-STORE_MODEL = "store:"  # init_model prefix: the final weights of a stage of this run, in the run's store
-
-
-@dataclasses.dataclass(frozen=True)
-class StageJob:
-    """What a Ray Train worker needs to run one stage of a run."""
-
-    config: Config
-    stage: str  # sft | self | grpo
-    resume: bool
-    train_tasks: tuple[Task, ...]
-    pool: str  # where speedups are measured
-    init_model: str  # "" default model, a .gguf file or checkpoint folder, or "store:<stage>" (that stage's final)
-    evaluate: Any = None  # a stand-in BatchEvaluate for train.evaluation (tests inject faults with it)
-
-    @property
-    def run_dir(self) -> Path:
-        """This stage's local folder: metrics, TensorBoard, the trainer's checkpoints, the final weights."""
-        return Path(self.config.train.work_dir).expanduser() / self.config.train.run / self.stage
+from speedforge.train.job import StageJob
+from speedforge.train.stages import train_loop
 
 
 def wants_gpu(config: RayTrainConfig) -> bool:
@@ -64,8 +42,6 @@ def fit_stage(job: StageJob) -> None:
     from ray.train import FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
-    from speedforge.train.stages import train_loop
-
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"job": job},
@@ -76,10 +52,25 @@ def fit_stage(job: StageJob) -> None:
             failure_config=FailureConfig(max_failures=0),  # a failure stops with its checkpoint; --resume goes on
         ),
     )
-    try:
-        result = trainer.fit()
-    except Exception as exc:  # Ray raises its TrainingFailedError with the worker's traceback in it
-        raise StageFailed(_worker_error(exc)) from None
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as exc:  # noqa: BLE001  (handed to the main thread)
+            outcome["error"] = exc
+
+    # The fit runs off the main thread, so that Ray Train leaves SIGINT alone (on the main thread it
+    # installs a handler that aborts the run and exits 1 with no message): Ctrl-C and SIGTERM reach
+    # this thread as KeyboardInterrupt / errors.Terminated, the caller records the stage as
+    # interrupted, and Ray's shutdown stops the workers.
+    thread = threading.Thread(target=fit, name="speedforge-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+    if "error" in outcome:  # Ray raises its TrainingFailedError with the worker's traceback in it
+        raise StageFailed(_worker_error(outcome["error"])) from None
+    result = outcome.get("result")
     if getattr(result, "error", None) is not None:
         raise StageFailed(_worker_error(result.error))
 

@@ -8,8 +8,16 @@ to, and what the answer parser missed) and returns one float per sample:
     speedup      the measured speedup, clipped to max_speedup
     log_speedup  ln(speedup), clipped to +- ln(max_speedup)
     auc          the ann family's AUC ratio over the baseline, minus 1 (clipped like speedup)
-    cudal1       CUDA-L1's: speedup gated by correctness (0 when not ok), normalised within the
-                 group ((x - mean) / std), clipped to +- group_clip
+    cudal1       CUDA-L1's: speedup gated by correctness (0 when not ok, minus rejected_penalty
+                 for a cheat), clipped to max_speedup
+
+Rewards are normalised once, by the trainer: TRL's GRPOTrainer turns the weighted sum into
+advantages within each group ((r - mean) / std over the prompt's generations, `scale_rewards:
+group`, speedforge.train.stages.GRPO_SCALE_REWARDS). No reward function here normalises: a
+z-score here would be undone and redone there, would normalise the `format` part apart from the
+speedup, and under several Ray Train workers would see only the worker's share of a group
+(TRL gathers the whole group before it normalises). So the rewards in the rollouts table and
+the reward curve are the measured values, comparable across steps.
     format       the fraction of the answer's three sections and its code that were found
 
 Every status has a defined reward. A failed candidate (compile_error, runtime_error,
@@ -21,8 +29,8 @@ instead of a silent zero (speedforge.train.scoring retries such results before r
 computed). A result marked unstable counts with its speedup pulled towards 1:
 1 + (s - 1) * unstable_discount.
 
-This module imports only the standard library and the records, so the config can check reward
-names cheaply.
+This module imports only the standard library, the records and the registry helper; the names
+in `train.rewards.weights` are checked where a stage is planned (speedforge.recipes.training).
 """
 
 from __future__ import annotations
@@ -30,11 +38,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from speedforge.records import EvalResult
+from speedforge.registry import Registry
 
 if TYPE_CHECKING:
     from speedforge.config import RewardConfig
@@ -58,28 +66,11 @@ class Sample:
 
 
 RewardFn = Callable[[Sequence[Sample], "RewardConfig"], list[float]]
-_REWARDS: dict[str, RewardFn] = {}
+REWARDS: Registry[RewardFn] = Registry("reward")
+register_reward = REWARDS.register  # `f(samples, config) -> one reward per sample` under a name
+known_rewards = REWARDS.names
+reward_fn = REWARDS.get
 FORMAT_PARTS = 4  # the three sections and the code
-
-
-def register_reward(name: str):
-    """Register `f(samples, config) -> one reward per sample` under `name`."""
-
-    def decorate(fn: RewardFn) -> RewardFn:
-        _REWARDS[name] = fn
-        return fn
-
-    return decorate
-
-
-def known_rewards() -> list[str]:
-    return sorted(_REWARDS)
-
-
-def reward_fn(name: str) -> RewardFn:
-    if name not in _REWARDS:
-        raise KeyError(f"unknown reward {name!r}; known: {', '.join(known_rewards())}")
-    return _REWARDS[name]
 
 
 def rewards_by_name(samples: Sequence[Sample], config: "RewardConfig") -> dict[str, list[float]]:
@@ -157,27 +148,16 @@ def auc_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]
 
 @register_reward("cudal1")
 def cudal1_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
-    gated = []
+    out = []
     for sample in samples:
         result = sample.result
         check_scored(result)
         if result.ok:
-            gated.append(effective_speedup(result, config))
+            out.append(effective_speedup(result, config))
         elif cheated(result):
-            gated.append(-config.rejected_penalty)
+            out.append(-config.rejected_penalty)
         else:
-            gated.append(0.0)
-    groups: dict[str, list[int]] = {}
-    for index, sample in enumerate(samples):
-        groups.setdefault(sample.group, []).append(index)
-    out = [0.0] * len(samples)
-    for members in groups.values():
-        values = [gated[i] for i in members]
-        mean = statistics.fmean(values)
-        spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-        for i in members:
-            z = (gated[i] - mean) / spread if spread > 1e-9 else 0.0
-            out[i] = min(max(z, -config.group_clip), config.group_clip)
+            out.append(0.0)
     return out
 
 

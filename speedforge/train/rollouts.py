@@ -1,8 +1,11 @@
 """The rollouts table: one Rollout per training sample, appended to the store once its step's
 rewards are all known (a step whose evaluation failed writes nothing).
 
-A step that ran again after a resume (its checkpoint had not been written) appends its rollouts
-again; readers keep, for each (run, stage, step), the rows of the latest write.
+Every worker of a stage attempt (its start, or a resume) stamps its rows with the attempt's
+start (`created_at`), so a step's rows from several Ray Train workers stay together. A resume
+first deletes the parts of steps after its checkpoint (`supersede`: steps an interrupted attempt
+began or finished without a checkpoint), which it then runs again; readers keep, for each
+(run, stage, step), only the rows of the latest attempt, so no sample is ever counted twice.
 """
 
 from __future__ import annotations
@@ -61,6 +64,19 @@ class RolloutsTable:
             store.append_records(cls.name, rollouts)
 
     @classmethod
+    def supersede(cls, store, run: str, stage: str, after_step: int) -> int:
+        """Delete the parts of `run`'s `stage` whose step is after `after_step`; how many."""
+        from speedforge.store.base import decode_records
+
+        deleted = 0
+        for key in store.table_parts(cls.name):
+            rows = decode_records(store.get_bytes(key), cls.record, store.describe(key))
+            if rows and all(r.run == run and r.stage == stage and r.step > after_step for r in rows):
+                store.delete(key)
+                deleted += 1
+        return deleted
+
+    @classmethod
     def load(cls, store, run: str | None = None, stage: str | None = None) -> list[Rollout]:
         """The rollouts of a run (and stage), by step; a step written twice keeps its latest write."""
         rows = [r for r in store.read_records(cls.name, cls.record)
@@ -69,6 +85,6 @@ class RolloutsTable:
         for row in rows:
             key = (row.run, row.stage, row.step)
             latest[key] = max(latest.get(key, 0.0), row.created_at)
-        # one step is one part, written at once: its rows share the part's created_at
+        # a step's rows of one attempt share its created_at (one part per worker)
         kept = [r for r in rows if r.created_at == latest[(r.run, r.stage, r.step)]]
         return sorted(kept, key=lambda r: (r.run, r.stage, r.step))  # stable: a step's samples in order

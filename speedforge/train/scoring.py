@@ -20,17 +20,15 @@ Invariants, enforced in `score`:
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from speedforge import families
 from speedforge.config import Config
 from speedforge.errors import first_line
-from speedforge.policy.parser import ParsedResponse, parse_response
+from speedforge.evaluation import BatchEvaluate
+from speedforge.policy.parser import candidate_from
 from speedforge.records import Candidate, EvalResult, Rollout, Task, content_id
-from speedforge.search.variants import VariantsTable, make_variant
-from speedforge.train.evaluation import BatchEvaluate
+from speedforge.variants import VariantsTable, make_variant
 from speedforge.train.rewards import UNSCORED, Sample, rewards_by_name
 from speedforge.train.rollouts import RolloutsTable, make_rollout
 
@@ -57,17 +55,6 @@ class ScoredStep:
     new_variants: int  # successful candidates added to the variants table
     evaluation_s: float  # wall time of the evaluation batch(es), retries included
     attempts: int  # evaluation calls made (1 when nothing was retried)
-
-
-def candidate_from(task: Task, text: str, origin: str, parent_ids: Sequence[str] = ()) -> tuple[Candidate, ParsedResponse]:
-    """The candidate an answer proposes: its last code block, or the whole answer when it has
-    none (so the evaluator records why it fails)."""
-    family = families.get(task.family)
-    parsed = parse_response(text, language=family.language, marker=family.marker)
-    meta = {"missing": list(parsed.missing), "notes": list(parsed.notes)}
-    candidate = Candidate.make(task.task_id, parsed.code or text, origin=origin, parent_ids=tuple(parent_ids),
-                               meta_json=json.dumps(meta))  # fmt: skip
-    return candidate, parsed
 
 
 def evaluate_with_retries(candidates: Sequence[Candidate], evaluate: BatchEvaluate, retries: int, wait_s: float,
@@ -106,8 +93,10 @@ class Scorer:
     """Scores the steps of one stage of a run (see the module docstring)."""
 
     def __init__(self, config: Config, tasks: Mapping[str, Task], evaluate: BatchEvaluate, pool: str, stage: str,
-                 store, variants: VariantsTable, sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+                 store, variants: VariantsTable, sleep: Callable[[float], None] = time.sleep,
+                 attempt: float | None = None) -> None:  # fmt: skip
         self.config, self.train = config, config.train
+        self.attempt = attempt  # the stage attempt's start (every worker's): its rollouts' created_at
         self.tasks, self.evaluate, self.pool, self.stage = tasks, evaluate, pool, stage
         self.store, self.variants, self.sleep = store, variants, sleep
 
@@ -128,7 +117,7 @@ class Scorer:
         parts = rewards_by_name(samples, self.train.rewards)
         weights = self.train.rewards.weights
         totals = [sum(weights[name] * parts[name][i] for name in parts) for i in range(len(samples))]
-        now = time.time()
+        now = time.time() if self.attempt is None else self.attempt
         rollouts = [
             make_rollout(self.train.run, self.stage, step, i, c.group_id, c.task_id, c.prompt, c.text, cand,
                          parsed.missing, results[cand.candidate_id], totals[i], {n: parts[n][i] for n in parts},

@@ -26,26 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from speedforge.errors import first_line
-from speedforge.records import Task
-from speedforge.train.data import SFTPair, LivePrompts, sft_pairs
+from speedforge.records import Task, content_id
+from speedforge.registry import Registry
+from speedforge.train.data import LivePrompts, SFTData, SFTPair, sft_pairs
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
-from speedforge.train.raytrain import STORE_MODEL, StageJob
+from speedforge.train.job import STORE_MODEL, StageJob
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
 from speedforge.train.state import RunState
 
-_STAGES: dict[str, Callable[[StageJob, "Worker"], None]] = {}
-
-
-def register_stage(name: str):
-    def decorate(fn):
-        _STAGES[name] = fn
-        return fn
-
-    return decorate
-
-
-def known_stages() -> list[str]:
-    return list(_STAGES)
+STAGES: Registry[Callable[[StageJob, "Worker"], None]] = Registry("training stage")
+register_stage = STAGES.register
 
 
 class StageError(RuntimeError):
@@ -122,7 +112,7 @@ def train_loop(loop_config: dict) -> None:
         metrics = MetricsLog(job.run_dir / "metrics.jsonl", job.run_dir / "tensorboard", state)
     worker = Worker(job, rank, world, device, store, state, metrics)
     try:
-        _STAGES[job.stage](job, worker)
+        STAGES.get(job.stage)(job, worker)
     except BaseException as exc:
         if rank == 0:
             why = "the evaluation failed" if isinstance(exc, RewardsUnavailable) else type(exc).__name__
@@ -275,6 +265,13 @@ class StepClock:
     def start(self) -> None:
         self.times, self.rollouts, self.began = StepTimes(), [], time.perf_counter()
 
+    def generated(self, tokens: int) -> None:
+        """The trainer's generation of this step ended (its reward function was called): the time
+        since the step began (prompts rendered and tokenized, the one batched generate call)."""
+        if not self.times.generation_s:
+            self.times.generation_s = time.perf_counter() - self.began
+            self.times.generated_tokens = tokens
+
     def stop(self, step: int) -> None:
         self.times.step_s = time.perf_counter() - self.began
         self.pending = {"stage": self.stage, "kind": "step", "step": step, **self.times.as_dict()}
@@ -317,12 +314,13 @@ def resumed_step(worker: Worker) -> int:
 # -- stage 1: SFT ------------------------------------------------------------------------------
 
 
-def frozen_pairs(worker: Worker, name: str, build: Callable[[], list[SFTPair]]) -> list[SFTPair]:
-    """The pairs frozen under `name` in the run's state; built and frozen by rank 0 the first time."""
+def frozen_pairs(worker: Worker, name: str, build: Callable[[], SFTData]) -> SFTData:
+    """The pairs frozen under `name` in the run's state, with their counts; built and frozen by
+    rank 0 the first time."""
     if worker.rank == 0 and worker.state.get_json(name) is None:
-        worker.state.put_json(name, [p.to_dict() for p in build()])
+        worker.state.put_json(name, build().to_dict())
     worker.barrier()
-    return [SFTPair(**p) for p in worker.state.get_json(name)]
+    return SFTData.from_dict(worker.state.get_json(name))
 
 
 def fine_tune(worker: Worker, model, tokenizer, pairs: list[SFTPair], output_dir: Path, steps: int, batch_size: int,
@@ -343,15 +341,22 @@ def fine_tune(worker: Worker, model, tokenizer, pairs: list[SFTPair], output_dir
 
 @register_stage("sft")
 def run_sft(job: StageJob, worker: Worker) -> None:
-    from speedforge.search.variants import VariantsTable
+    from speedforge.variants import VariantsTable
 
     sft = job.config.train.sft
     model, tokenizer, _ = load_policy(job, worker)
-    fits = token_budget(tokenizer, min(sft.max_length, context_tokens(model)))
-    pairs = frozen_pairs(worker, "data.json", lambda: sft_pairs(
-        job.train_tasks, VariantsTable.load(worker.store), job.pool, sft.exemplars, job.config.train.seed, fits))
+    limit = min(sft.max_length, context_tokens(model))
+    data = frozen_pairs(worker, "data.json", lambda: sft_pairs(
+        job.train_tasks, VariantsTable.load(worker.store), job.pool, sft.exemplars, job.config.train.seed,
+        token_budget(tokenizer, limit), job.trusted))  # fmt: skip
+    if worker.rank == 0:
+        worker.state.update(data=data.counts())
+        if worker.metrics is not None:
+            worker.metrics.write({"stage": "sft", "kind": "data", "step": 0, "max_length": limit, **data.counts()})
+    pairs = list(data.pairs)
     if not pairs:
-        raise StageError(f"no SFT pair fits sft.max_length = {sft.max_length} tokens")
+        raise StageError(f"no SFT pair fits {limit} tokens (sft.max_length, or the model's context): "
+                         f"{data.dropped_too_long} dropped as too long")  # fmt: skip
     output_dir = job.run_dir / "checkpoints"
     done = resumed_step(worker)
     resume_from = local_checkpoint(worker, output_dir, done) if done else None
@@ -395,7 +400,7 @@ def sample_round(job: StageJob, worker: Worker, model, tokenizer, name: str, sco
 
 @register_stage("self")
 def run_self(job: StageJob, worker: Worker) -> None:
-    from speedforge.search.variants import VariantsTable
+    from speedforge.variants import VariantsTable
 
     settings = job.config.train.self_train
     saved = (worker.state.read() or {}) if job.resume else {}
@@ -409,11 +414,12 @@ def run_self(job: StageJob, worker: Worker) -> None:
     first_round = int(saved.get("round", 1))
     variants = VariantsTable.load(worker.store)
     with evaluation(job, worker) as evaluate:
-        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "self", worker.store, variants)
+        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "self", worker.store, variants, attempt=job.attempt)
         trainer = None
         for round_no in range(first_round, settings.rounds + 1):
             pairs = frozen_pairs(worker, f"rounds/{round_no:03d}.json",
-                                 lambda r=round_no: sample_round(job, worker, model, tokenizer, name, scorer, r))
+                                 lambda r=round_no: SFTData(tuple(sample_round(job, worker, model, tokenizer, name,
+                                                                               scorer, r)))).pairs  # fmt: skip
             pairs = [p for p in pairs if fits(_as_prompt(p), p.answer)]
             offset = (round_no - 1) * settings.steps
             if pairs:
@@ -442,11 +448,12 @@ def evaluation(job: StageJob, worker: Worker):
     """The batch evaluator: the job's stand-in, else `train.evaluation`."""
     import contextlib
 
-    from speedforge.train.evaluation import open_evaluation
+    from speedforge.evaluation import open_evaluation
 
     if job.evaluate is not None:
         return contextlib.nullcontext(job.evaluate)
-    return open_evaluation(job.config, worker.tasks, job.pool)
+    return open_evaluation(job.config.train.evaluation, job.config, worker.tasks, job.pool,
+                           build_workers=job.config.train.build_workers)  # fmt: skip
 
 
 # -- stage 3: GRPO -----------------------------------------------------------------------------
@@ -455,7 +462,7 @@ def evaluation(job: StageJob, worker: Worker):
 def live_variants(worker: Worker, steps_done: int):
     """The variants table as it was after `steps_done` steps: variants an interrupted run found
     in steps it will do again are left out, so the resumed run renders the same prompts."""
-    from speedforge.search.variants import VariantsTable
+    from speedforge.variants import VariantsTable
 
     mine = f"model:{worker.train.run}/{worker.job.stage}@"
 
@@ -465,10 +472,32 @@ def live_variants(worker: Worker, steps_done: int):
     return VariantsTable(v for v in VariantsTable.load(worker.store) if not later(v.origin))
 
 
+GRPO_SCALE_REWARDS = "group"  # the one normalisation of rewards: TRL's, within each group (speedforge.train.rewards)
+
+
+def grpo_rows(tasks: tuple[Task, ...], steps: int, per_step: int, seed: int) -> list[dict]:
+    """GRPO's data in the order it is trained, frozen at the stage's first start: one row per
+    prompt of every step, epoch after epoch, each epoch a permutation of the tasks seeded by
+    (seed, epoch). The trainer reads them in this order (no sampler shuffle), so a resumed run
+    that skips the rows it has seen trains on what the uninterrupted run would have, across
+    epoch boundaries too (a sampler's shuffle draws each epoch from a generator whose state a
+    resume does not restore)."""
+    ids = [t.task_id for t in tasks]
+    rows: list[dict] = []
+    epoch = 0
+    while len(rows) < steps * per_step:
+        order = sorted(ids, key=lambda i: content_id(str(seed), "epoch", str(epoch), i))
+        rows += [{"task_id": i, "row": len(rows) + n} for n, i in enumerate(order)]
+        epoch += 1
+    return rows[: steps * per_step]
+
+
 @register_stage("grpo")
 def run_grpo(job: StageJob, worker: Worker) -> None:
     import datasets
     from trl import GRPOConfig, GRPOTrainer
+
+    from speedforge.train.rollouts import RolloutsTable
 
     settings = job.config.train.grpo
     model, tokenizer, name = load_policy(job, worker)
@@ -477,50 +506,37 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     limit = min(settings.max_prompt_tokens, context_tokens(model) - settings.max_new_tokens)
     live = LivePrompts(worker.tasks, variants, job.config.policy, job.pool, job.config.train.seed,
                        settings.contrastive, token_budget(tokenizer, limit))  # fmt: skip
-    if worker.rank == 0 and worker.state.get_json("data.json") is None:
-        worker.state.put_json("data.json", [{"task_id": t.task_id, "row": i} for i, t in enumerate(job.train_tasks)])
+    if worker.rank == 0:
+        if worker.state.get_json("data.json") is None:
+            worker.state.put_json("data.json", grpo_rows(job.train_tasks, settings.steps, settings.prompts_per_step,
+                                                         job.config.train.seed))  # fmt: skip
+        RolloutsTable.supersede(worker.store, worker.train.run, job.stage, done)  # steps an interrupted attempt began
     worker.barrier()
     dataset = datasets.Dataset.from_list(worker.state.get_json("data.json")).with_transform(live)
     clock = StepClock("grpo")
-
-    class TimedGRPOTrainer(GRPOTrainer):
-        """GRPOTrainer whose generation time goes to the step clock."""
-
-        def _generate(self, prompts_):
-            began = time.perf_counter()
-            try:
-                return super()._generate(prompts_)
-            finally:
-                clock.times.generation_s += time.perf_counter() - began
-
-    per_device = settings.prompts_per_step * settings.generations // worker.world
+    batch = settings.prompts_per_step * settings.generations  # prompts x generations: one generate call per step
     output_dir = job.run_dir / "checkpoints"
     with evaluation(job, worker) as evaluate:
-        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "grpo", worker.store, variants)
+        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "grpo", worker.store, variants, attempt=job.attempt)
 
-        def speedforge_reward(prompts, completions, task_id, row, parents, trainer_state, **_):
+        def speedforge_reward(prompts, completions, task_id, row, parents, trainer_state, completion_ids=None, **_):
+            clock.generated(sum(len(ids) for ids in completion_ids or ()))  # the trainer generated since the step began
             step = trainer_state.global_step + 1
-            batch = [Completion(t, p[-1]["content"], c[-1]["content"], group_id(worker.train.run, "grpo", step, r),
-                                tuple(parent))  # fmt: skip
-                     for p, c, t, r, parent in zip(prompts, completions, task_id, row, parents)]
-            scored = scorer.score(step, batch)
+            samples = [Completion(t, p[-1]["content"], c[-1]["content"], group_id(worker.train.run, "grpo", step, r),
+                                  tuple(parent))  # fmt: skip
+                       for p, c, t, r, parent in zip(prompts, completions, task_id, row, parents)]
+            scored = scorer.score(step, samples)
             clock.times.evaluation_s += scored.evaluation_s
             clock.rollouts.extend(scored.rollouts)
             return scored.rewards
 
-        args = GRPOConfig(**common_args(worker, output_dir, settings.steps, per_device, settings.learning_rate,
+        args = GRPOConfig(**common_args(worker, output_dir, settings.steps, batch // worker.world, settings.learning_rate,
                                         settings.save_every),
                           num_generations=settings.generations, max_completion_length=settings.max_new_tokens,
+                          generation_batch_size=batch, use_vllm=False, generation_kwargs={"use_cache": True},
                           temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
-                          remove_unused_columns=False, shuffle_dataset=True)  # fmt: skip
-        trainer = TimedGRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
-                                   processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
-        resume_from = local_checkpoint(worker, output_dir, done) if done else None
-        try:
-            trainer.train(resume_from_checkpoint=resume_from)
-        except RewardsUnavailable:
-            if trainer.state.global_step > int((worker.state.read() or {}).get("step", 0)):
-                trainer._save_checkpoint(trainer.model, None)  # the steps since the last save, before stopping
-                callbacks(worker, clock)[0].on_save(trainer.args, trainer.state, trainer.control)
-            raise
+                          scale_rewards=GRPO_SCALE_REWARDS, remove_unused_columns=False, shuffle_dataset=False)  # fmt: skip
+        trainer = GRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
+        trainer.train(resume_from_checkpoint=local_checkpoint(worker, output_dir, done) if done else None)
     save_final(worker, trainer, trainer.model, tokenizer)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("running", "done", "stopped")
+STATUSES = ("running", "done", "stopped", "interrupted")  # interrupted: SIGINT/SIGTERM of the driver
 
 
 class RunState:
