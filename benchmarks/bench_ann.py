@@ -525,24 +525,70 @@ def table(rows, threads):
     return "\n".join(lines)
 
 
-def summary(rows, threads):
-    """Per data set: our engine's QPS at recall 0.90 and the best other library's, per sweep."""
-    lines = []
+def _sweeps(threads):
+    return [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else [])
+
+
+def ratios(rows, threads, metric="qps90"):
+    """{(data, shape): {sweep name: (ours row, best other row)}}: our engine's best row and the best
+    other library's row by `metric` (qps90: QPS at recall 0.90; auc: the area over [0.85, 0.95])."""
+    out = {}
     for data, shape in dict.fromkeys((r["data"], r["shape"]) for r in rows):
         group = [r for r in rows if (r["data"], r["shape"]) == (data, shape)]
+        out[(data, shape)] = {}
+        for key, name in _sweeps(threads):
+            field = f"{metric}_{key}"
+            ours = max((r for r in group if r["lib"] in OURS and r.get(field)), key=lambda r: r[field], default=None)
+            best = max((r for r in group if r["lib"] not in OURS and r.get(field)), key=lambda r: r[field],
+                       default=None)
+            out[(data, shape)][name] = (ours, best, field)
+    return out
+
+
+def summary(rows, threads, metric="qps90"):
+    """Per data set: our engine's value of `metric` and the best other library's, per sweep."""
+    lines = []
+    for (data, shape), sweeps in ratios(rows, threads, metric).items():
         parts = []
-        for key, name in [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else []):
-            ours = max((r for r in group if r["lib"] in OURS and r.get(f"qps90_{key}")),
-                       key=lambda r: r[f"qps90_{key}"], default=None)
-            best = max((r for r in group if r["lib"] not in OURS and r.get(f"qps90_{key}")),
-                       key=lambda r: r[f"qps90_{key}"], default=None)
+        for name, (ours, best, field) in sweeps.items():
             if ours and best:
-                parts.append(f"{name} {ours['lib']} {ours[f'qps90_{key}']:.0f} vs {best['lib']} "
-                             f"{best[f'qps90_{key}']:.0f} = {ours[f'qps90_{key}'] / best[f'qps90_{key}']:.2f}x")
+                parts.append(f"{name} {ours['lib']} {ours[field]:.0f} vs {best['lib']} {best[field]:.0f} = "
+                             f"{ours[field] / best[field]:.2f}x")
             else:
                 parts.append(f"{name} -")
-        lines.append(f"{data}/{shape} (n={group[0]['n']}): " + "; ".join(parts))
+        n = next(r["n"] for r in rows if (r["data"], r["shape"]) == (data, shape))
+        lines.append(f"{data}/{shape} (n={n}): " + "; ".join(parts))
     return "\n".join(lines)
+
+
+TARGET_EVERY, TARGET_STRONG, TARGET_STRONG_SHAPES = 1.0, 1.3, 2  # issue 29's targets
+
+
+def verdict(rows, threads):
+    """Issue 29's targets on QPS at recall 0.90: ours >= TARGET_EVERY x the best other library on
+    every data set and thread count, and >= TARGET_STRONG x on at least TARGET_STRONG_SHAPES data
+    sets (on each of their thread counts). A missing ratio counts as missed."""
+    lows, strong = [], []
+    for (data, shape), sweeps in ratios(rows, threads).items():
+        values = {name: ours[field] / best[field] if ours and best else None
+                  for name, (ours, best, field) in sweeps.items()}
+        lows += [f"{data}/{shape} {name} {'-' if v is None else f'{v:.2f}x'}" for name, v in values.items()
+                 if v is None or v < TARGET_EVERY]
+        if all(v is not None and v >= TARGET_STRONG for v in values.values()):
+            strong.append(f"{data}/{shape}")
+    every = "met" if not lows else "missed (" + ", ".join(lows) + ")"
+    two = f"{'met' if len(strong) >= TARGET_STRONG_SHAPES else 'missed'} ({len(strong)}: {', '.join(strong) or 'none'})"
+    return (f">= {TARGET_EVERY:.1f}x the best other library everywhere: {every}\n"
+            f">= {TARGET_STRONG:.1f}x on at least {TARGET_STRONG_SHAPES} data sets: {two}")
+
+
+def report(rows, threads):
+    """The tables a run (or --merge) ends with."""
+    print("\n# all data sets\n" + table(rows, threads), flush=True)
+    print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
+    print("\n# AUC of QPS over recall@10 in [0.85, 0.95], ours over the best other library\n"
+          + summary(rows, threads, "auc"), flush=True)
+    print("\n# targets (issue 29, QPS at recall 0.90)\n" + verdict(rows, threads), flush=True)
 
 
 def _count(text):
@@ -575,8 +621,7 @@ def merge(paths):
             rows += json.load(f)
     threads = max((r.get("threads", 1) for r in rows), default=1)
     print(f"# merged from {', '.join(map(str, paths))}", flush=True)
-    print("\n# all data sets\n" + table(rows, threads), flush=True)
-    print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
+    report(rows, threads)
     return 0
 
 
@@ -649,8 +694,7 @@ def main(argv=None):
                 continue
             rows += bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)
             print(table([r for r in rows if (r["data"], r["shape"]) == (distribution, shape)], threads), flush=True)
-    print("\n# all data sets\n" + table(rows, threads), flush=True)
-    print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
+    report(rows, threads)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

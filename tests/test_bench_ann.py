@@ -171,6 +171,9 @@ def test_merge_prints_earlier_runs_together(bench, capsys, tmp_path):
     text = capsys.readouterr().out
     assert "clustered/sift (n=1000): 1T sfann 300 vs glass 200 = 1.50x; 16T sfann 1200 vs glass 800 = 1.50x" in text
     assert "clustered/glove (n=1000): 1T sfann 100 vs diskann 400 = 0.25x" in text
+    assert "clustered/sift (n=1000): 1T sfann 30 vs glass 20 = 1.50x; 16T sfann 120 vs glass 80 = 1.50x" in text
+    assert "everywhere: missed (clustered/glove 1T 0.25x, clustered/glove 16T 0.25x)" in text
+    assert "on at least 2 data sets: missed (1: clustered/sift)" in text
 
 
 def test_a_missing_library_is_skipped_with_a_note(bench, monkeypatch):
@@ -234,3 +237,24 @@ def test_sizes_per_shape(bench):
     assert bench._sizes("sift=100,gist=7", ["sift", "glove", "gist"]) == {"sift": 100, "glove": 100, "gist": 7}
     with pytest.raises(ValueError, match="unknown shapes"):
         bench._sizes("mnist=5", ["sift"])
+
+
+def test_the_scale_script_runs_a_stage_and_reports(tmp_path):
+    """benchmarks/ann_scale_check.sh (issue 29's run at scale) on a tiny budget: one data set as
+    its own stage, then the report over the stages' JSON files, with the ratios and targets."""
+    import os
+    import subprocess
+
+    script = BENCH.parent / "ann_scale_check.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "PY": sys.executable, "ANN_SCALE_N": "800", "ANN_SCALE_QUERIES": "20",
+           "ANN_SCALE_REPEATS": "1", "ANN_SCALE_THREADS": "1", "ANN_SCALE_LIBS": "sfann,faiss",
+           "ANN_SCALE_ARGS": "--ef-construction 40", "ANN_SCALE_BUDGET_S": "120"}
+    done = subprocess.run(["bash", str(script), "glove", "report"], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=BENCH.parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (tmp_path / "ann_scale_report.txt").read_text()
+    assert "clustered/glove (n=800): 1T sfann" in report and " vs faiss " in report
+    assert "# AUC of QPS over recall@10" in report and "# targets (issue 29" in report
+    missing = subprocess.run(["bash", str(script), "report"], env={**env, "OUT": str(tmp_path / "none")},
+                             capture_output=True, text=True, timeout=60, cwd=BENCH.parent.parent)
+    assert missing.returncode == 1 and "no ann_scale_*.json" in missing.stderr
