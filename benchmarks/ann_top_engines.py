@@ -137,7 +137,7 @@ class NgtOnng:
         x = _unit(data) if self.angular else np.ascontiguousarray(data, dtype=np.float32)
         anng, onng = os.path.join(self.dir, "anng"), os.path.join(self.dir, "onng")
         with native_stdout_to_stderr():
-            self.ngtpy.create(anng, self.dim, edge_size_for_creation=self.EDGES, edge_size_for_search=40,
+            self.ngtpy.create(anng, self.dim, edge_size_for_creation=self.EDGES, edge_size_for_search=0,
                               distance_type=self.distance, object_type="Float")
             index = self.ngtpy.Index(anng, log_disabled=True)
             index.batch_insert(x, num_threads=threads)

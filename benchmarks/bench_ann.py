@@ -308,6 +308,11 @@ def ground_truth(base, queries, k, metric, query_block=QUERY_BLOCK, base_block=B
     if metric == "angular":
         queries = _normalised(queries)
     queries = np.ascontiguousarray(queries, dtype=np.float32)
+    norms = None
+    if metric == "l2":  # |b|^2 of every base vector, summed in float64 a block at a time (no float64 copy)
+        norms = np.concatenate([np.einsum("ij,ij->i", b, b, dtype=np.float64).astype(np.float32)
+                                for b in (np.asarray(base[s:s + base_block], dtype=np.float32)
+                                          for s in range(0, n, base_block))])
     out = np.empty((len(queries), k), dtype=np.int64)
     for qs in range(0, len(queries), query_block):
         q = queries[qs:qs + query_block]
@@ -319,7 +324,7 @@ def ground_truth(base, queries, k, metric, query_block=QUERY_BLOCK, base_block=B
                 b = _normalised(b)
             scores = q @ b.T
             if metric == "l2":  # |q|^2 is the same along a row
-                scores = (b.astype(np.float64) ** 2).sum(axis=1).astype(np.float32)[None, :] - 2.0 * scores
+                scores = norms[None, bs:bs + len(b)] - 2.0 * scores
             else:
                 scores = -scores
             kk = min(k, len(b))
