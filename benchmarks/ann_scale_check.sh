@@ -11,8 +11,13 @@
 # machine whose commands are cut after some minutes can take one stage per call; `report` merges
 # the stages' JSON files found in $OUT and prints the table, the ratios to the best other library
 # (QPS at recall 0.90 and AUC over [0.85, 0.95], per thread count), and the issue's targets.
-# gpu_check.sh's `ann-scale` stage runs this after installing the carried wheels (the host has no
-# package index: put pyglass-portable, ngt, pyvsag, diskannpy (split, it is 91 MB) in wheels/).
+# gpu_check.sh's `ann-scale` stage runs this after installing the carried wheels. The host has no
+# package index and runs Python 3.12: fetch its wheels here first, e.g.
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#     --platform manylinux_2_17_x86_64 \
+#     -d wheels pyglass-portable==2.1.0 ngt==2.8.0.post1 pyvsag==0.18.5
+# (with hnswlib, faiss-cpu, scann, usearch as issue 15 carried them). diskannpy has no Python 3.12
+# wheel and no sdist on the index, so DiskANN is skipped there with a note unless built from source.
 #
 # Knobs (environment): OUT (default /tmp/ann_scale), PY, ANN_SCALE_N (SIFT and GloVe, default
 # 1000000), ANN_SCALE_GIST_N (default auto), ANN_SCALE_DATA (default clustered; clustered,uniform
