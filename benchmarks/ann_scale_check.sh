@@ -23,7 +23,8 @@
 # 1000000), ANN_SCALE_GIST_N (default auto), ANN_SCALE_DATA (default clustered; clustered,uniform
 # for both kinds), ANN_SCALE_QUERIES (1000), ANN_SCALE_REPEATS (3), ANN_SCALE_THREADS (0: all
 # cores), ANN_SCALE_LIBS (default: all), ANN_SCALE_BUDGET_S (per stage, default 3000; the stage
-# is killed at that + 600 s), ANN_SCALE_ARGS (more bench_ann.py options).
+# is killed at that + 600 s), ANN_SCALE_ARGS (more bench_ann.py options; `--build-grid` builds
+# GLASS, VSAG and DiskANN at every point of their ann-benchmarks build ladders: ~20 more builds).
 # A stage at 1M vectors builds about 13 indexes (the slowest, NGT's ONNG and VSAG's hnsw, take
 # minutes each): expect 30-60 min per stage on 16 cores. Where one command may not run that long,
 # start a stage detached and read $OUT/ann_scale_<stage>.log later:

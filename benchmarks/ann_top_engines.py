@@ -26,6 +26,10 @@ its build ladder, and its query ladder as the sweep:
 
 Angular data is normalised first and searched by L2 / inner product, as ann-benchmarks does.
 Each library's native build log goes to stderr, so stdout stays the benchmark's tables.
+
+`variants(cls)` gives a class per point of a library's ann-benchmarks build ladder (GRID; bench_ann.py
+--build-grid), named e.g. `glass:R48`, so that the best build of each library can be found; NGT's
+ladder varies the ANNG's build epsilon, which ngtpy.create does not take, so it has none.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class Glass:
     name = "glass"
     quantizer, refine = "SQ8U", "FP32"
     EFS = (10, 20, 30, 40, 60, 80, 120, 200, 400, 600, 800)  # ann-benchmarks' query ladder
+    GRID = tuple({"R": r} for r in (8, 16, 32, 48, 64, 96))  # ann-benchmarks' build ladder (L 200)
+    build_params = {}
 
     def __init__(self, dim, metric, M, efc, quantization):
         import glass
@@ -83,7 +89,7 @@ class Glass:
         self.glass = glass
         self.angular = metric == "angular"
         self.metric = "L2" if metric == "l2" else "IP"
-        self.R, self.L = 2 * M, efc
+        self.R, self.L = self.build_params.get("R", 2 * M), efc
         self.searcher = None
 
     def build(self, data, threads):
@@ -191,13 +197,18 @@ class Vsag(_PerQuery):
     name = "vsag"
     EFS = (10, 20, 30, 40, 60, 80, 120, 200, 400, 600, 800)  # ann-benchmarks' query ladder
     key = "hnsw"
+    # ann-benchmarks' build ladder: M, at ef_construction 300 (its use_int8 and rs values are left
+    # at 8 and 0.5: the product of all four is 64 builds)
+    GRID = tuple({"M": m, "efc": 300} for m in (8, 12, 16, 24, 32, 36, 48, 64))
+    build_params = {}
 
     def __init__(self, dim, metric, M, efc, quantization):
         import pyvsag
 
         pyvsag.set_logger_off()
         self.pyvsag = pyvsag
-        self.dim, self.M, self.efc = dim, M, efc
+        self.dim = dim
+        self.M, self.efc = self.build_params.get("M", M), self.build_params.get("efc", efc)
         self.angular = metric == "angular"
         self.index = None
         self.params = {}
@@ -247,14 +258,19 @@ class Diskann:
 
     name = "diskann"
     LS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120)  # ann-benchmarks' query ladder
-    DEGREE, ALPHA = 64, 1.2
+    # ann-benchmarks' build ladder: degree 32 or 64, alpha 1, 1.1 or 1.2 (build complexity below)
+    GRID = tuple({"R": r, "alpha": a} for r in (32, 64) for a in (1.0, 1.1, 1.2))
+    build_params = {}
 
     def __init__(self, dim, metric, M, efc, quantization):
         import diskannpy
 
         self.diskannpy = diskannpy
         self.angular = metric == "angular"
-        self.complexity = 125 if self.angular else 100
+        self.degree = self.build_params.get("R", 64)
+        self.alpha = self.build_params.get("alpha", 1.2)
+        # ann-benchmarks builds degree 64 with complexity 100 on L2 data, everything else with 125
+        self.complexity = 100 if metric == "l2" and self.degree == 64 else 125
         self.dir = tempfile.mkdtemp(prefix="bench-diskann-")
         self.index = None
 
@@ -262,7 +278,7 @@ class Diskann:
         x = _unit(data) if self.angular else np.ascontiguousarray(data, dtype=np.float32)
         with native_stdout_to_stderr():
             self.diskannpy.build_memory_index(x, "l2", self.dir, complexity=self.complexity,
-                                              graph_degree=self.DEGREE, num_threads=threads, alpha=self.ALPHA,
+                                              graph_degree=self.degree, num_threads=threads, alpha=self.alpha,
                                               use_pq_build=False, num_pq_bytes=0, use_opq=False, index_prefix="ann")
             self.index = self.diskannpy.StaticMemoryIndex(self.dir, num_threads=threads,
                                                           initial_search_complexity=max(self.LS),
@@ -282,6 +298,16 @@ class Diskann:
 
 
 ADAPTERS = (Glass, GlassSq4, NgtOnng, Vsag, VsagHgraph, Diskann)
+
+
+def variants(cls):
+    """A subclass of `cls` per point of its build ladder (cls.GRID), named `<name>:<key><value>...`;
+    [cls] itself where it has none."""
+    out = []
+    for params in getattr(cls, "GRID", ()):
+        label = "-".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in params.items())
+        out.append(type(f"{cls.__name__}Grid", (cls,), {"name": f"{cls.name}:{label}", "build_params": params}))
+    return out or [cls]
 IMPORTS = {"glass": "glass", "glass-sq4": "glass", "ngt-onng": "ngtpy", "vsag": "pyvsag", "vsag-hgraph": "pyvsag",
            "diskann": "diskannpy"}
 # Engines of the issue that no package here can build, printed as a note when asked for.

@@ -275,6 +275,17 @@ def available(libs):
     return found, notes
 
 
+def expand_grid(libs):
+    """`libs` with each library that has an ann-benchmarks build ladder replaced by one entry per
+    point of it (registered in LIBS)."""
+    out = []
+    for lib in libs:
+        for cls in ann_top_engines.variants(LIBS[lib]):
+            LIBS[cls.name] = cls
+            out.append(cls.name)
+    return out
+
+
 def _label(setting):
     return "/".join(map(str, setting)) if isinstance(setting, tuple) else str(setting)
 
@@ -503,7 +514,8 @@ def table(rows, threads):
     """One line per library and data set; `x best` is the row's value over the best value of a
     library that is not speedforge's on the same data set."""
     sweeps = [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else [])
-    head = f"{'data':<9} {'shape':<6} {'n':>7} {'library':<11} {'build s':>8} {'mem MB':>7} {'peak MB':>7}"
+    width = max([11] + [len(r["lib"]) for r in rows])
+    head = f"{'data':<9} {'shape':<6} {'n':>7} {'library':<{width}} {'build s':>8} {'mem MB':>7} {'peak MB':>7}"
     for _, name in sweeps:
         head += f" {'QPS@0.9 ' + name:>12} {'x best':>6} {'AUC ' + name:>9} {'x best':>6} {'spread':>6}"
     lines = [head, "-" * len(head)]
@@ -520,7 +532,7 @@ def table(rows, threads):
             return format(row[key], f"{width}.0f") if row.get(key) is not None else "n/a"
 
         peak = f"{row['peak_mb']:.0f}" if row.get("peak_mb") is not None else "n/a"
-        line = (f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<11} {row['build_s']:>8.1f} "
+        line = (f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<{width}} {row['build_s']:>8.1f} "
                 f"{row['mem_mb']:>7.0f} {peak:>7}")
         for key, _ in sweeps:
             spread = f"{row['spread_' + key]:.0%}" if row.get("spread_" + key) is not None else "-"
@@ -658,6 +670,9 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop building and sweeping after this many seconds, printing what is done (0: no limit)")
     parser.add_argument("--json", help="also write the rows (with every sweep point) to this file")
+    parser.add_argument("--build-grid", action="store_true",
+                        help="build GLASS, VSAG and DiskANN at every point of their ann-benchmarks build ladder "
+                        "(rows such as glass:R48), not only the one nearest M / ef_construction; many more builds")
     parser.add_argument("--merge", nargs="+", metavar="JSON",
                         help="print the tables of these earlier --json files together, and nothing else")
     args = parser.parse_args(argv)
@@ -677,6 +692,8 @@ def main(argv=None):
     except ValueError as exc:
         parser.error(str(exc))
     args.libs, notes = available(args.libs)
+    if args.build_grid:
+        args.libs = expand_grid(args.libs)
     for shape, n in sizes.items():
         if n is None:
             sizes[shape] = fitting_n(SHAPES[shape].dim, len(args.libs), psutil.virtual_memory().available)

@@ -87,6 +87,29 @@ def test_top_engine_adapter_finds_the_true_neighbours(bench, small_sets, lib, sh
     assert two.shape == (len(ds.queries), 10) and recall_at_k(two, truth, 10) >= 0.95
 
 
+def test_the_build_grid_gives_a_row_per_ladder_point(bench):
+    libs = bench.expand_grid(["sfann", "glass", "diskann"])
+    assert libs[0] == "sfann"
+    assert libs[1:7] == ["glass:R8", "glass:R16", "glass:R32", "glass:R48", "glass:R64", "glass:R96"]
+    assert libs[7:] == ["diskann:R32-alpha1", "diskann:R32-alpha1.1", "diskann:R32-alpha1.2", "diskann:R64-alpha1",
+                        "diskann:R64-alpha1.1", "diskann:R64-alpha1.2"]
+    assert bench.IMPORTS.get("glass:R48") is None  # the grid comes after the import check
+
+
+@pytest.mark.parametrize("lib", ["glass:R48", "vsag:M24-efc300", "diskann:R32-alpha1"])
+def test_a_build_grid_point_builds_with_its_parameters(bench, small_sets, lib):
+    family = lib.split(":")[0]
+    _needs(bench, family)
+    bench.expand_grid([family])
+    ds, truth = small_sets["sift"]
+    index = bench.LIBS[lib](ds.dim, ds.metric, 16, 60, "sq8")
+    assert {"glass": lambda: index.R == 48, "vsag": lambda: (index.M, index.efc) == (24, 300),
+            "diskann": lambda: (index.degree, index.alpha, index.complexity) == (32, 1.0, 125)}[family]()
+    index.build(ds.base, 1)
+    labels = np.asarray(index.search(ds.queries, 10, index.settings(bench.DEFAULT_EFS, 10)[-1], 1))
+    assert recall_at_k(labels, truth, 10) >= 0.95
+
+
 def test_an_engine_no_package_can_build_is_skipped_with_its_reason(bench):
     found, notes = bench.available(["ngt-qg", "sfann"])
     assert found == ["sfann"]
