@@ -638,6 +638,8 @@ def merge(paths):
             rows += json.load(f)
     threads = max((r.get("threads", 1) for r in rows), default=1)
     print(f"# merged from {', '.join(map(str, paths))}", flush=True)
+    for run in dict.fromkeys(r["run"] for r in rows if r.get("run")):
+        print(f"# {run}", flush=True)
     report(rows, threads)
     return 0
 
@@ -700,10 +702,11 @@ def main(argv=None):
             notes.append(f"{shape}: --n auto took {sizes[shape]} vectors ({len(args.libs)} libraries, "
                          f"{psutil.virtual_memory().available / 2**30:.0f} GiB available)")
     threads = args.threads or os.cpu_count() or 1
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
-          f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
-          f"sfann codes {args.quantization}, threads {threads}, {'settled' if args.settle else 'unsettled'} calls, "
-          f"{time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
+    header = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
+              f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
+              f"{args.repeats} repeats, sfann codes {args.quantization}, threads {threads}, "
+              f"{'settled' if args.settle else 'unsettled'} calls, {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"# {header}", flush=True)
     for note in notes:
         print(f"# note: {note}", flush=True)
     budget = Budget(args.budget_s)
@@ -714,7 +717,8 @@ def main(argv=None):
             if budget.over():
                 print(f"# note: {distribution}/{shape} skipped, over the {args.budget_s:.0f} s budget", flush=True)
                 continue
-            rows += bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)
+            rows += [{**row, "run": header}
+                     for row in bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)]
             print(table([r for r in rows if (r["data"], r["shape"]) == (distribution, shape)], threads), flush=True)
     report(rows, threads)
     if args.json:

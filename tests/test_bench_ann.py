@@ -188,12 +188,14 @@ def test_merge_prints_earlier_runs_together(bench, capsys, tmp_path):
 
     import json
 
-    (tmp_path / "a.json").write_text(json.dumps([row("sift", "sfann", 300.0), row("sift", "glass", 200.0)]))
+    (tmp_path / "a.json").write_text(json.dumps([{**row("sift", "sfann", 300.0), "run": "host A, 16 cores"},
+                                                 {**row("sift", "glass", 200.0), "run": "host A, 16 cores"}]))
     (tmp_path / "b.json").write_text(json.dumps([row("glove", "sfann", 100.0), row("glove", "diskann", 400.0)]))
     assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     text = capsys.readouterr().out
     assert "clustered/sift (n=1000): 1T sfann 300 vs glass 200 = 1.50x; 16T sfann 1200 vs glass 800 = 1.50x" in text
     assert "clustered/glove (n=1000): 1T sfann 100 vs diskann 400 = 0.25x" in text
+    assert "\n# host A, 16 cores\n" in text  # each run's machine and settings
     assert "clustered/sift (n=1000): 1T sfann 30 vs glass 20 = 1.50x; 16T sfann 120 vs glass 80 = 1.50x" in text
     assert "everywhere: missed (clustered/glove 1T 0.25x, clustered/glove 16T 0.25x)" in text
     assert "on at least 2 data sets: missed (1: clustered/sift)" in text
@@ -223,6 +225,7 @@ def test_the_benchmark_reports_both_data_kinds_and_ratios(bench, capsys, tmp_pat
     assert {r["data"] for r in rows} == {"clustered", "uniform"} and all(r["n"] == 1500 for r in rows)
     assert all(r["points_1t"] for r in rows)
     assert all(r["peak_mb"] is None or r["peak_mb"] >= 0 for r in rows)
+    assert all("1 repeats" in r["run"] and "threads 1" in r["run"] for r in rows)
 
 
 class _FakeClock:
