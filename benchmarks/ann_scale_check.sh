@@ -23,8 +23,9 @@
 # 1000000), ANN_SCALE_GIST_N (default auto), ANN_SCALE_DATA (default clustered; clustered,uniform
 # for both kinds), ANN_SCALE_QUERIES (1000), ANN_SCALE_REPEATS (3), ANN_SCALE_THREADS (0: all
 # cores), ANN_SCALE_LIBS (default: all), ANN_SCALE_BUDGET_S (per stage, default 3000; the stage
-# is killed at that + 600 s), ANN_SCALE_ARGS (more bench_ann.py options; `--build-grid` builds
-# GLASS, VSAG and DiskANN at every point of their ann-benchmarks build ladders: ~20 more builds).
+# is killed at that + 1800 s, so a build started just before the budget ends still finishes),
+# ANN_SCALE_ARGS (more bench_ann.py options; `--build-grid` builds GLASS, VSAG and DiskANN at
+# every point of their ann-benchmarks build ladders: about 20 more builds).
 # A stage at 1M vectors builds about 13 indexes (the slowest, NGT's ONNG and VSAG's hnsw, take
 # minutes each): expect 30-60 min per stage on 16 cores. Where one command may not run that long,
 # start a stage detached and read $OUT/ann_scale_<stage>.log later:
@@ -43,7 +44,7 @@ libs=${ANN_SCALE_LIBS:-}
 run_stage() {  # $1: shape, $2: size
   local shape=$1 n=$2
   echo "== $shape: n=$n, data ${ANN_SCALE_DATA:-clustered}, budget ${budget}s, $(date -u +%H:%M) UTC" >&2
-  timeout $((budget + 600)) $PY benchmarks/bench_ann.py --shapes "$shape" --n "$shape=$n" \
+  timeout $((budget + 1800)) $PY benchmarks/bench_ann.py --shapes "$shape" --n "$shape=$n" \
     --data "${ANN_SCALE_DATA:-clustered}" --queries "${ANN_SCALE_QUERIES:-1000}" \
     --repeats "${ANN_SCALE_REPEATS:-3}" --threads "${ANN_SCALE_THREADS:-0}" --budget-s "$budget" \
     ${libs:+--libs "$libs"} ${ANN_SCALE_ARGS:-} --json "$OUT/ann_scale_$shape.json" \
