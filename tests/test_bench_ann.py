@@ -145,7 +145,7 @@ def test_auto_size_fits_the_memory(bench):
 
 
 def test_peak_memory_of_a_build_is_measured(bench):
-    if not bench._reset_peak_rss():
+    if not bench.reset_peak_rss():
         pytest.skip("this kernel does not let a process reset its peak resident size (/proc/self/clear_refs)")
     import psutil
 
@@ -155,9 +155,9 @@ def test_peak_memory_of_a_build_is_measured(bench):
     block = mmap.mmap(-1, 64 * 2**20)  # 64 MiB of fresh pages (not a heap that may be resident already) ...
     block.write(b"x" * len(block))  # ... touched
     block.close()
-    assert bench._peak_rss() - rss0 >= 60 * 2**20
-    assert bench._reset_peak_rss()
-    assert bench._peak_rss() - rss0 < 60 * 2**20  # the freed block no longer counts
+    assert bench.peak_rss() - rss0 >= 60 * 2**20
+    assert bench.reset_peak_rss()
+    assert bench.peak_rss() - rss0 < 60 * 2**20  # the freed block no longer counts
 
 
 def test_the_budget_stops_further_builds_with_a_note(bench, capsys, monkeypatch):
