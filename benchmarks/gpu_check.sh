@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one script (CI has no GPU). Run from the repository root on the GPU
 # machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [fidelity] [service] [benchbound] [generation] [ann]
-#           [portability] [train]
-# (no arguments: all). It installs what the machine lacks from wheels/ (carried with the tree),
+#           [portability] [train] [ann-scale]
+# (no arguments: all but ann-scale, which takes an hour or more: name it). It installs what the machine lacks from wheels/ (carried with the tree),
 # runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
 # Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
 set -uo pipefail
@@ -145,6 +145,13 @@ if want train; then  # issue 12: held-out check, SFT of SmolLM2-135M, held-out, 
   # (cuda family, local Ray and evaluator, one Ray Train worker on the GPU); knobs: benchmarks/train_check.sh
   OUT="$OUT" PY="$PY" bash benchmarks/train_check.sh >"$OUT/train.txt" 2>&1
   note train "exit $? (train/summary.md, train/reward_curve.png, train/metrics-*.jsonl; train.txt)"
+fi
+
+if want ann-scale; then  # issue 29: every ANN library at 1M vectors (SIFT, GloVe) and the largest GIST that fits;
+  # stages and knobs: benchmarks/ann_scale_check.sh (ANN_SCALE_STAGES, default all, one data set each)
+  OUT="$OUT/ann_scale" PY="$PY" bash benchmarks/ann_scale_check.sh ${ANN_SCALE_STAGES:-sift glove gist report} \
+    >"$OUT/ann_scale.txt" 2>&1
+  note ann-scale "exit $? (ann_scale/ann_scale_report.txt; ann_scale.txt)"
 fi
 
 for f in "$OUT"/*.txt; do echo "===== $(basename "$f")"; tail -n 25 "$f"; done
