@@ -30,7 +30,7 @@ def training(
     store: str = "s3://speedforge/runs/training",  # object-store prefix of this run's tables
     pools: str = "A100,H100,L40",  # comma-separated pools: baselines and portability fan out over them
     search_pool: str = "H100",  # the pool the search measures on
-    model: str = "",  # policy model of the search ("" = the checkpoint this run's training wrote)
+    model: str = "",  # policy model of the search: a store URI (s3://.../final) or a path in the image or on a volume ("" = the checkpoint this run's training wrote, by its store URI)
     train_stage: str = "grpo",  # sft | self | grpo
     train_config: str = "",  # YAML text of the training config ("" = its embedded defaults)
     train_mode: str = "rayjob",  # local (in the step's pod) | rayjob (KubeRay) | ray (Job Submission API)
@@ -71,7 +71,7 @@ def training(
             name="train")
         searched = step(optimize(
             config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,
-            checkpoint=trained.outputs["final_checkpoint"], tasks=search_tasks, rounds=search_rounds,
+            checkpoint=trained.outputs["final_checkpoint_uri"], tasks=search_tasks, rounds=search_rounds,
             samples=search_samples, max_new_tokens=max_new_tokens, pool=search_pool, ray_address=ray_address,
             run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="optimize")
         selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],

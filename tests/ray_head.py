@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ HOST = "127.0.0.1"
 
 class RayHead:
     def __init__(self, env: dict[str, str] | None = None, resources: dict[str, float] | None = None,
-                 num_cpus: int = 2, start_timeout_s: float = 120.0) -> None:  # fmt: skip
+                 num_cpus: int = 2, start_timeout_s: float = 300.0) -> None:  # fmt: skip
         self.env, self.resources, self.num_cpus, self.start_timeout_s = env or {}, resources or {}, num_cpus, start_timeout_s
         self.process: subprocess.Popen | None = None
         self.temp_dir = ""  # short: Ray's socket paths must stay under 108 characters
@@ -77,7 +78,8 @@ class RayHead:
             time.sleep(0.5)
 
     def output(self) -> str:
-        return (Path(self.temp_dir) / "ray-start.log").read_text(errors="replace") if self.temp_dir else ""
+        log = Path(self.temp_dir) / "ray-start.log"
+        return log.read_text(errors="replace") if log.is_file() else ""
 
     def stop(self) -> None:
         if self.process is None:
@@ -98,6 +100,7 @@ class RayHead:
                 pass
         self.process = None
         self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def _leftovers(self) -> list[int]:
         """Processes still alive that name this head's temp dir (Ray's own, started in other groups)."""

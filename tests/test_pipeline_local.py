@@ -16,6 +16,7 @@ portability and report recipes (skipped until they are there)."""
 
 import importlib.util
 import json
+import os
 
 import pytest
 
@@ -30,6 +31,7 @@ from components.stage import stage_dataset  # noqa: E402
 from pipelines import PIPELINES  # noqa: E402
 from speedforge.cli import main  # noqa: E402
 from speedforge.config import loads_config  # noqa: E402
+from speedforge.errors import UserError  # noqa: E402
 from speedforge.recipes.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.store.s3server import SeaweedServer  # noqa: E402
@@ -67,6 +69,78 @@ def test_a_run_naming_an_unknown_pool_fails_at_its_first_step_with_a_failure_rep
     assert "Step `check-pools` failed: unknown pool(s) nosuch" in report
     assert steps["failed_step"] == "check-pools" and steps["state"] == "FAILED"
     assert not [s for s in steps["steps"] if s["step"].startswith(("baselines", "train"))]  # nothing ran on the pools
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def write_a_model_here(config: str, store: str, run_id: str) -> str:
+    """A step that writes a model folder on its own disk and hands over its path (what a pod must not do)."""
+    from pathlib import Path
+
+    from speedforge.config import loads_config
+    from speedforge.recipes.run_steps import run_step
+
+    def write() -> dict:
+        folder = Path("model").resolve()
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        return {"path": str(folder)}
+
+    return run_step(loads_config(config), store, run_id, "write", write)["path"]
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def load_the_model(config: str, store: str, run_id: str, model: str) -> dict:
+    from speedforge.config import loads_config
+    from speedforge.policy.backends import resolve_model
+    from speedforge.recipes.run_steps import run_step
+
+    return run_step(loads_config(config), store, run_id, "load", lambda: {"folder": resolve_model(model)[0]})
+
+
+@dsl.pipeline(name="speedforge-local-path-between-steps")
+def local_path_between_steps(store: str, config: str):
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    written = write_a_model_here(config=config, store=store, run_id=run_id)
+    load_the_model(config=config, store=store, run_id=run_id, model=written.output)
+
+
+def test_a_step_that_reads_a_path_another_step_wrote_fails_as_on_a_cluster(tmp_path):
+    """Each step has a HOME, cache, temp and working folder of its own, gone when it ends (a pod's
+    disk): a local path handed to the next step does not exist there, and the error says why."""
+    text, config = two_pool_config(tmp_path)
+    with pytest.raises(UserError, match=r"the pipeline failed at step load: model path (/\S+)/model does not exist .*"
+                                        r"another step's folder, gone when that step ended: steps share only the store"):
+        run_pipeline_locally(local_path_between_steps, {}, config, text)
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def where_am_i(config: str, store: str, run_id: str, name: str) -> dict:
+    import os
+    import tempfile
+
+    from speedforge.config import loads_config
+    from speedforge.recipes.run_steps import run_step
+
+    return run_step(loads_config(config), store, run_id, name, lambda: {
+        "home": os.path.expanduser("~"), "cwd": os.getcwd(), "tmp": tempfile.gettempdir(),
+        "cache": os.environ.get("SPEEDFORGE_CACHE", ""), "cache_dir": loads_config(config).evaluator.cache_dir})
+
+
+@dsl.pipeline(name="speedforge-two-steps")
+def two_steps(store: str, config: str):
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    first = where_am_i(config=config, store=store, run_id=run_id, name="first")
+    where_am_i(config=config, store=store, run_id=run_id, name="second").after(first)
+
+
+def test_each_step_has_its_own_home_cache_temp_and_working_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDFORGE_CACHE", str(tmp_path / "cache"))  # this process's: the store's data goes there
+    run = run_pipeline_locally(two_steps, {}, loads_config(""), "")
+    first, second = ({k: v for k, v in s.outcome.items()} for s in run.steps)
+    for key in ("home", "cwd", "tmp", "cache", "cache_dir"):
+        assert first[key] != second[key], key
+        assert not os.path.exists(first[key]) and not os.path.exists(second[key]), key  # gone with the step
+    assert first["cache_dir"] == first["cache"]  # the default config's cache is the step's
 
 
 @dsl.pipeline(name="speedforge-baselines-and-selection")
@@ -116,7 +190,8 @@ def check_training_run(run) -> dict:
     assert {"check-pools", "stage", "baselines-cpu", "baselines-cpu2", "train-grpo", "optimize", "select",
             "portability-cpu", "portability-cpu2", "report"} == set(steps)  # fmt: skip
     assert all(s.status == "ok" for s in steps.values()), [(s.step, s.status, s.error) for s in steps.values()]
-    assert steps["train-grpo"].outcome["stage"] == "grpo" and steps["train-grpo"].outcome["final_checkpoint"]
+    trained = steps["train-grpo"].outcome
+    assert trained["stage"] == "grpo" and trained["final_checkpoint_uri"].startswith(f"s3://{BUCKET}/{PREFIX}/runs/")
     assert {steps[f"portability-{p}"].outcome["results_uri"] for p in ("cpu", "cpu2")} == {
         f"s3://{BUCKET}/{PREFIX}/portability/cpu", f"s3://{BUCKET}/{PREFIX}/portability/cpu2"}
     for kind in ("html", "markdown", "json"):
@@ -141,7 +216,7 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
     text, config = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
     train = (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
              f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {measure}}}\n'
-             f'train:\n  work_dir: "{tmp_path / "train"}"\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
+             f'train:\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
              "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
     run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
                                config, text)  # fmt: skip

@@ -2,8 +2,9 @@
 local run on this machine.
 
     speedforge pipeline compile                                  # pipelines/*.yaml, checked in
-    speedforge pipeline submit --host http://localhost:8080 --param pools=A100,H100
-    speedforge pipeline schedule --host http://localhost:8080 --service-account speedforge-pipeline
+    speedforge pipeline submit --host http://localhost:8080 --image registry.example.com/speedforge:0.1.0 \
+        --param pools=A100,H100
+    speedforge pipeline schedule --host http://localhost:8080 --image registry.example.com/speedforge:0.1.0
     speedforge pipeline status RUN_ID --host http://localhost:8080
     speedforge pipeline run-local                                # kfp.local, embedded defaults
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 from speedforge.config import load_config
 from speedforge.errors import UserError, read_text
@@ -34,8 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                      "same bytes.")  # fmt: skip
     compile_parser.add_argument("--name", choices=[*PIPELINE_NAMES, "all"], default="all")
     compile_parser.add_argument("--out", help="output folder (default: pipelines/ of this checkout)")
-    compile_parser.add_argument("--image", help="image the components run in (default: $SPEEDFORGE_IMAGE, "
-                                                "else speedforge:<version>)")  # fmt: skip
+    compile_parser.add_argument("--image", help="image the components run in, fully qualified (default: "
+                                                "$SPEEDFORGE_IMAGE, else registry.example.com/speedforge:<version>, "
+                                                "the checked-in YAML's placeholder)")  # fmt: skip
     compile_parser.set_defaults(func=_compile)
 
     submit = commands.add_parser("submit", help="create a run (what `kfp run create` does)",
@@ -58,8 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                        "02:00 every day)")  # fmt: skip
     schedule.add_argument("--job-name", default="speedforge-nightly")
     schedule.add_argument("--experiment", default="speedforge")
-    schedule.add_argument("--service-account", default="speedforge-pipeline",
-                          help="service account of the runs' pods (k8s/ creates speedforge-pipeline)")
+    schedule.add_argument("--service-account", default="",
+                          help="service account of the runs' pods (default: KFP's, pipeline-runner in standalone KFP, "
+                               "default-editor in a profile's namespace; k8s/kfp/ lets either create RayJobs)")
     schedule.add_argument("--disabled", action="store_true", help="create it paused")
     schedule.set_defaults(func=_schedule)
 
@@ -97,6 +101,8 @@ def _package_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--package", help="compiled YAML (default: the checked-in pipelines/<name>.yaml)")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a pipeline parameter (repeatable), e.g. --param pools=A100,H100")
+    parser.add_argument("--image", help="the image the run's steps and its RayJob run in, fully qualified "
+                                        "(REGISTRY/speedforge:TAG; default: $SPEEDFORGE_IMAGE; one is required)")
 
 
 def _entry(name: str):
@@ -111,9 +117,12 @@ def _entry(name: str):
 def _compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from speedforge.recipes.kfp_runs import IMAGE_ENV, check_image, compile_pipeline
+
     if args.image:
-        os.environ["SPEEDFORGE_IMAGE"] = args.image  # read when the components are imported, just below
-    from speedforge.recipes.kfp_runs import compile_pipeline
+        os.environ[IMAGE_ENV] = check_image(args.image)  # read when the components are imported, just below
+    elif os.environ.get(IMAGE_ENV):
+        check_image(os.environ[IMAGE_ENV], f"${IMAGE_ENV}")
 
     for name in PIPELINE_NAMES if args.name == "all" else (args.name,):
         entry = _entry(name)
@@ -122,25 +131,28 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _arguments(args: argparse.Namespace):
+def _arguments(args: argparse.Namespace, folder: str):
+    """The package to send (a copy in `folder` whose steps run in the run's image) and the arguments."""
     from speedforge.config import loads_config
-    from speedforge.recipes.kfp_runs import parse_params
+    from speedforge.recipes.kfp_runs import image_from, parse_params, with_image
     from speedforge.recipes.placement import pipeline_pools
 
     package = args.package or str(_entry(args.name).package)
     arguments = parse_params(package, args.param)
+    image = image_from(args.image)  # a bare or missing image fails before any endpoint is tried
     if "pools" in arguments:  # an unknown pool is refused here, before a run is made (the run's first step checks too)
         pipeline_pools(loads_config(arguments.get("config", ""), where="--param config"), arguments["pools"])
-    return package, arguments
+    return str(with_image(package, image, os.path.join(folder, os.path.basename(package)))), arguments
 
 
 def _submit(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import connect_kfp, submit_run
 
-    package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout)
-    run = submit_run(client, package, arguments, experiment=args.experiment, run_name=args.run_name,
-                     service_account=args.service_account)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="speedforge-package-") as folder:
+        package, arguments = _arguments(args, folder)
+        client = connect_kfp(args.host, args.namespace, args.timeout)
+        run = submit_run(client, package, arguments, experiment=args.experiment, run_name=args.run_name,
+                         service_account=args.service_account)  # fmt: skip
     print(f"run {run.run_id} ({run.name}): {run.state or 'submitted'}" + (f"  {run.url}" if run.url else ""))
     return 0
 
@@ -149,10 +161,11 @@ def _schedule(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, schedule_run
 
     cron = check_cron(args.cron or DEFAULT_CRON)  # a bad cron fails before the endpoint is tried
-    package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout)
-    job = schedule_run(client, package, arguments, cron=cron, name=args.job_name, experiment=args.experiment,
-                       service_account=args.service_account, enabled=not args.disabled)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="speedforge-package-") as folder:
+        package, arguments = _arguments(args, folder)
+        client = connect_kfp(args.host, args.namespace, args.timeout)
+        job = schedule_run(client, package, arguments, cron=cron, name=args.job_name, experiment=args.experiment,
+                           service_account=args.service_account or None, enabled=not args.disabled)  # fmt: skip
     print(f"recurring run {job.recurring_run_id} ({job.name}): cron {job.cron!r}, service account "
           f"{job.service_account or '-'}, {'enabled' if job.enabled else 'disabled'}")  # fmt: skip
     return 0
