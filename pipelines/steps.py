@@ -1,5 +1,5 @@
-"""What every pipeline step gets: S3 credentials from a Kubernetes secret, resource requests, no
-KFP caching (a measurement is never reused from an earlier run), and, for a step that evaluates
+"""What every pipeline step gets: S3 credentials from a Kubernetes secret, resource requests, the
+label its network policy selects (speedforge.dev/role: pipeline, k8s/kfp/), no KFP caching (a measurement is never reused from an earlier run), and, for a step that evaluates
 on a pool in its own pod, that pool's node selector, GPU toleration and GPU limit."""
 
 from kfp import dsl, kubernetes
@@ -14,14 +14,25 @@ S3_SECRET_KEYS = {key: key for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_K
                                        "SPEEDFORGE_S3_ENDPOINT")}  # fmt: skip
 
 
+ROLE_LABEL = "speedforge.dev/role"
+
+
 def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     """A step: credentials from `s3_secret` (None: a step that never reaches the store), requests,
     caching off."""
     if s3_secret is not None:
         kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_SECRET_KEYS, optional=True)
     task.set_cpu_request(cpu).set_memory_request(memory).set_caching_options(False)
+    kubernetes.add_pod_label(task, ROLE_LABEL, "pipeline")  # what k8s/kfp/'s egress policy selects
     if name:
         task.set_display_name(name)
+    return task
+
+
+def pod_identity(task):
+    """The pod's name, uid and namespace in POD_NAME, POD_UID and POD_NAMESPACE (the downward API)."""
+    for env, field in (("POD_NAME", "metadata.name"), ("POD_UID", "metadata.uid"), ("POD_NAMESPACE", "metadata.namespace")):
+        kubernetes.use_field_path_as_env(task, env, field)
     return task
 
 

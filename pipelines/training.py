@@ -18,7 +18,7 @@ from components.pools import check_pools, fan_out, pool_placement
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
-from pipelines.steps import on_pool, portability_and_report, step
+from pipelines.steps import on_pool, pod_identity, portability_and_report, step
 
 
 @dsl.pipeline(name="speedforge-training",
@@ -35,7 +35,7 @@ def training(
     train_config: str = "",  # YAML text of the training config ("" = its embedded defaults)
     train_mode: str = "rayjob",  # local (in the step's pod) | rayjob (KubeRay) | ray (Job Submission API)
     ray_cluster: str = "speedforge",  # rayjob: the RayCluster (k8s/) the job runs on
-    namespace: str = "",  # rayjob: its namespace ("" = the pipeline pods' own)
+    namespace: str = "speedforge",  # rayjob: its namespace, the RayCluster's (KubeRay selects the cluster there)
     ray_dashboard: str = "",  # ray: the cluster's dashboard, e.g. http://speedforge-head-svc:8265
     ray_address: str = "",  # evaluations join this Ray cluster (ray://speedforge-head-svc:10001); "" = a local Ray in each pod
     image: str = IMAGE,  # rayjob: the submitter pod's image
@@ -69,6 +69,7 @@ def training(
             ray_cluster=ray_cluster, namespace=namespace, ray_dashboard=ray_dashboard, image=image,
             timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.output), run_id=run_id), s3_secret,
             name="train")
+        pod_identity(trained)  # the RayJob's owner reference, where the pod shares its namespace
         searched = step(optimize(
             config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,
             checkpoint=trained.outputs["final_checkpoint_uri"], tasks=search_tasks, rounds=search_rounds,
