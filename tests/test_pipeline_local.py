@@ -179,7 +179,7 @@ NEEDS = ("speedforge.recipes.training", "speedforge.recipes.portability", "speed
 needs_training = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in NEEDS),
     reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS))
-TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu", "train_mode": "local",
+TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu",
                "train_stage": "grpo", "baseline_candidates": 1, "search_tasks": 1, "search_rounds": 1,
                "search_samples": 1}  # fmt: skip
 
@@ -192,6 +192,9 @@ def check_training_run(run) -> dict:
     assert all(s.status == "ok" for s in steps.values()), [(s.step, s.status, s.error) for s in steps.values()]
     trained = steps["train-grpo"].outcome
     assert trained["stage"] == "grpo" and trained["final_checkpoint_uri"].startswith(f"s3://{BUCKET}/{PREFIX}/runs/")
+    for step in steps.values():  # what the steps hand over: store URIs, never a local path
+        handed = [v for k, v in step.outcome.items() if k.endswith("_uri")] if isinstance(step.outcome, dict) else []
+        assert all(v.startswith(f"s3://{BUCKET}/{PREFIX}") for v in handed), (step.step, handed)
     assert {steps[f"portability-{p}"].outcome["results_uri"] for p in ("cpu", "cpu2")} == {
         f"s3://{BUCKET}/{PREFIX}/portability/cpu", f"s3://{BUCKET}/{PREFIX}/portability/cpu2"}
     for kind in ("html", "markdown", "json"):
@@ -204,14 +207,18 @@ def check_training_run(run) -> dict:
 @needs_training
 def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools(tmp_path, capsys):
     text, config = two_pool_config(tmp_path)
-    run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 64}, config, text)
+    run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 64}, config, text,
+                               ray_head=True)  # fmt: skip
     check_training_run(run)
 
 
 @needs_training
 def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(tmp_path, tiny_model, warm_cache):
     """The same run on what CI affords: the session's tiny model trained for one GRPO step, quick
-    measurements, the one candidate measured already built (warm_cache)."""
+    measurements, the one candidate measured already built (warm_cache). As on a cluster: each
+    step in folders of its own, gone when it ends; the train step submitted to a Ray head of its
+    own through the Job Submission API; the trained weights handed to the search as a store URI
+    (a local path would not exist in the search's step)."""
     measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
     text, config = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
     train = (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
@@ -219,7 +226,7 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
              f'train:\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
              "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
     run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
-                               config, text)  # fmt: skip
+                               config, text, ray_head=True)  # fmt: skip
     steps = check_training_run(run)
     for pool in ("cpu", "cpu2"):
         assert (steps[f"baselines-{pool}"].outcome["measured"], steps[f"baselines-{pool}"].outcome["ok"]) == (1, 1)

@@ -1,6 +1,6 @@
 """The train step's driver as it runs on a cluster: started by Ray's Job Submission API, as
 KubeRay's submitter starts it (`RAY_ADDRESS` set in the driver's environment), on a Ray head of its
-own (`ray start --head` on 127.0.0.1, tests/ray_head.py) whose processes carry the store's
+own (`ray start --head` on 127.0.0.1, speedforge.cluster.ray_head) whose processes carry the store's
 credentials, as the cluster's pods get them from their secret. Nothing but the store and the job's
 runtime environment reaches the driver: its outcome and checkpoint come back through the store.
 
@@ -14,8 +14,7 @@ import pytest
 pytest.importorskip("ray", reason="the Ray head needs the 'cluster' extra")
 pytest.importorskip("trl", reason="training needs the 'train' extra")
 
-from ray_head import RayHead  # noqa: E402
-
+from speedforge.cluster.ray_head import RayHead  # noqa: E402
 from speedforge.config import CPU_POOL_RESOURCE, StoreConfig  # noqa: E402
 from speedforge.recipes.training_job import TrainingJob, run_training_job  # noqa: E402
 from speedforge.store import open_store  # noqa: E402

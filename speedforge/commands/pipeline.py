@@ -74,9 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     run_local = commands.add_parser(
         "run-local", help="run the training pipeline on this machine (kfp.local)",
-        description="Run the training pipeline with kfp.local: every step a subprocess of this Python, the store "
-                    "on an embedded S3 server, a local Ray per step, the cpp family and the default small model "
-                    "on a tiny budget; prints the steps and where the report is.")  # fmt: skip
+        description="Run the training pipeline with kfp.local, keeping a cluster's boundaries: every step a "
+                    "subprocess of this Python with a HOME, cache, temp and working folder of its own (steps share "
+                    "only the store and KFP's values), the store on an embedded S3 server, a local Ray per "
+                    "evaluating step, the train step submitted to a Ray head of its own through the Job "
+                    "Submission API (as KubeRay's submitter does); the cpp family and the default small model "
+                    "on a tiny budget. Prints the steps and where the report is.")  # fmt: skip
     run_local.add_argument("--source", default="builtin:cpp", help="task source (default: builtin:cpp)")
     run_local.add_argument("--pools", default="cpu", help="comma-separated pools (default: cpu)")
     run_local.add_argument("--train-stage", default="grpo", help="training stage (default: grpo)")
@@ -186,13 +189,13 @@ def _run_local(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     arguments = {
         "source": args.source, "pools": args.pools, "search_pool": "cpu", "model": args.model,
-        "train_stage": args.train_stage, "train_mode": "local", "baseline_candidates": args.baseline_candidates,
+        "train_stage": args.train_stage, "baseline_candidates": args.baseline_candidates,
         "search_tasks": args.search_tasks, "search_rounds": args.search_rounds, "search_samples": args.search_samples,
         "max_new_tokens": args.search_tokens,
         "train_config": read_text(args.train_config, "training config") if args.train_config else "",
     }  # fmt: skip
     config_text = read_text(args.config, "config file") if args.config else ""
-    run = run_pipeline_locally(_entry("training").func, arguments, config, config_text)
+    run = run_pipeline_locally(_entry("training").func, arguments, config, config_text, ray_head=True)
     print_table(["step", "status", "seconds"], [[s.step, s.status, f"{s.seconds:.0f}"] for s in run.steps])
     print(f"run {run.run_id}: tables in {run.store_uri} (embedded S3, data under {config.evaluator.cache_dir}/pipeline-s3)")
     for kind in ("html", "markdown", "json"):

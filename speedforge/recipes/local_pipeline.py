@@ -50,8 +50,13 @@ class LocalRun:
 
 
 def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], config: Config,
-                         config_text: str = "") -> LocalRun:  # fmt: skip
-    """Run `pipeline_func` with `arguments` (plus `store` and `config`, set here) on this machine."""
+                         config_text: str = "", ray_head: bool = False) -> LocalRun:  # fmt: skip
+    """Run `pipeline_func` with `arguments` (plus `store` and `config`, set here) on this machine.
+
+    With `ray_head`, a Ray head of its own is started for the run (speedforge.cluster.ray_head:
+    the store's credentials in its environment, as a cluster's pods get them from their secret,
+    a HOME and cache of its own, the CPU bench slots) and the train step submits its stage to it
+    through the Job Submission API (`train_mode` ray), as KubeRay's submitter does."""
     require("pipelines", "kfp", purpose="running a pipeline locally")
     from kfp import local
 
@@ -63,7 +68,10 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     pipeline_root = cache / "pipeline-root"
     store_uri = f"s3://{BUCKET}/{PREFIX}"
     with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment(server.env()), \
-            isolated_steps() as steps_root:  # fmt: skip
+            isolated_steps() as steps_root, contextlib.ExitStack() as stack:  # fmt: skip
+        if ray_head:
+            arguments = {**arguments, "train_mode": "ray", "ray_dashboard": start_ray_head(stack, server, config,
+                                                                                          Path(steps_root) / "head")}
         store = open_store(store_uri, config=config.store)
         before = set(run_ids(store.list(RUNS + "/")))
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
@@ -84,6 +92,20 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
             raise UserError(describe_failure(store, run_id, steps, failure, steps_root))
         report = next((s.outcome for s in steps if s.step == "report" and s.status == "ok"), {})
         return LocalRun(run_id, store_uri, server.endpoint, str(pipeline_root), steps, report)
+
+
+def start_ray_head(stack: contextlib.ExitStack, server, config: Config, folder: Path) -> str:
+    """A Ray head for the run, stopped when `stack` closes; its dashboard's URL."""
+    from speedforge.cluster.pools import local_ray_resources
+    from speedforge.cluster.ray_head import RayHead
+
+    env = {**server.env(), "HOME": str(folder / "home"), "XDG_CACHE_HOME": str(folder / "cache"),
+           "SPEEDFORGE_CACHE": str(folder / "cache" / "speedforge")}  # fmt: skip
+    for name in ("home", "cache"):
+        (folder / name).mkdir(parents=True)
+    head = stack.enter_context(RayHead(env=env, resources=local_ray_resources(config.service),
+                                       num_cpus=max(2, os.cpu_count() or 1)))  # fmt: skip
+    return head.dashboard
 
 
 def describe_failure(store, run_id: str, steps: list, kfp_message: str, steps_root: str = "") -> str:

@@ -1,12 +1,15 @@
-"""A Ray head of its own for a test, as KubeRay runs one: `ray start --head` on 127.0.0.1, its own
-ports (every one of them, so parallel test workers and other Ray users of the machine never meet)
-and its own temp dir, with the dashboard whose Job Submission API KubeRay's submitter calls.
+"""A Ray head of its own on this machine, as KubeRay runs one: `ray start --head` on 127.0.0.1, its
+own ports (every one of them, so other Ray users of the machine never meet it) and its own temp
+dir, with the dashboard whose Job Submission API KubeRay's submitter calls. `speedforge pipeline
+run-local` submits the train step to one, so the driver runs as on the cluster (RAY_ADDRESS set,
+nothing but the store and the job's runtime env reaching it); the tests do too.
 
-    with RayHead(tmp, env={...}, resources={"speedforge_cpu_bench": 1}) as head:
+    with RayHead(env={...}, resources={"speedforge_cpu_bench": 1}) as head:
         JobSubmissionClient(head.dashboard).submit_job(entrypoint="python -m ...")
 
 The head runs with `--block` in a process group of its own; stopping it ends that group, then any
-process left that names this head's temp dir (never `ray stop`, which stops every Ray on the machine).
+process left that names this head's temp dir (never `ray stop`, which stops every Ray on the
+machine). Its processes get `env` on top of this one's (a pod's secret, a HOME of its own).
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+from speedforge.errors import UserError
 from speedforge.store.s3server import free_ports
 
 HOST = "127.0.0.1"
 
 
 class RayHead:
+    """`ray start --head` for the body of a `with` (see the module docstring)."""
+
     def __init__(self, env: dict[str, str] | None = None, resources: dict[str, float] | None = None,
                  num_cpus: int = 2, start_timeout_s: float = 300.0) -> None:  # fmt: skip
         self.env, self.resources, self.num_cpus, self.start_timeout_s = env or {}, resources or {}, num_cpus, start_timeout_s
@@ -46,7 +52,8 @@ class RayHead:
         self.gcs, self.dashboard = f"{HOST}:{gcs}", f"http://{HOST}:{dashboard}"
         self.temp_dir = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
         low = 20000 + (workers % 20000)
-        ray = str(Path(sys.executable).parent / "ray")
+        ray = Path(sys.executable).parent / "ray"
+        ray = str(ray) if ray.exists() else (shutil.which("ray") or "ray")
         command = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--node-ip-address={HOST}",
                    f"--port={gcs}", "--include-dashboard=true", f"--dashboard-host={HOST}",
                    f"--dashboard-port={dashboard}", f"--ray-client-server-port={client}",
@@ -73,8 +80,9 @@ class RayHead:
             except OSError:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = " | ".join(self.output().strip().splitlines()[-3:])[-600:]
                 self.stop()
-                raise RuntimeError(f"the Ray head did not come up: {self.output()[-2000:]}")
+                raise UserError(f"the local Ray head did not answer within {self.start_timeout_s:g} s: {tail}")
             time.sleep(0.5)
 
     def output(self) -> str:
