@@ -9,7 +9,8 @@ nothing but the store and the job's runtime env reaching it); the tests do too.
 
 The head runs with `--block` in a process group of its own; stopping it ends that group, then any
 process left that names this head's temp dir (never `ray stop`, which stops every Ray on the
-machine). Its processes get `env` on top of this one's (a pod's secret, a HOME of its own).
+machine). Its processes get `env` on top of this one's (a pod's secret, a HOME of its own), and
+no token authentication unless `env` sets RAY_AUTH_MODE (clients of it: RAY_AUTH_MODE=disabled).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class RayHead:
                    f"--runtime-env-agent-port={runtime_env}", f"--min-worker-port={low}",
                    f"--max-worker-port={low + 200}", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.num_cpus}",
                    f"--resources={json.dumps(self.resources)}"]  # fmt: skip
-        env = {**os.environ, **self.env, "RAY_USAGE_STATS_ENABLED": "0"}
+        # no token authentication unless `env` asks for it: Ray turns it on by itself when it finds a token in
+        # ~/.ray/auth_token (left there by any earlier Ray use of this account), and a KubeRay cluster has none
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", **self.env, "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
         # the head's PATH finds this environment's python first, as the image's does
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

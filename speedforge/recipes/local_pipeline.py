@@ -100,7 +100,7 @@ def start_ray_head(stack: contextlib.ExitStack, server, config: Config, folder: 
     from speedforge.cluster.ray_head import RayHead
 
     env = {**server.env(), "HOME": str(folder / "home"), "XDG_CACHE_HOME": str(folder / "cache"),
-           "SPEEDFORGE_CACHE": str(folder / "cache" / "speedforge")}  # fmt: skip
+           "SPEEDFORGE_CACHE": str(folder / "cache" / "speedforge"), "RAY_AUTH_MODE": "disabled"}  # fmt: skip
     for name in ("home", "cache"):
         (folder / name).mkdir(parents=True)
     head = stack.enter_context(RayHead(env=env, resources=local_ray_resources(config.service),
