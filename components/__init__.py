@@ -9,7 +9,9 @@ module) and run in the speedforge image (`IMAGE`), which carries kfp: nothing is
 a step starts.
 
     IMAGE: $SPEEDFORGE_IMAGE when set (read once, when this package is imported), else
-    speedforge:<version>; `speedforge pipeline compile --image` sets it.
+    DEFAULT_IMAGE, the placeholder the checked-in YAML carries; `speedforge pipeline compile
+    --image` sets it, and `speedforge pipeline submit|schedule` put the image they are given
+    (--image or $SPEEDFORGE_IMAGE, fully qualified) in place of it.
 """
 
 from __future__ import annotations
@@ -19,4 +21,5 @@ import os
 from speedforge import __version__
 
 IMAGE_ENV = "SPEEDFORGE_IMAGE"
-IMAGE = os.environ.get(IMAGE_ENV) or f"speedforge:{__version__}"
+DEFAULT_IMAGE = f"registry.example.com/speedforge:{__version__}"  # fully qualified: a bare name means Docker Hub
+IMAGE = os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE

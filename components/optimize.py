@@ -10,7 +10,8 @@ from components import IMAGE
 def optimize(config: str, dataset_uri: str, store: str, model: str, checkpoint: str, tasks: int, rounds: int,
              samples: int, max_new_tokens: int, pool: str, ray_address: str, run_id: str,
              metrics: Output[Metrics]) -> dict:
-    """Search the first `tasks` tasks with policy `model` ("" = `checkpoint`, the one training wrote) on
+    """Search the first `tasks` tasks with policy `model` (a store URI or a path in the image or on a mounted
+    volume; "" = `checkpoint`, the store URI of the weights training wrote, copied to this pod first) on
     `pool`, within the budget (rounds x samples, max_new_tokens; 0 = the config's); variants go to the
     store's variants table. Evaluates on the Ray cluster at `ray_address` when given, else in this pod.
     `metrics`: samples, the valid fraction and the median best speedup, for KFP's UI."""

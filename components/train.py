@@ -10,12 +10,14 @@ from components import IMAGE
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def train(config: str, train_config: str, stage: str, mode: str, store: str, ray_cluster: str, namespace: str,
           ray_dashboard: str, image: str, timeout_s: float, baselines: list, run_id: str,
-          ) -> NamedTuple("Training", outcome=dict, final_checkpoint=str):
+          ) -> NamedTuple("Training", outcome=dict, final_checkpoint_uri=str):
     """Run training stage `stage` on `train_config` (YAML text; "" = embedded defaults): mode local (in this
     pod), rayjob (a RayJob on RayCluster `ray_cluster`, followed to its end) or ray (the Job Submission API
     at `ray_dashboard`). Fails with the job's reason and message when the job fails. `baselines`: the
     pools' baseline summaries (they seeded the variants table training draws exemplars from), logged. The
-    training run is named after the pipeline run (pipeline-<run id>) unless the training config names one."""
+    training run is named after the pipeline run (pipeline-<run id>) unless the training config names one.
+    The trained weights pass on as their store URI (final_checkpoint_uri): the next step's pod never sees
+    this one's disk."""
     from collections import namedtuple
 
     from speedforge.config import loads_config
@@ -28,4 +30,4 @@ def train(config: str, train_config: str, stage: str, mode: str, store: str, ray
     outcome = run_step(settings, store, run_id, f"train-{stage}", lambda: run_training_job(TrainingJob(
         stage=stage, store=store, config_text=train_config, mode=mode, cluster=ray_cluster, namespace=namespace,
         image=image, address=ray_dashboard, timeout_s=timeout_s, run=f"pipeline-{run_id}"), settings.store))
-    return namedtuple("Training", "outcome final_checkpoint")(outcome, outcome["final_checkpoint"])
+    return namedtuple("Training", "outcome final_checkpoint_uri")(outcome, outcome["final_checkpoint_uri"])

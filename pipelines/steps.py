@@ -1,6 +1,7 @@
-"""What every pipeline step gets: S3 credentials from a Kubernetes secret, resource requests, no
-KFP caching (a measurement is never reused from an earlier run), and, for a step that evaluates
-on a pool in its own pod, that pool's node selector, GPU toleration and GPU limit.
+"""What every pipeline step gets: S3 credentials from a Kubernetes secret, resource requests, the
+label its network policy selects (speedforge.dev/role: pipeline, k8s/kfp/), no KFP caching (a
+measurement is never reused from an earlier run), and, for a step that evaluates on a pool in its
+own pod, that pool's node selector, GPU toleration and GPU limit.
 
 One owner per GPU: by default an evaluating step sends its work to the RayCluster of k8s/
 (`CLUSTER_ADDRESS`), whose GPU workers hold the GPUs, and requests no GPU itself. `ray_address=""`
@@ -38,6 +39,8 @@ TIMEOUT_S = {"baselines": 86400, "optimize": 86400, "portability": 86400, "train
              "stage data set": 4 * 3600}  # fmt: skip
 DEFAULT_TIMEOUT_S = 3600
 
+ROLE_LABEL = "speedforge.dev/role"
+
 
 def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     """A step: credentials from `s3_secret` (None: a step that never reaches the store), requests,
@@ -48,8 +51,16 @@ def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     kubernetes.set_timeout(task, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
     if name in RETRIED:
         task.set_retry(**RETRY)
+    kubernetes.add_pod_label(task, ROLE_LABEL, "pipeline")  # what k8s/kfp/'s egress policy selects
     if name:
         task.set_display_name(name)
+    return task
+
+
+def pod_identity(task):
+    """The pod's name, uid and namespace in POD_NAME, POD_UID and POD_NAMESPACE (the downward API)."""
+    for env, field in (("POD_NAME", "metadata.name"), ("POD_UID", "metadata.uid"), ("POD_NAMESPACE", "metadata.namespace")):
+        kubernetes.use_field_path_as_env(task, env, field)
     return task
 
 

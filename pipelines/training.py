@@ -18,7 +18,7 @@ from components.pools import check_pools, fan_out, pool_placement
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
-from pipelines.steps import CLUSTER_ADDRESS, on_pool, portability_and_report, step
+from pipelines.steps import CLUSTER_ADDRESS, on_pool, pod_identity, portability_and_report, step
 
 
 @dsl.pipeline(name="speedforge-training",
@@ -30,12 +30,12 @@ def training(
     store: str = "s3://speedforge/runs/training",  # object-store prefix of this run's tables
     pools: str = "A100,H100,L40",  # comma-separated pools: baselines and portability fan out over them
     search_pool: str = "H100",  # the pool the search measures on
-    model: str = "",  # policy model of the search ("" = the checkpoint this run's training wrote)
+    model: str = "",  # policy model of the search: a store URI (s3://.../final) or a path in the image or on a volume ("" = the checkpoint this run's training wrote, by its store URI)
     train_stage: str = "grpo",  # sft | self | grpo
     train_config: str = "",  # YAML text of the training config ("" = its embedded defaults)
     train_mode: str = "rayjob",  # local (in the step's pod) | rayjob (KubeRay) | ray (Job Submission API)
     ray_cluster: str = "speedforge",  # rayjob: the RayCluster (k8s/) the job runs on
-    namespace: str = "",  # rayjob: its namespace ("" = the pipeline pods' own)
+    namespace: str = "speedforge",  # rayjob: its namespace, the RayCluster's (KubeRay selects the cluster there)
     ray_dashboard: str = "",  # ray: the cluster's dashboard, e.g. http://speedforge-head-svc:8265
     ray_address: str = CLUSTER_ADDRESS,  # evaluations run on this Ray cluster (k8s/), steps take no GPU; "" = a local Ray in each evaluating step's pod, which then takes its pool's GPU
     image: str = IMAGE,  # rayjob: the submitter pod's image
@@ -69,9 +69,10 @@ def training(
             ray_cluster=ray_cluster, namespace=namespace, ray_dashboard=ray_dashboard, image=image,
             timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.outputs["Output"]), run_id=run_id), s3_secret,
             name="train")
+        pod_identity(trained)  # the RayJob's owner reference, where the pod shares its namespace
         searched = step(optimize(
             config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,
-            checkpoint=trained.outputs["final_checkpoint"], tasks=search_tasks, rounds=search_rounds,
+            checkpoint=trained.outputs["final_checkpoint_uri"], tasks=search_tasks, rounds=search_rounds,
             samples=search_samples, max_new_tokens=max_new_tokens, pool=search_pool, ray_address=ray_address,
             run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="optimize")
         selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "speedforge.commands.evaluate",
     "speedforge.commands.stage",
     "speedforge.commands.s3",
+    "speedforge.commands.model",
     "speedforge.commands.optimize",
     "speedforge.commands.serve_policy",
     "speedforge.commands.ann",

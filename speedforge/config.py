@@ -347,6 +347,7 @@ class RayTrainConfig(Checked):
     cpus_per_worker: float = setting(1.0, POSITIVE)  # also the torch threads of a worker on the CPU
     gpus_per_worker: float = setting(1.0, POSITIVE)  # with use_gpu; below 1 shares a GPU (with bench workers, say)
     accelerator_type: str = ""  # e.g. "H100": workers only on nodes with that GPU type ("" any)
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)  # more Ray resources per worker, e.g. {speedforge_train: 1}: the training group of k8s/
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """Every kustomization in k8s/ renders (`kubectl kustomize`, offline) and every object validates:
 core kinds with kubernetes-validate (schemas bundled, strict: unknown fields refused), RayCluster
 and RayJob against KubeRay's CRD schemas in ../shared/schemas/kuberay/ with jsonschema, made
-strict the same way. Then what the objects must say: requests on every container, each GPU pool
-on its GPU's nodes with its Ray accelerator resource (the same values as the config's pools),
-bench workers without egress, RBAC for the pipeline's RayJobs, and the by-hand RayJob equal to the
-one the train step creates."""
+strict the same way. Then what the objects must say: requests on every container, fully qualified
+images, HTTP probes (no wget in the image), each GPU pool on its GPU's nodes with its Ray
+accelerator resource (the same values as the config's pools), egress per role (which pods each
+policy selects, as rendered), RBAC that grants exactly the Kubernetes calls the code makes, no
+Namespace object for an overlay's `namespace:` to rename, and the by-hand RayJob equal to the one
+the train step creates."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import yaml
 
 from shared_data import SHARED_DATA
 
-from speedforge.config import GPU_PRODUCT_LABEL, ServiceConfig
+from speedforge.config import GPU_PRODUCT_LABEL, RayTrainConfig, ServiceConfig
+from speedforge.recipes.kfp_runs import check_image
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -94,13 +97,14 @@ def errors(doc: dict, crd_validators) -> list[str]:
 
 
 def test_every_kustomization_renders_and_every_object_validates(rendered, crd_validators):
-    assert set(KUSTOMIZATIONS) == {"base", "jobs", "overlays/dev", "overlays/production", "overlays/operations"}
+    assert set(KUSTOMIZATIONS) == {"base", "jobs", "overlays/dev", "overlays/production", "overlays/operations",
+                                   "kfp/standalone", "kfp/multi-user", "kfp/pipeline-pods"}  # fmt: skip
     for folder, docs in rendered.items():
         for doc in docs:
             assert errors(doc, crd_validators) == [], f"{folder}: {doc['kind']} {doc['metadata']['name']}"
     kinds = {d["kind"] for d in rendered["overlays/production"]}
-    assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "RayCluster",
-                     "NetworkPolicy"}  # fmt: skip
+    assert kinds == {"PersistentVolumeClaim", "Role", "RayCluster", "NetworkPolicy"}
+    assert {d["kind"] for d in rendered["kfp/standalone"]} == {"RoleBinding", "NetworkPolicy"}
     added = {d["kind"] for d in rendered["overlays/operations"]} - kinds
     assert added == {"PriorityClass", "PodDisruptionBudget", "ResourceQuota", "PodMonitor"}
 
@@ -126,10 +130,11 @@ def containers(doc: dict) -> list[dict]:
 def test_every_container_requests_cpu_and_memory_and_runs_the_image(rendered):
     for folder, docs in rendered.items():
         found = [c for d in docs for c in containers(d)]
-        assert found, folder
+        assert found or folder.startswith("kfp/"), folder  # kfp/: bindings and policies, no pods
         for container in found:
             assert {"cpu", "memory"} <= set(container["resources"]["requests"]), (folder, container["name"])
             assert container["image"].rsplit(":", 1)[0].endswith("speedforge") and ":" in container["image"]
+            assert check_image(container["image"]) == container["image"]  # fully qualified: never Docker Hub's library
     (claim,) = [d for d in rendered["base"] if d["kind"] == "PersistentVolumeClaim"]
     assert claim["spec"]["resources"]["requests"]["storage"] and claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
@@ -138,7 +143,7 @@ def test_each_gpu_pool_is_a_worker_group_on_its_gpu_nodes_with_the_configs_value
     pools = ServiceConfig().pools
     (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
     groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
-    assert set(groups) == {"build", "gpu-a100", "gpu-h100", "gpu-l40"}
+    assert set(groups) == {"build", "gpu-a100", "gpu-h100", "gpu-l40", "gpu-train"}
     for pool in ("A100", "H100", "L40"):
         group = groups[f"gpu-{pool.lower()}"]
         pod = group["template"]["spec"]
@@ -160,35 +165,154 @@ def test_the_ray_version_is_the_installed_rays(rendered):
     assert cluster["spec"]["rayVersion"] == ray.__version__
 
 
-def test_bench_workers_have_no_egress_beyond_the_ray_cluster_and_dns(rendered):
-    (policy,) = [d for d in rendered["base"] if d["kind"] == "NetworkPolicy"]
-    assert policy["spec"]["podSelector"] == {"matchLabels": {"speedforge.dev/role": "bench"}}
-    assert policy["spec"]["policyTypes"] == ["Egress"]
-    peers = [peer for rule in policy["spec"]["egress"] for peer in rule["to"]]
-    assert {"podSelector": {"matchLabels": {"ray.io/cluster": "speedforge"}}} in peers
-    assert all("ipBlock" not in peer for peer in peers)
-    dns = [rule for rule in policy["spec"]["egress"] if "ports" in rule]
-    assert [p["port"] for rule in dns for p in rule["ports"]] == [53, 53]
+def role_pods(rendered) -> dict[str, dict[str, str]]:
+    """Every kind of pod speedforge runs, by name, with its labels as rendered: the Ray head and
+    each worker group (KubeRay adds ray.io/cluster), and the pipeline's steps (the compiled
+    YAML's pod labels, the same on every step)."""
+    from pipelines import PIPELINES
+
+    (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
+    ray = {"ray.io/cluster": cluster["metadata"]["name"]}
+    found = {"head": {**cluster["spec"]["headGroupSpec"]["template"]["metadata"]["labels"], **ray}}
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        found[group["groupName"]] = {**group["template"]["metadata"]["labels"], **ray}
+    for entry in PIPELINES.values():
+        _, platform = yaml.safe_load_all(entry.package.read_text())
+        executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+        labels = [e.get("podMetadata", {}).get("labels", {}) for e in executors.values()]
+        assert labels and all(pod == labels[0] for pod in labels), entry.name
+        found["pipeline"] = labels[0]
+    return found
 
 
-def test_the_pipeline_service_account_may_create_follow_and_delete_rayjobs_only(rendered):
-    docs = {d["kind"]: d for d in rendered["base"] if d["kind"] in ("ServiceAccount", "Role", "RoleBinding")}
-    rules = docs["Role"]["rules"]
-    assert {"apiGroups": ["ray.io"], "resources": ["rayjobs"],
-            "verbs": ["create", "get", "list", "watch", "delete"]} in rules  # fmt: skip
-    assert all(rule["apiGroups"] == ["ray.io"] for rule in rules)
-    assert docs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": docs["ServiceAccount"]["metadata"]["name"],
-                                                "namespace": "speedforge"}]  # fmt: skip
-    assert docs["RoleBinding"]["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
+def selects(policy: dict, labels: dict[str, str]) -> bool:
+    selector = policy["spec"]["podSelector"]
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
 
+
+def reaches(policy: dict) -> set[str]:
+    """What a policy's egress rules let its pods reach, in words: dns, node-local-dns, ray, store
+    (TCP 443 anywhere), api-server (TCP 6443), kubeflow, anything else by its rule."""
+    found = set()
+    for rule in policy["spec"]["egress"]:
+        ports = {(p["protocol"], p["port"]) for p in rule.get("ports", [])}
+        for peer in rule["to"]:
+            if peer.get("podSelector", {}).get("matchLabels") == {"k8s-app": "kube-dns"} and ports == {("UDP", 53), ("TCP", 53)}:
+                found.add("dns")
+            elif peer.get("ipBlock") == {"cidr": "169.254.20.10/32"} and ports == {("UDP", 53), ("TCP", 53)}:
+                found.add("node-local-dns")
+            elif peer.get("podSelector", {}).get("matchLabels") == {"ray.io/cluster": "speedforge"} and not ports:
+                found.add("ray")
+            elif peer.get("ipBlock") == {"cidr": "0.0.0.0/0"}:
+                found |= {{("TCP", 443): "store", ("TCP", 6443): "api-server"}.get(port, str(port)) for port in ports}
+            elif peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}}}:
+                found.add("kubeflow")
+            else:
+                found.add(f"other: {peer} {sorted(ports)}")
+    return found
+
+
+def test_each_role_reaches_what_its_work_needs_and_bench_workers_only_the_cluster(rendered):
+    policies = [d for folder in ("base", "kfp/standalone") for d in rendered[folder] if d["kind"] == "NetworkPolicy"]
+    pods = role_pods(rendered)
+    selected = {pod: sorted(p["metadata"]["name"] for p in policies if selects(p, labels)) for pod, labels in pods.items()}
+    assert selected == {"head": ["speedforge-train"], "build": [], "gpu-a100": ["speedforge-bench"],
+                        "gpu-h100": ["speedforge-bench"], "gpu-l40": ["speedforge-bench"],
+                        "gpu-train": ["speedforge-train"], "pipeline": ["speedforge-pipeline-pods"]}  # fmt: skip
+    by_name = {p["metadata"]["name"]: p for p in policies}
+    assert all(p["spec"]["policyTypes"] == ["Egress"] for p in policies)
+    assert reaches(by_name["speedforge-bench"]) == {"ray", "dns", "node-local-dns"}  # in-cluster only: no store
+    assert reaches(by_name["speedforge-train"]) == {"ray", "dns", "node-local-dns", "store"}
+    assert reaches(by_name["speedforge-pipeline-pods"]) == {"ray", "dns", "node-local-dns", "store", "api-server",
+                                                            "kubeflow"}  # fmt: skip
+    (pipeline_rule,) = [r for r in by_name["speedforge-pipeline-pods"]["spec"]["egress"]
+                        if r["to"][0].get("podSelector", {}).get("matchLabels") == {"ray.io/cluster": "speedforge"}]
+    assert pipeline_rule["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "speedforge"}}
+
+
+def test_training_workers_are_placed_on_the_training_group():
+    """Ray Train's workers take the training group's resource when the config says so, and only
+    that group offers it: they land where the store is reachable."""
+    from speedforge.train.raytrain import scaling_config
+
+    (cluster,) = [d for d in render("base") if d["kind"] == "RayCluster"]
+    offering = [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"] if "speedforge_train" in g.get("resources", {})]
+    assert offering == ["gpu-train"]
+    scaling = scaling_config(RayTrainConfig(use_gpu=False, resources={"speedforge_train": 1.0}))
+    assert scaling.resources_per_worker == {"CPU": 1.0, "speedforge_train": 1.0}
+
+
+def test_the_pipeline_pods_service_account_may_make_exactly_the_calls_the_code_makes(rendered):
+    """The Role bound to the service account the pipeline's pods run as (pipeline-runner in
+    standalone KFP, a profile's default-editor in multi-user Kubeflow) grants each call of
+    speedforge.cluster.rayjob.API_CALLS, in the RayCluster's namespace, and nothing else; no
+    other role, cluster role or service account is made. (KFP's own install gives these
+    accounts what its runner needs.)"""
+    from speedforge.cluster.rayjob import API_CALLS
+    from pipelines import PIPELINES
+
+    everything = [d for docs in rendered.values() for d in docs]
+    assert not [d for d in everything if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount")]
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in everything if d["kind"] == "Role"}
+    (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
+    pipeline, _ = yaml.safe_load_all(PIPELINES["training"].package.read_text())
+    assert pipeline["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == cluster["metadata"]["namespace"]
+    for folder, subject in (("kfp/standalone", ("kubeflow", "pipeline-runner")), ("kfp/multi-user", ("team-a", "default-editor"))):
+        (binding,) = [d for d in rendered[folder] if d["kind"] == "RoleBinding"]
+        assert [(s["kind"], s["namespace"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", *subject)]
+        assert binding["metadata"]["namespace"] == cluster["metadata"]["namespace"]  # where the RayJobs are made
+        role = roles[(binding["metadata"]["namespace"], binding["roleRef"]["name"])]
+        granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+                   for v in rule["verbs"]}  # fmt: skip
+        assert granted == {(c.group, c.resource, c.verb) for c in API_CALLS}
+        assert {c.namespace for c in API_CALLS} == {"ray"}
+
+
+def test_an_overlays_namespace_moves_the_objects_and_renames_no_namespace(tmp_path):
+    """`namespace:` in an overlay sets every object's namespace, and renames any Namespace object
+    it finds: none ships, so `kubectl delete -k` can never delete someone else's namespace."""
+    import os
+
+    overlay = tmp_path / "team-b"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: team-b\n"
+        f"resources:\n  - {os.path.relpath(K8S / 'overlays' / 'production', overlay)}\n")  # fmt: skip
+    done = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert docs and not [d for d in docs if d["kind"] == "Namespace"]
+    assert {d["metadata"]["namespace"] for d in docs} == {"team-b"}
+
+
+def test_every_ray_container_has_http_probes(rendered):
+    """Probes of its own on every Ray container, over HTTP: KubeRay injects wget probes into a
+    container that has none (before 1.6.0, or with Ray older than 2.53), and the image has no wget."""
+    (cluster,) = [d for d in rendered["overlays/production"] if d["kind"] == "RayCluster"]
+    for container in containers(cluster):
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert "exec" not in container[probe] and container[probe]["httpGet"]["port"] in (8265, 52365), container["name"]
+            assert container[probe]["httpGet"]["path"] in ("/api/gcs_healthz", "/api/local_raylet_healthz")
+
+
+def test_the_readme_states_the_versions_the_manifests_need():
+    readme = (ROOT / "README.md").read_text()
+    assert "KubeRay 1.5.0" in readme  # the group-level `resources` field of the GPU groups
+    assert "Ray 2.53" in readme and "KubeRay 1.6.0" in readme  # KubeRay's own HTTP probes
 
 def test_the_overlays_change_replicas_and_image_only_where_they_say(rendered):
     def workers(folder):
         (cluster,) = [d for d in rendered[folder] if d["kind"] == "RayCluster"]
         return {g["groupName"]: g["replicas"] for g in cluster["spec"]["workerGroupSpecs"]}
 
-    assert workers("overlays/dev") == {"build": 1, "gpu-a100": 0, "gpu-h100": 1, "gpu-l40": 0}
-    assert workers("overlays/production") == {"build": 4, "gpu-a100": 2, "gpu-h100": 4, "gpu-l40": 2}
+    assert workers("overlays/dev") == {"build": 1, "gpu-a100": 0, "gpu-h100": 1, "gpu-l40": 0, "gpu-train": 0}
+    assert workers("overlays/production") == {"build": 4, "gpu-a100": 2, "gpu-h100": 4, "gpu-l40": 2, "gpu-train": 0}
     images = {c["image"] for d in rendered["overlays/production"] for c in containers(d)}
     assert images == {"registry.example.com/speedforge:0.1.0"}
 
@@ -200,7 +324,7 @@ def test_the_rayjob_by_hand_is_the_one_the_train_step_creates(rendered):
     (by_hand,) = rendered["jobs"]
     entrypoint = TrainingJob(stage="grpo", store="s3://speedforge/runs/training").entrypoint()
     made = rayjob_manifest(RayJobSpec(name="speedforge-grpo", namespace="speedforge", entrypoint=entrypoint,
-                                      cluster="speedforge", image="speedforge:0.1.0",
+                                      cluster="speedforge", image="registry.example.com/speedforge:0.1.0",
                                       labels={"speedforge.dev/stage": "grpo"}))  # fmt: skip
     assert by_hand == made
     (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]

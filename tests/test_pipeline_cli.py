@@ -23,6 +23,7 @@ pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 from pipelines import PIPELINES  # noqa: E402
 
 TRAINING = str(PIPELINES["training"].package)
+IMAGE = "registry.example.com/team/speedforge:7"
 
 
 class FakeKfp:
@@ -54,15 +55,23 @@ def posted(api: FakeApi, path: str) -> dict:
     return body
 
 
+def executor_images(body: dict) -> set[str]:
+    spec = body["pipeline_spec"]["pipeline_spec"]
+    return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+
+
 def test_schedule_creates_a_nightly_recurring_run_with_a_service_account(capsys):
     with FakeApi(FakeKfp()) as api:
-        code = main(["pipeline", "schedule", "--host", api.url, "--param", "pools=H100,L40",
-                     "--param", "search_tasks=8"])  # fmt: skip
+        code = main(["pipeline", "schedule", "--host", api.url, "--param", "pools=H100,L40", "--image", IMAGE,
+                     "--param", "search_tasks=8", "--service-account", "pipeline-runner"])  # fmt: skip
     assert code == 0
     body = posted(api, "/apis/v2beta1/recurringruns")
     assert body["trigger"] == {"cron_schedule": {"cron": DEFAULT_CRON}}
     assert (body["service_account"], body["max_concurrency"], body["no_catchup"], body["mode"]) == (
-        "speedforge-pipeline", 1, True, "ENABLE")
+        "pipeline-runner", 1, True, "ENABLE")
+    assert executor_images(body) == {IMAGE}  # every step, and the RayJob's submitter by the image parameter:
+    assert body["pipeline_spec"]["pipeline_spec"]["root"]["inputDefinitions"]["parameters"]["image"][
+        "defaultValue"] == IMAGE
     assert body["runtime_config"]["parameters"] == {"pools": "H100,L40", "search_tasks": 8}
     assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "speedforge-training"
     assert body["experiment_id"] == "exp-1"  # made, since none of that name existed
@@ -73,9 +82,11 @@ def test_schedule_creates_a_nightly_recurring_run_with_a_service_account(capsys)
 
 def test_submit_creates_a_run_and_status_reports_its_error(capsys):
     with FakeApi(FakeKfp()) as api:
-        assert main(["pipeline", "submit", "--host", api.url, "--name", "cross-arch", "--param", "pools=A100"]) == 0
+        assert main(["pipeline", "submit", "--host", api.url, "--name", "cross-arch", "--param", "pools=A100",
+                     "--image", IMAGE]) == 0  # fmt: skip
         assert posted(api, "/apis/v2beta1/runs")["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == (
             "speedforge-cross-arch")
+        assert executor_images(posted(api, "/apis/v2beta1/runs")) == {IMAGE}
         assert "run run-1 (nightly): FAILED" in capsys.readouterr().out
         assert main(["pipeline", "status", "run-1", "--host", api.url]) == 1
     out = capsys.readouterr().out
@@ -164,8 +175,36 @@ def test_no_endpoint_at_all_says_how_to_give_one(capsys, monkeypatch):
     assert "no Kubeflow Pipelines endpoint: give --host" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["compile", "submit", "schedule"])
+def test_a_bare_or_missing_image_is_refused_in_one_line_before_any_endpoint_is_tried(command, capsys, monkeypatch,
+                                                                                    tmp_path):  # fmt: skip
+    monkeypatch.delenv("SPEEDFORGE_IMAGE", raising=False)
+    where = ["--out", str(tmp_path)] if command == "compile" else ["--host", f"http://127.0.0.1:{closed_port()}"]
+    for image in ("speedforge:0.1.0", "speedforge", "registry.example.com/speedforge"):
+        assert main(["pipeline", command, *where, "--image", image]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"image '{image}' (--image) is not fully qualified: give REGISTRY/PATH:TAG" in line
+    monkeypatch.setenv("SPEEDFORGE_IMAGE", "speedforge:0.1.0")
+    assert main(["pipeline", command, *where]) == 2
+    assert "image 'speedforge:0.1.0' ($SPEEDFORGE_IMAGE) is not fully qualified" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing compiled
+    if command != "compile":
+        monkeypatch.delenv("SPEEDFORGE_IMAGE")
+        assert main(["pipeline", command, *where]) == 2
+        assert "no image for the run's steps: give --image REGISTRY/speedforge:TAG or set $SPEEDFORGE_IMAGE" in (
+            capsys.readouterr().err)
+
+
+def test_fully_qualified_images_pass(monkeypatch):
+    from speedforge.recipes.kfp_runs import check_image
+
+    for image in ("registry.example.com/speedforge:0.1.0", "ghcr.io/org/team/speedforge:v1", "localhost:5000/sf:1",
+                  "123456789.dkr.ecr.us-east-1.amazonaws.com/speedforge@sha256:" + "a" * 64):  # fmt: skip
+        assert check_image(image) == image
+
+
 def test_an_unknown_pool_or_parameter_is_refused_before_a_run_is_made(capsys):
-    assert main(["pipeline", "submit", "--param", "pools=H100,H9000"]) == 2
+    assert main(["pipeline", "submit", "--param", "pools=H100,H9000", "--image", IMAGE]) == 2
     assert "unknown pool(s) H9000; configured pools:" in capsys.readouterr().err
     with pytest.raises(UserError, match="--param searchtasks: the pipeline has no such parameter; known: .*search_tasks"):
         parse_params(TRAINING, ["searchtasks=3"])

@@ -17,6 +17,7 @@ portability and report recipes (skipped until they are there)."""
 import importlib.util
 import json
 from pathlib import Path
+import os
 
 import pytest
 
@@ -31,6 +32,7 @@ from components.stage import stage_dataset  # noqa: E402
 from pipelines import PIPELINES  # noqa: E402
 from speedforge.cli import main  # noqa: E402
 from speedforge.config import loads_config  # noqa: E402
+from speedforge.errors import UserError  # noqa: E402
 from speedforge.recipes.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.store.s3server import SeaweedServer  # noqa: E402
@@ -70,6 +72,78 @@ def test_a_run_naming_an_unknown_pool_fails_at_its_first_step_with_a_failure_rep
     assert not [s for s in steps["steps"] if s["step"].startswith(("baselines", "train"))]  # nothing ran on the pools
 
 
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def write_a_model_here(config: str, store: str, run_id: str) -> str:
+    """A step that writes a model folder on its own disk and hands over its path (what a pod must not do)."""
+    from pathlib import Path
+
+    from speedforge.config import loads_config
+    from speedforge.recipes.run_steps import run_step
+
+    def write() -> dict:
+        folder = Path("model").resolve()
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        return {"path": str(folder)}
+
+    return run_step(loads_config(config), store, run_id, "write", write)["path"]
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def load_the_model(config: str, store: str, run_id: str, model: str) -> dict:
+    from speedforge.config import loads_config
+    from speedforge.policy.backends import resolve_model
+    from speedforge.recipes.run_steps import run_step
+
+    return run_step(loads_config(config), store, run_id, "load", lambda: {"folder": resolve_model(model)[0]})
+
+
+@dsl.pipeline(name="speedforge-local-path-between-steps")
+def local_path_between_steps(store: str, config: str):
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    written = write_a_model_here(config=config, store=store, run_id=run_id)
+    load_the_model(config=config, store=store, run_id=run_id, model=written.output)
+
+
+def test_a_step_that_reads_a_path_another_step_wrote_fails_as_on_a_cluster(tmp_path):
+    """Each step has a HOME, cache, temp and working folder of its own, gone when it ends (a pod's
+    disk): a local path handed to the next step does not exist there, and the error says why."""
+    text, config = two_pool_config(tmp_path)
+    with pytest.raises(UserError, match=r"the pipeline failed at step load: model path (/\S+)/model does not exist .*"
+                                        r"another step's folder, gone when that step ended: steps share only the store"):
+        run_pipeline_locally(local_path_between_steps, {}, config, text)
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def where_am_i(config: str, store: str, run_id: str, name: str) -> dict:
+    import os
+    import tempfile
+
+    from speedforge.config import loads_config
+    from speedforge.recipes.run_steps import run_step
+
+    return run_step(loads_config(config), store, run_id, name, lambda: {
+        "home": os.path.expanduser("~"), "cwd": os.getcwd(), "tmp": tempfile.gettempdir(),
+        "cache": os.environ.get("SPEEDFORGE_CACHE", ""), "cache_dir": loads_config(config).evaluator.cache_dir})
+
+
+@dsl.pipeline(name="speedforge-two-steps")
+def two_steps(store: str, config: str):
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    first = where_am_i(config=config, store=store, run_id=run_id, name="first")
+    where_am_i(config=config, store=store, run_id=run_id, name="second").after(first)
+
+
+def test_each_step_has_its_own_home_cache_temp_and_working_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDFORGE_CACHE", str(tmp_path / "cache"))  # this process's: the store's data goes there
+    run = run_pipeline_locally(two_steps, {}, loads_config(""), "")
+    first, second = ({k: v for k, v in s.outcome.items()} for s in run.steps)
+    for key in ("home", "cwd", "tmp", "cache", "cache_dir"):
+        assert first[key] != second[key], key
+        assert not os.path.exists(first[key]) and not os.path.exists(second[key]), key  # gone with the step
+    assert first["cache_dir"] == first["cache"]  # the default config's cache is the step's
+
+
 @dsl.pipeline(name="speedforge-baselines-and-selection")
 def baselines_and_selection(source: str, pools: str, store: str, config: str, baseline_candidates: int):
     """The stage -> baselines per pool -> select part of the training pipeline, same components."""
@@ -106,7 +180,7 @@ NEEDS = ("speedforge.recipes.training", "speedforge.recipes.portability", "speed
 needs_training = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in NEEDS),
     reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS))
-TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu", "train_mode": "local",
+TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu",
                "train_stage": "grpo", "baseline_candidates": 1, "search_tasks": 1, "search_rounds": 1,
                "search_samples": 1, "ray_address": ""}  # fmt: skip
 
@@ -117,7 +191,11 @@ def check_training_run(run) -> dict:
     assert {"check-pools", "stage", "baselines-cpu", "baselines-cpu2", "train-grpo", "optimize", "select",
             "portability-cpu", "portability-cpu2", "report"} == set(steps)  # fmt: skip
     assert all(s.status == "ok" for s in steps.values()), [(s.step, s.status, s.error) for s in steps.values()]
-    assert steps["train-grpo"].outcome["stage"] == "grpo" and steps["train-grpo"].outcome["final_checkpoint"]
+    trained = steps["train-grpo"].outcome
+    assert trained["stage"] == "grpo" and trained["final_checkpoint_uri"].startswith(f"s3://{BUCKET}/{PREFIX}/runs/")
+    for step in steps.values():  # what the steps hand over: store URIs, never a local path
+        handed = [v for k, v in step.outcome.items() if k.endswith("_uri")] if isinstance(step.outcome, dict) else []
+        assert all(v.startswith(f"s3://{BUCKET}/{PREFIX}") for v in handed), (step.step, handed)
     assert {steps[f"portability-{p}"].outcome["results_uri"] for p in ("cpu", "cpu2")} == {
         f"s3://{BUCKET}/{PREFIX}/portability/cpu", f"s3://{BUCKET}/{PREFIX}/portability/cpu2"}
     for kind in ("html", "markdown", "json"):
@@ -140,22 +218,26 @@ def check_training_run(run) -> dict:
 @needs_training
 def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools(tmp_path, capsys):
     text, config = two_pool_config(tmp_path)
-    run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 64}, config, text)
+    run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 64}, config, text,
+                               ray_head=True)  # fmt: skip
     check_training_run(run)
 
 
 @needs_training
 def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(tmp_path, tiny_model, warm_cache):
     """The same run on what CI affords: the session's tiny model trained for one GRPO step, quick
-    measurements, the one candidate measured already built (warm_cache)."""
+    measurements, the one candidate measured already built (warm_cache). As on a cluster: each
+    step in folders of its own, gone when it ends; the train step submitted to a Ray head of its
+    own through the Job Submission API; the trained weights handed to the search as a store URI
+    (a local path would not exist in the search's step)."""
     measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
     text, config = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
     train = (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
              f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {measure}}}\n'
-             f'train:\n  work_dir: "{tmp_path / "train"}"\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
+             f'train:\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
              "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
     run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
-                               config, text)  # fmt: skip
+                               config, text, ray_head=True)  # fmt: skip
     steps = check_training_run(run)
     for pool in ("cpu", "cpu2"):
         assert (steps[f"baselines-{pool}"].outcome["measured"], steps[f"baselines-{pool}"].outcome["ok"]) == (1, 1)

@@ -46,7 +46,8 @@ def test_another_image_changes_only_the_image_lines(tmp_path):
     checked_in = PIPELINES["cross-arch"].package.read_text().splitlines()
     changed = [(a, b) for a, b in zip(checked_in, fresh) if a != b]
     assert len(fresh) == len(checked_in) and changed
-    assert all(a.strip() == "image: speedforge:0.1.0" and b.strip() == "image: registry.example.com/speedforge:7"
+    assert all(a.strip() == "image: registry.example.com/speedforge:0.1.0"
+               and b.strip() == "image: registry.example.com/speedforge:7"
                for a, b in changed)  # fmt: skip
 
 
@@ -109,7 +110,7 @@ def test_a_failure_report_runs_on_exit_and_nothing_is_cached_or_unrequested(name
     for executor, body in spec["deploymentSpec"]["executors"].items():
         assert "resourceCpuRequest" in body["container"]["resources"], executor
         assert "resourceMemoryRequest" in body["container"]["resources"], executor
-        assert body["container"]["image"] == "speedforge:0.1.0"
+        assert body["container"]["image"] == "registry.example.com/speedforge:0.1.0"  # fully qualified (a bare name is Docker Hub)
         assert "pip install" not in " ".join(body["container"]["command"])  # install_kfp_package=False
 
 

@@ -84,16 +84,19 @@ def kubeconfig(tmp_path, monkeypatch):
 
 
 def job(store: str, **kwargs) -> TrainingJob:
-    return TrainingJob(stage="grpo", store=store, mode="rayjob", namespace=NAMESPACE, image="speedforge:0.1.0",
-                       poll_s=0.01, timeout_s=60.0, **kwargs)  # fmt: skip
+    settings = {"poll_s": 0.01, "timeout_s": 60.0, **kwargs}
+    return TrainingJob(stage="grpo", store=store, mode="rayjob", namespace=NAMESPACE,
+                       image="registry.example.com/speedforge:0.1.0", **settings)  # fmt: skip
 
 
 def running(n: int) -> list[dict]:
     return [{"jobDeploymentStatus": "Initializing"}] + [{"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}] * n
 
 
-def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconfig, tmp_path):
+def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconfig, tmp_path, monkeypatch):
     store = str(tmp_path / "store")
+    for name, value in (("POD_NAME", "training-abc-train-1"), ("POD_UID", "0f6c1b6e-uid"), ("POD_NAMESPACE", NAMESPACE)):
+        monkeypatch.setenv(name, value)  # the downward API's, in the train step's pod
 
     def driver_records_outcome(body):  # what the job's driver does on the cluster
         open_store(store).put_bytes("train/grpo/outcome.json", json.dumps(OUTCOME).encode())
@@ -105,16 +108,81 @@ def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconf
         kubeconfig(api.url)
         outcome = run_training_job(job(store, config_text="grpo: {steps: 2}\n"), StoreConfig(), on_status=lines.append)
     assert outcome == OUTCOME
-    (body,) = kuberay.jobs.values()
+    assert not kuberay.jobs  # deleted once it succeeded and its outcome was read: nightly runs leave none behind
+    (body,) = [b for m, p, _, b in api.requests if m == "POST"]
     name = body["metadata"]["name"]
+    assert [m for m, p, *_ in api.requests if p.endswith(name)][-1] == "DELETE"
+    assert (body["spec"]["activeDeadlineSeconds"], body["spec"]["shutdownAfterJobFinishes"]) == (60, True)  # the step's timeout
+    assert body["spec"]["ttlSecondsAfterFinished"] > 0
+    assert body["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "training-abc-train-1",
+                                                    "uid": "0f6c1b6e-uid"}]  # fmt: skip
     assert name.startswith("speedforge-grpo-") and len(name) <= 47
     assert body["spec"]["entrypoint"] == f"python -m speedforge.recipes.training_job --stage grpo --store {store}"
     assert body["spec"]["clusterSelector"] == {"ray.io/cluster": "speedforge"}
     assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {"env_vars": {CONFIG_ENV: "grpo: {steps: 2}\n"}}
     container = body["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
-    assert container["image"] == "speedforge:0.1.0" and container["resources"]["requests"]["cpu"] == "200m"
+    assert container["image"] == "registry.example.com/speedforge:0.1.0" and container["resources"]["requests"]["cpu"] == "200m"
     assert [line.split(": ", 1)[1] for line in lines[1:]] == ["Initializing/-", "Running/RUNNING", "Complete/SUCCEEDED"]
 
+
+
+def test_the_owner_is_the_pod_only_in_the_rayjobs_namespace():
+    from speedforge.cluster.rayjob import owner_pod
+
+    pod = {"POD_NAME": "p", "POD_UID": "u", "POD_NAMESPACE": "kubeflow"}
+    assert owner_pod("kubeflow", pod) == ("p", "u")
+    assert owner_pod(NAMESPACE, pod) is None  # an owner in another namespace counts as absent: the GC would delete the job
+    assert owner_pod(NAMESPACE, {}) is None
+    spec = RayJobSpec(name="j", namespace=NAMESPACE, entrypoint="e", cluster="c", image="i")
+    assert "ownerReferences" not in rayjob_manifest(spec)["metadata"]
+
+
+def test_a_terminated_step_deletes_its_rayjob(kubeconfig, tmp_path):
+    """SIGTERM, as Argo sends it to a stopped run's pod (the KFP executor does not turn it into a
+    KeyboardInterrupt): the step deletes its RayJob before it ends."""
+    import os
+    import signal
+    import threading
+
+    from speedforge.errors import Terminated
+
+    kuberay = FakeKubeRay(running(1))
+    before = signal.getsignal(signal.SIGTERM)
+    with FakeApi(kuberay) as api:
+        kubeconfig(api.url)
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        try:
+            with pytest.raises(Terminated):
+                run_training_job(job(str(tmp_path / "store"), poll_s=0.05), StoreConfig(), on_status=lambda line: None)
+        finally:
+            timer.cancel()
+    assert not kuberay.jobs and [m for m, *_ in api.requests][-1] == "DELETE"
+    assert signal.getsignal(signal.SIGTERM) is before  # the step's handler is put back
+
+
+def test_every_kubernetes_call_the_train_step_makes_is_in_the_table(kubeconfig, tmp_path):
+    """The calls the real kubernetes client sends, on every path (success, failure, deadline,
+    gone), are exactly API_CALLS: the table the RBAC test holds the Role to."""
+    from speedforge.cluster.rayjob import API_CALLS, GROUP, PLURAL
+
+    seen = set()
+    store = str(tmp_path / "store")
+    succeed = [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}]
+    scripts = [(succeed, lambda body: open_store(store).put_bytes("train/grpo/outcome.json", b"{}")),
+               ([{"jobDeploymentStatus": "Failed", "jobStatus": "FAILED"}], None), (running(1), None)]
+    for statuses, on_complete in scripts:
+        with FakeApi(FakeKubeRay(statuses, on_complete=on_complete)) as api:
+            kubeconfig(api.url)
+            try:
+                run_training_job(job(store, timeout_s=0.3, poll_s=0.05), StoreConfig(), on_status=lambda line: None)
+            except RayJobFailed:
+                pass
+        for method, path, *_ in api.requests:
+            assert path.startswith(f"/apis/{GROUP}/v1/namespaces/{NAMESPACE}/{PLURAL}"), path
+            collection = path == RAYJOBS
+            seen.add({("POST", True): "create", ("GET", False): "get", ("DELETE", False): "delete"}[(method, collection)])
+    assert seen == {call.verb for call in API_CALLS} and {(c.group, c.resource) for c in API_CALLS} == {(GROUP, PLURAL)}
 
 
 def test_a_named_training_run_travels_to_the_remote_driver():

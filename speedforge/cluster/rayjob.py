@@ -8,7 +8,24 @@ its status followed to the end.
     final = follow_rayjob(api, spec.namespace, spec.name, timeout_s=3600, on_status=print)
 
 The job runs on an existing RayCluster (`clusterSelector`, the cluster of `k8s/`), so no cluster
-is created per job. KubeRay writes two fields as the job goes: `status.jobDeploymentStatus`
+is created per job, and the RayJob lives in that cluster's namespace (KubeRay looks for the
+selected cluster there).
+
+Its lifecycle is owned (the client that follows it may be gone):
+- `activeDeadlineSeconds`: KubeRay fails the job after the step's own timeout, whoever watches.
+- the step deletes its RayJob once it succeeded and its outcome is read, deletes it when it is
+  terminated (SIGTERM: the KFP executor does not make that a KeyboardInterrupt, so the follow
+  installs a handler that does) or times out, and keeps a failed one for `kubectl describe`.
+- an owner reference to the step's pod (its name and uid from the downward API, POD_NAME and
+  POD_UID) when the pod is in the RayJob's namespace: a namespaced owner elsewhere counts as
+  absent, and the garbage collector would delete the job at once. Deleting the pod, or the run
+  that owns it, then deletes the RayJob.
+- `shutdownAfterJobFinishes` with `ttlSecondsAfterFinished`: with clusterSelector, KubeRay never
+  deletes the selected (shared) cluster; an operator started with
+  DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true deletes the finished RayJob after the TTL, failed ones too.
+
+Every Kubernetes API call the code makes is in API_CALLS (resource, verb, namespace); the Role
+of k8s/ grants exactly these, and a test checks both sides. KubeRay writes two fields as the job goes: `status.jobDeploymentStatus`
 (its own lifecycle: Initializing, Running, Complete, Failed, ValidationFailed, ...) and
 `status.jobStatus` (Ray's: PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED). Following ends when
 the deployment status is terminal; only Complete with SUCCEEDED is a success, anything else
@@ -32,6 +49,28 @@ import yaml
 from speedforge.errors import UserError
 
 GROUP, VERSION, PLURAL, KIND = "ray.io", "v1", "rayjobs", "RayJob"
+TTL_AFTER_FINISHED_S = 24 * 3600  # a finished RayJob stays this long for its logs (see the module docstring)
+POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_UID", "POD_NAMESPACE"  # downward API (pipelines/steps.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiCall:
+    """One Kubernetes API call the code makes, as RBAC names it."""
+
+    group: str  # API group ("" core)
+    resource: str
+    verb: str
+    namespace: str  # where: "ray" = the RayCluster's namespace (the RayJob's)
+    why: str
+
+
+API_CALLS = (
+    ApiCall(GROUP, PLURAL, "create", "ray", "submit_rayjob: the train step's RayJob"),
+    ApiCall(GROUP, PLURAL, "get", "ray", "follow_rayjob: its status, polled"),
+    ApiCall(GROUP, PLURAL, "delete", "ray", "delete_rayjob: done, terminated, or past its deadline"),
+)
+CLIENT_VERBS = {"create_namespaced_custom_object": "create", "get_namespaced_custom_object": "get",
+                "delete_namespaced_custom_object": "delete"}  # the CustomObjectsApi methods used, by verb
 CLUSTER_LABEL = "ray.io/cluster"  # the label KubeRay puts on a RayCluster's pods; clusterSelector matches it
 TERMINAL = ("Complete", "Failed", "ValidationFailed")  # KubeRay's terminal jobDeploymentStatus values
 SUCCEEDED = "SUCCEEDED"
@@ -52,6 +91,8 @@ class RayJobSpec:
     image: str  # image of the submitter pod (the speedforge image)
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # runtime env vars of the driver and workers
     active_deadline_s: int = 0  # KubeRay fails the job after this long (0: no deadline of its own)
+    ttl_after_finished_s: int = TTL_AFTER_FINISHED_S
+    owner_pod: tuple[str, str] | None = None  # (name, uid) of the pod that owns the job, in its namespace
     submitter_cpu: str = "200m"  # requests of the submitter pod
     submitter_memory: str = "512Mi"
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -108,9 +149,21 @@ def rayjob_manifest(spec: RayJobSpec) -> dict[str, Any]:
     }
     if spec.env:
         body["spec"]["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(spec.env)}, sort_keys=True)
+    body["spec"]["shutdownAfterJobFinishes"] = True
+    body["spec"]["ttlSecondsAfterFinished"] = spec.ttl_after_finished_s
     if spec.active_deadline_s > 0:
         body["spec"]["activeDeadlineSeconds"] = spec.active_deadline_s
+    if spec.owner_pod:
+        name, uid = spec.owner_pod
+        body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]
     return body
+
+
+def owner_pod(namespace: str, environ=os.environ) -> tuple[str, str] | None:
+    """(name, uid) of this pod from the downward API, when it runs in `namespace` (the RayJob's):
+    an owner in another namespace would make the garbage collector delete the job at once."""
+    name, uid, here = (environ.get(k, "") for k in (POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV))
+    return (name, uid) if name and uid and here == namespace else None
 
 
 def custom_objects_api():

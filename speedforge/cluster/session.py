@@ -55,6 +55,9 @@ def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
 def connect_ray(address: str | None, config: ServiceConfig) -> bool:
     """Join the Ray cluster at `address`, or start a local one with the CPU bench slots.
 
+    With no `address` under $RAY_ADDRESS (a driver that Ray's job submission started: KubeRay's
+    submitter, `ray job submit`, the `ray` train mode), the cluster that started it is joined as
+    it is: Ray refuses `resources` for a cluster that exists, and that cluster declares its own.
     True when this call started or joined Ray (the caller shuts it down), False when Ray was
     already initialized in this process.
     """
@@ -64,6 +67,8 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
     if ray.is_initialized():
         return False
     options = dict(logging_level="WARNING", log_to_driver=False)
+    if not address and os.environ.get(RAY_ADDRESS_ENV):
+        address = os.environ[RAY_ADDRESS_ENV]  # a job's driver: join the cluster that started it
     if address:
         probe_ray(address, config.connect_timeout_s)
     try:
@@ -126,6 +131,7 @@ def _start_guard() -> subprocess.Popen:
                             start_new_session=True)  # fmt: skip  (Ctrl-C on the terminal is not for it)
 
 
+RAY_ADDRESS_ENV = "RAY_ADDRESS"  # set by Ray for a job's driver, and by users for `ray.init()`
 RAY_ADDRESS_HELP = "give the GCS address host:6379, or ray://head:10001 for the Ray Client"
 PROBE = """
 import sys, ray

@@ -2,8 +2,9 @@
 local run on this machine.
 
     speedforge pipeline compile                                  # pipelines/*.yaml, checked in
-    speedforge pipeline submit --host http://localhost:8080 --param pools=A100,H100
-    speedforge pipeline schedule --host http://localhost:8080 --service-account speedforge-pipeline
+    speedforge pipeline submit --host http://localhost:8080 --image registry.example.com/speedforge:0.1.0 \
+        --param pools=A100,H100
+    speedforge pipeline schedule --host http://localhost:8080 --image registry.example.com/speedforge:0.1.0
     speedforge pipeline status RUN_ID --host http://localhost:8080
     speedforge pipeline run-local                                # kfp.local, embedded defaults
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 from speedforge.config import load_config
 from speedforge.errors import UserError, read_text
@@ -34,8 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                      "same bytes.")  # fmt: skip
     compile_parser.add_argument("--name", choices=[*PIPELINE_NAMES, "all"], default="all")
     compile_parser.add_argument("--out", help="output folder (default: pipelines/ of this checkout)")
-    compile_parser.add_argument("--image", help="image the components run in (default: $SPEEDFORGE_IMAGE, "
-                                                "else speedforge:<version>)")  # fmt: skip
+    compile_parser.add_argument("--image", help="image the components run in, fully qualified (default: "
+                                                "$SPEEDFORGE_IMAGE, else registry.example.com/speedforge:<version>, "
+                                                "the checked-in YAML's placeholder)")  # fmt: skip
     compile_parser.set_defaults(func=_compile)
 
     submit = commands.add_parser("submit", help="create a run (what `kfp run create` does)",
@@ -59,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                        "(default: '0 0 2 * * *', 02:00 UTC every day)")  # fmt: skip
     schedule.add_argument("--job-name", default="speedforge-nightly")
     schedule.add_argument("--experiment", default="speedforge")
-    schedule.add_argument("--service-account", default="speedforge-pipeline",
-                          help="service account of the runs' pods (k8s/ creates speedforge-pipeline)")
+    schedule.add_argument("--service-account", default="",
+                          help="service account of the runs' pods (default: KFP's, pipeline-runner in standalone KFP, "
+                               "default-editor in a profile's namespace; k8s/kfp/ lets either create RayJobs)")
     schedule.add_argument("--disabled", action="store_true", help="create it paused")
     schedule.set_defaults(func=_schedule)
 
@@ -71,9 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     run_local = commands.add_parser(
         "run-local", help="run the training pipeline on this machine (kfp.local)",
-        description="Run the training pipeline with kfp.local: every step a subprocess of this Python, the store "
-                    "on an embedded S3 server, a local Ray per step, the cpp family and the default small model "
-                    "on a tiny budget; prints the steps and where the report is.")  # fmt: skip
+        description="Run the training pipeline with kfp.local, keeping a cluster's boundaries: every step a "
+                    "subprocess of this Python with a HOME, cache, temp and working folder of its own (steps share "
+                    "only the store and KFP's values), the store on an embedded S3 server, a local Ray per "
+                    "evaluating step, the train step submitted to a Ray head of its own through the Job "
+                    "Submission API (as KubeRay's submitter does); the cpp family and the default small model "
+                    "on a tiny budget. Prints the steps and where the report is.")  # fmt: skip
     run_local.add_argument("--source", default="builtin:cpp", help="task source (default: builtin:cpp)")
     run_local.add_argument("--pools", default="cpu", help="comma-separated pools (default: cpu)")
     run_local.add_argument("--train-stage", default="grpo", help="training stage (default: grpo)")
@@ -100,6 +107,8 @@ def _package_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--package", help="compiled YAML (default: the checked-in pipelines/<name>.yaml)")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a pipeline parameter (repeatable), e.g. --param pools=A100,H100")
+    parser.add_argument("--image", help="the image the run's steps and its RayJob run in, fully qualified "
+                                        "(REGISTRY/speedforge:TAG; default: $SPEEDFORGE_IMAGE; one is required)")
 
 
 def _entry(name: str):
@@ -114,9 +123,12 @@ def _entry(name: str):
 def _compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from speedforge.recipes.kfp_runs import IMAGE_ENV, check_image, compile_pipeline
+
     if args.image:
-        os.environ["SPEEDFORGE_IMAGE"] = args.image  # read when the components are imported, just below
-    from speedforge.recipes.kfp_runs import compile_pipeline
+        os.environ[IMAGE_ENV] = check_image(args.image)  # read when the components are imported, just below
+    elif os.environ.get(IMAGE_ENV):
+        check_image(os.environ[IMAGE_ENV], f"${IMAGE_ENV}")
 
     for name in PIPELINE_NAMES if args.name == "all" else (args.name,):
         entry = _entry(name)
@@ -125,25 +137,28 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _arguments(args: argparse.Namespace):
+def _arguments(args: argparse.Namespace, folder: str):
+    """The package to send (a copy in `folder` whose steps run in the run's image) and the arguments."""
     from speedforge.config import loads_config
-    from speedforge.recipes.kfp_runs import parse_params
+    from speedforge.recipes.kfp_runs import image_from, parse_params, with_image
     from speedforge.recipes.placement import pipeline_pools
 
     package = args.package or str(_entry(args.name).package)
     arguments = parse_params(package, args.param)
+    image = image_from(args.image)  # a bare or missing image fails before any endpoint is tried
     if "pools" in arguments:  # an unknown pool is refused here, before a run is made (the run's first step checks too)
         pipeline_pools(loads_config(arguments.get("config", ""), where="--param config"), arguments["pools"])
-    return package, arguments
+    return str(with_image(package, image, os.path.join(folder, os.path.basename(package)))), arguments
 
 
 def _submit(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import connect_kfp, submit_run
 
-    package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
-    run = submit_run(client, package, arguments, experiment=args.experiment, run_name=args.run_name,
-                     service_account=args.service_account)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="speedforge-package-") as folder:
+        package, arguments = _arguments(args, folder)
+        client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
+        run = submit_run(client, package, arguments, experiment=args.experiment, run_name=args.run_name,
+                         service_account=args.service_account)  # fmt: skip
     print(f"run {run.run_id} ({run.name}): {run.state or 'submitted'}" + (f"  {run.url}" if run.url else ""))
     return 0
 
@@ -154,10 +169,11 @@ def _schedule(args: argparse.Namespace) -> int:
     from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, next_runs, schedule_run
 
     cron = check_cron(args.cron or DEFAULT_CRON)  # a bad cron fails before the endpoint is tried
-    package, arguments = _arguments(args)
-    client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
-    job = schedule_run(client, package, arguments, cron=cron, name=args.job_name, experiment=args.experiment,
-                       service_account=args.service_account, enabled=not args.disabled)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="speedforge-package-") as folder:
+        package, arguments = _arguments(args, folder)
+        client = connect_kfp(args.host, args.namespace, args.timeout, args.token)
+        job = schedule_run(client, package, arguments, cron=cron, name=args.job_name, experiment=args.experiment,
+                           service_account=args.service_account or None, enabled=not args.disabled)  # fmt: skip
     print(f"recurring run {job.recurring_run_id} ({job.name}): cron {job.cron!r}, service account "
           f"{job.service_account or '-'}, {'enabled' if job.enabled else 'disabled'}")  # fmt: skip
     first = next_runs(job.cron, datetime.datetime.now(datetime.timezone.utc))[0]
@@ -181,13 +197,13 @@ def _run_local(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     arguments = {
         "source": args.source, "pools": args.pools, "search_pool": "cpu", "model": args.model, "ray_address": "",
-        "train_stage": args.train_stage, "train_mode": "local", "baseline_candidates": args.baseline_candidates,
+        "train_stage": args.train_stage, "baseline_candidates": args.baseline_candidates,
         "search_tasks": args.search_tasks, "search_rounds": args.search_rounds, "search_samples": args.search_samples,
         "max_new_tokens": args.search_tokens,
         "train_config": read_text(args.train_config, "training config") if args.train_config else "",
     }  # fmt: skip
     config_text = read_text(args.config, "config file") if args.config else ""
-    run = run_pipeline_locally(_entry("training").func, arguments, config, config_text)
+    run = run_pipeline_locally(_entry("training").func, arguments, config, config_text, ray_head=True)
     print_table(["step", "status", "seconds"], [[s.step, s.status, f"{s.seconds:.0f}"] for s in run.steps])
     print(f"run {run.run_id}: tables in {run.store_uri} (embedded S3, data under {config.evaluator.cache_dir}/pipeline-s3)")
     for kind in ("html", "markdown", "json"):

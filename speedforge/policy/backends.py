@@ -103,8 +103,14 @@ def resolve_model(model: str) -> tuple[str, str | None, str]:
     """(folder, gguf file name or None, display name) for a model setting of the hf backend.
 
     "" is the default model; a path to a .gguf file loads that file; a folder is a Hugging Face
-    checkpoint (config.json and weights), e.g. one the trainer saved.
+    checkpoint (config.json and weights), e.g. one the trainer saved; a store URI (s3://...) is
+    either of them in the object store, copied to the cache first (speedforge.store.models).
     """
+    from speedforge.store.models import is_model_uri, local_model
+
+    if is_model_uri(model):
+        folder, gguf_file, _ = resolve_model(local_model(model))
+        return folder, gguf_file, model.rstrip("/")
     if not model:
         path = default_model_file()
         return str(path.parent), path.name, DEFAULT_MODEL_NAME

@@ -3,7 +3,7 @@
     compile_pipeline(training, "pipelines/training.yaml")
     client = connect_kfp("http://ml-pipeline-ui.kubeflow:80")
     run = submit_run(client, "pipelines/training.yaml", {"pools": "A100,H100"}, experiment="speedforge")
-    schedule_run(client, "pipelines/training.yaml", {}, cron="0 0 2 * * *", service_account="speedforge-pipeline")
+    schedule_run(client, "pipelines/training.yaml", {}, cron="0 0 2 * * *", service_account="pipeline-runner")
     run_status(client, run.run_id)
 
 The endpoint is probed with a plain TCP connection bounded by `timeout_s` before the KFP client
@@ -321,3 +321,50 @@ def parse_params(package: str | os.PathLike, pairs: list[str]) -> dict[str, Any]
             words = {"NUMBER_INTEGER": "an integer", "NUMBER_DOUBLE": "a number", "BOOLEAN": "true or false"}
             raise UserError(f"--param {name}={text!r}: expected {words.get(kind, kind)}") from None
     return arguments
+
+
+# -- the image the steps run in ------------------------------------------------------------------
+
+IMAGE_ENV = "SPEEDFORGE_IMAGE"
+IMAGE_REF = re.compile(r"^(?P<registry>[a-z0-9.-]+(:[0-9]+)?|localhost(:[0-9]+)?)/(?P<path>[a-z0-9._/-]+)"
+                       r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(@sha256:[0-9a-f]{64})?$")  # fmt: skip
+
+
+def check_image(image: str, where: str = "--image") -> str:
+    """`image` when it is fully qualified (a registry host, a path, and a tag or digest); a
+    UserError in one line otherwise. A bare `speedforge:0.1.0` is Docker Hub's library namespace,
+    which the cluster's nodes would pull from, or fail to."""
+    match = IMAGE_REF.match(image.strip())
+    host = match.group("registry") if match else ""
+    qualified = bool(match) and ("." in host or ":" in host or host.startswith("localhost"))
+    if not qualified or not (match.group("tag") or "@sha256:" in image):
+        raise UserError(f"image {image!r} ({where}) is not fully qualified: give REGISTRY/PATH:TAG (or @sha256:DIGEST), "
+                        f"e.g. registry.example.com/speedforge:0.1.0, the image you pushed")  # fmt: skip
+    return image.strip()
+
+
+def image_from(option: str | None) -> str:
+    """The image of a submit or schedule: `--image`, else $SPEEDFORGE_IMAGE, checked."""
+    image = option or os.environ.get(IMAGE_ENV, "")
+    if not image:
+        raise UserError(f"no image for the run's steps: give --image REGISTRY/speedforge:TAG or set ${IMAGE_ENV} "
+                        "(the image you built from the Dockerfile and pushed)")  # fmt: skip
+    return check_image(image, "--image" if option else f"${IMAGE_ENV}")
+
+
+def with_image(package: str | os.PathLike, image: str, out: str | os.PathLike) -> Path:
+    """A copy of the compiled `package` whose steps run in `image` and whose `image` parameter
+    (the RayJob submitter's) defaults to it; written to `out`."""
+    import yaml
+
+    _check_package(package)
+    docs = list(yaml.safe_load_all(Path(package).read_text()))
+    spec = docs[0]
+    for executor in spec.get("deploymentSpec", {}).get("executors", {}).values():
+        if "container" in executor:
+            executor["container"]["image"] = image
+    parameters = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    if "image" in parameters:
+        parameters["image"]["defaultValue"] = image
+    Path(out).write_text(yaml.safe_dump_all(docs, sort_keys=True))
+    return Path(out)

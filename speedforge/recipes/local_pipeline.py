@@ -11,6 +11,13 @@ environment variables the cluster's secret sets (set for the run only, restored 
 outputs go under `<cache>/pipeline-root`, and each step starts a local Ray where it needs one.
 A failed run raises a UserError that names the step that failed and its error, read from the
 failure report the run's exit handler wrote (speedforge.recipes.run_steps).
+
+The steps keep the boundaries of pods (`isolated_steps`): each runs with a HOME, a cache
+(SPEEDFORGE_CACHE, XDG_CACHE_HOME), a temp dir (TMPDIR, so Ray's too) and a working folder of its
+own, removed when the step ends, as a pod's disk goes with the pod. Steps share only the store and
+the values KFP passes; a step that reads a path another step wrote fails here as it would on a
+cluster, and the error says so. (A config that names its cache_dir shares that folder on purpose:
+a build cache, which a step fills again when it is not there.)
 """
 
 from __future__ import annotations
@@ -43,8 +50,13 @@ class LocalRun:
 
 
 def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], config: Config,
-                         config_text: str = "") -> LocalRun:  # fmt: skip
-    """Run `pipeline_func` with `arguments` (plus `store` and `config`, set here) on this machine."""
+                         config_text: str = "", ray_head: bool = False) -> LocalRun:  # fmt: skip
+    """Run `pipeline_func` with `arguments` (plus `store` and `config`, set here) on this machine.
+
+    With `ray_head`, a Ray head of its own is started for the run (speedforge.cluster.ray_head:
+    the store's credentials in its environment, as a cluster's pods get them from their secret,
+    a HOME and cache of its own, the CPU bench slots) and the train step submits its stage to it
+    through the Job Submission API (`train_mode` ray), as KubeRay's submitter does."""
     require("pipelines", "kfp", purpose="running a pipeline locally")
     from kfp import local
 
@@ -52,10 +64,14 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     from speedforge.store import open_store
     from speedforge.store.s3server import SeaweedServer
 
-    cache = Path(config.evaluator.cache_dir)
+    cache = Path(config.evaluator.cache_dir).expanduser().resolve()  # absolute: each step runs in a folder of its own
     pipeline_root = cache / "pipeline-root"
     store_uri = f"s3://{BUCKET}/{PREFIX}"
-    with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment(server.env()):
+    with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment(server.env()), \
+            isolated_steps() as steps_root, contextlib.ExitStack() as stack:  # fmt: skip
+        if ray_head:
+            arguments = {**arguments, "train_mode": "ray", "ray_dashboard": start_ray_head(stack, server, config,
+                                                                                          Path(steps_root) / "head")}
         store = open_store(store_uri, config=config.store)
         before = set(run_ids(store.list(RUNS + "/")))
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
@@ -73,18 +89,94 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
         run_id = max(new, key=lambda r: max((s.started_at for s in read_steps(store, r)), default=0.0))
         steps = read_steps(store, run_id)
         if failure is not None:
-            raise UserError(describe_failure(store, run_id, steps, failure))
+            raise UserError(describe_failure(store, run_id, steps, failure, steps_root))
         report = next((s.outcome for s in steps if s.step == "report" and s.status == "ok"), {})
         return LocalRun(run_id, store_uri, server.endpoint, str(pipeline_root), steps, report)
 
 
-def describe_failure(store, run_id: str, steps: list, kfp_message: str) -> str:
-    """One line: the step that failed and its error, and where the failure report is."""
+def start_ray_head(stack: contextlib.ExitStack, server, config: Config, folder: Path) -> str:
+    """A Ray head for the run, stopped when `stack` closes; its dashboard's URL."""
+    from speedforge.cluster.pools import local_ray_resources
+    from speedforge.cluster.ray_head import RayHead
+
+    env = {**server.env(), "HOME": str(folder / "home"), "XDG_CACHE_HOME": str(folder / "cache"),
+           "SPEEDFORGE_CACHE": str(folder / "cache" / "speedforge"), "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+    for name in ("home", "cache"):
+        (folder / name).mkdir(parents=True)
+    head = stack.enter_context(RayHead(env=env, resources=local_ray_resources(config.service),
+                                       num_cpus=max(2, os.cpu_count() or 1)))  # fmt: skip
+    return head.dashboard
+
+
+def describe_failure(store, run_id: str, steps: list, kfp_message: str, steps_root: str = "") -> str:
+    """One line: the step that failed and its error, and where the failure report is; when the
+    error names a folder of another step, that this is why."""
     failed = next((s for s in steps if s.status == "failed"), None)
     where = store.describe(f"pipeline-runs/{run_id}/failure.md")
     if failed is None:
         return f"the pipeline failed: {kfp_message} (failure report: {where})"
-    return f"the pipeline failed at step {failed.step}: {failed.error} (failure report: {where})"
+    why = ""
+    if steps_root and steps_root in failed.error:
+        why = (" [that path is in another step's folder, gone when that step ended: steps share only the store "
+               "and the values KFP passes, as pods do; hand over a store URI]")  # fmt: skip
+    return f"the pipeline failed at step {failed.step}: {failed.error}{why} (failure report: {where})"
+
+
+@contextlib.contextmanager
+def isolated_steps() -> Iterator[str]:
+    """Every kfp.local step of the body in folders of its own (see the module docstring); yields
+    the folder under which the steps' folders are made.
+
+    kfp.local's SubprocessRunner starts each step with `run_local_subprocess(command, env_vars)`
+    in this process's environment and working folder (the branches of a ParallelFor at once, from
+    threads); that function is wrapped for the body to give the step its folders, and restored
+    after. The working folder is entered by the step's own shell (`cd`), never by this process."""
+    import itertools
+    import shutil
+    import tempfile
+
+    from kfp.local import subprocess_task_handler as handler
+
+    root = tempfile.mkdtemp(prefix="sf-")  # short: Ray's socket paths under a step's TMPDIR stay < 108 chars
+    original = handler.run_local_subprocess
+    numbers = itertools.count(1)  # next() of a count is atomic under the GIL
+
+    def run_isolated(full_command: list[str], env_vars: dict[str, str] | None = None) -> int:
+        number = next(numbers)
+        folder = Path(root) / f"{number:02d}-{step_name(full_command)}"
+        tmp = Path(root) / f"t{number:02d}"
+        folders = {name: folder / name for name in ("home", "cache", "work")}
+        for path in [*folders.values(), tmp]:
+            path.mkdir(parents=True)
+        env = {**(env_vars or {}), "HOME": str(folders["home"]), "XDG_CACHE_HOME": str(folders["cache"]),
+               "SPEEDFORGE_CACHE": str(folders["cache"] / "speedforge"), "TMPDIR": str(tmp)}  # fmt: skip
+        command = ["/bin/sh", "-c", 'cd "$0" || exit 1; exec "$@"', str(folders["work"]), *full_command]
+        try:
+            return original(command, env)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    handler.run_local_subprocess = run_isolated
+    try:
+        yield root
+    finally:
+        handler.run_local_subprocess = original
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def step_name(full_command: list[str]) -> str:
+    """The KFP task's name, from the executor input's output file (<root>/<run>/<task>/...)."""
+    import json
+
+    for flag, value in zip(full_command, full_command[1:]):
+        if flag == "--executor_input":
+            try:
+                output = json.loads(value)["outputs"]["outputFile"]
+            except (ValueError, KeyError, TypeError):
+                break
+            return re.sub(r"[^a-z0-9-]", "-", Path(output).parent.name.lower())[:24] or "step"
+    return "step"
 
 
 def run_ids(keys: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import shlex
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speedforge.config import StoreConfig
-from speedforge.errors import UserError
+from speedforge.errors import UserError, interrupt_on_sigterm
 
 MODES = ("local", "rayjob", "ray")
 CONFIG_ENV = "SPEEDFORGE_TRAIN_CONFIG_YAML"
@@ -90,37 +91,60 @@ def run_training_job(job: TrainingJob, store_config: StoreConfig,
 
 
 def _run_rayjob(job: TrainingJob, env: dict[str, str], say: Callable[[str], None]) -> None:
-    from speedforge.cluster.rayjob import RayJobSpec, custom_objects_api, delete_rayjob, follow_rayjob, submit_rayjob
+    """Create the RayJob, follow it, and own its end (speedforge.cluster.rayjob's docstring):
+    deleted once it succeeded, when this step is terminated or interrupted, and past its deadline."""
+    from speedforge.cluster.rayjob import (RayJobSpec, custom_objects_api, delete_rayjob, follow_rayjob, owner_pod,
+                                           submit_rayjob)  # fmt: skip
     from speedforge.extras import require
 
     require("pipelines", "kubernetes", purpose="submitting a RayJob")
     namespace = job.namespace or pod_namespace()
     name = f"speedforge-{job.stage}-{time.strftime('%Y%m%d-%H%M%S')}".lower()
     spec = RayJobSpec(name=name, namespace=namespace, entrypoint=job.entrypoint(), cluster=job.cluster,
-                      image=job.image, env=env, labels={"speedforge.dev/stage": job.stage})  # fmt: skip
+                      image=job.image, env=env, labels={"speedforge.dev/stage": job.stage},
+                      active_deadline_s=max(1, math.ceil(job.timeout_s)), owner_pod=owner_pod(namespace))  # fmt: skip
     api = custom_objects_api()
-    submit_rayjob(api, spec)
-    say(f"RayJob {namespace}/{name} submitted to RayCluster {job.cluster}: {spec.entrypoint}")
+    previous = interrupt_on_sigterm()  # SIGTERM (a stopped run) raises Terminated, a KeyboardInterrupt
     try:
-        follow_rayjob(api, namespace, name, job.timeout_s, job.poll_s,
-                      on_status=lambda s: say(f"RayJob {name}: {s.describe()} {s.message}".rstrip()))  # fmt: skip
-    except KeyboardInterrupt:
-        delete_rayjob(api, namespace, name)
-        raise
+        submit_rayjob(api, spec)
+        say(f"RayJob {namespace}/{name} submitted to RayCluster {job.cluster}: {spec.entrypoint}")
+        try:
+            follow_rayjob(api, namespace, name, job.timeout_s, job.poll_s,
+                          on_status=lambda s: say(f"RayJob {name}: {s.describe()} {s.message}".rstrip()))  # fmt: skip
+        except KeyboardInterrupt:
+            delete_rayjob(api, namespace, name)
+            say(f"RayJob {namespace}/{name}: deleted (the step was stopped)")
+            raise
+        delete_rayjob(api, namespace, name)  # done: its outcome is in the store, nothing piles up
+    finally:
+        restore_sigterm(previous)
 
 
 def _run_ray_job(job: TrainingJob, env: dict[str, str], say: Callable[[str], None]) -> None:
     from speedforge.cluster.job_submission import follow_ray_job, submit_ray_job
 
-    job_id = submit_ray_job(job.address, job.entrypoint(), env, job.connect_timeout_s)
-    say(f"Ray job {job_id} submitted to {job.address}: {job.entrypoint()}")
+    previous = interrupt_on_sigterm()
     try:
-        follow_ray_job(job.address, job_id, job.timeout_s, job.poll_s, on_status=lambda s: say(f"Ray job {job_id}: {s}"))
-    except KeyboardInterrupt:
-        from ray.job_submission import JobSubmissionClient
+        job_id = submit_ray_job(job.address, job.entrypoint(), env, job.connect_timeout_s)
+        say(f"Ray job {job_id} submitted to {job.address}: {job.entrypoint()}")
+        try:
+            follow_ray_job(job.address, job_id, job.timeout_s, job.poll_s,
+                           on_status=lambda s: say(f"Ray job {job_id}: {s}"))  # fmt: skip
+        except KeyboardInterrupt:
+            from ray.job_submission import JobSubmissionClient
 
-        JobSubmissionClient(job.address).stop_job(job_id)
-        raise
+            JobSubmissionClient(job.address).stop_job(job_id)
+            raise
+    finally:
+        restore_sigterm(previous)
+
+
+def restore_sigterm(previous) -> None:
+    """Put back the SIGTERM handler interrupt_on_sigterm replaced (None: it replaced none)."""
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def pod_namespace() -> str:

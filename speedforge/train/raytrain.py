@@ -31,7 +31,7 @@ def scaling_config(config: RayTrainConfig):
     from ray.train import ScalingConfig
 
     gpu = wants_gpu(config)
-    resources = {"CPU": config.cpus_per_worker} | ({"GPU": config.gpus_per_worker} if gpu else {})
+    resources = {"CPU": config.cpus_per_worker} | ({"GPU": config.gpus_per_worker} if gpu else {}) | dict(config.resources)
     return ScalingConfig(num_workers=config.workers, use_gpu=gpu, resources_per_worker=resources,
                          accelerator_type=config.accelerator_type or None)  # fmt: skip
 

@@ -1,0 +1,77 @@
+"""The train step's driver as it runs on a cluster: started by Ray's Job Submission API, as
+KubeRay's submitter starts it (`RAY_ADDRESS` set in the driver's environment), on a Ray head of its
+own (`ray start --head` on 127.0.0.1, speedforge.cluster.ray_head) whose processes carry the store's
+credentials, as the cluster's pods get them from their secret. Nothing but the store and the job's
+runtime environment reaches the driver: its outcome and checkpoint come back through the store.
+
+The GRPO step is slow: a Ray head, a job driver and a Ray Train worker each start Python with
+torch and transformers (about three minutes on 2 cores, most of it imports and the session's tiny
+model and warm cache). The quick test joins the same kind of head the way a job's driver does."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray", reason="the Ray head needs the 'cluster' extra")
+pytest.importorskip("trl", reason="training needs the 'train' extra")
+
+from speedforge.cluster.ray_head import RayHead  # noqa: E402
+from speedforge.config import CPU_POOL_RESOURCE, StoreConfig  # noqa: E402
+from speedforge.recipes.training_job import TrainingJob, run_training_job  # noqa: E402
+from speedforge.store import open_store  # noqa: E402
+
+
+JOIN = """
+import json, sys
+import ray
+from speedforge.cluster.session import ray_session
+from speedforge.config import ServiceConfig
+with ray_session(None, ServiceConfig()):
+    print(json.dumps(ray.cluster_resources()))
+"""
+
+
+def test_a_driver_with_ray_address_set_joins_that_cluster_as_it_is(s3_env):
+    """What Ray's job submission gives a driver (RAY_ADDRESS) is the cluster to join: no
+    resources of its own (Ray refuses them for a cluster that exists), the cluster's own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    with RayHead(resources={CPU_POOL_RESOURCE: 3.0}) as head:
+        child = subprocess.run([sys.executable, "-c", JOIN], capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "RAY_ADDRESS": head.gcs, "RAY_AUTH_MODE": "disabled"})  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert json.loads(child.stdout.strip().splitlines()[-1])[CPU_POOL_RESOURCE] == 3.0  # the head's, not local slots
+
+
+def tiny_grpo(tiny_model: str, cache_dir: str, task_id: str) -> str:
+    """One GRPO step of the tiny model, measured quickly (the training config, as YAML text)."""
+    measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
+    return (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
+            f'evaluator: {{cache_dir: "{cache_dir}", {measure}}}\n'
+            f"train:\n  tasks: [{task_id}, cpp/sum_squares]\n  heldout: [cpp/sum_squares]\n"
+            "  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_grpo_step_submitted_through_the_job_submission_api_trains_and_its_checkpoint_reaches_the_store(
+        s3_env, s3_uri, tiny_model, warm_cache, monkeypatch):  # fmt: skip
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the head has no token auth (a token in ~/.ray must not be sent)
+    lines: list[str] = []
+    with RayHead(env=s3_env.env(), resources={CPU_POOL_RESOURCE: 1.0}) as head:
+        job = TrainingJob(stage="grpo", store=s3_uri, mode="ray", address=head.dashboard, run="ray-job",
+                          config_text=tiny_grpo(tiny_model, warm_cache.cache_dir, warm_cache.task_id),
+                          poll_s=1.0, timeout_s=900.0)  # fmt: skip
+        try:
+            outcome = run_training_job(job, StoreConfig(), on_status=lines.append)
+        except Exception:
+            print(head.output()[-3000:])
+            raise
+    assert lines[0].startswith("Ray job ") and lines[-1].endswith(": SUCCEEDED"), lines
+    assert (outcome["stage"], outcome["run"], outcome["steps"]) == ("grpo", "ray-job", 1)
+    assert outcome["final_checkpoint_uri"] == f"{s3_uri}/runs/ray-job/grpo/final"
+    store = open_store(s3_uri)
+    saved = store.list("runs/ray-job/grpo/final/")
+    assert "runs/ray-job/grpo/final/config.json" in saved and any(k.endswith(".safetensors") for k in saved)
