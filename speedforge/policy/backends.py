@@ -116,8 +116,14 @@ def resolve_model(model: str) -> tuple[str, str | None, str]:
     """(folder, gguf file name or None, display name) for a model setting of the hf backend.
 
     "" is the default model; a path to a .gguf file loads that file; a folder is a Hugging Face
-    checkpoint (config.json and weights), e.g. one the trainer saved.
+    checkpoint (config.json and weights), e.g. one the trainer saved; `champion` or models:/NAME@N
+    is a version in the model registry, fetched to the cache (speedforge.registry.fetch).
     """
+    from speedforge.registry.fetch import is_reference, local_reference
+
+    if is_reference(model):
+        folder, gguf_file, _ = resolve_model(local_reference(model))
+        return folder, gguf_file, model
     if not model:
         path = default_model_file()
         return str(path.parent), path.name, DEFAULT_MODEL_NAME
