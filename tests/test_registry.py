@@ -170,6 +170,27 @@ def test_gate_version_records_a_promotion_and_a_refusal_with_their_figures(tmp_p
     assert [c.decision_id for c in reg.history()] == [first.decision_id, second.decision_id]  # the refusal moved nothing
 
 
+def test_the_held_out_split_is_fixed_per_data_set_version(tmp_path):
+    """The first gate on a data set version records its held-out tasks; a later night whose split
+    moved is refused (recorded), and nothing is checked."""
+    config = local_config(tmp_path, gate=GateConfig(samples=16, resamples=100))
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, heldout=("cpp/sum_squares",)))
+    reg = open_registry(config)
+    for run in ("r1", "r2"):
+        reg.register(f"/ckpt/{run}", FILES, run_id=run)
+
+    def check(config, version, say):
+        return heldout(version.ref, ["ok", "incorrect"] * 16, [1.2, None] * 16)
+
+    assert gate_version(config, 1, check=check, say=lambda _: None).promoted
+    moved = dataclasses.replace(config, train=dataclasses.replace(config.train, heldout=("cpp/rmsnorm",)))
+    decision = gate_version(moved, 2, check=lambda *a: pytest.fail("checked a moved split"), say=lambda _: None)
+    assert not decision.promoted and decision.reason.startswith(
+        "the held-out split moved: this data set version's was fixed as cpp/sum_squares")
+    assert "this night's is cpp/rmsnorm" in decision.reason and reg.decisions()[-1] == decision
+    assert reg.alias() == 1
+
+
 # -- references, fetched -----------------------------------------------------------------------
 
 
@@ -269,6 +290,26 @@ def test_registered_tiny_model_is_checked_gated_and_refused_when_no_better(tiny_
     assert not second.promoted and second.champion == 1
     assert [f.metric for f in second.figures][0] == "correct_fraction"
     assert open_registry(config).alias() == 1
+
+
+def test_training_starts_from_the_champion_when_there_is_one(tiny_model, tmp_path):
+    from speedforge.recipes.training import starting_model
+
+    config = local_config(tmp_path)
+    config = dataclasses.replace(config, policy=dataclasses.replace(config.policy, model=tiny_model),
+                                 train=dataclasses.replace(config.train, store=str(tmp_path / "run-store")))  # fmt: skip
+    store = open_store(tmp_path / "run-store")
+    assert starting_model(config, "sft", store) == tiny_model  # no champion: the base model
+    reg = open_registry(config)
+    assert reg.store.uri == str(tmp_path / "run-store")  # the run's store holds the registry
+    reg.register(tiny_model, checkpoint_files(tiny_model), run_id="r0")
+    reg.register(tiny_model, checkpoint_files(tiny_model), run_id="r1")
+    reg.promote(2, "the better one")
+    assert starting_model(config, "sft", store) == "models:/policy@2"  # pinned: workers fetch that version
+    off = dataclasses.replace(config, models=dataclasses.replace(config.models, warm_start=False))
+    assert starting_model(off, "sft", store) == tiny_model
+    named = dataclasses.replace(config, train=dataclasses.replace(config.train, init="models:/policy@1"))
+    assert starting_model(named, "sft", store) == "models:/policy@1"
 
 
 def test_serve_policy_loads_the_champion_through_the_store(tiny_model, s3_uri, tmp_path):
