@@ -376,7 +376,7 @@ class TrainConfig(Checked):
     heldout: tuple[str, ...] = ()  # tasks no stage trains on (empty: the first `heldout_count` by the seeded hash order)
     heldout_count: int = setting(1, AT_LEAST_0)
     train_count: int = setting(2, AT_LEAST_0)  # training tasks, after the held-out ones (0: all the rest)
-    init: str = ""  # starting weights: "" = the previous stage's final checkpoint of this run, else policy.model
+    init: str = ""  # starting weights: "" = the previous stage's final checkpoint of this run, else the registry's champion (models.warm_start), else policy.model
     evaluation: str = setting("local", one_of(("local", "service")))  # this machine's sandbox, or the Ray evaluation service
     pool: str = ""  # pool the speedups are measured on ("" = cpu, or the local GPU's pool for cuda tasks)
     seed: int = 0

@@ -292,6 +292,22 @@ def test_registered_tiny_model_is_checked_gated_and_refused_when_no_better(tiny_
     assert open_registry(config).alias() == 1
 
 
+def test_resolve_model_fetches_a_reference_from_the_registry_the_environment_names(tiny_model, tmp_path, monkeypatch):
+    from speedforge.policy.backends import resolve_model
+
+    monkeypatch.setenv("SPEEDFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPEEDFORGE_REGISTRY", str(tmp_path / "registry"))
+    reg = ModelRegistry(open_store(tmp_path / "registry"), "policy")
+    reg.register(tiny_model, checkpoint_files(tiny_model))
+    with pytest.raises(UserError, match="has no champion"):
+        resolve_model("champion")
+    reg.promote(1, "first")
+    folder, gguf_file, name = resolve_model("champion")
+    assert (gguf_file, name) == (None, "champion") and Path(folder).is_relative_to(tmp_path / "cache" / "registry")
+    assert (Path(folder) / "config.json").read_bytes() == (Path(tiny_model) / "config.json").read_bytes()
+    assert resolve_model("models:/policy@1")[0] == folder
+
+
 def test_training_starts_from_the_champion_when_there_is_one(tiny_model, tmp_path):
     from speedforge.recipes.training import starting_model
 
