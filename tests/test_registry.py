@@ -328,6 +328,22 @@ def test_training_starts_from_the_champion_when_there_is_one(tiny_model, tmp_pat
     assert starting_model(named, "sft", store) == "models:/policy@1"
 
 
+def test_a_night_whose_check_fails_is_registered_and_refused(tiny_model, tmp_path):
+    """The cuda family's held-out check cannot run without a GPU: the version is registered with the
+    failure noted, the gate refuses it and records why, and the champion stays unset."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU (the cuda family's check must fail)")
+    config = local_config(tmp_path, gate=GateConfig(samples=1))
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, family="cuda"))
+    lines = []
+    version = register_checkpoint(config, tiny_model, run_id="r1", say=lines.append)
+    assert version.evaluations == {} and "held-out check failed at registration" in version.note
+    decision = gate_version(config, version.version, say=lines.append)
+    assert not decision.promoted and "measured nothing" in decision.reason
+    assert open_registry(config).decisions() == [decision] and open_registry(config).alias() is None
+
+
 def test_serve_policy_loads_the_champion_through_the_store(tiny_model, s3_uri, tmp_path):
     push_folder(tiny_model, f"{s3_uri}/runs/r1/grpo/final")
     reg = ModelRegistry(open_store(s3_uri), "policy")

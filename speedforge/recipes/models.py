@@ -104,15 +104,20 @@ def register_checkpoint(config: Config, checkpoint: str, *, run_id: str = "", st
                         datasets: Sequence[str] = (), registry: str = "", evaluate: bool = True, note: str = "",
                         say: Say = print) -> ModelVersion:  # fmt: skip
     """Register `checkpoint` (a store URI or a folder) as the next version of models.name, with its
-    lineage and, with `evaluate`, its held-out check on train.pool."""
+    lineage and, with `evaluate`, its held-out check on train.pool. A check that fails is said and
+    noted on the version, which is registered without an evaluation (the gate refuses it)."""
     reg = open_registry(config, registry)
     files = checkpoint_files(checkpoint, config.store)
     evaluations, split = {}, ""
     if evaluate:
         folder = fetch_checkpoint(checkpoint, files, config.models.cache_dir, config.store)
         say(f"held-out check of {checkpoint} ({config.models.gate.samples} sample(s) per task)")
-        evaluation = heldout_eval(config, folder, checkpoint)
-        evaluations, split = {evaluation.pool: evaluation.to_dict()}, evaluation.split_id
+        try:
+            evaluation = heldout_eval(config, folder, checkpoint)
+            evaluations, split = {evaluation.pool: evaluation.to_dict()}, evaluation.split_id
+        except UserError as exc:
+            say(f"held-out check of {checkpoint} failed: {exc}")
+            note = "; ".join(filter(None, [note, f"held-out check failed at registration: {exc}"]))
     version = reg.register(checkpoint, files, run_id=run_id, stage=stage, parent=parent, datasets=tuple(datasets),
                            config_hash=config_hash(config), code_version=code_version(), split_id=split,
                            evaluations_json=json.dumps(evaluations, sort_keys=True), note=note)  # fmt: skip
