@@ -1,6 +1,7 @@
 """Nightly retraining that compounds: two consecutive runs of the training pipeline with kfp.local
 on the same embedded S3 store, the session's tiny model. The first night trains from the base
-model and its checkpoint becomes the champion (there was none); the second night's training starts
+model and its checkpoint becomes the champion (there was none), which the search step then loads by its
+name through the store; the second night's training starts
 from that champion (warm start), its checkpoint is registered with the champion as its parent,
 and the gate, which checked both on the same held-out tasks, samples and seeds, keeps the champion
 (neither writes a correct kernel), recording why with the figures."""
@@ -31,17 +32,18 @@ BUDGET = {"source": "builtin:cpp", "pools": "cpu", "search_pool": "cpu", "train_
           "max_new_tokens": 16}  # fmt: skip
 
 
-@pytest.mark.slow  # two whole pipeline runs: about 5 minutes on 2 cores
+@pytest.mark.slow  # two whole pipeline runs: minutes each on 2 cores (17 min for both at a load of 20)
 def test_the_second_night_warm_starts_from_the_first_nights_champion(tmp_path, tiny_model, warm_cache):
-    config_text = f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
+    config_text = (f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
+                   f'models: {{cache_dir: "{tmp_path / "models"}"}}\n')  # the search step's copy of the champion
     train = (f'policy: {{model: "{tiny_model}", device: cpu, max_new_tokens: 16}}\n'
              f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
              f'models: {{name: {NAME}, cache_dir: "{tmp_path / "models"}", gate: {{samples: 2, resamples: 200}}}}\n'
              f'train:\n  work_dir: "{tmp_path / "train"}"\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
              "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
     config = loads_config(config_text)
-    nights = [run_pipeline_locally(PIPELINES["training"].func, {**BUDGET, "train_config": train}, config, config_text)
-              for _ in range(2)]  # fmt: skip
+    arguments = {**BUDGET, "train_config": train, "model": f"models:/{NAME}@champion"}  # the search: the champion
+    nights = [run_pipeline_locally(PIPELINES["training"].func, arguments, config, config_text) for _ in range(2)]
     first, second = ({s.step: s for s in night.steps} for night in nights)
     assert all(s.status == "ok" for night in (first, second) for s in night.values())
     assert first["train-grpo"].outcome["init_model"] == tiny_model  # no champion yet: the base model

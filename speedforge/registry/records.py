@@ -35,7 +35,8 @@ class HeldoutEval(Record):
         n = len(self.tasks) * self.samples
         if len(self.statuses) != n or len(self.speedups) != n:
             raise ValueError(f"held-out evaluation of {self.model}: {len(self.tasks)} task(s) x {self.samples} "
-                             f"sample(s) need {n} statuses and speedups, got {len(self.statuses)} and {len(self.speedups)}")  # fmt: skip
+                             f"sample(s) need {n} statuses and speedups, got {len(self.statuses)} and "
+                             f"{len(self.speedups)}")  # fmt: skip
         bad = sorted(set(self.statuses) - set(STATUSES))
         if bad:
             raise ValueError(f"unknown status(es) {bad}; expected one of {STATUSES}")
