@@ -32,7 +32,8 @@ BUDGET = {"source": "builtin:cpp", "pools": "cpu", "search_pool": "cpu", "train_
           "max_new_tokens": 16}  # fmt: skip
 
 
-@pytest.mark.slow  # two whole pipeline runs: minutes each on 2 cores (17 min for both at a load of 20)
+@pytest.mark.slow  # two whole pipeline runs: about 6 min each on 2 cores at a load of 20
+@pytest.mark.timeout(2700)  # more than the suite's 900 s per test
 def test_the_second_night_warm_starts_from_the_first_nights_champion(tmp_path, tiny_model, warm_cache):
     config_text = (f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
                    f'models: {{cache_dir: "{tmp_path / "models"}"}}\n')  # the search step's copy of the champion
