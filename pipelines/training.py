@@ -1,5 +1,9 @@
-"""The training pipeline: stage -> baselines per pool -> train -> optimize -> select -> portability
-per pool -> report, with a failure report when any step fails.
+"""The training pipeline: stage -> baselines per pool -> train -> promotion gate -> optimize -> select ->
+portability per pool -> report, with a failure report when any step fails.
+
+Training starts from the champion of the model registry in `store` (<store>/models/) when there is
+one (warm start; `train.init` in the training config names another start), else from the base
+model; the gate registers the new checkpoint and promotes it only when it beats the champion.
 
 Parameters are the data set, the model, the pools, the budgets and the object-store prefix
 (`store`: every table of the run lives under it; the run's steps and failure report under
@@ -13,6 +17,7 @@ from kfp import dsl
 from components import IMAGE
 from components.baselines import measure_baselines
 from components.failure import run_report
+from components.gate import gate
 from components.optimize import optimize
 from components.pools import check_pools, fan_out, pool_placement
 from components.select import select_best
@@ -30,7 +35,7 @@ def training(
     store: str = "s3://speedforge/runs/training",  # object-store prefix of this run's tables
     pools: str = "A100,H100,L40",  # comma-separated pools: baselines and portability fan out over them
     search_pool: str = "H100",  # the pool the search measures on
-    model: str = "",  # policy model of the search: a store URI (s3://.../final) or a path in the image or on a volume ("" = the checkpoint this run's training wrote, by its store URI)
+    model: str = "",  # policy model of the search: a store URI (s3://.../final), a path in the image or on a volume, or champion (the registry's) ("" = the checkpoint this run's training wrote, by its store URI)
     train_stage: str = "grpo",  # sft | self | grpo
     train_config: str = "",  # YAML text of the training config ("" = its embedded defaults)
     train_mode: str = "rayjob",  # local (in the step's pod) | rayjob (KubeRay) | ray (Job Submission API)
@@ -70,6 +75,9 @@ def training(
             timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.outputs["Output"]), run_id=run_id), s3_secret,
             name="train")
         pod_identity(trained)  # the RayJob's owner reference, where the pod shares its namespace
+        gated = step(gate(config=config, train_config=train_config, store=store, outcome=trained.outputs["outcome"],
+                          dataset_uri=staged.outputs["dataset_uri"], run_id=run_id), s3_secret, cpu="4", memory="16Gi",
+                     name="promotion gate")
         searched = step(optimize(
             config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,
             checkpoint=trained.outputs["final_checkpoint_uri"], tasks=search_tasks, rounds=search_rounds,
@@ -78,5 +86,6 @@ def training(
         selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],
                                     pool="", store=store, run_id=run_id), s3_secret, name="select best variants")
         selected.after(searched)
+        searched.after(gated)
         portability_and_report(config=config, pools=checked.output, variants_uri=selected.outputs["variants_uri"],
                                store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address)

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "speedforge.commands.portability",
     "speedforge.commands.report",
     "speedforge.commands.pipeline",
+    "speedforge.commands.models",
 )
 # Ray warns on every local start that it enabled token authentication (its secure default,
 # which we keep); the warning comes from this logger and says nothing a user has to act on.

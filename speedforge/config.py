@@ -415,7 +415,7 @@ class TrainConfig(Checked):
     heldout: tuple[str, ...] = ()  # tasks no stage trains on (empty: the first `heldout_count` by the seeded hash order)
     heldout_count: int = setting(1, AT_LEAST_0)
     train_count: int = setting(2, AT_LEAST_0)  # training tasks, after the held-out ones (0: all the rest)
-    init: str = ""  # starting weights: "" = the previous stage's final checkpoint of this run, else policy.model
+    init: str = ""  # starting weights: "" = the previous stage's final checkpoint of this run, else the registry's champion (models.warm_start), else policy.model
     evaluation: str = setting("local", one_of(("local", "service")))  # this machine's sandbox, or the Ray evaluation service
     pool: str = ""  # pool the speedups are measured on ("" = cpu, or the local GPU's pool for cuda tasks)
     seed: int = 0
@@ -430,6 +430,40 @@ class TrainConfig(Checked):
     grpo: GRPOStageConfig = dataclasses.field(default_factory=GRPOStageConfig)
 
 
+def _gate_metrics(value: Any) -> str | None:
+    from speedforge.registry.gate import METRICS  # the records only
+
+    unknown = [m for m in value if m not in METRICS]
+    if unknown or not value:
+        return f"expected metrics from {', '.join(METRICS)} in the order they decide, got {_show(list(value))}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class GateConfig(Checked):
+    """The promotion gate (speedforge.registry.gate): the new checkpoint replaces the champion only
+    when the low end of the interval of its lead on the first metric that decides is past the margin."""
+
+    metrics: tuple[str, ...] = setting(("correct_fraction", "median_speedup"), _gate_metrics)  # in the order they decide
+    fraction_margin: float = setting(0.0, number(0, high=1))  # a fraction metric: new - champion must exceed this at the interval's low end
+    speedup_margin: float = setting(0.02, AT_LEAST_0)  # median_speedup: new / champion must exceed 1 + this at the interval's low end
+    confidence: float = setting(0.95, number(0.5, high=0.999))  # of the bootstrap intervals (samples resampled within each task)
+    resamples: int = setting(1000, AT_LEAST_1)
+    samples: int = setting(4, AT_LEAST_1)  # held-out samples per task, the same seeds for both models
+    seed: int = 0  # of the resampling
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelsConfig(Checked):
+    """The model registry in the store (speedforge.registry): versions, the champion alias, the gate."""
+
+    registry: str = ""  # store that holds models/ ("" = store.uri; a pipeline run: its store)
+    name: str = setting("policy", matches(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a model name of letters, digits, '_', '.', '-'"))
+    cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)  # downloaded versions
+    warm_start: bool = True  # training with no train.init starts from the champion when there is one (else policy.model)
+    gate: GateConfig = dataclasses.field(default_factory=GateConfig)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The root: one field per component."""
@@ -440,6 +474,7 @@ class Config:
     store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
     service: ServiceConfig = dataclasses.field(default_factory=ServiceConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    models: ModelsConfig = dataclasses.field(default_factory=ModelsConfig)
 
 
 def from_mapping(cls: type[T], data: Any, where: str = "") -> T:

@@ -28,6 +28,7 @@ COMMANDS = [
     ["ann", "tasks"],
     ["ann", "reference", "ann/sift-search"],
     ["ann", "sweep", "--n", "100", "--nq", "10"],
+    ["models", "list", "--registry", "{tmp}/store"],
 ]
 BAD_CONFIGS = {
     "missing": None,

@@ -188,7 +188,7 @@ TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu
 def check_training_run(run) -> dict:
     """Every step of the training pipeline ran and ended ok, on both pools; the report is written."""
     steps = {s.step: s for s in run.steps}
-    assert {"check-pools", "stage", "baselines-cpu", "baselines-cpu2", "train-grpo", "optimize", "select",
+    assert {"check-pools", "stage", "baselines-cpu", "baselines-cpu2", "train-grpo", "gate", "optimize", "select",
             "portability-cpu", "portability-cpu2", "report"} == set(steps)  # fmt: skip
     assert all(s.status == "ok" for s in steps.values()), [(s.step, s.status, s.error) for s in steps.values()]
     trained = steps["train-grpo"].outcome
@@ -242,6 +242,7 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
     for pool in ("cpu", "cpu2"):
         assert (steps[f"baselines-{pool}"].outcome["measured"], steps[f"baselines-{pool}"].outcome["ok"]) == (1, 1)
     assert steps["train-grpo"].outcome["steps"] == 1
+    assert steps["gate"].outcome["promoted"] and steps["gate"].outcome["champion"] == "models:/policy@1"  # the first
     assert run.report["pools"] == ["cpu", "cpu2"] and run.report["variants"] == 1
     pools = json.loads(open(run.report["json"]).read())["pools"]
     assert [(p["pool"], p["summary"]["evaluated"], p["summary"]["correct"]) for p in pools] == [

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from speedforge.config import Config, load_config
 from speedforge.errors import UserError
+from speedforge.recipes.models import with_registered_model
 from speedforge.recipes.task_search import search_task
 from speedforge.search.printer import SearchPrinter, describe_outcome
 
@@ -37,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rounds", type=int, help="rounds of sample -> evaluate (default: search.rounds)")
     parser.add_argument("--samples", type=int, help="samples per round (default: search.samples)")
     parser.add_argument("--backend", help="generation backend: hf | openai (default: policy.backend)")
-    parser.add_argument("--model", help="hf: .gguf file or checkpoint folder; openai: model name (default: policy.model)")
+    parser.add_argument("--model", help="hf: .gguf file, checkpoint folder, champion or models:/NAME@VERSION (the "
+                                        "model registry's); openai: model name (default: policy.model)")
     parser.add_argument("--base-url", help="openai: endpoint, e.g. http://127.0.0.1:8000/v1 (key from $OPENAI_API_KEY)")
     parser.add_argument("--max-new-tokens", type=int, help="tokens per sample (default: policy.max_new_tokens)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: policy.temperature)")
@@ -72,7 +74,7 @@ def config_with_overrides(config: Config, args: argparse.Namespace) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_with_overrides(load_config(args.config), args)
+    config = with_registered_model(config_with_overrides(load_config(args.config), args))  # champion: from the store
     result = search_task(config, args.task, SearchPrinter(), tasks_uri=args.tasks, pool=args.pool,
                          store_uri=args.store, endpoint=args.endpoint, service=args.service,
                          address=args.address)  # fmt: skip

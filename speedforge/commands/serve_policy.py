@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "OpenAI protocol, including `speedforge optimize --backend openai`, can use it. No API key is "
         "checked: keep it on 127.0.0.1 or behind a proxy that authenticates.",
     )
-    parser.add_argument("--model", help="a .gguf file or a checkpoint folder (default: policy.model)")
+    parser.add_argument("--model", help="a .gguf file, a checkpoint folder, or the registry's champion or "
+                                        "models:/NAME@VERSION (fetched from the store; default: policy.model)")
     parser.add_argument("--device", help="auto | cpu | cuda (default: policy.device)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
@@ -30,11 +31,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from speedforge.policy.backends import HFBackend
     from speedforge.policy.server import PolicyServer
+    from speedforge.recipes.models import resolve_registered
 
-    policy = load_config(args.config).policy
+    config = load_config(args.config)
     overrides = {"model": args.model, "device": args.device, "max_new_tokens": args.max_new_tokens}
-    policy = dataclasses.replace(policy, backend="hf", **{k: v for k, v in overrides.items() if v is not None})
-    backend = HFBackend(policy)
+    policy = dataclasses.replace(config.policy, backend="hf", **{k: v for k, v in overrides.items() if v is not None})
+    config, version = resolve_registered(dataclasses.replace(config, policy=policy))  # champion: fetched from the store
+    backend = HFBackend(config.policy)
+    if version is not None:
+        backend.model_name = version.ref  # what /v1/models lists
     server = PolicyServer(backend, args.host, args.port, quiet=args.quiet)
     print(f"serving {backend.model_name} ({backend.device}) at {server.url}", flush=True)
     try:

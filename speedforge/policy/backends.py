@@ -104,10 +104,16 @@ def resolve_model(model: str) -> tuple[str, str | None, str]:
 
     "" is the default model; a path to a .gguf file loads that file; a folder is a Hugging Face
     checkpoint (config.json and weights), e.g. one the trainer saved; a store URI (s3://...) is
-    either of them in the object store, copied to the cache first (speedforge.store.models).
+    either of them in the object store, copied to the cache first (speedforge.store.models);
+    `champion` or models:/NAME@N is a version in the model registry, fetched to the cache
+    (speedforge.registry.fetch).
     """
+    from speedforge.registry.fetch import is_reference, local_reference
     from speedforge.store.models import is_model_uri, local_model
 
+    if is_reference(model):
+        folder, gguf_file, _ = resolve_model(local_reference(model))
+        return folder, gguf_file, model
     if is_model_uri(model):
         folder, gguf_file, _ = resolve_model(local_model(model))
         return folder, gguf_file, model.rstrip("/")

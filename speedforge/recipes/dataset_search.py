@@ -33,12 +33,13 @@ def search_dataset(config: Config, tasks_uri: str, store_uri: str, view, tasks: 
                    address: str | None = None, service: bool = False) -> DatasetSearch:  # fmt: skip
     """Search the first `tasks` tasks (in task id order) of `tasks_uri`, recording in `store_uri`."""
     from speedforge.policy.backends import make_backend
+    from speedforge.recipes.models import with_registered_model
     from speedforge.recipes.records import read_records
     from speedforge.recipes.task_search import search_task
 
     if tasks < 1:
         raise UserError(f"the search needs at least 1 task, got {tasks}")
-    config = budget_config(config, model, rounds, samples, max_new_tokens, pool)
+    config = with_registered_model(budget_config(config, model, rounds, samples, max_new_tokens, pool), store_uri)
     task_ids = sorted(t.task_id for t in read_records(tasks_uri, "tasks", config))[:tasks]
     backend = make_backend(config.policy)
     results = [search_task(config, task_id, view, tasks_uri=tasks_uri, store_uri=store_uri, service=service,

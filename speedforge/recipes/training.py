@@ -89,6 +89,7 @@ class TrainOutcome:
     metrics_path: str  # local metrics.jsonl (a copy is in the store)
     state_uri: str  # the stage's state in the store
     resumed: bool
+    init_model: str = ""  # what the stage started from: "" default model, a path, models:/NAME@N, store:<stage>
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,7 +104,7 @@ class StagePlan:
     resume: bool
     split: TaskSplit
     pool: str
-    init_model: str  # "" default model, a path, or "store:<stage>"
+    init_model: str  # "" default model, a path, models:/NAME@N (the registry's), or "store:<stage>"
     store: Any
     state: Any  # speedforge.train.state.RunState
     saved: dict | None  # the stage's state.json before this run
@@ -188,9 +189,12 @@ def plan_stage(config: Config, stage: str, resume: bool = False) -> StagePlan:
 
 
 def starting_model(config: Config, stage: str, store) -> str:
-    """`train.init`, else the final weights of the latest earlier stage of this run, else
-    `policy.model`; a path is checked here (one that does not exist fails at once)."""
+    """`train.init`, else the final weights of the latest earlier stage of this run, else the
+    registry's champion (warm start, models.warm_start), else `policy.model` (the base model); a path is
+    checked here (one that does not exist fails at once), a registry reference fetched and pinned
+    to its version (the workers fetch that one, whatever the champion is by then)."""
     from speedforge.policy.backends import resolve_model
+    from speedforge.registry.fetch import is_reference, resolve_configured, warm_start_model
     from speedforge.train.job import STORE_MODEL
     from speedforge.train.state import RunState
 
@@ -198,7 +202,9 @@ def starting_model(config: Config, stage: str, store) -> str:
         for earlier in STARTS_FROM[stage]:
             if RunState(store, config.train.run, earlier).has("final"):
                 return STORE_MODEL + earlier
-    model = config.train.init or config.policy.model
+    model = config.train.init or warm_start_model(config) or config.policy.model
+    if is_reference(model):
+        return resolve_configured(model, config)[1].ref
     resolve_model(model)  # a UserError for a path that does not exist or is not a model
     return model
 
@@ -367,7 +373,7 @@ def outcome(plan: StagePlan) -> TrainOutcome:
         metrics.write_text(text)
     return TrainOutcome(plan.config.train.run, plan.stage, str(plan.run_dir), str(final),
                         plan.state.store.describe(f"{plan.state.prefix}/final"), int(saved.get("step", 0)),
-                        str(metrics), plan.state.describe(), plan.resume)  # fmt: skip
+                        str(metrics), plan.state.describe(), plan.resume, plan.init_model)  # fmt: skip
 
 
 class MetricsWatcher:
@@ -456,7 +462,7 @@ class HeldoutReport:
 
     model: str
     pool: str
-    tasks: list[dict]  # task_id, samples, compiled_fraction, valid_fraction, best_speedup, statuses, reasons
+    tasks: list[dict]  # task_id, samples, compiled_fraction, valid_fraction, best_speedup, statuses, reasons, results
     compiled_fraction: float  # samples that built and ran (neither refused by the screen nor a compile error)
     valid_fraction: float  # samples that passed correctness (status ok)
     best_speedup: float | None
@@ -529,6 +535,7 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
                              "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
                              "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
                              "statuses": {s: mine.count(s) for s in sorted(set(mine))},
+                             "results": [[r.status, r.speedup if r.ok else None] for r in mine_results],  # per sample, in order
                              "reasons": common_reasons((r.status, r.reason) for r in mine_results)})  # fmt: skip
     statuses = [r.status for r in results_all]
     speedups = [r.speedup for r in results_all if r.ok and r.speedup is not None]

@@ -132,9 +132,12 @@ def load_policy(job: StageJob, worker: Worker):
     import transformers
 
     from speedforge.policy.backends import CHATML_TEMPLATE, resolve_model
+    from speedforge.registry.fetch import is_reference, resolve_configured
 
     ref = job.init_model
-    if ref.startswith(STORE_MODEL):
+    if is_reference(ref):  # a registry version: fetched from the store to this worker's cache
+        ref = resolve_configured(ref, job.config)[0]
+    elif ref.startswith(STORE_MODEL):
         stage = ref[len(STORE_MODEL):]
         ref = str(RunState(worker.store, job.config.train.run, stage).download("final", job.run_dir.parent / stage / "final"))
     folder, gguf_file, name = resolve_model(ref)
