@@ -431,7 +431,7 @@ class TrainConfig(Checked):
 
 
 def _gate_metrics(value: Any) -> str | None:
-    from speedforge.registry.gate import METRICS  # the records only
+    from speedforge.models.gate import METRICS  # the records only
 
     unknown = [m for m in value if m not in METRICS]
     if unknown or not value:
@@ -441,7 +441,7 @@ def _gate_metrics(value: Any) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class GateConfig(Checked):
-    """The promotion gate (speedforge.registry.gate): the new checkpoint replaces the champion only
+    """The promotion gate (speedforge.models.gate): the new checkpoint replaces the champion only
     when the low end of the interval of its lead on the first metric that decides is past the margin."""
 
     metrics: tuple[str, ...] = setting(("correct_fraction", "median_speedup"), _gate_metrics)  # in the order they decide

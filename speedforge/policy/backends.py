@@ -106,9 +106,9 @@ def resolve_model(model: str) -> tuple[str, str | None, str]:
     checkpoint (config.json and weights), e.g. one the trainer saved; a store URI (s3://...) is
     either of them in the object store, copied to the cache first (speedforge.store.models);
     `champion` or models:/NAME@N is a version in the model registry, fetched to the cache
-    (speedforge.registry.fetch).
+    (speedforge.models.fetch).
     """
-    from speedforge.registry.fetch import is_reference, local_reference
+    from speedforge.models.fetch import is_reference, local_reference
     from speedforge.store.models import is_model_uri, local_model
 
     if is_reference(model):

@@ -8,7 +8,7 @@ training pipeline.
 
 The gate runs the held-out check (speedforge.recipes.training.evaluate_heldout) on the candidate
 and on the champion with the same tasks, samples (models.gate.samples) and seeds (train.seed), on
-the same pool, and promotes only what speedforge.registry.gate.judge says is better; the decision
+the same pool, and promotes only what speedforge.models.gate.judge says is better; the decision
 is recorded either way, with its figures. A champion that moved while the gate ran is not
 overwritten: the decision says so and the champion stays.
 """
@@ -26,16 +26,16 @@ from speedforge import __version__
 from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Task, content_id
-from speedforge.registry.fetch import (
+from speedforge.models.fetch import (
     checkpoint_files,
     fetch_checkpoint,
     is_reference,
     registry_location,
     resolve_configured,
 )
-from speedforge.registry.gate import Verdict, judge
-from speedforge.registry.records import GateDecision, HeldoutEval, ModelVersion
-from speedforge.registry.registry import AliasChanged, ModelRegistry, who
+from speedforge.models.gate import Verdict, judge
+from speedforge.models.records import GateDecision, HeldoutEval, ModelVersion
+from speedforge.models.registry import AliasChanged, ModelRegistry, who
 
 Say = Callable[[str], None]
 Check = Callable[[Config, ModelVersion, Say], "HeldoutEval | None"]
@@ -218,7 +218,7 @@ def held_out_check(config: Config, version: ModelVersion, say: Say, fresh: bool 
         return recorded
     say(f"held-out check of {version.ref} ({config.models.gate.samples} sample(s) per task)")
     try:
-        from speedforge.registry.fetch import fetch_version
+        from speedforge.models.fetch import fetch_version
 
         folder = fetch_version(version, config.models.cache_dir, config.store)
         return heldout_eval(config, folder, version.ref)

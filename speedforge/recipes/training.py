@@ -194,7 +194,7 @@ def starting_model(config: Config, stage: str, store) -> str:
     checked here (one that does not exist fails at once), a registry reference fetched and pinned
     to its version (the workers fetch that one, whatever the champion is by then)."""
     from speedforge.policy.backends import resolve_model
-    from speedforge.registry.fetch import is_reference, resolve_configured, warm_start_model
+    from speedforge.models.fetch import is_reference, resolve_configured, warm_start_model
     from speedforge.train.job import STORE_MODEL
     from speedforge.train.state import RunState
 

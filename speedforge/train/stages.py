@@ -132,7 +132,7 @@ def load_policy(job: StageJob, worker: Worker):
     import transformers
 
     from speedforge.policy.backends import CHATML_TEMPLATE, resolve_model
-    from speedforge.registry.fetch import is_reference, resolve_configured
+    from speedforge.models.fetch import is_reference, resolve_configured
 
     ref = job.init_model
     if is_reference(ref):  # a registry version: fetched from the store to this worker's cache

@@ -21,10 +21,10 @@ from speedforge.cli import main
 from speedforge.config import Config, ConfigError, GateConfig, ModelsConfig, StoreConfig, loads_config
 from speedforge.errors import UserError
 from speedforge.recipes.models import gate_version, open_registry, register_checkpoint, with_registered_model
-from speedforge.registry.fetch import checkpoint_files, fetch_version, is_reference, parse_reference
-from speedforge.registry.gate import judge
-from speedforge.registry.records import HeldoutEval
-from speedforge.registry.registry import AliasChanged, ModelRegistry, RegistryError
+from speedforge.models.fetch import checkpoint_files, fetch_version, is_reference, parse_reference
+from speedforge.models.gate import judge
+from speedforge.models.records import HeldoutEval
+from speedforge.models.registry import AliasChanged, ModelRegistry, RegistryError
 from speedforge.store import open_store
 
 FILES = {"config.json": "0" * 64}

@@ -25,8 +25,8 @@ from pathlib import Path
 from speedforge.config import StoreConfig
 from speedforge.errors import UserError
 from speedforge.records import content_id
-from speedforge.registry.records import ModelVersion
-from speedforge.registry.registry import CHAMPION, ModelRegistry
+from speedforge.models.records import ModelVersion
+from speedforge.models.registry import CHAMPION, ModelRegistry
 from speedforge.store.base import Store, sha256_hex
 
 REFERENCE = re.compile(r"models:/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<selector>[A-Za-z0-9_.-]+)")

@@ -25,8 +25,8 @@ import dataclasses
 import random
 
 from speedforge.config import GateConfig
-from speedforge.registry.records import METRICS as METRIC_FUNCTIONS
-from speedforge.registry.records import Figure, HeldoutEval, Samples
+from speedforge.models.records import METRICS as METRIC_FUNCTIONS
+from speedforge.models.records import Figure, HeldoutEval, Samples
 from speedforge.stats import quantile
 
 METRICS = tuple(METRIC_FUNCTIONS)

@@ -28,7 +28,7 @@ import time
 import uuid
 
 from speedforge.errors import UserError
-from speedforge.registry.records import ALIAS_ACTIONS, AliasChange, GateDecision, HeldoutSplit, ModelVersion
+from speedforge.models.records import ALIAS_ACTIONS, AliasChange, GateDecision, HeldoutSplit, ModelVersion
 from speedforge.store.base import MissingObjectError, ObjectExistsError, Store
 
 PREFIX = "models"
