@@ -269,7 +269,7 @@ class _Harness:
             cand_model = self._candidate()
             self._guard(baseline, "loading ModelNew")
             self._switch("cand")  # lockstep: the candidate's first call is the reference's first call
-            self._call("ModelNew.forward", cand_model, *self.clone(warm))
+            self.first_out = self._call("ModelNew.forward", cand_model, *self.clone(warm))  # held: an earlier output
             self.sync()
             max_err, trials = self.correctness(ref_model, cand_model)
             self._guard(baseline, "the correctness trials")
@@ -329,7 +329,7 @@ class _Harness:
 
     def correctness(self, ref_model, cand_model) -> tuple[float, int]:
         trials = int(self.config.correctness_trials)
-        held: list = []  # earlier outputs stay alive so that re-returned storage is seen
+        held: list = [self.first_out] if hasattr(self, "first_out") else []  # earlier outputs stay alive: re-returned storage is seen
         worst = 0.0
         for trial in range(trials):
             inputs = self.fresh_inputs(trial)
