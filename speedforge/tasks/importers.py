@@ -162,7 +162,10 @@ def _kernelbench_row(row: dict, family: str, where: str) -> Task:
 @importer("cuda-l1-jsonl")
 def import_cuda_l1(source: str, family: str) -> Imported:
     path = Path(source)
-    lines = read_bytes(path, "JSONL file").splitlines()  # each line decoded apart: a bad one is one bad item
+    data = read_bytes(path, "JSONL file")
+    if b"\0" in data:  # a binary file as a whole; one undecodable line is one bad item (below)
+        raise UserError(f"cannot read {source}: it is not text, it holds NUL bytes (a binary file?)")
+    lines = data.splitlines()  # each line decoded apart
     tasks: dict[str, Task] = {}
     candidates: list[Candidate] = []
     problems: list[str] = []
