@@ -25,7 +25,6 @@ COMMAND_MODULES = (
     "speedforge.commands.evaluate",
     "speedforge.commands.stage",
     "speedforge.commands.s3",
-    "speedforge.commands.model",
     "speedforge.commands.optimize",
     "speedforge.commands.serve_policy",
     "speedforge.commands.ann",

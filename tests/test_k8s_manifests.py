@@ -356,7 +356,7 @@ def test_the_autoscaler_is_on_and_every_worker_group_can_scale_to_zero(rendered)
         for group in cluster["spec"]["workerGroupSpecs"]:
             assert group["minReplicas"] == 0 and group["maxReplicas"] >= max(1, group["replicas"]), group["groupName"]
     gpu = [g for g in ray_cluster(rendered["base"])["spec"]["workerGroupSpecs"] if g["groupName"].startswith("gpu-")]
-    assert len(gpu) == 3 and all(g["minReplicas"] == 0 for g in gpu)
+    assert len(gpu) == 4 and all(g["minReplicas"] == 0 for g in gpu)  # gpu-a100, gpu-h100, gpu-l40, gpu-train
 
 
 def test_the_object_store_of_every_group_fits_in_its_dev_shm(rendered):
@@ -397,9 +397,9 @@ def test_every_ray_container_runs_with_the_restricted_security_fields(rendered):
     autoscaler = cluster["spec"]["autoscalerOptions"]["securityContext"]
     assert autoscaler["seccompProfile"] == {"type": "RuntimeDefault"} and autoscaler["capabilities"] == {"drop": ["ALL"]}
     assert autoscaler["runAsNonRoot"] is True and autoscaler["allowPrivilegeEscalation"] is False
-    (namespace,) = [d for d in rendered["base"] if d["kind"] == "Namespace"]
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "restricted"
+    # no Namespace object ships (an overlay's `namespace:` would rename it): the README's step labels it
+    readme = (ROOT / "README.md").read_text()
+    assert "pod-security.kubernetes.io/enforce=baseline" in readme and "pod-security.kubernetes.io/warn=restricted" in readme
 
 
 def test_the_operations_overlay_adds_priority_disruption_budgets_quota_metrics_and_pull_secrets(rendered):
@@ -412,8 +412,7 @@ def test_the_operations_overlay_adds_priority_disruption_budgets_quota_metrics_a
         pod = group["template"]["spec"]
         assert pod["priorityClassName"] == priority["metadata"]["name"], name
         assert pod["imagePullSecrets"] == [{"name": "speedforge-registry"}], name
-    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
-    assert account["imagePullSecrets"] == [{"name": "speedforge-registry"}]
+    assert not [d for d in docs if d["kind"] == "ServiceAccount"]  # the pipeline pods run as KFP's account
     budgets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"}
     assert budgets["speedforge-head"]["maxUnavailable"] == 0
     assert budgets["speedforge-head"]["selector"]["matchLabels"]["ray.io/node-type"] == "head"

@@ -371,3 +371,10 @@ def test_serve_policy_loads_the_champion_through_the_store(tiny_model, s3_uri, t
         process.wait(timeout=30)
     cached = list((tmp_path / "cache").iterdir())
     assert len(cached) == 1 and (cached[0] / "config.json").is_file()
+
+
+def test_the_configs_gate_metrics_are_the_ones_the_records_compute():
+    from speedforge.config import GATE_METRICS
+    from speedforge.models.records import METRICS
+
+    assert set(GATE_METRICS) == set(METRICS)

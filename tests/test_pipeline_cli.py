@@ -95,6 +95,7 @@ def test_submit_creates_a_run_and_status_reports_its_error(capsys):
 
 def test_a_token_goes_with_every_request_and_a_missing_one_is_named(capsys, monkeypatch):
     monkeypatch.delenv("KF_PIPELINES_TOKEN", raising=False)
+    monkeypatch.setenv("SPEEDFORGE_IMAGE", "registry.example.com/speedforge:0.1.0")
     kfp, api = FakeKfp(), FakeApi(None)
 
     def behind_auth(method, path, query, body):  # a multi-user KFP's auth proxy

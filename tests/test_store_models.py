@@ -1,4 +1,4 @@
-"""Models in the object store (speedforge.store.models): pushed with `speedforge model push`,
+"""Models in the object store (speedforge.store.models): pushed with `speedforge models push`,
 loaded by URI wherever a model is named (policy.model, train.init, the pipeline's `model` and the
 checkpoint the train step hands over), copied to the loading machine's cache first. The store is
 the session's real S3 server."""
@@ -18,7 +18,7 @@ from speedforge.store import open_store
 def test_a_model_pushed_to_the_store_loads_by_its_uri_on_a_machine_that_never_had_it(s3_uri, tiny_model, tmp_path,
                                                                                      monkeypatch, capsys):  # fmt: skip
     uri = f"{s3_uri}/models/tiny"
-    assert main(["model", "push", uri, "--model", tiny_model]) == 0
+    assert main(["models", "push", uri, "--model", tiny_model]) == 0
     assert capsys.readouterr().out.startswith(f"{uri}: ")
     assert "config.json" in open_store(uri).list("")
     monkeypatch.setenv("SPEEDFORGE_CACHE", str(tmp_path / "elsewhere"))  # another pod's cache
@@ -36,5 +36,5 @@ def test_a_uri_with_no_model_under_it_is_one_line(s3_uri):
 
 
 def test_push_wants_a_store_uri(capsys):
-    assert main(["model", "push", "/tmp/somewhere"]) == 2
+    assert main(["models", "push", "/tmp/somewhere"]) == 2
     assert "'/tmp/somewhere' is not a store URI: give s3://bucket/prefix" in capsys.readouterr().err

