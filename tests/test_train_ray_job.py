@@ -46,6 +46,34 @@ def test_a_driver_with_ray_address_set_joins_that_cluster_as_it_is(s3_env):
     assert json.loads(child.stdout.strip().splitlines()[-1])[CPU_POOL_RESOURCE] == 3.0  # the head's, not local slots
 
 
+def test_a_local_session_starts_its_own_ray_beside_one_that_ray_start_left_running(tmp_path):
+    """`ray.init()` with no address joins a cluster that `ray start` left on this machine (its address
+    in <RAY_TMPDIR>/ray/ray_current_cluster) and then refuses the local bench slots: a local session
+    (no address, no RAY_ADDRESS) starts a Ray of its own instead, with its own slots."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    with RayHead(resources={"someone_elses": 1.0}) as head:
+        found = tempfile.mkdtemp(prefix="sfd-", dir="/tmp")  # short: Ray's socket paths
+        try:
+            # what a plain `ray start --head` leaves behind: the head's address, where ray.init() looks
+            os.makedirs(os.path.join(found, "ray"))
+            with open(os.path.join(found, "ray", "ray_current_cluster"), "w") as file:
+                file.write(head.gcs)
+            env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+            child = subprocess.run([sys.executable, "-c", JOIN], capture_output=True, text=True, timeout=300,
+                                   env={**env, "RAY_TMPDIR": found, "RAY_AUTH_MODE": "disabled"})  # fmt: skip
+        finally:
+            shutil.rmtree(found, ignore_errors=True)
+    assert child.returncode == 0, child.stderr[-2000:]
+    resources = json.loads(child.stdout.strip().splitlines()[-1])
+    assert CPU_POOL_RESOURCE in resources and "someone_elses" not in resources
+
+
 def tiny_grpo(tiny_model: str, cache_dir: str, task_id: str) -> str:
     """One GRPO step of the tiny model, measured quickly (the training config, as YAML text)."""
     measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"

@@ -77,7 +77,9 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
         else:
             # workers at niceness 0 (Ray's default is 15), so the build workers' steps below the
             # bench workers have room (see ServiceConfig.build_nice_first)
-            ray.init(resources=local_ray_resources(config), include_dashboard=False,
+            # address="local": a new Ray of this process's own, never one that `ray start` left
+            # running on this machine (ray.init() with no address joins that, and refuses resources)
+            ray.init(address="local", resources=local_ray_resources(config), include_dashboard=False,
                      _system_config={"worker_niceness": 0}, **options)  # fmt: skip
     except (ConnectionError, SystemExit) as exc:  # Ray exits (SystemExit) when the GCS never answers
         if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # ray.init's own SIGTERM handler
