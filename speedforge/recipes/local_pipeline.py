@@ -67,7 +67,10 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     cache = Path(config.evaluator.cache_dir).expanduser().resolve()  # absolute: each step runs in a folder of its own
     pipeline_root = cache / "pipeline-root"
     store_uri = f"s3://{BUCKET}/{PREFIX}"
-    with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment(server.env()), \
+    # The run's Ray head has no token authentication (start_ray_head), so neither do its clients, the
+    # steps: without this, a client whose Ray defaults to tokens asks for one that no step's HOME holds.
+    no_token = {"RAY_AUTH_MODE": "disabled"} if ray_head else {}
+    with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment({**server.env(), **no_token}), \
             isolated_steps() as steps_root, contextlib.ExitStack() as stack:  # fmt: skip
         if ray_head:
             arguments = {**arguments, "train_mode": "ray", "ray_dashboard": start_ray_head(stack, server, config,

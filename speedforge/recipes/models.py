@@ -207,7 +207,7 @@ def held_out_check(config: Config, version: ModelVersion, say: Say, fresh: bool 
     """The version's held-out check: the one recorded at registration when it is this check (same
     split, samples, seed, pool) and not `fresh`, else run now; None when it cannot run."""
     from speedforge.recipes.training import read_tasks
-    from speedforge.search.loop import default_pool
+    from speedforge.evaluation import default_pool
     from speedforge.train.data import split_tasks
 
     split = split_tasks(read_tasks(config), config.train)
