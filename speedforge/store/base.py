@@ -236,3 +236,19 @@ class Store:
 def _check_table(table: str) -> None:
     if not TABLE_NAME.match(table) or table.endswith("/") or ".." in table.split("/"):
         raise ValueError(f"invalid table name {table!r}: use letters, digits, '_', '-', '.', '/'")
+
+
+def download_keys(store: "Store", keys: list[str], folder, base: str = "") -> None:
+    """Each of `keys` (all under `base`) to `folder`/<key less base>; a file already there with the
+    same bytes is left alone, and a new one appears whole (written beside it, then renamed)."""
+    from pathlib import Path
+
+    for key in keys:
+        target = Path(folder) / key[len(base):]
+        data = store.get_bytes(key)
+        if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        part.write_bytes(data)
+        part.replace(target)

@@ -33,6 +33,7 @@ def local_model(model: str, cache_dir: str | None = None, store_config=None) -> 
         return model
     from speedforge.config import default_cache_dir
     from speedforge.store import open_store
+    from speedforge.store.base import download_keys
 
     store = open_store(model.rstrip("/"), config=store_config)
     keys = store.list("")
@@ -40,15 +41,7 @@ def local_model(model: str, cache_dir: str | None = None, store_config=None) -> 
         raise UserError(f"no model at {model}: the store has nothing under that prefix (seed one with "
                         "`speedforge models push`, or give a training run's final_checkpoint_uri)")  # fmt: skip
     folder = Path(cache_dir or default_cache_dir()) / "models" / hashlib.sha256(model.rstrip("/").encode()).hexdigest()[:24]
-    for key in keys:
-        data = store.get_bytes(key)
-        target = folder / key
-        if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(target.name + ".part")
-        part.write_bytes(data)
-        part.replace(target)
+    download_keys(store, keys, folder)
     ggufs = [k for k in keys if k.endswith(".gguf")]
     if not (folder / "config.json").is_file() and len(ggufs) == 1:
         return str(folder / ggufs[0])

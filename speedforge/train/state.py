@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speedforge.store.base import download_keys
+
 STATUSES = ("running", "done", "stopped", "interrupted")  # interrupted: SIGINT/SIGTERM of the driver
 
 
@@ -67,15 +69,7 @@ class RunState:
         keys = self.store.list(base)
         if not keys:
             raise FileNotFoundError(f"nothing at {self.store.describe(base)}")
-        for full in keys:
-            target = Path(folder) / full[len(base):]
-            data = self.store.get_bytes(full)
-            if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".part")
-            tmp.write_bytes(data)
-            tmp.replace(target)
+        download_keys(self.store, keys, folder, base)
         return Path(folder)
 
     def has(self, key: str) -> bool:
