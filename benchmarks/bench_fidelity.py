@@ -134,7 +134,8 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     pool = args.pool or detected_pool()
     t0 = time.perf_counter()
     subprocess.run([*cli, "evaluate", "--tasks", f"{store}/datasets/corpus", "--candidates", f"{store}/datasets/corpus",
-                    "--pools", pool, "--out", str(run_dir), "--no-live"], env=env, check=True)  # fmt: skip
+                    "--pools", pool, "--out", str(run_dir), "--no-live",
+                    *(["--config", str(args.config)] if args.config else [])], env=env, check=True)  # fmt: skip
     wall = time.perf_counter() - t0
     from speedforge.records import EvalResult
     from speedforge.store import open_store
@@ -305,6 +306,8 @@ def main() -> int:
     parser.add_argument("--jsonl", type=Path, default=SHARED / "a100.jsonl", help="CUDA-L1 kernels (JSONL)")
     parser.add_argument("--harness", type=Path, default=SHARED / "eval_cuda.py", help="CUDA-L1's eval_cuda.py")
     parser.add_argument("--levels", default="1,2,3", help="KernelBench levels to take (default 1,2,3)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="speedforge step: a speedforge YAML config for `speedforge evaluate` (e.g. evaluator.l2_flush_mb: 0)")
     parser.add_argument("--direct", action="store_true",
                         help="speedforge step: the evaluator's functions without Ray (builds in worker processes)")
     parser.add_argument("--every", type=int, default=3, help="take every k-th kernel (default 3)")

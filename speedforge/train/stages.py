@@ -169,6 +169,29 @@ def plain_weights(model, where: str):
     return model
 
 
+def generate_under_autocast(model, device: str):
+    """`model` whose `generate` runs under torch.autocast(bfloat16) on a GPU. The trainers keep
+    float32 master weights and train under bf16 autocast, but TRL's GRPOTrainer generates outside
+    the training step's autocast context, in the weights' float32 (benchmarks/bench_grpo_generation.py
+    measures the difference). The wrapper is an attribute of this instance: the weights, their
+    dtype and what is saved stay as they are."""
+    import functools
+
+    import torch
+
+    if not device.startswith("cuda"):
+        return model
+    inner = model.generate
+
+    @functools.wraps(inner)
+    def generate(*args, **kwargs):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return inner(*args, **kwargs)
+
+    model.generate = generate
+    return model
+
+
 def token_budget(tokenizer, limit: int, reserve: int = 0):
     """A `Fits` for speedforge.train.data: prompt (and answer) within `limit` - `reserve` tokens."""
 
@@ -539,6 +562,8 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
                           generation_batch_size=batch, use_vllm=False, generation_kwargs={"use_cache": True},
                           temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
                           scale_rewards=GRPO_SCALE_REWARDS, remove_unused_columns=False, shuffle_dataset=False)  # fmt: skip
+        if args.bf16:
+            generate_under_autocast(model, worker.device)  # the step's one generate call in bf16, as it trains
         trainer = GRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
         trainer.train(resume_from_checkpoint=local_checkpoint(worker, output_dir, done) if done else None)

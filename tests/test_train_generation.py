@@ -1,0 +1,82 @@
+"""GRPO's one generate call per step runs in bf16 on a GPU while the weights stay float32
+(issue 26: TRL's GRPOTrainer generates outside the training step's autocast, in the weights'
+dtype; benchmarks/bench_grpo_generation.py measures the difference)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from speedforge.train.stages import generate_under_autocast
+
+
+def tiny_model():
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def linear_dtypes_during_generate(model, device: str) -> set:
+    seen = set()
+    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]  # fmt: skip
+    ids = torch.tensor([[1, 2, 3, 4]], device=device)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                             pad_token_id=0)  # fmt: skip
+    for h in hooks:
+        h.remove()
+    assert out.shape == (1, 7)
+    return seen
+
+
+def test_on_the_cpu_generate_is_left_as_it_is() -> None:
+    model = tiny_model()
+    before = model.generate
+    assert generate_under_autocast(model, "cpu") is model
+    assert model.generate == before
+    assert linear_dtypes_during_generate(model, "cpu") == {torch.float32}
+
+
+def test_on_a_gpu_generate_runs_under_bf16_autocast_and_the_weights_stay_float32(monkeypatch) -> None:
+    """The wrapper's plumbing, on any machine: torch.autocast("cuda", bfloat16) is entered around
+    the model's own generate, which gets the caller's arguments and whose result is returned."""
+    model = tiny_model()
+    entered = []
+
+    @contextlib.contextmanager
+    def autocast(device_type, dtype=None, **kwargs):
+        entered.append((device_type, dtype))
+        yield
+
+    calls = []
+    model.generate = lambda *a, **k: calls.append((a, k)) or "generated"
+    monkeypatch.setattr(torch, "autocast", autocast)
+    generate_under_autocast(model, "cuda:0")
+    assert model.generate(1, max_new_tokens=2) == "generated"
+    assert entered == [("cuda", torch.bfloat16)] and calls == [((1,), {"max_new_tokens": 2})]
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_a_wrapped_model_saves_and_loads_as_plain_weights(tmp_path) -> None:
+    import transformers
+
+    model = generate_under_autocast(tiny_model(), "cuda")
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+@pytest.mark.gpu
+def test_gpu_generate_computes_in_bf16_with_float32_weights() -> None:
+    model = tiny_model().to("cuda")
+    assert linear_dtypes_during_generate(model, "cuda") == {torch.float32}
+    generate_under_autocast(model, "cuda")
+    assert linear_dtypes_during_generate(model, "cuda") == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
