@@ -125,3 +125,25 @@ def test_task_notes_shown_only_when_not_already_in_the_source():
     assert "About this task" not in render_prompt(task()).user
     other = Task(task_id="cpp/x", family="cpp", name="x", source=REFERENCE, notes="Imported from KernelBench level 1.")
     assert "About this task: Imported from KernelBench level 1." in render_prompt(other).user
+
+
+def test_the_prompt_repeats_the_references_constructor_for_model_new() -> None:
+    """After SFT the 135M model wrote ModelNew with another task's constructor in 68 of 128
+    held-out samples (issue 26); the rule now names the reference's own parameters."""
+    from speedforge.policy.prompts import init_signature
+
+    source = ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self, in_channels, out_channels, "
+              "kernel_size=3, *, bias: bool = True):\n        super().__init__()\n")  # fmt: skip
+    assert init_signature(source) == "self, in_channels, out_channels, kernel_size=3, *, bias: bool=True"
+    task = Task(task_id="cuda/conv", family="cuda", name="conv", source=source)
+    assert "`ModelNew`'s constructor is `def __init__(self, in_channels, out_channels, kernel_size=3, *, bias: bool=True):`" \
+        in render_prompt(task).user  # fmt: skip
+
+
+def test_no_constructor_line_when_the_reference_has_none_or_does_not_parse() -> None:
+    from speedforge.policy.prompts import init_signature
+
+    assert init_signature("class Model:\n    def forward(self, x):\n        return x\n") == ""
+    assert init_signature("class Model(:\n") == ""
+    task = Task(task_id="cuda/x", family="cuda", name="x", source="class Model:\n    pass\n")
+    assert "constructor is" not in render_prompt(task).user

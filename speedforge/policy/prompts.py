@@ -95,13 +95,33 @@ def render_prompt(task: Task, exemplars: Sequence[Exemplar] = (), feedback: Feed
     template = _ENV.get_template(family.template)
     # extra template variables of the family; by default the reference code is the task's source
     context = families.resolve(family.prompt_context)(task) if family.prompt_context else {"reference": task.source}
-    user = template.render(task=task, exemplars=list(exemplars), feedback=feedback, **context)
+    user = template.render(task=task, exemplars=list(exemplars), feedback=feedback,
+                           init_signature=init_signature(task.source), **context)  # fmt: skip
     return Prompt(
         family=task.family,
         system=SYSTEM_PROMPT,
         user=_squeeze_blank_lines(user),
         exemplar_ids=tuple(e.variant_id for e in exemplars),
     )
+
+
+def init_signature(source: str) -> str:
+    """`Model.__init__`'s parameters as written in the reference (`self, in_channels, ...`), or ""
+    when the source has no such class or does not parse. The prompt repeats them for ModelNew:
+    after SFT, SmolLM2-135M wrote ModelNew with the constructor of a training task in 68 of 128
+    held-out samples (benchmarks/RESULTS.md, issue 26)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    return ast.unparse(item.args)
+    return ""
 
 
 def _squeeze_blank_lines(text: str) -> str:
