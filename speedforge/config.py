@@ -462,7 +462,7 @@ class ModelsConfig(Checked):
 
     registry: str = ""  # store that holds models/ ("" = store.uri; a pipeline run: its store)
     name: str = setting("policy", matches(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a model name of letters, digits, '_', '.', '-'"))
-    cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)  # downloaded versions
+    cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)  # models fetched from the store (versions, URIs)
     warm_start: bool = True  # training with no train.init starts from the champion when there is one (else policy.model)
     gate: GateConfig = dataclasses.field(default_factory=GateConfig)
 
