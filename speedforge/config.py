@@ -218,6 +218,10 @@ GPU_PRODUCTS = {"A100": "NVIDIA-A100-SXM4-80GB", "A10G": "NVIDIA-A10G", "L4": "N
 GPU_POOLS = {"A100": "8.0", "A10G": "8.6", "L4": "8.9", "L40": "8.9", "L40S": "8.9", "H100": "9.0", "H200": "9.0",
              "B200": "10.0"}  # fmt: skip  (pool name: compute capability)
 CPU_POOL_RESOURCE = "speedforge_cpu_bench"  # custom Ray resource: one unit per CPU bench slot
+# Custom Ray resource of the nodes that host GPU bench workers (k8s/: the bench groups, not gpu-train),
+# which every GPU bench worker takes a sliver of: Ray's accelerator_type:<GPU> is on every node with
+# that GPU, a training node's too.
+GPU_BENCH_RESOURCE = "speedforge_gpu_bench"
 
 
 def default_pools() -> dict[str, PoolConfig]:
@@ -462,7 +466,7 @@ class ModelsConfig(Checked):
 
     registry: str = ""  # store that holds models/ ("" = store.uri; a pipeline run: its store)
     name: str = setting("policy", matches(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a model name of letters, digits, '_', '.', '-'"))
-    cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)  # downloaded versions
+    cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)  # models fetched from the store (versions, URIs)
     warm_start: bool = True  # training with no train.init starts from the champion when there is one (else policy.model)
     gate: GateConfig = dataclasses.field(default_factory=GateConfig)
 

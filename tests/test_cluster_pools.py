@@ -12,17 +12,27 @@ from speedforge.cluster.pools import (
     build_nice,
     build_slowdown,
     fit_count,
+    local_ray_resources,
     parse_pool_names,
     plan_bench_workers,
     plan_build_workers,
     resolve_pools,
     worker_need,
 )
-from speedforge.config import CPU_POOL_RESOURCE, Config, ConfigError, PoolConfig, ServiceConfig, from_mapping
+from speedforge.config import (
+    CPU_POOL_RESOURCE,
+    GPU_BENCH_RESOURCE,
+    Config,
+    ConfigError,
+    PoolConfig,
+    ServiceConfig,
+    from_mapping,
+)
 from speedforge.errors import UserError
 
-H100_NODE = {"CPU": 16.0, "GPU": 2.0, "accelerator_type:H100": 1.0, "memory": 1e11}
-L40_NODE = {"CPU": 8.0, "GPU": 1.0, "accelerator_type:L40": 1.0}
+H100_NODE = {"CPU": 16.0, "GPU": 2.0, "accelerator_type:H100": 1.0, GPU_BENCH_RESOURCE: 1.0, "memory": 1e11}
+L40_NODE = {"CPU": 8.0, "GPU": 1.0, "accelerator_type:L40": 1.0, GPU_BENCH_RESOURCE: 1.0}
+H100_TRAIN_NODE = {"CPU": 8.0, "GPU": 1.0, "accelerator_type:H100": 1.0, "speedforge_train": 1.0}  # k8s/ gpu-train
 CPU_NODE = {"CPU": 4.0, CPU_POOL_RESOURCE: 2.0}
 
 
@@ -39,11 +49,25 @@ def test_unknown_pool_name_lists_the_configured_pools():
 
 def test_gpu_pools_pin_to_accelerator_type_and_one_gpu_and_leave_the_cpus_to_builds():
     need = worker_need(ServiceConfig().pools["H100"])
-    assert need == {"GPU": 1.0, "accelerator_type:H100": 0.001}
-    assert actor_options(need) == {"num_cpus": 0.0, "num_gpus": 1.0, "resources": {"accelerator_type:H100": 0.001}}
+    assert need == {"GPU": 1.0, "accelerator_type:H100": 0.001, GPU_BENCH_RESOURCE: 0.001}
+    assert actor_options(need) == {"num_cpus": 0.0, "num_gpus": 1.0,
+                                   "resources": {"accelerator_type:H100": 0.001, GPU_BENCH_RESOURCE: 0.001}}  # fmt: skip
     pools = resolve_pools(["H100"], ServiceConfig())
     bench_cpus = sum(worker_need(p).get("CPU", 0.0) for p in pools.values())
     assert plan_build_workers(ServiceConfig(), [{"CPU": 16.0, "GPU": 1.0}], bench_cpus) == 16
+
+
+def test_a_gpu_bench_worker_asks_for_the_bench_resource_so_a_training_node_with_its_gpu_hosts_none():
+    pools = {"H100": ServiceConfig().pools["H100"],
+             "mine": PoolConfig(resources={"accelerator_type:H100": 0.001})}  # a pool of the user's config too
+    for pool in pools.values():
+        assert GPU_BENCH_RESOURCE in actor_options(worker_need(pool))["resources"]
+    assert fit_count([H100_TRAIN_NODE], worker_need(pools["H100"])) == 0
+    assert plan_bench_workers(pools, [H100_TRAIN_NODE, H100_NODE]) == {"H100": 2, "mine": 2}  # the bench node's GPUs
+    with pytest.raises(UserError, match=rf"do not declare {GPU_BENCH_RESOURCE} .*resources={{'{GPU_BENCH_RESOURCE}': 1}}"):
+        plan_bench_workers(pools, [H100_TRAIN_NODE])
+    assert GPU_BENCH_RESOURCE not in worker_need(ServiceConfig().pools["cpu"])  # the cpu pool has a resource of its own
+    assert local_ray_resources(ServiceConfig())[GPU_BENCH_RESOURCE] > 0  # a local Ray's GPUs bench as before
 
 
 def test_cpu_pool_takes_a_custom_resource_and_no_gpu():

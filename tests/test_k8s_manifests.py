@@ -21,7 +21,7 @@ import yaml
 
 from shared_data import SHARED_DATA
 
-from speedforge.config import GPU_PRODUCT_LABEL, RayTrainConfig, ServiceConfig
+from speedforge.config import GPU_BENCH_RESOURCE, GPU_PRODUCT_LABEL, GPU_PRODUCTS, RayTrainConfig, ServiceConfig
 from speedforge.recipes.kfp_runs import check_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,12 +151,38 @@ def test_each_gpu_pool_is_a_worker_group_on_its_gpu_nodes_with_the_configs_value
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
         (accelerator,) = [k for k in pools[pool].resources if k.startswith("accelerator_type:")]
-        assert group["resources"] == {accelerator: "1"}  # what the evaluation service pins bench workers with
+        assert group["resources"] == {accelerator: "1", GPU_BENCH_RESOURCE: "1"}  # what bench workers are pinned with
         assert group["template"]["metadata"]["labels"]["speedforge.dev/role"] == "bench"
     assert "nodeSelector" not in groups["build"]["template"]["spec"]
     for pod in [cluster["spec"]["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups.values()]:
         assert {"mountPath": "/cache", "name": "build-cache"} in pod["containers"][0]["volumeMounts"]
         assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_bench_workers_fit_only_on_their_pools_bench_group_never_on_the_training_group(rendered):
+    """What Ray would match a bench worker's request against: each group's pod as a Ray node (its
+    CPUs and GPUs, the group's declared resources, and accelerator_type:<GPU>, which Ray adds on
+    every node with that GPU: the training group's H100 nodes have the H100 bench pool's)."""
+    from speedforge.cluster.pools import fit_count, worker_need
+
+    pool_of_product = {product: pool for pool, product in GPU_PRODUCTS.items()}
+    (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
+
+    def as_node(group: dict) -> dict[str, float]:
+        pod = group["template"]["spec"]
+        resources = pod["containers"][0]["resources"]
+        cpu, gpus = resources["requests"]["cpu"], float(resources["limits"].get("nvidia.com/gpu", 0))
+        product = pod.get("nodeSelector", {}).get(GPU_PRODUCT_LABEL)
+        detected = {f"accelerator_type:{pool_of_product[product]}": 1.0} if gpus and product else {}
+        return {"CPU": float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu), "GPU": gpus, **detected,
+                **{k: float(v) for k, v in group.get("resources", {}).items()}}  # fmt: skip
+
+    nodes = {g["groupName"]: as_node(g) for g in cluster["spec"]["workerGroupSpecs"]}
+    assert nodes["gpu-train"]["accelerator_type:H100"] == 1.0 and nodes["gpu-train"]["GPU"] == 1.0
+    pools = ServiceConfig().pools
+    for pool in ("A100", "H100", "L40"):
+        hosts = [name for name, node in nodes.items() if fit_count([node], worker_need(pools[pool]))]
+        assert hosts == [f"gpu-{pool.lower()}"], pool
 
 
 def test_the_ray_version_is_the_installed_rays(rendered):

@@ -21,11 +21,12 @@ from speedforge.cli import main
 from speedforge.config import Config, ConfigError, GateConfig, ModelsConfig, StoreConfig, loads_config
 from speedforge.errors import UserError
 from speedforge.recipes.models import gate_version, open_registry, register_checkpoint, with_registered_model
-from speedforge.models.fetch import checkpoint_files, fetch_version, is_reference, parse_reference
+from speedforge.models.fetch import fetch_version, is_reference, parse_reference
 from speedforge.models.gate import judge
 from speedforge.models.records import HeldoutEval
 from speedforge.models.registry import AliasChanged, ModelRegistry, RegistryError
 from speedforge.store import open_store
+from speedforge.store.models import model_files
 
 FILES = {"config.json": "0" * 64}
 
@@ -216,7 +217,7 @@ def test_a_version_is_fetched_from_s3_checked_and_cached(s3_uri, tmp_path):
     push_folder(str(source), f"{s3_uri}/runs/r1/grpo/final")
     config = dataclasses.replace(local_config(tmp_path), store=StoreConfig(uri=s3_uri))
     reg = open_registry(config)
-    files = checkpoint_files(f"{s3_uri}/runs/r1/grpo/final")
+    files = model_files(f"{s3_uri}/runs/r1/grpo/final")
     assert sorted(files) == ["config.json", "weights.bin"]
     version = reg.register(f"{s3_uri}/runs/r1/grpo/final", files, run_id="r1")
     reg.promote(version.version, "first")
@@ -298,7 +299,7 @@ def test_resolve_model_fetches_a_reference_from_the_registry_the_environment_nam
     monkeypatch.setenv("SPEEDFORGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPEEDFORGE_REGISTRY", str(tmp_path / "registry"))
     reg = ModelRegistry(open_store(tmp_path / "registry"), "policy")
-    reg.register(tiny_model, checkpoint_files(tiny_model))
+    reg.register(tiny_model, model_files(tiny_model))
     with pytest.raises(UserError, match="has no champion"):
         resolve_model("champion")
     reg.promote(1, "first")
@@ -318,8 +319,8 @@ def test_training_starts_from_the_champion_when_there_is_one(tiny_model, tmp_pat
     assert starting_model(config, "sft", store) == tiny_model  # no champion: the base model
     reg = open_registry(config)
     assert reg.store.uri == str(tmp_path / "run-store")  # the run's store holds the registry
-    reg.register(tiny_model, checkpoint_files(tiny_model), run_id="r0")
-    reg.register(tiny_model, checkpoint_files(tiny_model), run_id="r1")
+    reg.register(tiny_model, model_files(tiny_model), run_id="r0")
+    reg.register(tiny_model, model_files(tiny_model), run_id="r1")
     reg.promote(2, "the better one")
     assert starting_model(config, "sft", store) == "models:/policy@2"  # pinned: workers fetch that version
     off = dataclasses.replace(config, models=dataclasses.replace(config.models, warm_start=False))
@@ -347,7 +348,7 @@ def test_a_night_whose_check_fails_is_registered_and_refused(tiny_model, tmp_pat
 def test_serve_policy_loads_the_champion_through_the_store(tiny_model, s3_uri, tmp_path):
     push_folder(tiny_model, f"{s3_uri}/runs/r1/grpo/final")
     reg = ModelRegistry(open_store(s3_uri), "policy")
-    version = reg.register(f"{s3_uri}/runs/r1/grpo/final", checkpoint_files(f"{s3_uri}/runs/r1/grpo/final"))
+    version = reg.register(f"{s3_uri}/runs/r1/grpo/final", model_files(f"{s3_uri}/runs/r1/grpo/final"))
     reg.promote(version.version, "first")
     config = tmp_path / "config.yaml"
     config.write_text(f"store:\n  uri: {s3_uri}\nmodels:\n  cache_dir: {tmp_path / 'cache'}\n"

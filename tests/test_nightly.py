@@ -27,7 +27,7 @@ from speedforge.store.s3server import SeaweedServer  # noqa: E402
 # pipeline test's runs (model line "policy") share.
 NAME = f"nightly-{uuid.uuid4().hex[:8]}"
 MEASURE = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
-BUDGET = {"source": "builtin:cpp", "pools": "cpu", "search_pool": "cpu", "train_mode": "local", "train_stage": "grpo",
+BUDGET = {"source": "builtin:cpp", "pools": "cpu", "search_pool": "cpu", "train_stage": "grpo",
           "baseline_candidates": 1, "search_tasks": 1, "search_rounds": 1, "search_samples": 1,
           "max_new_tokens": 16}  # fmt: skip
 
@@ -44,7 +44,8 @@ def test_the_second_night_warm_starts_from_the_first_nights_champion(tmp_path, t
              "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
     config = loads_config(config_text)
     arguments = {**BUDGET, "train_config": train, "model": f"models:/{NAME}@champion"}  # the search: the champion
-    nights = [run_pipeline_locally(PIPELINES["training"].func, arguments, config, config_text) for _ in range(2)]
+    nights = [run_pipeline_locally(PIPELINES["training"].func, arguments, config, config_text, ray_head=True)
+              for _ in range(2)]  # as `speedforge pipeline run-local`: the train step through a Ray head of its own
     first, second = ({s.step: s for s in night.steps} for night in nights)
     assert all(s.status == "ok" for night in (first, second) for s in night.values())
     assert first["train-grpo"].outcome["init_model"] == tiny_model  # no champion yet: the base model

@@ -16,7 +16,7 @@ pytest.importorskip("ray", reason="the Ray head needs the 'cluster' extra")
 pytest.importorskip("trl", reason="training needs the 'train' extra")
 
 from speedforge.cluster.ray_head import RayHead  # noqa: E402
-from speedforge.config import CPU_POOL_RESOURCE, StoreConfig  # noqa: E402
+from speedforge.config import CPU_POOL_RESOURCE, GPU_BENCH_RESOURCE, StoreConfig  # noqa: E402
 from speedforge.recipes.training_job import TrainingJob, run_training_job  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
@@ -72,6 +72,7 @@ def test_a_local_session_starts_its_own_ray_beside_one_that_ray_start_left_runni
     assert child.returncode == 0, child.stderr[-2000:]
     resources = json.loads(child.stdout.strip().splitlines()[-1])
     assert CPU_POOL_RESOURCE in resources and "someone_elses" not in resources
+    assert resources[GPU_BENCH_RESOURCE] == 1.0  # a local Ray's GPUs (where it has any) host bench workers
 
 
 def tiny_grpo(tiny_model: str, cache_dir: str, task_id: str) -> str:

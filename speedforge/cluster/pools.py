@@ -1,8 +1,10 @@
 """Pools of the evaluation service: which Ray resources a worker takes and how many fit.
 
 A bench pool is named by GPU type (`H100`, `A100`, `L40`, ...) and pinned with Ray's
-`accelerator_type:<type>` resource, which Ray sets on every node with that GPU; the `cpu` pool
-(the CPU family) takes a custom resource that a node declares per CPU bench slot. Everything
+`accelerator_type:<type>` resource, which Ray sets on every node with that GPU, and with the custom
+resource that only bench nodes declare (GPU_BENCH_RESOURCE: a training node has the same GPU, and
+no bench worker); the `cpu` pool (the CPU family) takes a custom resource that a node declares per
+CPU bench slot. A locally started Ray declares both (local_ray_resources). Everything
 here is plain arithmetic on resource dicts, so it is tested without Ray; only `local_gpu_pool`
 asks this machine which GPU it has.
 """
@@ -17,8 +19,19 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 
 from speedforge import families as registry
-from speedforge.config import CPU_POOL_RESOURCE, GPU_POOLS, EvaluatorConfig, PoolConfig, ServiceConfig
+from speedforge.config import (
+    CPU_POOL_RESOURCE,
+    GPU_BENCH_RESOURCE,
+    GPU_POOLS,
+    EvaluatorConfig,
+    PoolConfig,
+    ServiceConfig,
+)
 from speedforge.errors import UserError
+
+# What one GPU bench worker takes of GPU_BENCH_RESOURCE: a node declares 1 and the GPUs count the
+# workers (as with accelerator_type), so the resource says where bench workers go, not how many.
+GPU_BENCH_SLIVER = 0.001
 
 
 def unable_pools(pools: Mapping[str, PoolConfig], families: Iterable[str]) -> list[tuple[str, str]]:
@@ -52,8 +65,10 @@ def resolve_pools(names: Sequence[str], config: ServiceConfig) -> dict[str, Pool
 
 
 def worker_need(pool: PoolConfig) -> dict[str, float]:
-    """Resources one bench worker of `pool` takes, as Ray names them (zeros left out)."""
-    need = {"CPU": pool.num_cpus, "GPU": pool.num_gpus, **pool.resources}
+    """Resources one bench worker of `pool` takes, as Ray names them (zeros left out): a GPU pool's
+    also a sliver of GPU_BENCH_RESOURCE, so it lands only on a node meant for bench workers."""
+    bench = {GPU_BENCH_RESOURCE: GPU_BENCH_SLIVER} if pool.device == "cuda" else {}
+    need = {"CPU": pool.num_cpus, "GPU": pool.num_gpus, **bench, **pool.resources}
     return {k: float(v) for k, v in need.items() if v > 0}
 
 
@@ -91,7 +106,7 @@ def plan_bench_workers(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[
         if fit == 0:
             internal = ("node:", "memory", "object_store")
             offered = sorted({k for node in nodes for k in node if not k.startswith(internal)})
-            hint = f"; start Ray with resources={{'{CPU_POOL_RESOURCE}': N}}" if CPU_POOL_RESOURCE in need else ""
+            hint = _missing_hint(need, nodes)
             raise UserError(
                 f"pool {name!r} has no workers: no node of the Ray cluster has {_describe(need)} "
                 f"(the cluster offers {', '.join(offered) or 'nothing'}){hint}; if the cluster adds nodes on "
@@ -131,8 +146,9 @@ def build_slowdown(config: ServiceConfig, nice: int) -> float:
 
 
 def local_ray_resources(config: ServiceConfig) -> dict[str, float]:
-    """Custom resources a locally started Ray declares: the CPU bench slots."""
-    return {CPU_POOL_RESOURCE: float(config.local_cpu_bench_slots)}
+    """Custom resources a locally started Ray declares: the CPU bench slots, and that its GPUs (if
+    any) may host bench workers."""
+    return {CPU_POOL_RESOURCE: float(config.local_cpu_bench_slots), GPU_BENCH_RESOURCE: 1.0}
 
 
 def sweep_evaluator_config(config: EvaluatorConfig, pools: Mapping[str, PoolConfig]) -> EvaluatorConfig:
@@ -145,6 +161,16 @@ def sweep_evaluator_config(config: EvaluatorConfig, pools: Mapping[str, PoolConf
         return config
     archs = sorted({p.cuda_arch for p in pools.values() if p.cuda_arch}, key=lambda a: tuple(map(int, a.split("."))))
     return dataclasses.replace(config, cuda_arch_list=";".join(archs)) if archs else config
+
+
+def _missing_hint(need: Mapping[str, float], nodes: Sequence[Mapping[str, float]]) -> str:
+    """What to declare, where a speedforge resource is what no node has."""
+    if CPU_POOL_RESOURCE in need:
+        return f"; start Ray with resources={{'{CPU_POOL_RESOURCE}': N}}"
+    if GPU_BENCH_RESOURCE in need and fit_count(nodes, {k: v for k, v in need.items() if k != GPU_BENCH_RESOURCE}):
+        return (f"; the nodes with its GPUs do not declare {GPU_BENCH_RESOURCE} (training nodes host no bench "
+                f"worker): start the bench nodes' Ray with resources={{'{GPU_BENCH_RESOURCE}': 1}}")  # fmt: skip
+    return ""
 
 
 def _describe(need: Mapping[str, float]) -> str:

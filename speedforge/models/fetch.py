@@ -6,31 +6,26 @@
 
     folder = fetch_reference("champion", registry_store, "policy", cache_dir)
 
-The version's files are copied from where its checkpoint is (a store URI or a folder) into
-`<cache_dir>/<content id>/` (named after the checkpoint and its hashes) and each is checked against the sha256 recorded when
-it was registered, so a pod needs only the store, no path, and a checkpoint changed since it was
-registered is refused instead of loaded. A complete copy is reused: a second load reads nothing
-but the registry's records.
+The version's files are fetched from where its checkpoint is (a store URI or a folder) by
+speedforge.store.models.fetch_model, pinned to the sha256 recorded when it was registered, so a
+pod needs only the store, no path, and a checkpoint changed since it was registered is refused
+instead of loaded. A complete copy is reused: a second load reads nothing but the registry's
+records.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import tempfile
-from pathlib import Path
 
 from speedforge.config import StoreConfig
 from speedforge.errors import UserError
-from speedforge.records import content_id
 from speedforge.models.records import ModelVersion
 from speedforge.models.registry import CHAMPION, ModelRegistry
-from speedforge.store.base import Store, sha256_hex
+from speedforge.store.base import CorruptObjectError, MissingObjectError, Store
+from speedforge.store.models import fetch_model
 
 REFERENCE = re.compile(r"models:/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<selector>[A-Za-z0-9_.-]+)")
-MANIFEST = ".speedforge-files.json"  # in a complete copy: the files it was checked against
 REGISTRY_ENV = "SPEEDFORGE_REGISTRY"  # the registry a bare reference resolves in, outside a configured command
 
 
@@ -49,54 +44,14 @@ def parse_reference(model: str, default_name: str) -> tuple[str, str]:
     return match["name"], match["selector"]
 
 
-def checkpoint_files(checkpoint: str, store_config: StoreConfig | None = None) -> dict[str, str]:
-    """{relative path: sha256} of every file of a checkpoint (a store URI or a folder)."""
-    store = _checkpoint_store(checkpoint, store_config)
-    files = {key: sha256_hex(store.get_bytes(key)) for key in store.list("")}
-    if not files:
-        raise UserError(f"no checkpoint at {checkpoint}: nothing is there")
-    if "config.json" not in files and not any(k.endswith(".gguf") for k in files):
-        raise UserError(f"{checkpoint} is not a checkpoint: no config.json (or .gguf file) among its {len(files)} files")
-    return files
-
-
 def fetch_version(version: ModelVersion, cache_dir: str, store_config: StoreConfig | None = None) -> str:
-    """A local folder holding `version`'s files, each checked against its recorded sha256."""
-    return fetch_checkpoint(version.checkpoint, version.files, cache_dir, store_config, what=version.ref)
-
-
-def fetch_checkpoint(checkpoint: str, files: dict[str, str], cache_dir: str, store_config: StoreConfig | None = None,
-                     what: str = "") -> str:  # fmt: skip
-    """A local copy of a checkpoint's `files` ({path: sha256}), in a folder named after its content
-    (reused while complete); a file whose sha256 differs is a UserError."""
-    folder = Path(cache_dir).expanduser() / content_id(checkpoint.rstrip("/"), json.dumps(files, sort_keys=True))
-    manifest = folder / MANIFEST
-    if manifest.is_file() and json.loads(manifest.read_text()) == files:
-        return str(folder)
-    store = _checkpoint_store(checkpoint, store_config)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    """A local folder holding `version`'s files, each checked against its recorded sha256
+    (speedforge.store.models.fetch_model); a file changed or gone since is a UserError."""
     try:
-        for key, sha256 in sorted(files.items()):
-            try:
-                data = store.get_verified(key, sha256)
-            except UserError as exc:
-                raise UserError(f"{what or checkpoint}: the checkpoint {checkpoint} changed or lost files since it was "
-                                f"registered ({exc})") from None  # fmt: skip
-            target = staging / key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        (staging / MANIFEST).write_text(json.dumps(files, sort_keys=True))
-        if folder.exists():  # a partial copy (a complete one returned above)
-            shutil.rmtree(folder, ignore_errors=True)
-        try:
-            os.rename(staging, folder)
-        except OSError:  # another process put its complete copy there first
-            if not (manifest.is_file() and json.loads(manifest.read_text()) == files):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(folder)
+        return fetch_model(version.checkpoint, cache_dir, version.files, store_config)
+    except (CorruptObjectError, MissingObjectError) as exc:
+        raise UserError(f"{version.ref}: the checkpoint {version.checkpoint} changed or lost files since it was "
+                        f"registered ({exc})") from None  # fmt: skip
 
 
 def fetch_reference(model: str, registry: Store, default_name: str, cache_dir: str,
@@ -105,14 +60,6 @@ def fetch_reference(model: str, registry: Store, default_name: str, cache_dir: s
     name, selector = parse_reference(model, default_name)
     version = ModelRegistry(registry, name).get(selector)
     return fetch_version(version, cache_dir, store_config), version
-
-
-def _checkpoint_store(checkpoint: str, store_config: StoreConfig | None) -> Store:
-    from speedforge.store import open_store
-
-    if "://" not in checkpoint and not Path(checkpoint).expanduser().is_dir():
-        raise UserError(f"checkpoint {checkpoint} is not a folder here, nor a store URI")
-    return open_store(checkpoint.rstrip("/"), config=store_config)
 
 
 def registry_location(config, registry: str = "") -> str:

@@ -56,7 +56,11 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     With `ray_head`, a Ray head of its own is started for the run (speedforge.cluster.ray_head:
     the store's credentials in its environment, as a cluster's pods get them from their secret,
     a HOME and cache of its own, the CPU bench slots) and the train step submits its stage to it
-    through the Job Submission API (`train_mode` ray), as KubeRay's submitter does."""
+    through the Job Submission API (`train_mode` ray), as KubeRay's submitter does.
+
+    A pipeline's `ray_address` defaults to the cluster's head service (pipelines.steps.CLUSTER_ADDRESS),
+    a name only a cluster resolves: unless `arguments` name one, the run passes "" (a local Ray in
+    each evaluating step)."""
     require("pipelines", "kfp", purpose="running a pipeline locally")
     from kfp import local
 
@@ -64,6 +68,8 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     from speedforge.store import open_store
     from speedforge.store.s3server import SeaweedServer
 
+    if "ray_address" in (pipeline_func.component_spec.inputs or {}):
+        arguments = {"ray_address": "", **arguments}
     cache = Path(config.evaluator.cache_dir).expanduser().resolve()  # absolute: each step runs in a folder of its own
     pipeline_root = cache / "pipeline-root"
     store_uri = f"s3://{BUCKET}/{PREFIX}"

@@ -26,16 +26,11 @@ from speedforge import __version__
 from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Task, content_id
-from speedforge.models.fetch import (
-    checkpoint_files,
-    fetch_checkpoint,
-    is_reference,
-    registry_location,
-    resolve_configured,
-)
+from speedforge.models.fetch import is_reference, registry_location, resolve_configured
 from speedforge.models.gate import Verdict, judge
 from speedforge.models.records import GateDecision, HeldoutEval, ModelVersion
 from speedforge.models.registry import AliasChanged, ModelRegistry, who
+from speedforge.store.models import fetch_model, model_files
 
 Say = Callable[[str], None]
 Check = Callable[[Config, ModelVersion, Say], "HeldoutEval | None"]
@@ -107,10 +102,10 @@ def register_checkpoint(config: Config, checkpoint: str, *, run_id: str = "", st
     lineage and, with `evaluate`, its held-out check on train.pool. A check that fails is said and
     noted on the version, which is registered without an evaluation (the gate refuses it)."""
     reg = open_registry(config, registry)
-    files = checkpoint_files(checkpoint, config.store)
+    files = model_files(checkpoint, config.store)
     evaluations, split = {}, ""
     if evaluate:
-        folder = fetch_checkpoint(checkpoint, files, config.models.cache_dir, config.store)
+        folder = fetch_model(checkpoint, config.models.cache_dir, files, config.store)
         say(f"held-out check of {checkpoint} ({config.models.gate.samples} sample(s) per task)")
         try:
             evaluation = heldout_eval(config, folder, checkpoint)
