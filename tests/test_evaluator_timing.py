@@ -12,7 +12,7 @@ import torch
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.config import FieldError
-from speedforge.evaluator.kernels import _Harness, speedup_interval
+from speedforge.evaluator.kernels import SchedulerMarks, _Harness, speedup_interval
 from speedforge.stats import quantile as time_quantile
 from speedforge.records import Candidate, Task
 
@@ -48,7 +48,7 @@ def task() -> Task:
 def config(tmp_path_factory) -> EvaluatorConfig:
     return EvaluatorConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=120.0,
                            correctness_trials=1, cpu_timed_calls=6, min_timed_s=0.0, max_timed_calls=12,
-                           warmup_calls=1)  # fmt: skip
+                           warmup_calls=1, contention_limit=1.0)  # the stop rule, whatever else runs here  # fmt: skip
 
 
 def _good(task: Task) -> Candidate:
@@ -194,3 +194,83 @@ def test_timing_stops_early_once_the_interval_lies_wholly_below_the_bound(task, 
     assert stopped.timed_calls < 40 and stopped.speedup_hi < config.early_stop_below
     full = evaluate(task, candidate, dataclasses.replace(config, early_stop_below=0.0))
     assert full.status == "ok" and not full.stopped_early and full.timed_calls == 40
+
+
+# -- contention ---------------------------------------------------------------------------------
+
+
+def _harness(config: EvaluatorConfig, is_cuda: bool = False) -> _Harness:
+    harness = _Harness.__new__(_Harness)  # only what _unstable reads
+    harness.config, harness.is_cuda = config, is_cuda
+    return harness
+
+
+def _round(disturbed: int, pairs: int = 200, width: float = 0.01, steal_s: float = 0.0,
+           stopped_early: bool = False) -> dict:  # fmt: skip
+    return {"times": {"ref": [100.0] * pairs, "cand": [100.0] * pairs}, "width": width, "disturbed": disturbed,
+            "steal_s": steal_s, "stopped_early": stopped_early}
+
+
+def test_a_measurement_the_machine_kept_interrupting_is_marked_unstable_naming_the_contention():
+    harness = _harness(EvaluatorConfig(contention_limit=0.5))
+    assert harness._unstable(_round(disturbed=40), wide=0.05, timed_s=0.04) == []
+    (why,) = harness._unstable(_round(disturbed=150), wide=0.05, timed_s=0.04)
+    assert why.startswith("contention: in 150 of 200 timed pairs") and "limit 50%" in why
+    (why,) = harness._unstable(_round(disturbed=0, steal_s=0.03), wide=0.05, timed_s=0.04)
+    assert "hypervisor took 0.03 s" in why and "(steal)" in why
+    both = harness._unstable(_round(disturbed=150, width=0.2), wide=0.05, timed_s=0.04)
+    assert [w.split(" ")[0] for w in both] == ["the", "contention:"] and "+-20.0%" in both[0]
+    # decided below the early-stop bound: nothing to discount; the GPU has no CPU contention mark
+    assert harness._unstable(_round(disturbed=200, width=0.2, stopped_early=True), wide=0.05, timed_s=0.04) == []
+    assert _harness(EvaluatorConfig(), is_cuda=True)._unstable(_round(disturbed=200), wide=0.05, timed_s=0.04) == []
+    assert _harness(EvaluatorConfig(contention_limit=1.0))._unstable(_round(disturbed=200), 0.05, 0.04) == []
+    with pytest.raises(FieldError, match="contention_limit"):
+        EvaluatorConfig(contention_limit=1.5)
+
+
+def test_only_a_wait_while_no_thread_of_the_process_ran_is_taken_off_a_call():
+    # (involuntary switches, ns waited for a CPU, ns of process CPU time) before and after a 1 ms call
+    before = (10, 0, 0)
+    neighbour = (11, 400_000, 600_000)  # waited 0.4 ms; the process ran 0.6 ms of the 1 ms
+    assert SchedulerMarks.disturbed(before, neighbour)
+    assert SchedulerMarks.waited_s(before, neighbour, 1e-3) == pytest.approx(0.4e-3)
+    own_thread = (11, 400_000, 1_000_000)  # waited as long, but for its own process's thread
+    assert SchedulerMarks.waited_s(before, own_thread, 1e-3) == 0.0
+    asleep = (10, 0, 200_000)  # blocked, not runnable: no wait, nothing taken off
+    assert not SchedulerMarks.disturbed(before, asleep) and SchedulerMarks.waited_s(before, asleep, 1e-3) == 0.0
+
+
+NEIGHBOUR_PROBE = '''
+import json, os, subprocess, sys, time
+from speedforge.evaluator.kernels import SchedulerMarks
+
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\\nwhile True: pass"])
+try:
+    time.sleep(0.3)
+    marks = SchedulerMarks()
+    before, t0 = marks.read(), time.perf_counter()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # 0.2 s of CPU work, sharing its one CPU with the busy loop
+        pass
+    wall = time.perf_counter() - t0
+    after = marks.read()
+finally:
+    busy.kill()
+    busy.wait()
+print(json.dumps({"one_cpu": marks.one_cpu, "disturbed": marks.disturbed(before, after),
+                  "waited_s": marks.waited_s(before, after, wall), "wall_s": wall}))
+'''
+
+
+def test_a_call_sharing_its_cpu_with_a_busy_process_is_disturbed_and_the_neighbours_share_is_found():
+    import json
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", NEIGHBOUR_PROBE], capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout)
+    assert found["one_cpu"] and found["disturbed"]
+    assert 0 < found["waited_s"] < found["wall_s"]

@@ -41,6 +41,7 @@ import importlib.util
 import math
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -53,6 +54,8 @@ from speedforge.evaluator import process_state
 from speedforge.evaluator.job import Job
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
+_getrusage = resource.getrusage
+_process_time_ns = time.process_time_ns
 
 # A candidate compiles only when it loads inline C++/CUDA (speedforge.evaluator.evaluate.needs_build).
 CPP = families.register(families.Family(
@@ -182,6 +185,7 @@ class _Harness:
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(self.config.cpu_time_quantile)
         self.state = {"ref": process_state.capture()}  # the reference's process state; the candidate's once it loads
+        self.scheduler = SchedulerMarks()
         self.active = "ref"  # whose state is in effect
 
     # -- setup ---------------------------------------------------------------------------------
@@ -422,7 +426,7 @@ class _Harness:
             pair = []  # each side's inputs and output, as a timed pair keeps them (the rotation is sized on it)
             for side, model in (("cand", cand_model), ("ref", ref_model)):
                 args = self.clone(inputs)
-                out, est[side] = self._timed_call(model, args, flush, side)
+                out, est[side], _ = self._timed_call(model, args, flush, side)
                 pair += [args, out]
             self._keep(pair)
             del pair, out
@@ -439,6 +443,7 @@ class _Harness:
                 break
         chosen = rounds[-1] if rounds[-1]["stopped_early"] else min(rounds, key=lambda r: r["width"])
         times = chosen["times"]
+        unstable = self._unstable(chosen, wide, sum(sum(chosen["times"][side]) for side in chosen["times"]) / 1e6)
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
         ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
         return {
@@ -452,10 +457,38 @@ class _Harness:
             "speedup": ref_us / cand_us if cand_us > 0 else None,
             "speedup_lo": chosen["lo"],
             "speedup_hi": chosen["hi"],
-            "unstable": chosen["width"] > wide and not chosen["stopped_early"],
+            "unstable": bool(unstable),
+            "warnings": [f"unstable: {why}" for why in unstable],
             "timed_calls": len(times["ref"]),
             "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
         }
+
+    def _unstable(self, chosen: dict, wide: float, timed_s: float) -> list[str]:
+        """Why the chosen round cannot be trusted, one line each; empty when it can.
+
+        The interval stayed too wide (the batch-means part widens it where the machine's state
+        drifted), or on the CPU the machine took the CPU away during timing: more than
+        contention_limit of the pairs had a call during which this process was preempted or
+        waited for a CPU (`SchedulerMarks`), or the hypervisor took more than that share of the
+        timed seconds (steal). A low quantile shrugs off a few slowed calls, not most of them. A
+        round that stopped early is decided (its interval lies wholly below the bound)."""
+        found = []
+        if chosen["stopped_early"]:  # wholly below the bound: decided, whatever else went on
+            return found
+        if chosen["width"] > wide:
+            found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} after measuring again "
+                         f"(+-{chosen['width']:.1%})")
+        if self.is_cuda:
+            return found
+        limit = float(self.config.contention_limit)
+        pairs = len(chosen["times"]["ref"])
+        if pairs and chosen["disturbed"] / pairs > limit:
+            found.append(f"contention: in {chosen['disturbed']} of {pairs} timed pairs this process was preempted or "
+                         f"waited for a CPU during a call (limit {limit:.0%}; load average {os.getloadavg()[0]:.1f})")
+        if timed_s > 0 and chosen["steal_s"] / timed_s > limit:
+            found.append(f"contention: the hypervisor took {chosen['steal_s']:.2f} s of this CPU during "
+                         f"{timed_s:.2f} s of timed calls (steal)")
+        return found
 
     def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int) -> dict:
         """Pairs until the interval is within +-ci_target (checked every few pairs past `least`),
@@ -468,14 +501,23 @@ class _Harness:
         lo = hi = None
         width = math.inf
         check_every = max(5, least // 4)
+        disturbed = 0
+        steal = _steal_ticks()
         for i in range(most):
             inputs = self.fresh_inputs(first_index + i)
             order = [("ref", ref_model), ("cand", cand_model)]
             self.rng.shuffle(order)
-            outs, args = {}, {"ref": inputs, "cand": self.clone(inputs)}
+            outs, args, hit = {}, {}, False
             for side, model in order:
-                outs[side], seconds = self._timed_call(model, args[side], flush, side)
+                # each side its own copy, made just before its call: the same work before either
+                # side's call, whichever runs first (the reference once ran on the fresh inputs
+                # and the candidate on a copy made after them, which read 0.8x for identical work)
+                args[side] = self.clone(inputs)
+                outs[side], seconds, preempted = self._timed_call(model, args[side], flush, side)
                 times[side].append(seconds * 1e6)
+                hit = hit or preempted
+            del inputs
+            disturbed += hit
             self.compare(outs["cand"], outs["ref"], [], [], f"timed call {i + 1}", exact_error=False)
             self._keep([args["ref"], args["cand"], outs["ref"], outs["cand"]])
             del outs, args
@@ -486,10 +528,13 @@ class _Harness:
                 lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
                                                  quantile=self.quantile)
                 if bound > 0 and hi is not None and hi < bound:
-                    return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": True}
+                    break
                 if regular and width <= target:
                     break
-        return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": False}
+        stopped = bound > 0 and hi is not None and hi < bound
+        steal = _steal_ticks() - steal
+        return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
+                "steal_s": steal / _CLOCK_TICKS}
 
     def _keep(self, pair: list) -> None:
         """CPU: keep a timed pair's inputs and outputs alive for the next cpu_rotation_pairs pairs.
@@ -526,10 +571,77 @@ class _Harness:
             self.sync()  # device-wide: work on any stream is inside the timed region
             end.record()
             end.synchronize()
-            return out, start.elapsed_time(end) / 1e3
+            return out, start.elapsed_time(end) / 1e3, False
+        marks = self.scheduler
+        before = marks.read()
         t0 = _perf_counter()
         out = self._call(what, model, *args)
-        return out, _perf_counter() - t0
+        seconds = _perf_counter() - t0
+        after = marks.read()
+        if marks.one_cpu:
+            seconds -= marks.waited_s(before, after, seconds)  # a neighbour's time slice is not the call's
+        return out, seconds, marks.disturbed(before, after)
+
+
+class SchedulerMarks:
+    """What the scheduler did to this process around a timed CPU call.
+
+    Read before and after the call (a few microseconds each, outside the timed region): the
+    involuntary context switches of all its threads (getrusage), the nanoseconds the calling
+    thread waited for a CPU while runnable (/proc/thread-self/schedstat), and the CPU time of
+    all its threads. A call during which the first two moved was `disturbed`: other work on the
+    machine slowed it, not its own code.
+
+    `waited_s` is the part of a call's wall time that other processes took: time the calling
+    thread waited for a CPU while none of this process's threads ran. The harness takes it off
+    the call's time when the process is pinned to one CPU (the CPU family's default), so that a
+    time slice given to a neighbour is not read as the kernel's own time (the whole wait is not
+    taken off: a candidate whose forward spins while torch's inter-op thread does its work
+    waits for a CPU its own process holds, and keeps that time)."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+        self.one_cpu = len(os.sched_getaffinity(0)) == 1
+
+    def read(self) -> tuple[int, int, int]:
+        """(involuntary context switches, ns waited for a CPU, ns of CPU time of the process)."""
+        waited = 0
+        if self.fd is not None:
+            try:
+                waited = int(os.pread(self.fd, 128, 0).split()[1])
+            except (OSError, ValueError, IndexError):
+                self.fd = None
+        return _getrusage(resource.RUSAGE_SELF).ru_nivcsw, waited, _process_time_ns()
+
+    @staticmethod
+    def disturbed(before: tuple[int, int, int], after: tuple[int, int, int]) -> bool:
+        return after[0] != before[0] or after[1] != before[1]
+
+    @staticmethod
+    def waited_s(before: tuple[int, int, int], after: tuple[int, int, int], wall_s: float) -> float:
+        """Seconds of `wall_s` in which the calling thread waited for a CPU and this process ran
+        on none: min(wait, wall - process CPU time)."""
+        waited = (after[1] - before[1]) / 1e9
+        idle = wall_s - (after[2] - before[2]) / 1e9
+        return max(0.0, min(waited, idle))
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _steal_ticks() -> int:
+    """Clock ticks the hypervisor has taken from the CPUs this process may run on (/proc/stat's
+    steal column); 0 where unreadable."""
+    try:
+        cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
+        with open("/proc/stat") as f:
+            return sum(int(fields[8]) for fields in (line.split() for line in f)
+                       if fields and fields[0] in cpus and len(fields) > 8)
+    except (OSError, ValueError):
+        return 0
 
 
 EARLY_CHECK_FROM = 8  # pairs before the first early-stop check...
