@@ -12,7 +12,8 @@ import torch
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.config import FieldError
-from speedforge.evaluator.kernels import SchedulerMarks, _Harness, speedup_interval
+from speedforge.evaluator.rotation import Rotation
+from speedforge.evaluator.timing import SchedulerMarks, speedup_interval, unstable_reasons
 from speedforge.stats import quantile as time_quantile
 from speedforge.records import Candidate, Task
 
@@ -149,21 +150,19 @@ def test_on_the_cpu_successive_timed_calls_run_on_different_memory(task, config)
 
 
 def test_the_rotation_keeps_as_many_pairs_as_its_memory_budget_fits(config):
-    harness = _Harness.__new__(_Harness)  # only what _keep reads
-    harness.torch, harness.is_cuda, harness.kept = torch, False, None
-    harness.config = dataclasses.replace(config, cpu_rotation_pairs=8, cpu_rotation_mb=2)
+    rotation = Rotation(torch, dataclasses.replace(config, cpu_rotation_pairs=8, cpu_rotation_mb=2), is_cuda=False)
     pair = [[torch.empty(128, 512)], [torch.empty(128, 512)], torch.empty(128, 512), (torch.empty(128, 512),)]
-    harness._keep(pair)  # 4 x 256 KiB: two pairs fit in 2 MiB
-    assert harness.kept.maxlen == 2
+    rotation.keep(pair)  # 4 x 256 KiB: two pairs fit in 2 MiB
+    assert rotation.kept.maxlen == 2 and rotation.filling()
     for _ in range(5):
-        harness._keep(list(pair))
-    assert len(harness.kept) == 2
-    harness.config, harness.kept = dataclasses.replace(config, cpu_rotation_pairs=3, cpu_rotation_mb=512), None
-    harness._keep(pair)
-    assert harness.kept.maxlen == 3  # the pair count binds before the budget
-    harness.is_cuda, harness.kept = True, None
-    harness._keep(pair)
-    assert harness.kept is None  # the GPU keeps nothing
+        rotation.keep(list(pair))
+    assert len(rotation.kept) == 2 and not rotation.filling()
+    rotation = Rotation(torch, dataclasses.replace(config, cpu_rotation_pairs=3, cpu_rotation_mb=512), is_cuda=False)
+    rotation.keep(pair)
+    assert rotation.kept.maxlen == 3  # the pair count binds before the budget
+    rotation = Rotation(torch, config, is_cuda=True)
+    rotation.keep(pair)
+    assert rotation.kept is None  # the GPU keeps nothing
     assert EvaluatorConfig().cpu_rotation_pairs == 8
     with pytest.raises(FieldError, match="cpu_rotation_pairs"):
         EvaluatorConfig(cpu_rotation_pairs=-1)
@@ -199,12 +198,6 @@ def test_timing_stops_early_once_the_interval_lies_wholly_below_the_bound(task, 
 # -- contention ---------------------------------------------------------------------------------
 
 
-def _harness(config: EvaluatorConfig, is_cuda: bool = False) -> _Harness:
-    harness = _Harness.__new__(_Harness)  # only what _unstable reads
-    harness.config, harness.is_cuda = config, is_cuda
-    return harness
-
-
 def _round(disturbed: int, pairs: int = 200, width: float = 0.01, steal_s: float = 0.0,
            stopped_early: bool = False) -> dict:  # fmt: skip
     return {"times": {"ref": [100.0] * pairs, "cand": [100.0] * pairs}, "width": width, "disturbed": disturbed,
@@ -212,18 +205,22 @@ def _round(disturbed: int, pairs: int = 200, width: float = 0.01, steal_s: float
 
 
 def test_a_measurement_the_machine_kept_interrupting_is_marked_unstable_naming_the_contention():
-    harness = _harness(EvaluatorConfig(contention_limit=0.5))
-    assert harness._unstable(_round(disturbed=40), wide=0.05, timed_s=0.04) == []
-    (why,) = harness._unstable(_round(disturbed=150), wide=0.05, timed_s=0.04)
+    config = EvaluatorConfig(contention_limit=0.5)
+
+    def unstable(chosen: dict, config: EvaluatorConfig = config, is_cuda: bool = False) -> list[str]:
+        return unstable_reasons(chosen, wide=0.05, timed_s=0.04, config=config, is_cuda=is_cuda)
+
+    assert unstable(_round(disturbed=40)) == []
+    (why,) = unstable(_round(disturbed=150))
     assert why.startswith("contention: in 150 of 200 timed pairs") and "limit 50%" in why
-    (why,) = harness._unstable(_round(disturbed=0, steal_s=0.03), wide=0.05, timed_s=0.04)
+    (why,) = unstable(_round(disturbed=0, steal_s=0.03))
     assert "hypervisor took 0.03 s" in why and "(steal)" in why
-    both = harness._unstable(_round(disturbed=150, width=0.2), wide=0.05, timed_s=0.04)
+    both = unstable(_round(disturbed=150, width=0.2))
     assert [w.split(" ")[0] for w in both] == ["the", "contention:"] and "+-20.0%" in both[0]
     # decided below the early-stop bound: nothing to discount; the GPU has no CPU contention mark
-    assert harness._unstable(_round(disturbed=200, width=0.2, stopped_early=True), wide=0.05, timed_s=0.04) == []
-    assert _harness(EvaluatorConfig(), is_cuda=True)._unstable(_round(disturbed=200), wide=0.05, timed_s=0.04) == []
-    assert _harness(EvaluatorConfig(contention_limit=1.0))._unstable(_round(disturbed=200), 0.05, 0.04) == []
+    assert unstable(_round(disturbed=200, width=0.2, stopped_early=True)) == []
+    assert unstable(_round(disturbed=200), is_cuda=True) == []
+    assert unstable(_round(disturbed=200), config=EvaluatorConfig(contention_limit=1.0)) == []
     with pytest.raises(FieldError, match="contention_limit"):
         EvaluatorConfig(contention_limit=1.5)
 
@@ -242,7 +239,7 @@ def test_only_a_wait_while_no_thread_of_the_process_ran_is_taken_off_a_call():
 
 NEIGHBOUR_PROBE = '''
 import json, os, subprocess, sys, time
-from speedforge.evaluator.kernels import SchedulerMarks
+from speedforge.evaluator.timing import SchedulerMarks
 
 cpu = min(os.sched_getaffinity(0))
 os.sched_setaffinity(0, {cpu})
