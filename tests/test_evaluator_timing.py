@@ -13,7 +13,7 @@ from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.config import FieldError
 from speedforge.evaluator.rotation import Rotation
-from speedforge.evaluator.timing import SchedulerMarks, speedup_interval, unstable_reasons
+from speedforge.evaluator.timing import SchedulerMarks, drift_reasons, speedup_interval, unstable_reasons
 from speedforge.stats import quantile as time_quantile
 from speedforge.records import Candidate, Task
 
@@ -271,3 +271,46 @@ def test_a_call_sharing_its_cpu_with_a_busy_process_is_disturbed_and_the_neighbo
     found = json.loads(probe.stdout)
     assert found["one_cpu"] and found["disturbed"]
     assert 0 < found["waited_s"] < found["wall_s"]
+
+
+# -- drift within a run, two modes between its halves ---------------------------------------------
+
+
+def _series(ratios: list[float], noise: float = 0.005, seed: int = 0) -> tuple[list[float], list[float]]:
+    """Timed pairs whose speedup follows `ratios` (one per pair), with relative noise on both sides."""
+    gen = torch.Generator().manual_seed(seed)
+    cand = (100.0 * (1 + noise * torch.randn(len(ratios), generator=gen))).tolist()
+    ref = [100.0 * r * (1 + noise * float(e)) for r, e in zip(ratios, torch.randn(len(ratios), generator=gen))]
+    return ref, cand
+
+
+def test_a_steady_series_is_neither_drifting_nor_two_modes():
+    ref, cand = _series([1.5] * 200)
+    assert drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03) == []
+
+
+def test_a_monotone_drift_across_the_blocks_is_named():
+    # a clock that falls during the run: 22.2x to 18.8x over 200 pairs (issue 25's GPU kernel, in one run)
+    ref, cand = _series([22.2 - 3.4 * i / 199 for i in range(200)])
+    reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
+    assert any(r.startswith("drift: the speedup moved down in every one of 6") for r in reasons), reasons
+    # the same trend within the limit is a steady state's noise to the reward, not a drift
+    small = _series([1.5 - 0.01 * i / 199 for i in range(200)])
+    assert not any(r.startswith("drift") for r in drift_reasons(*small, seed=1, torch=torch, limit=0.03))
+
+
+def test_two_halves_in_two_states_are_named_and_not_taken_for_a_drift():
+    # 1.38x, then 1.49x (issue 25's bimodal kernel, within one run)
+    ref, cand = _series([1.38] * 100 + [1.49] * 100, seed=3)
+    reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
+    assert any(r.startswith("two modes: the first half of the pairs read 1.38x") for r in reasons), reasons
+    assert not any(r.startswith("drift") for r in reasons)
+
+
+def test_too_few_pairs_or_no_limit_check_nothing():
+    ref, cand = _series([22.2 - 3.4 * i / 199 for i in range(200)])
+    assert drift_reasons(ref[:20], cand[:20], seed=1, torch=torch, limit=0.03) == []
+    assert drift_reasons(ref, cand, seed=1, torch=torch, limit=0.0) == []
+    assert EvaluatorConfig().drift_limit == 0.03
+    with pytest.raises(FieldError, match="drift_limit"):
+        EvaluatorConfig(drift_limit=-0.1)

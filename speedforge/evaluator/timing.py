@@ -8,7 +8,8 @@ its pair's reference output. Pairs are taken until the speedup's 95% interval is
 (`speedup_interval`), or lies wholly below early_stop_below (early stop). On the CPU the
 scheduler is read around every call (`SchedulerMarks`): a neighbour's time slice is taken off a
 call pinned to one CPU, and contention during timing marks the result unstable, as does an
-interval that stayed wide (`unstable_reasons`). The CPU's buffer rotation is
+interval that stayed wide (`unstable_reasons`), a speedup that drifted through the run or two
+halves in two states (`drift_reasons`). The CPU's buffer rotation is
 speedforge.evaluator.rotation.
 """
 
@@ -94,6 +95,9 @@ class Timer:
         times = chosen["times"]
         unstable = unstable_reasons(chosen, wide, sum(sum(chosen["times"][side]) for side in chosen["times"]) / 1e6,
                                     self.config, self.is_cuda)
+        if not chosen["stopped_early"]:  # one steady state measured, not a drifting or switching one
+            unstable += drift_reasons(times["ref"], times["cand"], self.rng.getrandbits(31), self.torch,
+                                      float(config.drift_limit), self.quantile)
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
         ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
         return {
@@ -348,3 +352,43 @@ def iqr(values: list[float]) -> float:
     return q[2] - q[0]
 
 
+DRIFT_BLOCKS = 6  # consecutive blocks of pairs whose speedups a monotone trend runs through
+DRIFT_MIN_PAIRS = 4 * DRIFT_BLOCKS  # fewer pairs: blocks too small to tell a trend from noise
+
+
+def drift_reasons(ref_us: list[float], cand_us: list[float], seed: int, torch, limit: float,
+                  quantile: float = 0.5) -> list[str]:  # fmt: skip
+    """Why a series of timed pairs does not measure one steady state, one line each.
+
+    - drift: the speedups of DRIFT_BLOCKS consecutive blocks of pairs rise (or fall) block after
+      block, by more than `limit` (relative) from the first block to the last. Six blocks in a
+      strict order by chance: 2 in 720. A clock or thermal state that changes during the
+      measurement moves the ratio this way (issue 25: one kernel drifted from 22.2x to 18.8x).
+    - two modes: the speedups of the first and second halves, each with its 95% interval
+      (`speedup_interval`), lie apart by more than `limit` with the intervals disjoint: the
+      measurement switched between two states (issue 25: 1.37-1.40x against 1.48-1.50x).
+
+    `limit` 0 checks nothing; fewer than DRIFT_MIN_PAIRS pairs are too few to tell."""
+    n = len(ref_us)
+    if limit <= 0 or n < DRIFT_MIN_PAIRS or len(cand_us) != n:
+        return []
+    found = []
+    size = n // DRIFT_BLOCKS
+    blocks = [stats.quantile(ref_us[b * size:(b + 1) * size], quantile)
+              / max(stats.quantile(cand_us[b * size:(b + 1) * size], quantile), 1e-12) for b in range(DRIFT_BLOCKS)]
+    steps = [later - earlier for earlier, later in zip(blocks, blocks[1:])]
+    change = (blocks[-1] - blocks[0]) / max(statistics.median(blocks), 1e-12)
+    if (all(s > 0 for s in steps) or all(s < 0 for s in steps)) and abs(change) > limit:
+        found.append(f"drift: the speedup moved {'up' if change > 0 else 'down'} in every one of {DRIFT_BLOCKS} "
+                     f"consecutive blocks of pairs, {blocks[0]:.3g}x to {blocks[-1]:.3g}x ({change:+.1%})")
+    half = n // 2
+    first = speedup_interval(torch, ref_us[:half], cand_us[:half], seed, quantile=quantile)
+    second = speedup_interval(torch, ref_us[half:], cand_us[half:], seed + 1, quantile=quantile)
+    if None not in (first[0], second[0]):
+        a = stats.quantile(ref_us[:half], quantile) / max(stats.quantile(cand_us[:half], quantile), 1e-12)
+        b = stats.quantile(ref_us[half:], quantile) / max(stats.quantile(cand_us[half:], quantile), 1e-12)
+        apart = first[1] < second[0] or second[1] < first[0]
+        if apart and abs(b - a) / max(min(a, b), 1e-12) > limit:
+            found.append(f"two modes: the first half of the pairs read {a:.3g}x (95% {first[0]:.3g}-{first[1]:.3g}), "
+                         f"the second {b:.3g}x (95% {second[0]:.3g}-{second[1]:.3g})")
+    return found
