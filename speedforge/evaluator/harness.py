@@ -166,7 +166,9 @@ class _Harness:
         self.config = job.config
         self.is_cuda = device.type == "cuda"
         self.rng = random.Random(seed ^ 0x5EED)
+        # captured before the candidate is imported, as the timer uses them
         self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
+        self.Event = torch.cuda.Event if self.is_cuda else None
         self.current_stream = torch.cuda.current_stream if self.is_cuda else None
         self.training = job.task.mode == "train"
         self.state = {"ref": process_state.capture()}  # the reference's process state; the candidate's once it loads

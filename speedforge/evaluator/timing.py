@@ -45,13 +45,16 @@ class Sides(Protocol):
 
     def compare(self, out_c, out_r, cand_in: list, held: list, where: str, exact_error: bool = True) -> float: ...
 
+    def sync(self) -> None: ...  # the device-wide synchronize (nothing on the CPU)
+
+    Event: type | None  # torch.cuda.Event on the GPU
+
 
 class Timer:
     def __init__(self, torch, config, device, rng: random.Random, sides: Sides) -> None:
         self.torch, self.config, self.device, self.rng, self.sides = torch, config, device, rng, sides
         self.is_cuda = device.type == "cuda"
-        self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
-        self.Event = torch.cuda.Event if self.is_cuda else None
+        self.sync, self.Event = sides.sync, sides.Event  # the harness's, captured before the candidate loaded
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
         self.scheduler = SchedulerMarks()
