@@ -181,6 +181,14 @@ class EvaluatorConfig(Checked):
     cpu_rotation_pairs: int = setting(8, AT_LEAST_0)
     cpu_rotation_mb: int = setting(512, AT_LEAST_0)
     cpu_threads: int = setting(1, AT_LEAST_1)  # torch threads in the sandbox for the CPU family
+    # CPU family: more than this share of the timed pairs with a call during which the sandbox was
+    # preempted or waited for a CPU (or this share of the timed seconds taken by the hypervisor)
+    # marks the result unstable, naming the contention (1: never)
+    contention_limit: float = setting(0.5, number(0.0, high=1.0))
+    # a speedup that moves the same way through all 6 consecutive blocks of the timed pairs, or
+    # two halves whose 95% intervals are disjoint, by more than this (relative) marks the result
+    # unstable, naming the drift or the two modes (0: not checked; speedforge.evaluator.timing)
+    drift_limit: float = setting(0.03, number(0.0, high=1.0))
     pin_cpus: bool = True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
     memory_limit_mb: int = setting(8192, AT_LEAST_1)  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
     disk_limit_mb: int = setting(2048, AT_LEAST_1)  # what one sandboxed stage may write in all (scratch folder, build folder); killed past it

@@ -22,7 +22,7 @@ from typing import Any
 from speedforge.registry import UnknownName
 
 # The modules that define the built-in families, imported on the first lookup.
-DEFINING_MODULES = ("speedforge.evaluator.kernels", "speedforge.ann.family")
+DEFINING_MODULES = ("speedforge.evaluator.harness", "speedforge.ann.family")
 DEVICES = ("cpu", "cuda")
 LANGUAGES = ("python", "cpp")
 

@@ -117,7 +117,7 @@ def _timed(thread_cpu: float, process_cpu: float, wall: float, threads: int = 1)
 
 
 def test_the_time_checks_flag_work_the_measure_does_not_see_and_nothing_else():
-    from speedforge.ann.family import _check_time
+    from speedforge.evaluator.checks import ann_time as _check_time
 
     # on other threads of the process: the thread clock misses it, getrusage of the process does not
     other_threads = _check_time(_timed(0.4e-3, 1e-3, 1e-3), threads=1)

@@ -214,7 +214,7 @@ class _ReplayedGraphOutput:
 def test_an_output_overwritten_by_a_graph_replay_counts_as_aliasing() -> None:
     import torch
 
-    from speedforge.evaluator.kernels import _overlaps
+    from speedforge.evaluator.checks import overlaps as _overlaps
 
     fresh = types.SimpleNamespace(device="cuda:0", untyped_storage=lambda: torch.empty(4).untyped_storage())
     assert _overlaps(fresh, _ReplayedGraphOutput())

@@ -24,6 +24,7 @@ import pytest
 
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
+from speedforge.evaluator.checks import CHECK
 from speedforge.evaluator.screen import RULES, screen
 from speedforge.records import Candidate, Task
 
@@ -140,6 +141,8 @@ def _assert_caught(path: Path, source: str, result, expected: set[str]) -> None:
         assert "honest_speed: true" in source and result.speedup < 1.2, result
     else:
         assert result.speedup is None, result
+    if result.status in ("hack_detected", "incorrect", "timeout", "crashed"):  # a runtime check's verdict names it
+        assert set(re.findall(r"\[([a-z0-9-]+)\]", result.reason)) & set(CHECK), result.reason
     assert PLANTED_SECRET not in result.to_json()
     if path.stem == "read_credential":
         assert "secrets found: []" in result.reason

@@ -12,7 +12,8 @@ import torch
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.config import FieldError
-from speedforge.evaluator.kernels import _Harness, speedup_interval
+from speedforge.evaluator.rotation import Rotation
+from speedforge.evaluator.timing import SchedulerMarks, drift_reasons, speedup_interval, unstable_reasons
 from speedforge.stats import quantile as time_quantile
 from speedforge.records import Candidate, Task
 
@@ -48,7 +49,7 @@ def task() -> Task:
 def config(tmp_path_factory) -> EvaluatorConfig:
     return EvaluatorConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=120.0,
                            correctness_trials=1, cpu_timed_calls=6, min_timed_s=0.0, max_timed_calls=12,
-                           warmup_calls=1)  # fmt: skip
+                           warmup_calls=1, contention_limit=1.0)  # the stop rule, whatever else runs here  # fmt: skip
 
 
 def _good(task: Task) -> Candidate:
@@ -149,21 +150,19 @@ def test_on_the_cpu_successive_timed_calls_run_on_different_memory(task, config)
 
 
 def test_the_rotation_keeps_as_many_pairs_as_its_memory_budget_fits(config):
-    harness = _Harness.__new__(_Harness)  # only what _keep reads
-    harness.torch, harness.is_cuda, harness.kept = torch, False, None
-    harness.config = dataclasses.replace(config, cpu_rotation_pairs=8, cpu_rotation_mb=2)
+    rotation = Rotation(torch, dataclasses.replace(config, cpu_rotation_pairs=8, cpu_rotation_mb=2), is_cuda=False)
     pair = [[torch.empty(128, 512)], [torch.empty(128, 512)], torch.empty(128, 512), (torch.empty(128, 512),)]
-    harness._keep(pair)  # 4 x 256 KiB: two pairs fit in 2 MiB
-    assert harness.kept.maxlen == 2
+    rotation.keep(pair)  # 4 x 256 KiB: two pairs fit in 2 MiB
+    assert rotation.kept.maxlen == 2 and rotation.filling()
     for _ in range(5):
-        harness._keep(list(pair))
-    assert len(harness.kept) == 2
-    harness.config, harness.kept = dataclasses.replace(config, cpu_rotation_pairs=3, cpu_rotation_mb=512), None
-    harness._keep(pair)
-    assert harness.kept.maxlen == 3  # the pair count binds before the budget
-    harness.is_cuda, harness.kept = True, None
-    harness._keep(pair)
-    assert harness.kept is None  # the GPU keeps nothing
+        rotation.keep(list(pair))
+    assert len(rotation.kept) == 2 and not rotation.filling()
+    rotation = Rotation(torch, dataclasses.replace(config, cpu_rotation_pairs=3, cpu_rotation_mb=512), is_cuda=False)
+    rotation.keep(pair)
+    assert rotation.kept.maxlen == 3  # the pair count binds before the budget
+    rotation = Rotation(torch, config, is_cuda=True)
+    rotation.keep(pair)
+    assert rotation.kept is None  # the GPU keeps nothing
     assert EvaluatorConfig().cpu_rotation_pairs == 8
     with pytest.raises(FieldError, match="cpu_rotation_pairs"):
         EvaluatorConfig(cpu_rotation_pairs=-1)
@@ -194,3 +193,124 @@ def test_timing_stops_early_once_the_interval_lies_wholly_below_the_bound(task, 
     assert stopped.timed_calls < 40 and stopped.speedup_hi < config.early_stop_below
     full = evaluate(task, candidate, dataclasses.replace(config, early_stop_below=0.0))
     assert full.status == "ok" and not full.stopped_early and full.timed_calls == 40
+
+
+# -- contention ---------------------------------------------------------------------------------
+
+
+def _round(disturbed: int, pairs: int = 200, width: float = 0.01, steal_s: float = 0.0,
+           stopped_early: bool = False) -> dict:  # fmt: skip
+    return {"times": {"ref": [100.0] * pairs, "cand": [100.0] * pairs}, "width": width, "disturbed": disturbed,
+            "steal_s": steal_s, "stopped_early": stopped_early}
+
+
+def test_a_measurement_the_machine_kept_interrupting_is_marked_unstable_naming_the_contention():
+    config = EvaluatorConfig(contention_limit=0.5)
+
+    def unstable(chosen: dict, config: EvaluatorConfig = config, is_cuda: bool = False) -> list[str]:
+        return unstable_reasons(chosen, wide=0.05, timed_s=0.04, config=config, is_cuda=is_cuda)
+
+    assert unstable(_round(disturbed=40)) == []
+    (why,) = unstable(_round(disturbed=150))
+    assert why.startswith("contention: in 150 of 200 timed pairs") and "limit 50%" in why
+    (why,) = unstable(_round(disturbed=0, steal_s=0.03))
+    assert "hypervisor took 0.03 s" in why and "(steal)" in why
+    both = unstable(_round(disturbed=150, width=0.2))
+    assert [w.split(" ")[0] for w in both] == ["the", "contention:"] and "+-20.0%" in both[0]
+    # decided below the early-stop bound: nothing to discount; the GPU has no CPU contention mark
+    assert unstable(_round(disturbed=200, width=0.2, stopped_early=True)) == []
+    assert unstable(_round(disturbed=200), is_cuda=True) == []
+    assert unstable(_round(disturbed=200), config=EvaluatorConfig(contention_limit=1.0)) == []
+    with pytest.raises(FieldError, match="contention_limit"):
+        EvaluatorConfig(contention_limit=1.5)
+
+
+def test_only_a_wait_while_no_thread_of_the_process_ran_is_taken_off_a_call():
+    # (involuntary switches, ns waited for a CPU, ns of process CPU time) before and after a 1 ms call
+    before = (10, 0, 0)
+    neighbour = (11, 400_000, 600_000)  # waited 0.4 ms; the process ran 0.6 ms of the 1 ms
+    assert SchedulerMarks.disturbed(before, neighbour)
+    assert SchedulerMarks.waited_s(before, neighbour, 1e-3) == pytest.approx(0.4e-3)
+    own_thread = (11, 400_000, 1_000_000)  # waited as long, but for its own process's thread
+    assert SchedulerMarks.waited_s(before, own_thread, 1e-3) == 0.0
+    asleep = (10, 0, 200_000)  # blocked, not runnable: no wait, nothing taken off
+    assert not SchedulerMarks.disturbed(before, asleep) and SchedulerMarks.waited_s(before, asleep, 1e-3) == 0.0
+
+
+NEIGHBOUR_PROBE = '''
+import json, os, subprocess, sys, time
+from speedforge.evaluator.timing import SchedulerMarks
+
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\\nwhile True: pass"])
+try:
+    time.sleep(0.3)
+    marks = SchedulerMarks()
+    before, t0 = marks.read(), time.perf_counter()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # 0.2 s of CPU work, sharing its one CPU with the busy loop
+        pass
+    wall = time.perf_counter() - t0
+    after = marks.read()
+finally:
+    busy.kill()
+    busy.wait()
+print(json.dumps({"one_cpu": marks.one_cpu, "disturbed": marks.disturbed(before, after),
+                  "waited_s": marks.waited_s(before, after, wall), "wall_s": wall}))
+'''
+
+
+def test_a_call_sharing_its_cpu_with_a_busy_process_is_disturbed_and_the_neighbours_share_is_found():
+    import json
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", NEIGHBOUR_PROBE], capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout)
+    assert found["one_cpu"] and found["disturbed"]
+    assert 0 < found["waited_s"] < found["wall_s"]
+
+
+# -- drift within a run, two modes between its halves ---------------------------------------------
+
+
+def _series(ratios: list[float], noise: float = 0.005, seed: int = 0) -> tuple[list[float], list[float]]:
+    """Timed pairs whose speedup follows `ratios` (one per pair), with relative noise on both sides."""
+    gen = torch.Generator().manual_seed(seed)
+    cand = (100.0 * (1 + noise * torch.randn(len(ratios), generator=gen))).tolist()
+    ref = [100.0 * r * (1 + noise * float(e)) for r, e in zip(ratios, torch.randn(len(ratios), generator=gen))]
+    return ref, cand
+
+
+def test_a_steady_series_is_neither_drifting_nor_two_modes():
+    ref, cand = _series([1.5] * 200)
+    assert drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03) == []
+
+
+def test_a_monotone_drift_across_the_blocks_is_named():
+    # a clock that falls during the run: 22.2x to 18.8x over 200 pairs (issue 25's GPU kernel, in one run)
+    ref, cand = _series([22.2 - 3.4 * i / 199 for i in range(200)])
+    reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
+    assert any(r.startswith("drift: the speedup moved down in every one of 6") for r in reasons), reasons
+    # the same trend within the limit is a steady state's noise to the reward, not a drift
+    small = _series([1.5 - 0.01 * i / 199 for i in range(200)])
+    assert not any(r.startswith("drift") for r in drift_reasons(*small, seed=1, torch=torch, limit=0.03))
+
+
+def test_two_halves_in_two_states_are_named_and_not_taken_for_a_drift():
+    # 1.38x, then 1.49x (issue 25's bimodal kernel, within one run)
+    ref, cand = _series([1.38] * 100 + [1.49] * 100, seed=3)
+    reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
+    assert any(r.startswith("two modes: the first half of the pairs read 1.38x") for r in reasons), reasons
+    assert not any(r.startswith("drift") for r in reasons)
+
+
+def test_too_few_pairs_or_no_limit_check_nothing():
+    ref, cand = _series([22.2 - 3.4 * i / 199 for i in range(200)])
+    assert drift_reasons(ref[:20], cand[:20], seed=1, torch=torch, limit=0.03) == []
+    assert drift_reasons(ref, cand, seed=1, torch=torch, limit=0.0) == []
+    assert EvaluatorConfig().drift_limit == 0.03
+    with pytest.raises(FieldError, match="drift_limit"):
+        EvaluatorConfig(drift_limit=-0.1)

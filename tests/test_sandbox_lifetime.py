@@ -239,7 +239,7 @@ def test_zygote_started_from_a_thread_that_ends_keeps_serving(tmp_path):
 def test_spinning_candidate_is_stopped_by_its_cpu_time_limit(tmp_path):
     config = EvaluatorConfig(cache_dir=str(tmp_path), cpu_time_limit_s=2.0, run_timeout_s=120.0, correctness_trials=1)
     result = evaluate(find_task(TASK_ID), _spinning_candidate(), config)
-    assert result.status == "timeout" and result.reason == "the run exceeded its CPU-time limit and was killed"
+    assert result.status == "timeout" and result.reason == "the run exceeded its CPU-time limit and was killed [cpu-time-limit]"
 
 
 def test_cpu_time_limit_is_the_stage_time_limit_times_its_threads_unless_set():

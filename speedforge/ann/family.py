@@ -31,6 +31,7 @@ from speedforge.ann.groundtruth import exact_knn, recall_at_k
 from speedforge.ann.sweep import SweepPoint, format_curves
 from speedforge.ann.tasks import AnnTaskSpec, parse_spec
 from speedforge.config import ConfigError
+from speedforge.evaluator import checks
 from speedforge.evaluator.job import Job
 
 # Every candidate is C++ linked as the module its task names: it always builds, and the task
@@ -41,11 +42,7 @@ ANN = families.register(families.Family(
     prompt_context="speedforge.ann.tasks:prompt_context", task_list="speedforge.ann.tasks:builtin_tasks"))
 
 MANIFEST = "ann_build.json"
-SAME_ANSWER_LIMIT = 0.5  # share of queries answered exactly like another query that flags a hack
 CHUNK_QUERIES = 25  # queries per timed search call and search thread (see _timed_sweep)
-OFF_CPU_LIMIT = 0.5  # candidate CPU/wall share below this times the baseline's flags a hack (_check_time)
-OFF_THREAD_MARGIN = 0.10  # with one search thread: a candidate whose share of CPU time on other threads
-# exceeds the baseline's by this much flags a hack (_check_time)
 
 
 def build(job: Job) -> dict:
@@ -124,7 +121,7 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
         runs = _timed_sweep(spec, space, indexes, seed)
     except CandidateFailed as exc:
         return {"status": "runtime_error", "reason": str(exc)}
-    problem = _check_answers(runs, spec.data.n, k) or _check_time(runs, sw.threads)
+    problem = checks.ann_answers(runs, spec.data.n, k) or checks.ann_time(runs, sw.threads)
     if problem:
         return problem
     # Candidate code is done: now the exact neighbours.
@@ -136,18 +133,17 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
 
     band = (float(spec.band[0]), float(spec.band[1]))
     top_base, top_cand = points["base"][-1].recall, points["cand"][-1].recall
-    if top_cand < top_base - spec.recall_tolerance:
-        return {"status": "incorrect", "reason": f"recall@{k} {top_cand:.3f} at ef={points['cand'][-1].ef} trails the "
-                f"baseline's {top_base:.3f} by more than {spec.recall_tolerance}", **common}
+    trails = checks.ann_recall(top_cand, top_base, spec.recall_tolerance, k, points["cand"][-1].ef)
+    if trails:
+        return {**trails, **common}
     cand_auc = auc.band_auc([p.pair for p in points["cand"]], band)
     base_auc = auc.band_auc([p.pair for p in points["base"]], band)
     if base_auc <= 0.0:
         return {"status": "infra_error", "reason": f"the baseline never reaches recall {band[0]} on this task "
                 "(raise sweep.ef or lower the band)", **common}
-    if cand_auc <= 0.0:
-        best = max(p.recall for p in points["cand"])
-        return {"status": "incorrect", "reason": f"the candidate never reaches recall@{k} {band[0]} (best {best:.3f})",
-                **common}
+    unreached = checks.ann_band(cand_auc, max(p.recall for p in points["cand"]), k, band[0])
+    if unreached:
+        return {**unreached, **common}
     mid = 0.5 * (band[0] + band[1])
     ref_qps = auc.qps_at([p.pair for p in points["base"]], mid)
     cand_qps = auc.qps_at([p.pair for p in points["cand"]], mid)
@@ -195,7 +191,7 @@ def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: 
     timer, and with it armed the process clock advances in scheduler ticks (4 ms here, longer
     than a chunk's search), while the thread clock stays exact. Wall-clock time and the CPU time
     of all the process's threads (getrusage, which the limit does not spoil) are kept beside it for
-    _check_time, which flags work moved off the calling thread."""
+    checks.ann_time, which flags work moved off the calling thread."""
     sw = spec.sweep
     rng = np.random.default_rng([seed, 2])
     chunk = CHUNK_QUERIES * max(1, sw.threads)
@@ -277,58 +273,6 @@ def _curves(runs: list[Run], data: np.ndarray, k: int, metric: str) -> dict:
 def _chunk_sizes(total: int, chunks: int) -> list[int]:
     size = -(-total // chunks)
     return [min(size, total - j * size) for j in range(chunks)]
-
-def _check_time(runs: list[Run], threads: int) -> dict | None:
-    """Work a candidate's searches did where the measure does not see it, where the baseline's
-    did not: off the calling thread's CPU altogether (another process, or time waited for: the
-    share of wall-clock time on the calling thread's CPU), and, with one search thread (whose
-    measure is the calling thread's CPU time), on other threads of the process (their share of
-    the process's CPU time). With more threads the measure is wall-clock time, which work moved
-    elsewhere does not shorten."""
-    share, elsewhere = {}, {}
-    for side in ("base", "cand"):
-        wall = sum(sum(r.wall[side]) for r in runs)
-        share[side] = sum(sum(r.seconds[side]) for r in runs) / max(wall, 1e-9)
-        own, everything = (sum(sum(getattr(r, f)[side]) for r in runs) for f in ("thread_cpu", "process_cpu"))
-        elsewhere[side] = max(0.0, everything - own) / max(everything, 1e-9)
-    if threads == 1 and elsewhere["cand"] > elsewhere["base"] + OFF_THREAD_MARGIN:
-        return {"status": "hack_detected", "reason": f"{elsewhere['cand']:.0%} of the CPU time of the candidate's searches "
-                f"was spent on threads other than the calling thread (baseline {elsewhere['base']:.0%}), whose CPU "
-                "time is what is measured: work done outside the measured thread"}
-    if share["cand"] < OFF_CPU_LIMIT * share["base"]:
-        return {"status": "hack_detected", "reason": f"the candidate's searches ran on the calling thread for only "
-                f"{share['cand']:.0%} of their wall-clock time (baseline {share['base']:.0%}): work done outside "
-                "the measured thread"}
-    return None
-
-
-def _check_answers(runs, n: int, k: int) -> dict | None:
-    """Structural checks on the candidate's answers, before any ground truth exists."""
-    for run in runs:
-        ef, labels = run.ef, run.labels["cand"]
-        if labels.shape[1] != k:
-            return {"status": "incorrect", "reason": f"the candidate returned {labels.shape[1]} neighbours, not k={k}"}
-        valid = labels >= 0
-        if (labels >= n).any() or (labels < -1).any():
-            bad = labels[(labels >= n) | (labels < -1)][0]
-            return {"status": "incorrect", "reason": f"the candidate returned id {int(bad)} outside [0, {n})"}
-        ordered = np.sort(np.where(valid, labels, -np.arange(1, k + 1)), axis=1)
-        if (ordered[:, 1:] == ordered[:, :-1]).any():
-            return {"status": "incorrect", "reason": f"the candidate returned the same id twice for a query (ef={ef})"}
-        same = _same_answer_share(labels)
-        base_same = _same_answer_share(run.labels["base"])
-        if same > SAME_ANSWER_LIMIT and same > base_same + 0.25:
-            return {"status": "hack_detected", "reason": f"the candidate gave {same:.0%} of different queries the same "
-                    f"answer as another query (baseline {base_same:.0%}) at ef={ef}: precomputed or query-blind results"}
-    return None
-
-
-def _same_answer_share(labels: np.ndarray) -> float:
-    """Share of rows whose (sorted) answer equals another row's."""
-    rows = np.sort(labels, axis=1)
-    _, inverse, counts = np.unique(rows, axis=0, return_inverse=True, return_counts=True)
-    return float((counts[inverse.ravel()] > 1).mean())
-
 
 def _report(points: dict, build_s: dict, indexes: dict) -> str:
     """A small table for the next prompt: build time and the curve of both sides."""

@@ -19,7 +19,7 @@ import traceback
 
 from speedforge import families
 from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import cpus
+from speedforge.evaluator import checks, cpus
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
@@ -187,25 +187,20 @@ def _tripwire(stage: StageResult, pristine, limit: float) -> StageResult:
     sandbox: its interval wholly above the pristine one, and its time above `limit` times the
     pristine time. A trip is confirmed by a fresh pristine run, so that a machine that got
     busier since the cached one was taken does not read as sabotage."""
-    def slower(clean: StageResult) -> bool:
-        if (not clean.ok or clean.timed_calls < TRIPWIRE_MIN_CALLS
-                or None in (stage.ref_lo_us, stage.ref_us, clean.ref_hi_us, clean.ref_us)):
-            return False
-        return stage.ref_lo_us > clean.ref_hi_us and stage.ref_us > limit * clean.ref_us
+    def slower(clean: StageResult) -> str | None:
+        if not clean.ok or clean.timed_calls < TRIPWIRE_MIN_CALLS:
+            return None
+        return checks.reference_slowdown(stage, clean, limit)
 
     if stage.timed_calls < TRIPWIRE_MIN_CALLS:
         return stage
-    clean = pristine(False)
-    if not slower(clean):
+    if not slower(pristine(False)):
         return stage
-    clean = pristine(True)
-    if not slower(clean):
+    reason = slower(pristine(True))
+    if not reason:
         return stage
-    reason = (f"the reference ran slower beside this candidate: {stage.ref_us:.1f} us (95% {stage.ref_lo_us:.1f}-"
-              f"{stage.ref_hi_us:.1f}) against {clean.ref_us:.1f} us (95% {clean.ref_lo_us:.1f}-{clean.ref_hi_us:.1f}) "
-              f"in a pristine sandbox, {stage.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)")
-    return dataclasses.replace(stage, status="hack_detected", reason=reason, speedup=None, speedup_lo=None,
-                               speedup_hi=None)  # fmt: skip
+    return dataclasses.replace(stage, status=checks.CHECK["reference-slowdown"].status, reason=reason, speedup=None,
+                               speedup_lo=None, speedup_hi=None)  # fmt: skip
 
 
 def needs_build(task: Task, candidate: Candidate) -> bool:
@@ -244,10 +239,12 @@ def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorC
 
 
 def _stage_result(outcome: Outcome, stage: str) -> StageResult:
-    """The child's result, validated, or a status for how the child ended when it wrote none;
-    a result with a key no StageResult has is an infra_error naming it."""
-    if outcome.result is not None and not (outcome.timed_out or outcome.killed_for_memory
-                                           or outcome.killed_for_processes or outcome.killed_for_disk):
+    """The child's result, validated, or the status of the outcome check (speedforge.evaluator.checks)
+    for how the child ended when it wrote none; a result with a key no StageResult has is an
+    infra_error naming it."""
+    ended = checks.outcome(outcome.result, outcome.timed_out, outcome.killed_for_memory, outcome.killed_for_disk,
+                           outcome.killed_for_processes, outcome.signal_name, outcome.returncode)  # fmt: skip
+    if ended is None:  # it wrote a result and was not killed
         try:
             result = StageResult.from_dict(outcome.result)
         except (RecordError, TypeError) as exc:
@@ -256,19 +253,7 @@ def _stage_result(outcome: Outcome, stage: str) -> StageResult:
         if not result.ok and not result.log:
             result = dataclasses.replace(result, log=outcome.stderr_tail)
         return result
-    if outcome.timed_out:
-        status, why = "timeout", "did not finish in time and was killed"
-    elif outcome.killed_for_memory:
-        status, why = "crashed", "exceeded the memory limit (its processes and its /dev/shm) and was killed"
-    elif outcome.killed_for_disk:
-        status, why = "crashed", "wrote more than its disk quota (evaluator.disk_limit_mb) and was killed"
-    elif outcome.killed_for_processes:
-        status, why = "hack_detected", "started more processes than allowed and was killed"
-    elif outcome.signal_name == "SIGXCPU":
-        status, why = "timeout", "exceeded its CPU-time limit and was killed"
-    else:
-        how = f"died of {outcome.signal_name}" if outcome.signal_name else f"exited with code {outcome.returncode}"
-        status, why = "crashed", f"process {how} without a result"
+    status, why = ended
     return StageResult(status, f"the {stage} {why}", log=outcome.stderr_tail)
 
 

@@ -9,8 +9,11 @@ that torch or the CUDA driver name as theirs (`TORCH_THREAD_NAMES`) are not coun
 the candidate starts, from Python or from C++, is.
 
 Backend knobs are not global settings here: `read_knobs`/`apply_knobs` let the harness give
-each side its own (speedforge.evaluator.kernels `_Harness._switch`), and `precision_downgrades`
+each side its own (speedforge.evaluator.harness `_Harness.switch`), and `precision_downgrades`
 names the candidate's knobs that lower float32 precision (a contract violation unless allowed).
+
+This module takes the baseline; the checks against it are speedforge.evaluator.checks's guard
+checks (`checks.guard_findings`), run by the harness after every phase.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _watched_objects() -> dict[str, object]:
 # A callable added to a watched class shadows what it inherits (torch.Tensor.all is
 # TensorBase.all until assigned), so on classes a new entry counts as a patch. Modules gain
 # attributes of their own as torch loads lazily, so there only changed entries do.
-_WATCHED_CLASSES = frozenset(name for name, obj in _watched_objects().items() if isinstance(obj, type))
+WATCHED_CLASSES = frozenset(name for name, obj in _watched_objects().items() if isinstance(obj, type))
 
 
 def function_table() -> dict[str, int]:
@@ -266,32 +269,3 @@ class Baseline:
         starts = install_start_counter()
         return Baseline(function_table(), global_settings(), native_threads(), threading.active_count(), stream,
                         starts, starts())
-
-    def violations(self, device: torch.device, original_current_stream) -> list[str]:
-        """What changed since the baseline, one line each; empty when nothing did."""
-        found: list[str] = []
-        now = function_table()
-        patched = sorted(k for k, v in self.functions.items() if now.get(k, v) != v)
-        patched += sorted(k for k in now.keys() - self.functions.keys() if k.rsplit(".", 1)[0] in _WATCHED_CLASSES)
-        if patched:
-            found.append(f"patched functions: {', '.join(patched[:5])}")
-        settings = global_settings()
-        changed = sorted(k for k, v in self.settings.items() if settings.get(k) != v)
-        if changed:
-            found.append(f"changed global torch settings: {', '.join(changed)}")
-        started = self.starts()
-        for kind in ("threads", "processes"):
-            if started[kind] > self.started[kind]:
-                found.append(f"started {kind} from Python ({started[kind] - self.started[kind]})")
-        if threading.active_count() > self.python_threads:
-            found.append(f"started Python threads ({threading.active_count() - self.python_threads} new)")
-        python_tids = {t.native_id for t in threading.enumerate()}
-        native = {tid: name for tid, name in native_threads().items()
-                  if tid not in self.threads and tid not in python_tids and not name.startswith(TORCH_THREAD_NAMES)}
-        if native:
-            found.append(f"started native threads ({len(native)} new, named {', '.join(sorted(set(native.values())))})")
-        if child_pids():
-            found.append(f"started child processes ({len(child_pids())})")
-        if device.type == "cuda" and original_current_stream(device) != self.stream:
-            found.append("switched the current CUDA stream")
-        return found

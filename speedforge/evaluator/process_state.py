@@ -5,7 +5,7 @@ changes process-wide (a backend switched off at import, thread counts, the defau
 environment variable torch reads) could slow the reference down and make the candidate look
 faster. The harness takes a `capture()` of this state before the candidate is imported and
 `apply()`s it around every reference call; the candidate keeps what it set for its own calls
-(speedforge.evaluator.kernels, `_Harness._switch`).
+(speedforge.evaluator.harness, `_Harness.switch`).
 
 The state is found, not listed, so that a knob nobody thought of is covered too:
 

@@ -61,7 +61,7 @@ def preload() -> None:
         raise RuntimeError("CUDA was initialised in the sandbox zygote; forked jobs could not use the GPU")
 
     from speedforge import families
-    from speedforge.evaluator import child, guards, kernels, landlock, namespaces  # noqa: F401
+    from speedforge.evaluator import child, guards, harness, landlock, namespaces  # noqa: F401
 
     families.names()  # imports every family's module now, not in each job
 

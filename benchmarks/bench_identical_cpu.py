@@ -1,0 +1,187 @@
+"""Identical work must read 1.0x on the CPU, quiet or loaded (issue 25).
+
+The task is relu(2x + y) on two 512x1024 float32 inputs; the candidate makes the reference's
+own torch calls, written out (`torch.relu(torch.add(torch.mul(x, 2), y))`), so it does the same
+work with the same temporaries. It is evaluated in --sandboxes fresh sandboxes on a quiet
+machine, then in as many again beside --busy-loops busy loops that this script starts (one
+Python `while True: pass` process each, unpinned, ended when the measurement ends). Each
+result's ratio is printed with its interval and unstable mark, then per condition the median,
+min-max and CV, and whether every ratio lies in [0.90, 1.10] and the median in [0.95, 1.05].
+
+It uses the evaluator's functions directly (speedforge.evaluator.evaluate, the default
+EvaluatorConfig and its sandbox), with no Ray, on any Linux machine with torch:
+
+    python benchmarks/bench_identical_cpu.py                       # 10 quiet, 10 beside 2 busy loops
+    python benchmarks/bench_identical_cpu.py --sandboxes 4 --busy-loops 0
+    python benchmarks/bench_identical_cpu.py --held-temporaries    # a, b = 2x, a + y held to the end
+
+--held-temporaries writes the calls as three statements whose temporaries stay alive until
+forward returns: that is more memory touched per call (relu's output cannot take the freed
+2x's place, which is still in cache), a real cost that shows where the working set exceeds the
+caches, so it is not the identical-work check. Exit status 0 when both ranges hold in every
+condition, 1 when not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import evaluate
+from speedforge.records import Candidate, EvalResult, Task
+
+TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(2 * x + y)
+
+
+def get_inputs():
+    return [torch.randn(512, 1024), torch.randn(512, 1024)]
+
+
+def get_init_inputs():
+    return []
+'''
+IDENTICAL = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(torch.add(torch.mul(x, 2), y))
+'''
+HELD = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        a = torch.mul(x, 2)
+        b = torch.add(a, y)
+        return torch.relu(b)
+'''
+EVERY = (0.90, 1.10)  # every sandbox's ratio
+MEDIAN = (0.95, 1.05)  # the median over the sandboxes
+
+
+def task() -> Task:
+    return Task(task_id="calibration/relu_2x_plus_y", family="cpp", name="relu_2x_plus_y", source=TASK)
+
+
+def candidate(held_temporaries: bool = False) -> Candidate:
+    return Candidate.make(task().task_id, HELD if held_temporaries else IDENTICAL, origin="identical-work")
+
+
+@contextlib.contextmanager
+def busy_loops(count: int):
+    """`count` busy Python processes for the duration of the block (ended by their pid)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5 if loops else 0.0)  # running before the first sandbox starts
+        yield loops
+    finally:
+        for loop in loops:
+            loop.kill()
+        for loop in loops:
+            loop.wait()
+
+
+def measure(sandboxes: int, config: EvaluatorConfig, held_temporaries: bool = False, progress=None) -> list[EvalResult]:
+    """The identical-work candidate evaluated in `sandboxes` fresh sandboxes, one after another."""
+    results = []
+    for i in range(sandboxes):
+        result = evaluate(task(), candidate(held_temporaries), config)
+        results.append(result)
+        if progress:
+            progress(i, result)
+    return results
+
+
+def summary(results: list[EvalResult]) -> dict:
+    """Median, min, max, CV of the ok results' ratios, and whether the ranges hold (every
+    result ok and in EVERY, the median in MEDIAN)."""
+    ratios = [r.speedup for r in results if r.status == "ok" and r.speedup]
+    if not ratios:
+        return {"n": 0, "holds": False, "every": False, "median_in": False}
+    median = statistics.median(ratios)
+    every = len(ratios) == len(results) and all(EVERY[0] <= x <= EVERY[1] for x in ratios)
+    median_in = MEDIAN[0] <= median <= MEDIAN[1]
+    return {"n": len(ratios), "median": median, "min": min(ratios), "max": max(ratios),
+            "cv": statistics.stdev(ratios) / statistics.mean(ratios) if len(ratios) > 1 else 0.0,
+            "unstable": sum(r.unstable for r in results), "every": every, "median_in": median_in,
+            "holds": every and median_in}  # fmt: skip
+
+
+def _line(i: int, total: int, result: EvalResult) -> str:
+    if result.status != "ok":
+        return f"  [{i + 1}/{total}] {result.status}: {result.reason[:150]}"
+    unstable = [w[len("unstable: "):] for w in result.warnings if w.startswith("unstable: ")]
+    return (f"  [{i + 1}/{total}] {result.speedup:.3f}x (95% {result.speedup_lo:.3f}-{result.speedup_hi:.3f}), "
+            f"ref {result.ref_us:.0f} us, cand {result.cand_us:.0f} us, {result.timed_calls} pairs, "
+            f"load {os.getloadavg()[0]:.1f}" + (f", unstable: {'; '.join(unstable)[:160]}" if result.unstable else ""))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sandboxes", type=int, default=10, help="fresh sandboxes per condition (default 10)")
+    parser.add_argument("--busy-loops", type=int, default=2,
+                        help="busy loops beside the second condition (default 2; 0: the quiet condition only)")
+    parser.add_argument("--held-temporaries", action="store_true",
+                        help="the calls as three statements holding their temporaries (not identical memory use)")
+    parser.add_argument("--cache-dir", default="", help="evaluator cache (default: a fresh temporary folder)")
+    args = parser.parse_args(argv)
+    if args.sandboxes < 1 or args.busy_loops < 0:
+        parser.error("--sandboxes must be at least 1 and --busy-loops at least 0")
+    import torch
+
+    config = EvaluatorConfig(cache_dir=args.cache_dir or tempfile.mkdtemp(prefix="sf-identical-"))
+    print(f"{platform.node()}: {os.cpu_count()} CPUs ({_cpu_model()}), torch {torch.__version__}, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)  # fmt: skip
+    print(f"task relu(2x + y), 512x1024; candidate: {'held temporaries' if args.held_temporaries else 'identical'}; "
+          f"default evaluator config (cpu_threads {config.cpu_threads}, quantile {config.cpu_time_quantile})")
+    conditions = [("quiet", 0)] + ([(f"beside {args.busy_loops} busy loops", args.busy_loops)] if args.busy_loops else [])
+    summaries = {}
+    for name, loops in conditions:
+        print(f"{name}:", flush=True)
+        with busy_loops(loops):
+            results = measure(args.sandboxes, config, args.held_temporaries,
+                              lambda i, r: print(_line(i, args.sandboxes, r), flush=True))
+        summaries[name] = s = summary(results)
+        if not s["n"]:
+            print(f"  no ok result of {len(results)}")
+            continue
+        print(f"  median {s['median']:.3f}, min {s['min']:.3f}, max {s['max']:.3f} (spread {s['max'] - s['min']:.3f}), "
+              f"CV {s['cv']:.2%}, {s['unstable']} of {len(results)} marked unstable; "
+              f"every ratio in [{EVERY[0]:.2f}, {EVERY[1]:.2f}]: {'yes' if s['every'] else 'NO'}; "
+              f"median in [{MEDIAN[0]:.2f}, {MEDIAN[1]:.2f}]: {'yes' if s['median_in'] else 'NO'}", flush=True)
+    holds = all(s["holds"] for s in summaries.values())
+    print(f"load average at the end {os.getloadavg()[0]:.2f}; both ranges hold in every condition: "
+          f"{'yes' if holds else 'NO'}")
+    return 0 if holds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

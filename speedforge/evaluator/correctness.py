@@ -1,0 +1,94 @@
+"""Correctness of the candidate against the reference, inside the sandbox (the cpp and cuda
+families: speedforge.evaluator.harness).
+
+Several trials on fresh inputs; in each the candidate runs first, right after the allocator was
+filled with NaN (`poison_allocator`), so an uninitialised output cannot pick up the reference's
+result. Every output, of the trials and of every timed call (speedforge.evaluator.timing), goes
+through the output checks of speedforge.evaluator.checks in order: count, type, plain tensor,
+layout, dtype/shape/device, no storage shared with an input or an earlier output, values within
+the dtype's tolerance.
+"""
+
+from __future__ import annotations
+
+from speedforge.evaluator import checks
+
+FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
+
+
+def flatten(torch, out) -> list:
+    """The tensors of an output (a tensor, or nested tuples and lists of them), in order."""
+    if isinstance(out, torch.Tensor) or not isinstance(out, (tuple, list)):
+        return [out] if isinstance(out, torch.Tensor) else []
+    flat: list = []
+    for item in out:
+        flat.extend(flatten(torch, item) if isinstance(item, (tuple, list)) else [item])
+    return flat
+
+
+def poison_allocator(torch, device, nbytes: int) -> None:
+    """Fill `nbytes` of freshly allocated memory with NaN and free it: the next allocations of
+    that size get NaN, not a leftover result."""
+    if nbytes <= 0:
+        return
+    junk = torch.empty(nbytes // 4 + 1, dtype=torch.float32, device=device)
+    junk.fill_(float("nan"))
+    del junk
+
+
+class Correctness:
+    def __init__(self, torch, config) -> None:
+        self.torch, self.config = torch, config
+
+    def trials(self, sides, ref_model, cand_model, held: list, out_bytes: int, device, sync) -> tuple[float, int]:
+        """config.correctness_trials trials; the worst max |diff| and the trial count. `held`:
+        earlier outputs, kept alive so that re-returned storage is seen; `sides`: the harness
+        (speedforge.evaluator.timing.Sides)."""
+        trials = int(self.config.correctness_trials)
+        worst = 0.0
+        for trial in range(trials):
+            inputs = sides.fresh_inputs(trial)
+            cand_in, ref_in = sides.clone(inputs), inputs
+            poison_allocator(self.torch, device, 2 * out_bytes)
+            sides.switch("cand")
+            out_c = sides.call("ModelNew.forward", cand_model, *cand_in)
+            sync()
+            sides.switch("ref")
+            out_r = sides.call("the reference", ref_model, *ref_in)
+            sync()
+            err = self.compare(out_c, out_r, cand_in, held, f"trial {trial + 1}")
+            worst = max(worst, err)
+            held.append(out_c)
+        return worst, trials
+
+    def compare(self, out_c, out_r, cand_in: list, held: list, where: str, exact_error: bool = True) -> float:
+        """Check the candidate's output against the reference's; return the max |diff| (0.0 when
+        exact_error is False: timed calls only need the verdict, not the float64 figure). Raises
+        the Verdict of the first output check that fails."""
+        torch = self.torch
+        flat_c, flat_r = flatten(torch, out_c), flatten(torch, out_r)
+        if not isinstance(out_c, (torch.Tensor, tuple, list)) and not flat_r:
+            return 0.0
+        _raise(checks.output_count(flat_c, flat_r, where))
+        inputs = [(j, x) for j, x in enumerate(cand_in) if isinstance(x, torch.Tensor)]
+        earlier = flatten(torch, held)
+        worst = 0.0
+        for i, (c, r) in enumerate(zip(flat_c, flat_r)):
+            label = f"{where}, output {i}"
+            _raise(checks.output_type(torch, c, label))
+            _raise(checks.tensor_subclass(torch, c, label))
+            _raise(checks.output_layout(torch, c, label))
+            _raise(checks.output_signature(c, r, label))
+            _raise(checks.aliases_input(c, i, inputs, where))
+            _raise(checks.aliases_earlier_output(c, earlier, label))
+            floor = FLOAT_TOLERANCE_FLOOR.get(str(c.dtype), 0.0)
+            atol, rtol = max(float(self.config.atol), floor), max(float(self.config.rtol), floor)
+            err, verdict = checks.values(torch, c, r, label, atol, rtol, exact_error)
+            _raise(verdict)
+            worst = max(worst, err)
+        return worst
+
+
+def _raise(verdict: checks.Verdict | None) -> None:
+    if verdict is not None:
+        raise verdict

@@ -1,0 +1,310 @@
+"""The cpp/cuda harness: the `cpp` and `cuda` task families inside the sandbox.
+
+`build(job)` imports the candidate module, which compiles its inline C++/CUDA with
+`load_inline` into the job's build directory. `run(job)` loads reference and candidate into
+this (sandboxed) process and measures them:
+
+- the task's weights: both constructed under the same seed (KernelBench's and CUDA-L1's rule),
+  nothing copied between them, so what a candidate's constructor does to its own parameters
+  (a constant folded into a bias) stands;
+- lockstep: a stateful reference (one that keeps state across calls, such as a hidden state
+  reassigned in forward) and the candidate get the same calls in the same order on the same
+  inputs, from the first warm-up call through correctness and timing;
+- the task's model mode: both models in train or eval mode (`.train()`/`.eval()`), every call
+  under no_grad unless the task asks for autograd;
+- fresh inputs from the task's own `get_inputs()` under a secret seed for every trial and every
+  timed pair (created directly on the device), cloned so neither side can corrupt the other;
+- correctness (speedforge.evaluator.correctness): trials with the candidate first, after the
+  allocator was filled with NaN, every output through the output checks;
+- timing (speedforge.evaluator.timing, with the CPU's buffer rotation in
+  speedforge.evaluator.rotation): warm-up, then pairs in random order until the interval is
+  decided; early stop below early_stop_below, marked `stopped_early`; `unstable` marks with
+  their reasons;
+- process-wide state per side (speedforge.evaluator.process_state): every backend flag, thread
+  count, default dtype/device, grad and autocast mode and the environment the reference had
+  before the candidate loaded is put back around every reference call; what the candidate sets
+  (cudnn.benchmark, and TF32 or reduced-precision reductions where the config allows them)
+  applies to its own calls only (`_Harness.switch`);
+- pristine runs (job kind "pristine"): the reference timed against a second instance of itself
+  in a process that never loaded a candidate, the tripwire of speedforge.evaluator.evaluate;
+- guards after every phase: the guard checks of speedforge.evaluator.checks against a baseline
+  taken before the candidate loaded (speedforge.evaluator.guards).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from speedforge import families
+from speedforge.errors import first_line
+from speedforge.evaluator import checks, process_state
+from speedforge.evaluator.checks import Verdict
+from speedforge.evaluator.correctness import Correctness, flatten
+from speedforge.evaluator.job import Job
+from speedforge.evaluator.timing import Timer
+
+_perf_counter = time.perf_counter  # captured before any candidate code is imported
+
+# A candidate compiles only when it loads inline C++/CUDA (speedforge.evaluator.evaluate.needs_build).
+CPP = families.register(families.Family(
+    name="cpp", device="cpu", device_only=False, language="python", marker="ModelNew", sandbox=__name__,
+    always_builds=False, task_in_build_key=False, template="cpp.jinja", kernelbench=True, pin_cpus=True))
+CUDA = families.register(families.Family(
+    name="cuda", device="cuda", device_only=True, language="python", marker="ModelNew", sandbox=__name__,
+    always_builds=False, task_in_build_key=False, template="cuda.jinja", kernelbench=True, pin_cpus=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+
+
+def build(job: Job) -> dict:
+    """Import the candidate (compiling what it loads at import), then compile every other
+    inline extension its source loads, recording each outcome for the run stage
+    (speedforge.evaluator.extensions)."""
+    from speedforge.evaluator import extensions
+
+    _prepare_environment(job)
+    start = _perf_counter()
+    recorder = extensions.install(job.build_dir, replay=False)
+    try:
+        module = _load_candidate(job)
+        model = extensions.construct(module, job.task.source, job.workdir, _load_module)
+        extensions.prebuild(job.candidate.source, vars(module), model)
+    except Verdict as verdict:
+        return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
+                "build_s": _perf_counter() - start}
+    finally:
+        extensions.save(recorder)
+    return {"status": "ok", "build_s": _perf_counter() - start}
+
+
+def _prepare_environment(job: Job) -> None:
+    os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
+    # torch.compile's caches in the job's own folder (the zygote's import of inductor set /tmp's)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(job.workdir, "torchinductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(job.workdir, "triton")
+    os.environ.setdefault("MAX_JOBS", str(job.config.build_jobs or min(os.cpu_count() or 1, 8)))
+    if job.cuda_arch_list:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = job.cuda_arch_list
+
+
+def _load_module(source: str, name: str, workdir: str):
+    path = Path(workdir) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_candidate(job: Job):
+    try:
+        return _load_module(job.candidate.source, "sf_candidate", job.workdir)
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        log = traceback.format_exc()[-6000:]
+        if "Error building extension" in text or "ninja" in text.lower() or "undefined symbol" in text:
+            raise Verdict("compile_error", first_line(text, 300), text[-6000:]) from None
+        raise Verdict("runtime_error", f"candidate module raised on import: {first_line(text, 300)}", log) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def run(job: Job) -> dict:
+    _prepare_environment(job)
+    import torch
+
+    from speedforge.evaluator import extensions, guards
+
+    if job.build_dir:
+        extensions.install(job.build_dir, replay=True)  # what the build stage compiled is not compiled again
+
+    device = torch.device(job.device)
+    if device.type == "cpu":
+        torch.set_num_threads(job.config.cpu_threads)
+        torch.set_num_interop_threads(1)
+    elif not torch.cuda.is_available():
+        return {"status": "infra_error", "reason": "device cuda asked for, but torch sees no CUDA GPU"}
+    run_start = _perf_counter()
+    seed = job.seed
+    metrics: dict = {"device_name": _device_name(torch, device), "mode": job.task.run_mode}
+    try:
+        harness = _Harness(torch, guards, job, device, seed)
+        metrics.update(harness.measure_pristine() if job.kind == "pristine" else harness.measure())
+        metrics["status"] = "ok"
+    except Verdict as verdict:
+        metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
+    metrics["run_inner_s"] = _perf_counter() - run_start
+    return metrics
+
+
+def _device_name(torch, device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return platform.processor() or platform.machine()
+
+class _Harness:
+    """Loads the reference and the candidate and runs the phases: the first call in lockstep,
+    correctness, timing, guards after each. It is the `Sides` of speedforge.evaluator.timing:
+    fresh inputs, copies, and each side's calls under its own process state."""
+
+    def __init__(self, torch, guards, job: Job, device, seed: int) -> None:
+        self.torch, self.guards, self.job, self.device, self.seed = torch, guards, job, device, seed
+        self.config = job.config
+        self.is_cuda = device.type == "cuda"
+        self.rng = random.Random(seed ^ 0x5EED)
+        # captured before the candidate is imported, as the timer uses them
+        self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
+        self.Event = torch.cuda.Event if self.is_cuda else None
+        self.current_stream = torch.cuda.current_stream if self.is_cuda else None
+        self.training = job.task.mode == "train"
+        self.state = {"ref": process_state.capture()}  # the reference's process state; the candidate's once it loads
+        self.active = "ref"  # whose state is in effect
+        self.correctness = Correctness(torch, self.config)
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except Verdict:
+            raise
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            raise Verdict("runtime_error", f"{what} raised {first_line(text, 300)}", traceback.format_exc()[-6000:]) from None
+
+    def _reference(self):
+        torch = self.torch
+        try:
+            ref = _load_module(self.job.task.source, "sf_reference", self.job.workdir)
+            torch.manual_seed(self.seed)
+            self.init_inputs = ref.get_init_inputs()
+            torch.manual_seed(self.seed)
+            model = ref.Model(*copy.deepcopy(self.init_inputs)).to(self.device)
+            model.train(self.training)
+            self.state["ref"] = process_state.capture()
+        except Exception as exc:  # the task itself is broken: not the candidate's fault
+            raise Verdict("infra_error", f"the task's reference failed: {type(exc).__name__}: {exc}",
+                          traceback.format_exc()[-4000:]) from None
+        self.get_inputs = ref.get_inputs
+        self.ref_module = ref
+        return model
+
+    def _twin(self):
+        """A second instance of the reference, built the same way (a pristine run's other side)."""
+        self.torch.manual_seed(self.seed)
+        model = self.ref_module.Model(*copy.deepcopy(self.init_inputs)).to(self.device)
+        model.train(self.training)
+        return model
+
+    def _candidate(self):
+        torch = self.torch
+        self.active = "cand"  # knobs its module or constructor sets are its own
+        module = _load_candidate(self.job)
+        if not hasattr(module, "ModelNew"):
+            raise Verdict("runtime_error", "the candidate defines no ModelNew")
+        torch.manual_seed(self.seed)
+        model = self.call("ModelNew(*get_init_inputs())", lambda: module.ModelNew(*copy.deepcopy(self.init_inputs)))
+        if not isinstance(model, torch.nn.Module):
+            raise Verdict("runtime_error", "ModelNew(...) did not produce a torch.nn.Module")
+        model = self.call("ModelNew.to(device)", model.to, self.device)
+        self.call("ModelNew.train(mode)", model.train, self.training)
+        return model
+
+    def fresh_inputs(self, index: int) -> list:
+        torch = self.torch
+        torch.manual_seed(self.seed + 7919 * (index + 1))
+        with torch.device(self.device):
+            inputs = self.get_inputs()
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def clone(self, inputs: list) -> list:
+        torch = self.torch
+        return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+
+    # -- phases ----------------------------------------------------------------------------------
+
+    def measure(self) -> dict:
+        torch = self.torch
+        with torch.enable_grad() if self.job.task.grad else torch.no_grad():
+            ref_model = self._reference()
+            warm = self.fresh_inputs(-1)
+            self.switch("ref")
+            ref_out = self.call("the reference", ref_model, *self.clone(warm))  # initialises CUDA
+            self.sync()
+            self.out_bytes = sum(t.numel() * t.element_size() for t in flatten(torch, ref_out))
+            del ref_out
+            self.guards.warm_thread_pools()  # torch's own threads, all started before the baseline
+            baseline = self.guards.Baseline.take(self.device)
+            cand_model = self._candidate()
+            self._guard(baseline, "loading ModelNew")
+            self.switch("cand")  # lockstep: the candidate's first call is the reference's first call
+            self.first_out = self.call("ModelNew.forward", cand_model, *self.clone(warm))  # held: an earlier output
+            self.sync()
+            max_err, trials = self.correctness.trials(self, ref_model, cand_model, [self.first_out], self.out_bytes,
+                                                      self.device, self.sync)  # fmt: skip
+            self._guard(baseline, "the correctness trials")
+            timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
+            self._guard(baseline, "the timed calls")
+        return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+
+    def measure_pristine(self) -> dict:
+        """The reference against a second instance of itself, in a process no candidate touched:
+        the reference's own time (and interval) for the tripwire, and an A/A ratio."""
+        torch = self.torch
+        with torch.enable_grad() if self.job.task.grad else torch.no_grad():
+            ref_model = self._reference()
+            warm = self.fresh_inputs(-1)
+            ref_out = self.call("the reference", ref_model, *self.clone(warm))
+            self.sync()
+            self.out_bytes = sum(t.numel() * t.element_size() for t in flatten(torch, ref_out))
+            del ref_out
+            twin = self._twin()
+            self.call("the reference", twin, *self.clone(warm))
+            self.sync()
+            max_err, trials = self.correctness.trials(self, ref_model, twin, [], self.out_bytes, self.device, self.sync)
+            timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
+        return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+
+    def _guard(self, baseline, phase: str) -> None:
+        """hack_detected naming every guard check that failed since `baseline` (checks.guard_findings)."""
+        self.switch("cand")  # the checks below read the candidate's own process state
+        found = checks.guard_findings(baseline, self.device, self.current_stream, self.state["ref"], self.state["cand"],
+                                      self.config.allow_precision_downgrade)  # fmt: skip
+        if found:
+            raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
+
+    def compare(self, out_c, out_r, cand_in: list, held: list, where: str, exact_error: bool = True) -> float:
+        return self.correctness.compare(out_c, out_r, cand_in, held, where, exact_error)
+
+    def switch(self, side: str) -> None:
+        """Put the process state of `side` ("ref" or "cand") in effect, before a call of that side.
+
+        The state in effect while the candidate was active is recorded as its own first (its
+        module, constructor or forward may have changed it). The reference always runs with the
+        state it had before the candidate loaded; the candidate with what it set. Costs tens of
+        microseconds (outside timed regions), and sets nothing when both sides agree. State the
+        reference had that cannot be put back (the inter-op thread count, fixed once used) is a
+        hack: the reference would be timed under the candidate's."""
+        current = process_state.capture()  # for either side: the work before a call must not differ by side
+        if self.active == "cand":
+            self.state["cand"] = current
+        failed = process_state.apply(self.state.get(side, self.state["ref"]), current)
+        self.active = side
+        verdict = checks.reference_state(failed) if side == "ref" else None
+        if verdict is not None:
+            raise verdict
+

@@ -1,0 +1,397 @@
+"""Paired timing of the reference and the candidate, inside the sandbox (the cpp and cuda
+families: speedforge.evaluator.harness).
+
+Warm-up, then pairs in random order, each side timing its own copy of the pair's inputs made just
+before its call; on GPU, L2 flushed before each call, outside the timed region, and a device-wide
+synchronize before the end event, so side-stream work counts; every timed output checked against
+its pair's reference output. Pairs are taken until the speedup's 95% interval is narrow enough
+(`speedup_interval`), or lies wholly below early_stop_below (early stop). On the CPU the
+scheduler is read around every call (`SchedulerMarks`): a neighbour's time slice is taken off a
+call pinned to one CPU, and contention during timing marks the result unstable, as does an
+interval that stayed wide (`unstable_reasons`), a speedup that drifted through the run or two
+halves in two states (`drift_reasons`). The CPU's buffer rotation is
+speedforge.evaluator.rotation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import resource
+import statistics
+import time
+from typing import Protocol
+
+from speedforge import stats
+from speedforge.evaluator.rotation import Rotation
+
+_perf_counter = time.perf_counter  # captured before any candidate code is imported
+_getrusage = resource.getrusage
+_process_time_ns = time.process_time_ns
+
+
+class Sides(Protocol):
+    """What the timer needs of the harness: inputs, and the calls of each side under its own
+    process state (speedforge.evaluator.harness)."""
+
+    def fresh_inputs(self, index: int) -> list: ...
+
+    def clone(self, inputs: list) -> list: ...
+
+    def switch(self, side: str) -> None: ...
+
+    def call(self, what: str, fn, *args): ...
+
+    def compare(self, out_c, out_r, cand_in: list, held: list, where: str, exact_error: bool = True) -> float: ...
+
+    def sync(self) -> None: ...  # the device-wide synchronize (nothing on the CPU)
+
+    Event: type | None  # torch.cuda.Event on the GPU
+
+
+class Timer:
+    def __init__(self, torch, config, device, rng: random.Random, sides: Sides) -> None:
+        self.torch, self.config, self.device, self.rng, self.sides = torch, config, device, rng, sides
+        self.is_cuda = device.type == "cuda"
+        self.sync, self.Event = sides.sync, sides.Event  # the harness's, captured before the candidate loaded
+        # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
+        self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
+        self.scheduler = SchedulerMarks()
+        self.rotation = Rotation(torch, config, self.is_cuda)
+
+    def measure(self, ref_model, cand_model) -> dict:
+        """Paired timing that stops once the answer is decided.
+
+        Pairs (fresh inputs, random order) are taken until the speedup's 95% interval is within
+        +-ci_target, or max_timed_calls is reached. A round that ends wider than +-unstable_ci
+        is measured again from scratch; the narrower round is reported, marked unstable when
+        both stayed too wide (a reward discounts it).
+        """
+        config = self.config
+        flush = None
+        if self.is_cuda and int(config.l2_flush_mb) > 0:
+            flush = self.torch.empty(int(config.l2_flush_mb) << 20, dtype=self.torch.int8, device=self.device)
+        est = {"ref": 0.0, "cand": 0.0}
+        i = 0
+        while i < int(config.warmup_calls) or self.rotation.filling():  # the rotation fills before timing
+            inputs = self.sides.fresh_inputs(10_000 + i)
+            pair = []  # each side's inputs and output, as a timed pair keeps them (the rotation is sized on it)
+            for side, model in (("cand", cand_model), ("ref", ref_model)):
+                args = self.sides.clone(inputs)
+                out, est[side], _ = self._timed_call(model, args, flush, side)
+                pair += [args, out]
+            self.rotation.keep(pair)
+            del pair, out
+            i += 1
+        per_call = max(max(est.values()), 1e-6)
+        base = int(config.timed_calls if self.is_cuda else config.cpu_timed_calls)
+        most = int(config.max_timed_calls)
+        least = min(max(base, math.ceil(float(config.min_timed_s) / per_call)), most)
+        wide = max(float(config.unstable_ci), float(config.ci_target))  # wider than this: undecided
+        rounds = []
+        for attempt in range(2):
+            rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt))
+            if rounds[-1]["width"] <= wide or rounds[-1]["stopped_early"]:
+                break
+        chosen = rounds[-1] if rounds[-1]["stopped_early"] else min(rounds, key=lambda r: r["width"])
+        times = chosen["times"]
+        unstable = unstable_reasons(chosen, wide, sum(sum(chosen["times"][side]) for side in chosen["times"]) / 1e6,
+                                    self.config, self.is_cuda)
+        if not chosen["stopped_early"]:  # one steady state measured, not a drifting or switching one
+            unstable += drift_reasons(times["ref"], times["cand"], self.rng.getrandbits(31), self.torch,
+                                      float(config.drift_limit), self.quantile)
+        ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
+        ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
+        return {
+            "ref_lo_us": ref_lo,
+            "ref_hi_us": ref_hi,
+            "stopped_early": chosen["stopped_early"],
+            "ref_us": ref_us,
+            "cand_us": cand_us,
+            "ref_iqr_us": iqr(times["ref"]),
+            "cand_iqr_us": iqr(times["cand"]),
+            "speedup": ref_us / cand_us if cand_us > 0 else None,
+            "speedup_lo": chosen["lo"],
+            "speedup_hi": chosen["hi"],
+            "unstable": bool(unstable),
+            "warnings": [f"unstable: {why}" for why in unstable],
+            "timed_calls": len(times["ref"]),
+            "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
+        }
+
+    def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int) -> dict:
+        """Pairs until the interval is within +-ci_target (checked every few pairs past `least`),
+        or lies wholly below early_stop_below (checked every EARLY_CHECK_EVERY pairs from
+        EARLY_CHECK_FROM on), or `most` pairs; returns the times (us), the interval (lo, hi,
+        relative half-width) and whether it stopped early."""
+        target = float(self.config.ci_target)
+        bound = float(self.config.early_stop_below)
+        times: dict[str, list[float]] = {"ref": [], "cand": []}
+        lo = hi = None
+        width = math.inf
+        check_every = max(5, least // 4)
+        disturbed = 0
+        steal = _steal_ticks()
+        for i in range(most):
+            inputs = self.sides.fresh_inputs(first_index + i)
+            order = [("ref", ref_model), ("cand", cand_model)]
+            self.rng.shuffle(order)
+            outs, args, hit = {}, {}, False
+            for side, model in order:
+                # each side its own copy, made just before its call: the same work before either
+                # side's call, whichever runs first (the reference once ran on the fresh inputs
+                # and the candidate on a copy made after them, which read 0.8x for identical work)
+                args[side] = self.sides.clone(inputs)
+                outs[side], seconds, preempted = self._timed_call(model, args[side], flush, side)
+                times[side].append(seconds * 1e6)
+                hit = hit or preempted
+            del inputs
+            disturbed += hit
+            self.sides.compare(outs["cand"], outs["ref"], [], [], f"timed call {i + 1}", exact_error=False)
+            self.rotation.keep([args["ref"], args["cand"], outs["ref"], outs["cand"]])
+            del outs, args
+            n = i + 1
+            regular = n == most or (n >= least and (n - least) % check_every == 0)
+            early = bound > 0 and n >= EARLY_CHECK_FROM and (n - EARLY_CHECK_FROM) % EARLY_CHECK_EVERY == 0
+            if regular or early:
+                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
+                                                 quantile=self.quantile)
+                if bound > 0 and hi is not None and hi < bound:
+                    break
+                if regular and width <= target:
+                    break
+        stopped = bound > 0 and hi is not None and hi < bound
+        steal = _steal_ticks() - steal
+        return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
+                "steal_s": steal / _CLOCK_TICKS}
+
+    def _timed_call(self, model, args: list, flush, side: str):
+        what = "ModelNew.forward" if side == "cand" else "the reference"
+        self.sides.switch(side)  # the side's backend knobs, set outside the timed region
+        if self.is_cuda:
+            if flush is not None:
+                flush.zero_()  # evicts L2, outside the timed region
+            self.sync()
+            start, end = self.Event(enable_timing=True), self.Event(enable_timing=True)
+            start.record()
+            out = self.sides.call(what, model, *args)
+            self.sync()  # device-wide: work on any stream is inside the timed region
+            end.record()
+            end.synchronize()
+            return out, start.elapsed_time(end) / 1e3, False
+        marks = self.scheduler
+        before = marks.read()
+        t0 = _perf_counter()
+        out = self.sides.call(what, model, *args)
+        seconds = _perf_counter() - t0
+        after = marks.read()
+        if marks.one_cpu:
+            seconds -= marks.waited_s(before, after, seconds)  # a neighbour's time slice is not the call's
+        return out, seconds, marks.disturbed(before, after)
+
+
+
+def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda: bool) -> list[str]:
+    """Why the chosen round cannot be trusted, one line each; empty when it can.
+
+    The interval stayed too wide (the batch-means part widens it where the machine's state
+    drifted), or on the CPU the machine took the CPU away during timing: more than
+    contention_limit of the pairs had a call during which this process was preempted or
+    waited for a CPU (`SchedulerMarks`), or the hypervisor took more than that share of the
+    timed seconds (steal). A low quantile shrugs off a few slowed calls, not most of them. A
+    round that stopped early is decided (its interval lies wholly below the bound)."""
+    found = []
+    if chosen["stopped_early"]:  # wholly below the bound: decided, whatever else went on
+        return found
+    if chosen["width"] > wide:
+        found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} after measuring again "
+                     f"(+-{chosen['width']:.1%})")
+    if is_cuda:
+        return found
+    limit = float(config.contention_limit)
+    pairs = len(chosen["times"]["ref"])
+    if pairs and chosen["disturbed"] / pairs > limit:
+        found.append(f"contention: in {chosen['disturbed']} of {pairs} timed pairs this process was preempted or "
+                     f"waited for a CPU during a call (limit {limit:.0%}; load average {os.getloadavg()[0]:.1f})")
+    if timed_s > 0 and chosen["steal_s"] / timed_s > limit:
+        found.append(f"contention: the hypervisor took {chosen['steal_s']:.2f} s of this CPU during "
+                     f"{timed_s:.2f} s of timed calls (steal)")
+    return found
+
+
+class SchedulerMarks:
+    """What the scheduler did to this process around a timed CPU call.
+
+    Read before and after the call (a few microseconds each, outside the timed region): the
+    involuntary context switches of all its threads (getrusage), the nanoseconds the calling
+    thread waited for a CPU while runnable (/proc/thread-self/schedstat), and the CPU time of
+    all its threads. A call during which the first two moved was `disturbed`: other work on the
+    machine slowed it, not its own code.
+
+    `waited_s` is the part of a call's wall time that other processes took: time the calling
+    thread waited for a CPU while none of this process's threads ran. The harness takes it off
+    the call's time when the process is pinned to one CPU (the CPU family's default), so that a
+    time slice given to a neighbour is not read as the kernel's own time (the whole wait is not
+    taken off: a candidate whose forward spins while torch's inter-op thread does its work
+    waits for a CPU its own process holds, and keeps that time)."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+        self.one_cpu = len(os.sched_getaffinity(0)) == 1
+
+    def read(self) -> tuple[int, int, int]:
+        """(involuntary context switches, ns waited for a CPU, ns of CPU time of the process)."""
+        waited = 0
+        if self.fd is not None:
+            try:
+                waited = int(os.pread(self.fd, 128, 0).split()[1])
+            except (OSError, ValueError, IndexError):
+                self.fd = None
+        return _getrusage(resource.RUSAGE_SELF).ru_nivcsw, waited, _process_time_ns()
+
+    @staticmethod
+    def disturbed(before: tuple[int, int, int], after: tuple[int, int, int]) -> bool:
+        return after[0] != before[0] or after[1] != before[1]
+
+    @staticmethod
+    def waited_s(before: tuple[int, int, int], after: tuple[int, int, int], wall_s: float) -> float:
+        """Seconds of `wall_s` in which the calling thread waited for a CPU and this process ran
+        on none: min(wait, wall - process CPU time)."""
+        waited = (after[1] - before[1]) / 1e9
+        idle = wall_s - (after[2] - before[2]) / 1e9
+        return max(0.0, min(waited, idle))
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _steal_ticks() -> int:
+    """Clock ticks the hypervisor has taken from the CPUs this process may run on (/proc/stat's
+    steal column); 0 where unreadable."""
+    try:
+        cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
+        with open("/proc/stat") as f:
+            return sum(int(fields[8]) for fields in (line.split() for line in f)
+                       if fields and fields[0] in cpus and len(fields) > 8)
+    except (OSError, ValueError):
+        return 0
+
+
+EARLY_CHECK_FROM = 8  # pairs before the first early-stop check...
+EARLY_CHECK_EVERY = 4  # ...and between later ones
+BATCHES = 4  # consecutive batches for the batch-means interval
+T_975_3DOF = 3.182  # Student's t, 97.5% quantile, BATCHES - 1 degrees of freedom
+
+
+def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int,
+                     resamples: int = 400, quantile: float = 0.5) -> tuple[float, float, float]:
+    """95% interval of q(ref) / q(cand), q the times' `quantile` (the median by default): the
+    wider of a bootstrap over whole pairs and a batch-means interval over consecutive batches
+    of pairs.
+
+    The bootstrap treats pairs as independent. They are not where the machine's state drifts
+    over seconds (a neighbour's memory traffic on a shared host slows a memory-bound reference
+    more than a fused candidate): on the 2-core box one process measured the same kernel 1.19x
+    for a second and 1.66x for the next, each with a tight bootstrap interval. The ratios of
+    BATCHES consecutive batches differ when that happens, and their spread (Student's t over
+    the batch ratios) widens the interval, so the stop rule keeps measuring, or marks the result
+    unstable, instead of reporting one second's state as the answer.
+
+    Returns (lo, hi, relative half-width (hi - lo) / 2 / point estimate); inf width for fewer
+    than 4 pairs or a zero median."""
+    n = len(ref_us)
+    point_c = stats.quantile(cand_us, quantile) if cand_us else 0.0
+    if n < 4 or point_c <= 0:
+        return None, None, math.inf
+    point = stats.quantile(ref_us, quantile) / point_c
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (resamples, n), generator=gen)
+
+    def resampled(values: list[float]):
+        drawn = torch.tensor(values, dtype=torch.float64)[idx]
+        return drawn.median(dim=1).values if quantile == 0.5 else torch.quantile(drawn, quantile, dim=1)
+
+    ref, cand = resampled(ref_us), resampled(cand_us)
+    ratios = (ref / cand.clamp_min(1e-12)).sort().values
+    lo, hi = float(ratios[int(0.025 * resamples)]), float(ratios[int(0.975 * resamples) - 1])
+    if n >= 4 * BATCHES:
+        size = n // BATCHES
+        batch = [stats.quantile(ref_us[b * size:(b + 1) * size], quantile)
+                 / max(stats.quantile(cand_us[b * size:(b + 1) * size], quantile), 1e-12) for b in range(BATCHES)]
+        half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
+        lo, hi = min(lo, point - half), max(hi, point + half)
+    return lo, hi, (hi - lo) / 2 / point
+
+
+def quantile_interval(torch, values: list[float], seed: int, resamples: int = 400,
+                      quantile: float = 0.5) -> tuple[float | None, float | None]:
+    """95% interval of the `quantile` of one side's times: the wider of a bootstrap and a
+    batch-means interval (see speedup_interval); (None, None) for fewer than 4 values."""
+    n = len(values)
+    if n < 4:
+        return None, None
+    point = stats.quantile(values, quantile)
+    gen = torch.Generator().manual_seed(seed)
+    drawn = torch.tensor(values, dtype=torch.float64)[torch.randint(0, n, (resamples, n), generator=gen)]
+    picked = (drawn.median(dim=1).values if quantile == 0.5 else torch.quantile(drawn, quantile, dim=1)).sort().values
+    lo, hi = float(picked[int(0.025 * resamples)]), float(picked[int(0.975 * resamples) - 1])
+    if n >= 4 * BATCHES:
+        size = n // BATCHES
+        batch = [stats.quantile(values[b * size:(b + 1) * size], quantile) for b in range(BATCHES)]
+        half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
+        lo, hi = min(lo, point - half), max(hi, point + half)
+    return lo, hi
+
+
+
+def iqr(values: list[float]) -> float:
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
+DRIFT_BLOCKS = 6  # consecutive blocks of pairs whose speedups a monotone trend runs through
+DRIFT_MIN_PAIRS = 4 * DRIFT_BLOCKS  # fewer pairs: blocks too small to tell a trend from noise
+
+
+def drift_reasons(ref_us: list[float], cand_us: list[float], seed: int, torch, limit: float,
+                  quantile: float = 0.5) -> list[str]:  # fmt: skip
+    """Why a series of timed pairs does not measure one steady state, one line each.
+
+    - drift: the speedups of DRIFT_BLOCKS consecutive blocks of pairs rise (or fall) block after
+      block, by more than `limit` (relative) from the first block to the last. Six blocks in a
+      strict order by chance: 2 in 720. A clock or thermal state that changes during the
+      measurement moves the ratio this way (issue 25: one kernel drifted from 22.2x to 18.8x).
+    - two modes: the speedups of the first and second halves, each with its 95% interval
+      (`speedup_interval`), lie apart by more than `limit` with the intervals disjoint: the
+      measurement switched between two states (issue 25: 1.37-1.40x against 1.48-1.50x).
+
+    `limit` 0 checks nothing; fewer than DRIFT_MIN_PAIRS pairs are too few to tell."""
+    n = len(ref_us)
+    if limit <= 0 or n < DRIFT_MIN_PAIRS or len(cand_us) != n:
+        return []
+    found = []
+    size = n // DRIFT_BLOCKS
+    blocks = [stats.quantile(ref_us[b * size:(b + 1) * size], quantile)
+              / max(stats.quantile(cand_us[b * size:(b + 1) * size], quantile), 1e-12) for b in range(DRIFT_BLOCKS)]
+    steps = [later - earlier for earlier, later in zip(blocks, blocks[1:])]
+    change = (blocks[-1] - blocks[0]) / max(statistics.median(blocks), 1e-12)
+    if (all(s > 0 for s in steps) or all(s < 0 for s in steps)) and abs(change) > limit:
+        found.append(f"drift: the speedup moved {'up' if change > 0 else 'down'} in every one of {DRIFT_BLOCKS} "
+                     f"consecutive blocks of pairs, {blocks[0]:.3g}x to {blocks[-1]:.3g}x ({change:+.1%})")
+    half = n // 2
+    first = speedup_interval(torch, ref_us[:half], cand_us[:half], seed, quantile=quantile)
+    second = speedup_interval(torch, ref_us[half:], cand_us[half:], seed + 1, quantile=quantile)
+    if None not in (first[0], second[0]):
+        a = stats.quantile(ref_us[:half], quantile) / max(stats.quantile(cand_us[:half], quantile), 1e-12)
+        b = stats.quantile(ref_us[half:], quantile) / max(stats.quantile(cand_us[half:], quantile), 1e-12)
+        apart = first[1] < second[0] or second[1] < first[0]
+        if apart and abs(b - a) / max(min(a, b), 1e-12) > limit:
+            found.append(f"two modes: the first half of the pairs read {a:.3g}x (95% {first[0]:.3g}-{first[1]:.3g}), "
+                         f"the second {b:.3g}x (95% {second[0]:.3g}-{second[1]:.3g})")
+    return found

@@ -1,0 +1,47 @@
+"""Calibration on the CPU: a candidate that does the reference's own work reads 1.0x, on a quiet
+machine and beside busy loops (issue 25). The measurement is benchmarks/bench_identical_cpu.py's,
+run here with fewer sandboxes."""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from speedforge.config import EvaluatorConfig
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_identical_cpu.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_identical_cpu", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # 10 sandboxes of 200 timed pairs: 1-5 min on the 2-core box, more under load
+@pytest.mark.parametrize("busy_loops", [0, 2], ids=["quiet", "beside-2-busy-loops"])
+def test_identical_work_reads_one_in_every_sandbox_and_by_the_median(busy_loops: int) -> None:
+    bench = _bench()
+    config = EvaluatorConfig(cache_dir=tempfile.mkdtemp(prefix="sf-calibration-"))
+    with bench.busy_loops(busy_loops):
+        results = bench.measure(5, config)
+    ratios = [(r.status, r.speedup, r.warnings) for r in results]
+    found = bench.summary(results)
+    assert all(r.status == "ok" for r in results), ratios
+    assert found["every"], ratios  # each in [0.90, 1.10]
+    assert found["median_in"], ratios  # the median in [0.95, 1.05]
+
+
+def test_the_identical_work_benchmark_names_its_options() -> None:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as ended:
+        _bench().main(["--help"])
+    assert ended.value.code == 0
+    assert "--sandboxes" in out.getvalue() and "--busy-loops" in out.getvalue()
