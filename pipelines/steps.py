@@ -72,17 +72,17 @@ def on_pool(task, placement):
     return task
 
 
-def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id, ray_address):
-    """The tail both pipelines share: the variant set measured again on every pool (one
-    ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its pool's
-    nodes when that is ""), then one report over them."""
-    per_pool = step(fan_out(pools=pools, uri=variants_uri), None, cpu="100m", memory="256Mi",
+def portability_and_report(config, pools, selected, store, s3_secret, run_id, ray_address):
+    """The tail both pipelines share: the variant set `selected` (select_best's task) measured again on
+    every pool (one ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its
+    pool's nodes when that is ""), then one report over them."""
+    per_pool = step(fan_out(pools=pools, uri=selected.outputs["variants_uri"]), None, cpu="100m", memory="256Mi",
                     name="pools with the variants")
     with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
         placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
                       memory="1Gi", name="placement")
-        ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
-                                          ray_address=ray_address, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
-                              name="portability"), placed)
-    return step(report(config=config, portability=dsl.Collected(ported.outputs["Output"]), store=store, run_id=run_id),
+        ported = on_pool(step(portability(config=config, variants=selected.outputs["selected"], pool=item.pool,
+                                          store=store, ray_address=ray_address, run_id=run_id), s3_secret, cpu="4",
+                              memory="16Gi", name="portability"), placed)
+    return step(report(config=config, portability=dsl.Collected(ported.outputs["results"]), store=store, run_id=run_id),
                 s3_secret, name="report")

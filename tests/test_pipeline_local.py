@@ -167,7 +167,7 @@ def baselines_and_selection(source: str, pools: str, store: str, config: str, ba
     staged = stage_dataset(config=config, source=source, dataset="", store=store, run_id=run_id)
     with dsl.ParallelFor(fan_out(pools=checked.output, uri=staged.outputs["dataset_uri"]).output) as item:
         pool_placement(config=config, pool=item.pool, ray_address="")
-        measured = measure_baselines(config=config, dataset_uri=item.uri, pool=item.pool, store=store, ray_address="",
+        measured = measure_baselines(config=config, dataset=staged.outputs["staged"], pool=item.pool, store=store, ray_address="",
                                      limit=baseline_candidates, run_id=run_id)  # fmt: skip
     select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"], pool="", store=store,
                 run_id=run_id).after(measured)
@@ -226,6 +226,17 @@ def check_training_run(run) -> dict:
     assert {m.rstrip("-0123456789") for m in metrics} == {"measure-baselines", "optimize", "portability"}
     for name, values in metrics.items():
         assert 0.0 <= values["valid_fraction"] <= 1.0 and values["valid"] >= 0, name
+    # the typed artifacts KFP's lineage is drawn from: each names what its step made in the store
+    written = [(p.parent.name, key, artifact["artifacts"][0]["metadata"].get("store_uri"))
+               for p in task_dir.parent.rglob("executor_output.json")  # each iteration of a loop has a folder
+               for key, artifact in json.loads(p.read_text()).get("artifacts", {}).items()]  # fmt: skip
+    named = {(task, key): uri for task, key, uri in written}
+    assert named[("stage-dataset", "staged")] == steps["stage"].outcome["dataset_uri"]
+    assert named[("train", "checkpoint")] == trained["final_checkpoint_uri"]
+    assert named[("optimize", "variants")] == steps["optimize"].outcome["store_uri"]
+    assert named[("select-best", "selected")] == steps["select"].outcome["variants_uri"]
+    assert sorted(uri for _, key, uri in written if key == "results") == sorted(
+        steps[s].outcome["results_uri"] for s in steps if s.startswith(("baselines-", "portability-")))
     return steps
 
 
