@@ -13,6 +13,7 @@ from kfp import dsl, kubernetes
 from components.pools import fan_out, pool_placement
 from components.portability import portability
 from components.report import report
+from speedforge.cluster.rayjob import IMAGE_UID
 
 # The RayCluster `speedforge` of k8s/base, by Ray Client: KubeRay names its head service
 # <cluster>-head-svc and the head exposes the client port 10001 (a test checks both).
@@ -41,13 +42,25 @@ DEFAULT_TIMEOUT_S = 3600
 
 ROLE_LABEL = "speedforge.dev/role"
 
+# Pod Security: every step runs as the image's non-root user (uid 1000), which KFP's SDK sets on the
+# step's container (kfp-kubernetes set_security_context: runAsUser, runAsGroup, runAsNonRoot, and
+# nothing else; a backend as old as the SDK pin or newer reads it, an older one may refuse the field:
+# not checked against a real backend here). The other "restricted" fields are not the SDK's to set: a KFP backend with
+# kubeflow/pipelines#12782 (its Argo compiler) gives every step's container allowPrivilegeEscalation
+# false, capabilities drop ALL and seccomp RuntimeDefault itself; on an older backend, a namespace
+# that enforces "restricted" refuses the pods, so keep it at baseline (README, "Pod Security"). A
+# read-only root cannot be had: KFP's launcher copies itself and the component's code into the
+# container's filesystem at start.
+STEP_UID = IMAGE_UID
+
 
 def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     """A step: credentials from `s3_secret` (None: a step that never reaches the store), requests,
-    caching off, a timeout, and retries where they are harmless (RETRIED)."""
+    caching off, the image's non-root user, a timeout, and retries where they are harmless (RETRIED)."""
     if s3_secret is not None:
         kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_SECRET_KEYS, optional=True)
     task.set_cpu_request(cpu).set_memory_request(memory).set_caching_options(False)
+    kubernetes.set_security_context(task, run_as_user=STEP_UID, run_as_group=STEP_UID, run_as_non_root=True)
     kubernetes.set_timeout(task, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
     if name in RETRIED:
         task.set_retry(**RETRY)

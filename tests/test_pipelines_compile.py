@@ -114,6 +114,15 @@ def test_a_failure_report_runs_on_exit_and_nothing_is_cached_or_unrequested(name
         assert "pip install" not in " ".join(body["container"]["command"])  # install_kfp_package=False
 
 
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_runs_as_the_images_non_root_user(name):
+    """What KFP's SDK can set of Pod Security on a step (the rest comes from KFP's backend: pipelines/steps.py)."""
+    spec, executors = load(name)
+    for executor in spec["deploymentSpec"]["executors"]:
+        context = executors[executor]["securityContext"]
+        assert context == {"runAsNonRoot": True, "runAsUser": "1000", "runAsGroup": "1000"}, executor  # int64 as JSON
+
+
 def test_the_training_pipeline_takes_data_set_model_pools_budgets_and_store():
     spec, _ = load("training")
     params = spec["root"]["inputDefinitions"]["parameters"]
