@@ -10,7 +10,7 @@ GPU (use it without a RayCluster, never beside one that holds the same GPUs)."""
 
 from kfp import dsl, kubernetes
 
-from components.pools import fan_out, pool_placement
+from components.pools import pool_placement
 from components.portability import portability
 from components.report import report
 from speedforge.cluster.rayjob import IMAGE_UID
@@ -30,8 +30,7 @@ S3_SECRET_KEYS = {key: key for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_K
 # pure or rewrite what they wrote (a step's record is keyed by its name). An evaluating step
 # (baselines, optimize, portability) or train is not retried: it holds its table's lease, and a
 # rerun of the pipeline goes on from the results it recorded.
-RETRIED = ("check pools", "placement", "pools with the data set", "pools with the variants", "select best variants",
-           "report", "run report")  # fmt: skip
+RETRIED = ("check pools", "placement", "select best variants", "report", "run report")
 RETRY = dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="300s")
 # Timeouts (the pod's activeDeadlineSeconds): a step past its limit is stopped and fails, so a hung
 # step cannot hold a nightly run for ever. Evaluations and searches run a day at most; training
@@ -89,12 +88,10 @@ def portability_and_report(config, pools, selected, store, s3_secret, run_id, ra
     """The tail both pipelines share: the variant set `selected` (select_best's task) measured again on
     every pool (one ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its
     pool's nodes when that is ""), then one report over them."""
-    per_pool = step(fan_out(pools=pools, uri=selected.outputs["variants_uri"]), None, cpu="100m", memory="256Mi",
-                    name="pools with the variants")
-    with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
-        placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
+    with dsl.ParallelFor(pools, name="portability-per-pool") as pool:  # the variants: selected's artifact
+        placed = step(pool_placement(config=config, pool=pool, ray_address=ray_address), None, cpu="500m",
                       memory="1Gi", name="placement")
-        ported = on_pool(step(portability(config=config, variants=selected.outputs["selected"], pool=item.pool,
+        ported = on_pool(step(portability(config=config, variants=selected.outputs["selected"], pool=pool,
                                           store=store, ray_address=ray_address, run_id=run_id), s3_secret, cpu="4",
                               memory="16Gi", name="portability"), placed)
     return step(report(config=config, portability=dsl.Collected(ported.outputs["results"]), store=store, run_id=run_id),

@@ -19,7 +19,7 @@ from components.baselines import measure_baselines
 from components.failure import run_report
 from components.gate import gate
 from components.optimize import optimize
-from components.pools import check_pools, fan_out, pool_placement
+from components.pools import check_pools, pool_placement
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
@@ -60,13 +60,11 @@ def training(
                        cpu="500m", memory="1Gi", name="check pools")
         staged = step(stage_dataset(config=config, source=source, dataset=dataset, store=store, run_id=run_id),
                       s3_secret, name="stage data set")
-        per_pool = step(fan_out(pools=checked.output, uri=staged.outputs["dataset_uri"]), None, cpu="100m",
-                        memory="256Mi", name="pools with the data set")
-        with dsl.ParallelFor(per_pool.output, name="baselines-per-pool") as item:
-            placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
+        with dsl.ParallelFor(checked.output, name="baselines-per-pool") as pool:  # the data set: staged's artifact
+            placed = step(pool_placement(config=config, pool=pool, ray_address=ray_address), None, cpu="500m",
                           memory="1Gi", name="placement")
             baselines = on_pool(step(measure_baselines(
-                config=config, dataset=staged.outputs["staged"], pool=item.pool, store=store,
+                config=config, dataset=staged.outputs["staged"], pool=pool, store=store,
                 ray_address=ray_address, limit=baseline_candidates, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
                 name="baselines"), placed)
         trained = step(train(

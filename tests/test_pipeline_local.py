@@ -26,7 +26,7 @@ pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 from kfp import dsl  # noqa: E402
 
 from components.baselines import measure_baselines  # noqa: E402
-from components.pools import check_pools, fan_out, pool_placement  # noqa: E402
+from components.pools import check_pools, pool_placement  # noqa: E402
 from components.select import select_best  # noqa: E402
 from components.stage import stage_dataset  # noqa: E402
 from pipelines import PIPELINES  # noqa: E402
@@ -165,9 +165,9 @@ def baselines_and_selection(source: str, pools: str, store: str, config: str, ba
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     checked = check_pools(config=config, pools=pools, store=store, run_id=run_id)
     staged = stage_dataset(config=config, source=source, dataset="", store=store, run_id=run_id)
-    with dsl.ParallelFor(fan_out(pools=checked.output, uri=staged.outputs["dataset_uri"]).output) as item:
-        pool_placement(config=config, pool=item.pool, ray_address="")
-        measured = measure_baselines(config=config, dataset=staged.outputs["staged"], pool=item.pool, store=store, ray_address="",
+    with dsl.ParallelFor(checked.output) as pool:
+        pool_placement(config=config, pool=pool, ray_address="")
+        measured = measure_baselines(config=config, dataset=staged.outputs["staged"], pool=pool, store=store, ray_address="",
                                      limit=baseline_candidates, run_id=run_id)  # fmt: skip
     select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"], pool="", store=store,
                 run_id=run_id).after(measured)

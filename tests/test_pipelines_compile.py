@@ -69,8 +69,8 @@ def test_pools_fan_out_and_gpu_steps_are_placed_on_their_pool(name):
     loops = {n: t for n, t in tasks.items() if "parameterIterator" in t}
     expected = {"portability-per-pool"} | ({"baselines-per-pool"} if name == "training" else set())
     assert {t["taskInfo"]["name"] for t in loops.values()} == expected
-    for loop in loops.values():  # over the fan-out step's items: one per checked pool, with the URI it reads
-        assert re.fullmatch(r"pipelinechannel--fan-out(-\d)?-Output", loop["parameterIterator"]["items"]["inputParameter"])
+    for loop in loops.values():  # one branch per checked pool
+        assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--check-pools-Output"
     for executor in ("exec-portability", *(["exec-measure-baselines"] if name == "training" else [])):
         placement = executors[executor]
         selector = placement["nodeSelector"]["nodeSelectorJson"]["taskOutputParameter"]

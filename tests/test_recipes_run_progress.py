@@ -86,16 +86,16 @@ def test_each_tasks_output_goes_to_a_log_file_of_its_own_and_its_steps_are_said_
         ok = handler.run_local_subprocess(task_command(run_root, "measure-baselines", "r1", "import sys; "
                                           "print('executor says hello'); print('to stderr', file=sys.stderr); "
                                           + record))  # fmt: skip
-        helper = handler.run_local_subprocess(task_command(run_root, "fan-out", "", "print('a helper')"))
+        helper = handler.run_local_subprocess(task_command(run_root, "pool-placement", "", "print('a helper')"))
         failed = handler.run_local_subprocess(task_command(run_root, "check-pools", "r1",
                                                            "raise SystemExit('no such pool: nosuch')"))  # fmt: skip
     assert (ok, helper, failed) == (0, 0, 1)
     logs = run_root / "logs"
-    assert sorted(p.name for p in logs.iterdir()) == ["01-measure-baselines.log", "02-fan-out.log",
+    assert sorted(p.name for p in logs.iterdir()) == ["01-measure-baselines.log", "02-pool-placement.log",
                                                       "03-check-pools.log"]  # fmt: skip
     first = (logs / "01-measure-baselines.log").read_text()
     assert "executor says hello" in first and "to stderr" in first  # stdout and stderr, as kfp.local joins them
-    assert (logs / "02-fan-out.log").read_text() == "a helper\n"
+    assert (logs / "02-pool-placement.log").read_text() == "a helper\n"
     assert "no such pool: nosuch" in (logs / "03-check-pools.log").read_text()
     assert said[0].split() == ["baselines-cpu", "ok", "0", "s", "1/2", "ok,", "median", "1.50x"]
     assert len(said) == 2 and said[1].split()[:3] == ["check-pools", "failed", "exit"]  # the helper said nothing
@@ -111,6 +111,6 @@ def test_a_step_is_said_once_though_later_tasks_of_its_run_end_too(tmp_path):
     run_step(loads_config(""), str(tmp_path / "store"), "r1", "stage",
              lambda: {"name": "builtin-cpp", "version": 1, "tasks": 2})
     progress.task_ended("01-stage", progress.log_path("01-stage"), 0, "r1")
-    progress.task_ended("02-fan-out", progress.log_path("02-fan-out"), 0, "r1")
+    progress.task_ended("02-pool-placement", progress.log_path("02-pool-placement"), 0, "r1")
     assert len(said) == 1 and said[0].split()[:2] == ["stage", "ok"] and said[0].endswith("builtin-cpp v1: 2 tasks")
     assert progress.log_path("03-x") == tmp_path / "logs" / "03-x.log" and not progress.failed_logs()

@@ -8,7 +8,7 @@ own output in a log file per task.
 A step's line is read from its StepRecord (speedforge.recipes.run_steps: what the step recorded
 in the store), so it says what the step itself reported; the figure that matters for each kind of
 step comes from one function per kind, registered by name (`figure`). A KFP task that ends without
-recording a step (the fan-out helpers) prints nothing when it succeeds, and a line with its KFP
+recording a step (pool placement) prints nothing when it succeeds, and a line with its KFP
 name when it fails, so no failure goes unseen. `failed_logs()` lists the log files of the tasks
 that failed, which the run prints on failure.
 """
