@@ -32,10 +32,3 @@ def pool_placement(config: str, pool: str,
     return namedtuple("Placement", "node_selector tolerations gpus")(
         placement.node_selector, placement.tolerations, placement.gpus)
 
-
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
-def fan_out(pools: list, uri: str) -> list:
-    """One item per pool ({"pool", "uri"}) for a ParallelFor whose steps read `uri`."""
-    from speedforge.recipes.placement import pool_items
-
-    return pool_items(pools, uri)

@@ -29,5 +29,5 @@ def cross_arch(
                        cpu="500m", memory="1Gi", name="check pools")
         selected = step(select_best(config=config, source_store=variants_store, dataset_uri=dataset_uri,
                                     pool=select_pool, store=store, run_id=run_id), s3_secret, name="select best variants")
-        portability_and_report(config=config, pools=checked.output, variants_uri=selected.outputs["variants_uri"],
+        portability_and_report(config=config, pools=checked.output, selected=selected,
                                store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address)

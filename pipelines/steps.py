@@ -10,9 +10,10 @@ GPU (use it without a RayCluster, never beside one that holds the same GPUs)."""
 
 from kfp import dsl, kubernetes
 
-from components.pools import fan_out, pool_placement
+from components.pools import pool_placement
 from components.portability import portability
 from components.report import report
+from speedforge.cluster.rayjob import IMAGE_UID
 
 # The RayCluster `speedforge` of k8s/base, by Ray Client: KubeRay names its head service
 # <cluster>-head-svc and the head exposes the client port 10001 (a test checks both).
@@ -29,8 +30,7 @@ S3_SECRET_KEYS = {key: key for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_K
 # pure or rewrite what they wrote (a step's record is keyed by its name). An evaluating step
 # (baselines, optimize, portability) or train is not retried: it holds its table's lease, and a
 # rerun of the pipeline goes on from the results it recorded.
-RETRIED = ("check pools", "placement", "pools with the data set", "pools with the variants", "select best variants",
-           "report", "run report")  # fmt: skip
+RETRIED = ("check pools", "placement", "select best variants", "report", "run report")
 RETRY = dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="300s")
 # Timeouts (the pod's activeDeadlineSeconds): a step past its limit is stopped and fails, so a hung
 # step cannot hold a nightly run for ever. Evaluations and searches run a day at most; training
@@ -41,13 +41,25 @@ DEFAULT_TIMEOUT_S = 3600
 
 ROLE_LABEL = "speedforge.dev/role"
 
+# Pod Security: every step runs as the image's non-root user (uid 1000), which KFP's SDK sets on the
+# step's container (kfp-kubernetes set_security_context: runAsUser, runAsGroup, runAsNonRoot, and
+# nothing else; a backend as old as the SDK pin or newer reads it, an older one may refuse the field:
+# not checked against a real backend here). The other "restricted" fields are not the SDK's to set: a KFP backend with
+# kubeflow/pipelines#12782 (its Argo compiler) gives every step's container allowPrivilegeEscalation
+# false, capabilities drop ALL and seccomp RuntimeDefault itself; on an older backend, a namespace
+# that enforces "restricted" refuses the pods, so keep it at baseline (README, "Pod Security"). A
+# read-only root cannot be had: KFP's launcher copies itself and the component's code into the
+# container's filesystem at start.
+STEP_UID = IMAGE_UID
+
 
 def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     """A step: credentials from `s3_secret` (None: a step that never reaches the store), requests,
-    caching off, a timeout, and retries where they are harmless (RETRIED)."""
+    caching off, the image's non-root user, a timeout, and retries where they are harmless (RETRIED)."""
     if s3_secret is not None:
         kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_SECRET_KEYS, optional=True)
     task.set_cpu_request(cpu).set_memory_request(memory).set_caching_options(False)
+    kubernetes.set_security_context(task, run_as_user=STEP_UID, run_as_group=STEP_UID, run_as_non_root=True)
     kubernetes.set_timeout(task, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
     if name in RETRIED:
         task.set_retry(**RETRY)
@@ -72,17 +84,15 @@ def on_pool(task, placement):
     return task
 
 
-def portability_and_report(config, pools, variants_uri, store, s3_secret, run_id, ray_address):
-    """The tail both pipelines share: the variant set measured again on every pool (one
-    ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its pool's
-    nodes when that is ""), then one report over them."""
-    per_pool = step(fan_out(pools=pools, uri=variants_uri), None, cpu="100m", memory="256Mi",
-                    name="pools with the variants")
-    with dsl.ParallelFor(per_pool.output, name="portability-per-pool") as item:
-        placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
+def portability_and_report(config, pools, selected, store, s3_secret, run_id, ray_address):
+    """The tail both pipelines share: the variant set `selected` (select_best's task) measured again on
+    every pool (one ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its
+    pool's nodes when that is ""), then one report over them."""
+    with dsl.ParallelFor(pools, name="portability-per-pool") as pool:  # the variants: selected's artifact
+        placed = step(pool_placement(config=config, pool=pool, ray_address=ray_address), None, cpu="500m",
                       memory="1Gi", name="placement")
-        ported = on_pool(step(portability(config=config, variants_uri=item.uri, pool=item.pool, store=store,
-                                          ray_address=ray_address, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
-                              name="portability"), placed)
-    return step(report(config=config, portability=dsl.Collected(ported.outputs["Output"]), store=store, run_id=run_id),
+        ported = on_pool(step(portability(config=config, variants=selected.outputs["selected"], pool=pool,
+                                          store=store, ray_address=ray_address, run_id=run_id), s3_secret, cpu="4",
+                              memory="16Gi", name="portability"), placed)
+    return step(report(config=config, portability=dsl.Collected(ported.outputs["results"]), store=store, run_id=run_id),
                 s3_secret, name="report")

@@ -19,7 +19,7 @@ from components.baselines import measure_baselines
 from components.failure import run_report
 from components.gate import gate
 from components.optimize import optimize
-from components.pools import check_pools, fan_out, pool_placement
+from components.pools import check_pools, pool_placement
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
@@ -60,32 +60,30 @@ def training(
                        cpu="500m", memory="1Gi", name="check pools")
         staged = step(stage_dataset(config=config, source=source, dataset=dataset, store=store, run_id=run_id),
                       s3_secret, name="stage data set")
-        per_pool = step(fan_out(pools=checked.output, uri=staged.outputs["dataset_uri"]), None, cpu="100m",
-                        memory="256Mi", name="pools with the data set")
-        with dsl.ParallelFor(per_pool.output, name="baselines-per-pool") as item:
-            placed = step(pool_placement(config=config, pool=item.pool, ray_address=ray_address), None, cpu="500m",
+        with dsl.ParallelFor(checked.output, name="baselines-per-pool") as pool:  # the data set: staged's artifact
+            placed = step(pool_placement(config=config, pool=pool, ray_address=ray_address), None, cpu="500m",
                           memory="1Gi", name="placement")
             baselines = on_pool(step(measure_baselines(
-                config=config, dataset_uri=item.uri, pool=item.pool, store=store,
+                config=config, dataset=staged.outputs["staged"], pool=pool, store=store,
                 ray_address=ray_address, limit=baseline_candidates, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
                 name="baselines"), placed)
         trained = step(train(
             config=config, train_config=train_config, stage=train_stage, mode=train_mode, store=store,
             ray_cluster=ray_cluster, namespace=namespace, ray_dashboard=ray_dashboard, image=image,
-            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.outputs["Output"]), run_id=run_id), s3_secret,
+            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.outputs["results"]), run_id=run_id), s3_secret,
             name="train")
         pod_identity(trained)  # the RayJob's owner reference, where the pod shares its namespace
         gated = step(gate(config=config, train_config=train_config, store=store, outcome=trained.outputs["outcome"],
                           dataset_uri=staged.outputs["dataset_uri"], run_id=run_id), s3_secret, cpu="4", memory="16Gi",
                      name="promotion gate")
         searched = step(optimize(
-            config=config, dataset_uri=staged.outputs["dataset_uri"], store=store, model=model,
-            checkpoint=trained.outputs["final_checkpoint_uri"], tasks=search_tasks, rounds=search_rounds,
+            config=config, dataset=staged.outputs["staged"], store=store, model=model,
+            checkpoint=trained.outputs["checkpoint"], tasks=search_tasks, rounds=search_rounds,
             samples=search_samples, max_new_tokens=max_new_tokens, pool=search_pool, ray_address=ray_address,
             run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="optimize")
         selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],
-                                    pool="", store=store, run_id=run_id), s3_secret, name="select best variants")
-        selected.after(searched)
+                                    pool="", store=store, run_id=run_id, searched=searched.outputs["variants"]),
+                        s3_secret, name="select best variants")  # fmt: skip
         searched.after(gated)
-        portability_and_report(config=config, pools=checked.output, variants_uri=selected.outputs["variants_uri"],
+        portability_and_report(config=config, pools=checked.output, selected=selected,
                                store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address)

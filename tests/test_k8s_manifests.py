@@ -357,6 +357,24 @@ def test_the_rayjob_by_hand_is_the_one_the_train_step_creates(rendered):
     assert by_hand["spec"]["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}
 
 
+def test_the_rayjobs_submitter_pod_runs_with_the_restricted_security_fields(rendered):
+    """The pod KubeRay starts to submit the job and follow its logs: non-root, no privilege
+    escalation, no capability, the runtime's seccomp profile, a read-only root (the Ray CLI's temp
+    files and HOME on emptyDirs): what Pod Security "restricted" asks."""
+    (by_hand,) = rendered["jobs"]
+    pod = by_hand["spec"]["submitterPodTemplate"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    context = container["securityContext"]
+    assert context == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert {m["mountPath"]: "emptyDir" in volumes[m["name"]] for m in container["volumeMounts"]} == {
+        "/tmp": True, "/home/speedforge": True}
+    # the uid is the image's own user
+    assert "USER 1000:1000" in (ROOT / "Dockerfile").read_text()
+
+
 def ray_cluster(docs: list[dict]) -> dict:
     (cluster,) = [d for d in docs if d["kind"] == "RayCluster"]
     return cluster

@@ -26,7 +26,7 @@ pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 from kfp import dsl  # noqa: E402
 
 from components.baselines import measure_baselines  # noqa: E402
-from components.pools import check_pools, fan_out, pool_placement  # noqa: E402
+from components.pools import check_pools, pool_placement  # noqa: E402
 from components.select import select_best  # noqa: E402
 from components.stage import stage_dataset  # noqa: E402
 from pipelines import PIPELINES  # noqa: E402
@@ -109,13 +109,20 @@ def local_path_between_steps(store: str, config: str):
     load_the_model(config=config, store=store, run_id=run_id, model=written.output)
 
 
-def test_a_step_that_reads_a_path_another_step_wrote_fails_as_on_a_cluster(tmp_path):
+def test_a_step_that_reads_a_path_another_step_wrote_fails_as_on_a_cluster(tmp_path, capfd):
     """Each step has a HOME, cache, temp and working folder of its own, gone when it ends (a pod's
-    disk): a local path handed to the next step does not exist there, and the error says why."""
+    disk): a local path handed to the next step does not exist there, and the error says why; the
+    failed task's log file (its traceback) is named before the error."""
     text, config = two_pool_config(tmp_path)
     with pytest.raises(UserError, match=r"the pipeline failed at step load: model path (/\S+)/model does not exist .*"
                                         r"another step's folder, gone when that step ended: steps share only the store"):
         run_pipeline_locally(local_path_between_steps, {}, config, text)
+    out = capfd.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in out[:2]] == [["write", "ok"], ["load", "failed"]]
+    assert "model path" in out[1] and len(out) == 3
+    log = out[2].removeprefix("log of 02-load-the-model: ")
+    assert log.startswith(str(tmp_path / "cache" / "pipeline-root")) and log.endswith("/logs/02-load-the-model.log")
+    assert "Traceback" in open(log).read() and "does not exist" in open(log).read()
 
 
 @dsl.component(base_image="python:3.11", install_kfp_package=False)
@@ -138,9 +145,13 @@ def two_steps(store: str, config: str):
     where_am_i(config=config, store=store, run_id=run_id, name="second").after(first)
 
 
-def test_each_step_has_its_own_home_cache_temp_and_working_folder(tmp_path, monkeypatch):
+def test_each_step_has_its_own_home_cache_temp_and_working_folder(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("SPEEDFORGE_CACHE", str(tmp_path / "cache"))  # this process's: the store's data goes there
     run = run_pipeline_locally(two_steps, {}, loads_config(""), "")
+    # quiet: a line per step, nothing else; what the tasks and kfp.local print is in the run's logs folder
+    assert [line.split()[:2] for line in capfd.readouterr().out.splitlines()] == [["first", "ok"], ["second", "ok"]]
+    assert sorted(p.name for p in Path(run.logs).iterdir()) == ["01-where-am-i.log", "02-where-am-i-2.log", "kfp.log"]
+    assert "Executing task" in (Path(run.logs) / "kfp.log").read_text()
     first, second = ({k: v for k, v in s.outcome.items()} for s in run.steps)
     for key in ("home", "cwd", "tmp", "cache", "cache_dir"):
         assert first[key] != second[key], key
@@ -154,9 +165,9 @@ def baselines_and_selection(source: str, pools: str, store: str, config: str, ba
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     checked = check_pools(config=config, pools=pools, store=store, run_id=run_id)
     staged = stage_dataset(config=config, source=source, dataset="", store=store, run_id=run_id)
-    with dsl.ParallelFor(fan_out(pools=checked.output, uri=staged.outputs["dataset_uri"]).output) as item:
-        pool_placement(config=config, pool=item.pool, ray_address="")
-        measured = measure_baselines(config=config, dataset_uri=item.uri, pool=item.pool, store=store, ray_address="",
+    with dsl.ParallelFor(checked.output) as pool:
+        pool_placement(config=config, pool=pool, ray_address="")
+        measured = measure_baselines(config=config, dataset=staged.outputs["staged"], pool=pool, store=store, ray_address="",
                                      limit=baseline_candidates, run_id=run_id)  # fmt: skip
     select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"], pool="", store=store,
                 run_id=run_id).after(measured)
@@ -215,6 +226,17 @@ def check_training_run(run) -> dict:
     assert {m.rstrip("-0123456789") for m in metrics} == {"measure-baselines", "optimize", "portability"}
     for name, values in metrics.items():
         assert 0.0 <= values["valid_fraction"] <= 1.0 and values["valid"] >= 0, name
+    # the typed artifacts KFP's lineage is drawn from: each names what its step made in the store
+    written = [(p.parent.name, key, artifact["artifacts"][0]["metadata"].get("store_uri"))
+               for p in task_dir.parent.rglob("executor_output.json")  # each iteration of a loop has a folder
+               for key, artifact in json.loads(p.read_text()).get("artifacts", {}).items()]  # fmt: skip
+    named = {(task, key): uri for task, key, uri in written}
+    assert named[("stage-dataset", "staged")] == steps["stage"].outcome["dataset_uri"]
+    assert named[("train", "checkpoint")] == trained["final_checkpoint_uri"]
+    assert named[("optimize", "variants")] == steps["optimize"].outcome["store_uri"]
+    assert named[("select-best", "selected")] == steps["select"].outcome["variants_uri"]
+    assert sorted(uri for _, key, uri in written if key == "results") == sorted(
+        steps[s].outcome["results_uri"] for s in steps if s.startswith(("baselines-", "portability-")))
     return steps
 
 
@@ -228,7 +250,8 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools(tmp_path, capsys
 
 
 @needs_training
-def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(tmp_path, tiny_model, warm_cache):
+def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(tmp_path, tiny_model, warm_cache,
+                                                                                  capfd):  # fmt: skip
     """The same run on what CI affords: the session's tiny model trained for one GRPO step, quick
     measurements, the one candidate measured already built (warm_cache). As on a cluster: each
     step in folders of its own, gone when it ends; the train step submitted to a Ray head of its
@@ -243,8 +266,17 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
     run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
                                config, text, ray_head=True)  # fmt: skip
     steps = check_training_run(run)
+    # quiet: one line per step as it ended, its figure after the seconds; the tasks' output in log files
+    said = {line.split()[0]: line for line in capfd.readouterr().out.splitlines()}
+    assert set(said) == set(steps) and all(line.split()[1] == "ok" for line in said.values()), said
     for pool in ("cpu", "cpu2"):
         assert (steps[f"baselines-{pool}"].outcome["measured"], steps[f"baselines-{pool}"].outcome["ok"]) == (1, 1)
+        assert said[f"baselines-{pool}"].split()[4:6] == ["1/1", "ok,"] and "median" in said[f"baselines-{pool}"]
+        assert said[f"portability-{pool}"].split()[4:6] == ["1/1", "correct,"]
+    assert said["train-grpo"].split()[4:] == ["1", "step(s)"] and said["gate"].endswith("models:/policy@1 promoted")
+    logs = sorted(p.name for p in Path(run.logs).iterdir())
+    assert "kfp.log" in logs and len([n for n in logs if n.endswith("-measure-baselines.log")]) == 2, logs
+    assert all(Path(run.logs, name).stat().st_size > 0 for name in logs if "train" in name or "optimize" in name)
     assert steps["train-grpo"].outcome["steps"] == 1
     assert steps["gate"].outcome["promoted"] and steps["gate"].outcome["champion"] == "models:/policy@1"  # the first
     assert run.report["pools"] == ["cpu", "cpu2"] and run.report["variants"] == 1

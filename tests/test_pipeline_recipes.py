@@ -13,7 +13,7 @@ from speedforge.errors import UserError
 from speedforge.records import Task, Variant
 from speedforge.recipes.best_variants import select_best_variants
 from speedforge.recipes.dataset_search import budget_config
-from speedforge.recipes.placement import GPU_TOLERATION, pipeline_pools, pool_items, pool_placement
+from speedforge.recipes.placement import GPU_TOLERATION, pipeline_pools, pool_placement
 from speedforge.recipes.run_steps import RunStatus, read_steps, run_step, write_run_report
 from speedforge.variants import VariantsTable
 from speedforge.store import open_store
@@ -40,8 +40,6 @@ def test_pipeline_pools_are_checked_against_the_config_and_keep_their_order():
     with pytest.raises(UserError, match=r"unknown pool\(s\) nosuch; configured pools: .*cpu"):
         pipeline_pools(Config(), "cpu,nosuch")
     assert pipeline_pools(loads_config(TWO_CPU_POOLS), "cpu,cpu2") == ["cpu", "cpu2"]
-    assert pool_items(["cpu", "cpu2"], "s3://b/p/selected") == [{"pool": "cpu", "uri": "s3://b/p/selected"},
-                                                               {"pool": "cpu2", "uri": "s3://b/p/selected"}]
 
 
 def test_a_gpu_pool_step_lands_on_its_gpu_nodes_unless_it_joins_the_ray_cluster():

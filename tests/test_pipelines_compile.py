@@ -69,8 +69,8 @@ def test_pools_fan_out_and_gpu_steps_are_placed_on_their_pool(name):
     loops = {n: t for n, t in tasks.items() if "parameterIterator" in t}
     expected = {"portability-per-pool"} | ({"baselines-per-pool"} if name == "training" else set())
     assert {t["taskInfo"]["name"] for t in loops.values()} == expected
-    for loop in loops.values():  # over the fan-out step's items: one per checked pool, with the URI it reads
-        assert re.fullmatch(r"pipelinechannel--fan-out(-\d)?-Output", loop["parameterIterator"]["items"]["inputParameter"])
+    for loop in loops.values():  # one branch per checked pool
+        assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--check-pools-Output"
     for executor in ("exec-portability", *(["exec-measure-baselines"] if name == "training" else [])):
         placement = executors[executor]
         selector = placement["nodeSelector"]["nodeSelectorJson"]["taskOutputParameter"]
@@ -112,6 +112,15 @@ def test_a_failure_report_runs_on_exit_and_nothing_is_cached_or_unrequested(name
         assert "resourceMemoryRequest" in body["container"]["resources"], executor
         assert body["container"]["image"] == "registry.example.com/speedforge:0.1.0"  # fully qualified (a bare name is Docker Hub)
         assert "pip install" not in " ".join(body["container"]["command"])  # install_kfp_package=False
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_runs_as_the_images_non_root_user(name):
+    """What KFP's SDK can set of Pod Security on a step (the rest comes from KFP's backend: pipelines/steps.py)."""
+    spec, executors = load(name)
+    for executor in spec["deploymentSpec"]["executors"]:
+        context = executors[executor]["securityContext"]
+        assert context == {"runAsNonRoot": True, "runAsUser": "1000", "runAsGroup": "1000"}, executor  # int64 as JSON
 
 
 def test_the_training_pipeline_takes_data_set_model_pools_budgets_and_store():
@@ -174,7 +183,61 @@ def test_the_report_is_an_html_and_a_markdown_artifact_and_evaluating_steps_writ
                                         "report_markdown": "system.Markdown"}  # fmt: skip
     evaluating = ["comp-portability", *(["comp-measure-baselines", "comp-optimize"] if name == "training" else [])]
     for component in evaluating:
-        assert artifacts(component) == {"metrics": "system.Metrics"}, component
+        assert artifacts(component)["metrics"] == "system.Metrics", component
+
+
+def artifact_edges(spec: dict) -> set[tuple[str, str, str, str]]:
+    """(producer task, its output, consumer task, its input) of every artifact the pipeline passes,
+    followed through loops (an input from the loop's parent, a collected output of the loop's body)."""
+    dags = {"root": spec["root"]["dag"], **{n: c["dag"] for n, c in spec["components"].items() if "dag" in c}}
+    parent_of = {}  # a sub-DAG's component name: (the DAG that runs it, the task that runs it)
+    for dag_name, dag in dags.items():
+        for task_name, task in dag["tasks"].items():
+            if task["componentRef"]["name"] in dags:
+                parent_of[task["componentRef"]["name"]] = (dag_name, task_name)
+
+    def source(dag_name: str, ref: dict) -> tuple[str, str]:
+        if "componentInputArtifact" in ref:  # from the DAG's parent: what the parent's task gets
+            parent_dag, task = parent_of[dag_name]
+            return source(parent_dag, dags[parent_dag]["tasks"][task]["inputs"]["artifacts"][ref["componentInputArtifact"]])
+        producer, key = ref["taskOutputArtifact"]["producerTask"], ref["taskOutputArtifact"]["outputArtifactKey"]
+        body = dags[dag_name]["tasks"][producer]["componentRef"]["name"]
+        if body in dags:  # a loop's collected output: its body's task
+            (selector,) = dags[body]["outputs"]["artifacts"][key]["artifactSelectors"]
+            return selector["producerSubtask"], selector["outputArtifactKey"]
+        return producer, key
+
+    return {(*source(dag_name, ref), task_name, name) for dag_name, dag in dags.items()
+            for task_name, task in dag["tasks"].items() if task["componentRef"]["name"] not in dags
+            for name, ref in task.get("inputs", {}).get("artifacts", {}).items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_steps_hand_over_typed_artifacts_so_kfp_shows_lineage_from_data_set_to_report(name):
+    """data set -> baselines -> checkpoint -> search -> selected variants -> portability -> report:
+    each step takes the artifact the step before it made (KFP's UI draws lineage from these)."""
+    spec, _ = load(name)
+    edges = artifact_edges(spec)
+    tail = {("select-best", "selected", "portability", "variants"), ("portability", "results", "report", "portability")}
+    if name == "cross-arch":  # its variants come from an earlier run's store: no search here
+        assert edges == tail
+        return
+    assert edges == tail | {
+        ("stage-dataset", "staged", "measure-baselines", "dataset"), ("stage-dataset", "staged", "optimize", "dataset"),
+        ("measure-baselines", "results", "train", "baselines"), ("train", "checkpoint", "optimize", "checkpoint"),
+        ("optimize", "variants", "select-best", "searched")}  # fmt: skip
+
+    def types(component: str, side: str) -> dict[str, str]:
+        artifacts = spec["components"][component][side]["artifacts"]
+        return {n: a["artifactType"]["schemaTitle"] + ("[]" if a.get("isArtifactList") else "")
+                for n, a in artifacts.items()}  # fmt: skip
+
+    assert types("comp-stage-dataset", "outputDefinitions") == {"staged": "system.Dataset"}
+    assert types("comp-train", "inputDefinitions") == {"baselines": "system.Dataset[]"}
+    assert types("comp-train", "outputDefinitions") == {"checkpoint": "system.Model"}
+    assert types("comp-optimize", "inputDefinitions") == {"dataset": "system.Dataset", "checkpoint": "system.Model"}
+    assert types("comp-report", "inputDefinitions") == {"portability": "system.Dataset[]"}
+    assert spec["components"]["comp-select-best"]["inputDefinitions"]["artifacts"]["searched"]["isOptional"]
 
 
 def test_the_installed_versions_meet_kfps_exact_pins_and_ours():

@@ -88,6 +88,8 @@ def test_sft_runs_its_steps_and_ends_with_a_checkpoint_the_hf_backend_loads(sft_
     assert all(m["loss"] > 0 and m["step_s"] > 0 for m in lines[1:])
     assert list((Path(outcome.run_dir) / "tensorboard").glob("events.out.tfevents.*"))
     state = RunState(open_store(config.train.store), "chain", "sft")
+    events = {k.rsplit("/", 1)[1] for k in state.store.list("runs/chain/sft/tensorboard/")}  # in the store too
+    assert events == {p.name for p in (Path(outcome.run_dir) / "tensorboard").glob("events.out.tfevents.*")}
     saved = state.read()
     assert saved["status"] == "done" and saved["step"] == 2 and saved["checkpoint"] == "checkpoints/00000002"
     kept = {k.rsplit("/", 1)[1] for k in state.store.list("runs/chain/sft/checkpoints/")}

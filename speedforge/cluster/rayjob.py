@@ -51,6 +51,16 @@ from speedforge.errors import UserError
 GROUP, VERSION, PLURAL, KIND = "ray.io", "v1", "rayjobs", "RayJob"
 TTL_AFTER_FINISHED_S = 24 * 3600  # a finished RayJob stays this long for its logs (see the module docstring)
 POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_UID", "POD_NAMESPACE"  # downward API (pipelines/steps.py)
+# The submitter pod (`ray job submit`, then its logs followed) under Pod Security "restricted", as
+# the RayCluster's pods of k8s/base: the image's non-root user (uid 1000, the Dockerfile's), no
+# privilege escalation, no capability, the runtime's default seccomp profile, a read-only root
+# with the Ray CLI's temp files and HOME on emptyDirs.
+IMAGE_UID = 1000
+SUBMITTER_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
+                          "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+SUBMITTER_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "readOnlyRootFilesystem": True}  # fmt: skip
+SUBMITTER_WRITABLE = {"tmp": "/tmp", "home": "/home/speedforge"}  # emptyDir volume: mount path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,9 +152,13 @@ def rayjob_manifest(spec: RayJobSpec) -> dict[str, Any]:
             "clusterSelector": {CLUSTER_LABEL: spec.cluster},
             "submissionMode": "K8sJobMode",
             "backoffLimit": 0,  # a failed training run is reported, not retried blindly (it resumes from its checkpoint)
-            "submitterPodTemplate": {"spec": {"restartPolicy": "Never", "containers": [
-                {"name": "ray-job-submitter", "image": spec.image,
-                 "resources": {"requests": dict(resources), "limits": dict(resources)}}]}},  # fmt: skip
+            "submitterPodTemplate": {"spec": {
+                "restartPolicy": "Never", "securityContext": dict(SUBMITTER_POD_SECURITY),
+                "containers": [{"name": "ray-job-submitter", "image": spec.image,
+                                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                                "securityContext": dict(SUBMITTER_CONTAINER_SECURITY),
+                                "volumeMounts": [{"name": n, "mountPath": p} for n, p in SUBMITTER_WRITABLE.items()]}],
+                "volumes": [{"name": n, "emptyDir": {}} for n in SUBMITTER_WRITABLE]}},  # fmt: skip
         },
     }
     if spec.env:

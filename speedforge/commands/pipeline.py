@@ -80,7 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "only the store and KFP's values), the store on an embedded S3 server, a local Ray per "
                     "evaluating step, the train step submitted to a Ray head of its own through the Job "
                     "Submission API (as KubeRay's submitter does); the cpp family and the default small model "
-                    "on a tiny budget. Prints the steps and where the report is.")  # fmt: skip
+                    "on a tiny budget. Prints a line per step as it ends (name, state, seconds, its main figure) "
+                    "and where the report is; each step's own output goes to a log file (<cache>/pipeline-root/<run>/"
+                    "logs/), whose path is printed when the step fails.")  # fmt: skip
     run_local.add_argument("--source", default="builtin:cpp", help="task source (default: builtin:cpp)")
     run_local.add_argument("--pools", default="cpu", help="comma-separated pools (default: cpu)")
     run_local.add_argument("--train-stage", default="grpo", help="training stage (default: grpo)")
@@ -91,6 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run_local.add_argument("--search-rounds", type=int, default=1, help="(default: 1)")
     run_local.add_argument("--search-samples", type=int, default=2, help="(default: 2)")
     run_local.add_argument("--search-tokens", type=int, default=256, help="max new tokens per sample (default: 256)")
+    run_local.add_argument("--verbose", action="store_true",
+                           help="print everything kfp.local and the steps print (no log files)")
     run_local.set_defaults(func=_run_local)
 
 
@@ -203,10 +207,14 @@ def _run_local(args: argparse.Namespace) -> int:
         "train_config": read_text(args.train_config, "training config") if args.train_config else "",
     }  # fmt: skip
     config_text = read_text(args.config, "config file") if args.config else ""
-    run = run_pipeline_locally(_entry("training").func, arguments, config, config_text, ray_head=True)
-    print_table(["step", "status", "seconds"], [[s.step, s.status, f"{s.seconds:.0f}"] for s in run.steps])
+    run = run_pipeline_locally(_entry("training").func, arguments, config, config_text, ray_head=True,
+                               verbose=args.verbose)  # fmt: skip
+    if args.verbose:  # quiet, each step said its line as it ended
+        print_table(["step", "status", "seconds"], [[s.step, s.status, f"{s.seconds:.0f}"] for s in run.steps])
     print(f"run {run.run_id}: tables in {run.store_uri} (embedded S3, data under {config.evaluator.cache_dir}/pipeline-s3)")
     for kind in ("html", "markdown", "json"):
         if run.report.get(kind):
             print(f"report ({kind}): {run.report[kind]}")
+    if run.logs:
+        print(f"logs: {run.logs}")
     return 0

@@ -4,6 +4,7 @@
     speedforge train --stage grpo --config train.yaml --resume
     speedforge train status RUN [--png reward.png]
     speedforge train heldout --model CHECKPOINT [--samples 4]
+    speedforge train tensorboard RUN [--out DIR] [--serve]
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="held-out tasks whose prompts x samples go to one batched generate call (default: 16)")
     heldout.add_argument("--json", action="store_true", help="print the report as JSON")
     heldout.set_defaults(func=_heldout)
+    board = sub.add_parser("tensorboard", help="fetch a run's TensorBoard files from its store and view them",
+                           description="Download the TensorBoard event files every stage of a run copied to its "
+                           "store (runs/<run>/<stage>/tensorboard/) into a local folder, one subfolder per stage, "
+                           "and print the `tensorboard --logdir` command that shows them (--serve runs it). "
+                           "Fetching again during a run adds only what is new.")  # fmt: skip
+    board.add_argument("run", nargs="?", help="run name (default: train.run)")
+    board.add_argument("--out", help="local folder (default: <cache>/tensorboard/<run>)")
+    board.add_argument("--serve", action="store_true",
+                       help="run tensorboard on the folder (needs the tensorboard package: pip install tensorboard)")
+    board.add_argument("--port", type=int, default=6006, help="tensorboard's port with --serve (default: 6006)")
+    board.set_defaults(func=_tensorboard)
 
 
 def with_run(config: Config, run: str | None) -> Config:
@@ -91,6 +103,32 @@ def _status(args: argparse.Namespace) -> int:
     if args.png:
         print(f"reward curve: {plot_rewards(status.metrics, args.png, title=f'run {status.run}')}")
     return 0
+
+
+def _tensorboard(args: argparse.Namespace) -> int:
+    import os
+    import shutil
+    from pathlib import Path
+
+    from speedforge.errors import UserError
+    from speedforge.recipes.tensorboard_logs import fetch_tensorboard
+    from speedforge.recipes.training import load_train_config
+
+    config = load_train_config(getattr(args, "config", None))
+    run = args.run or config.train.run
+    out = Path(args.out) if args.out else Path(config.evaluator.cache_dir).expanduser() / "tensorboard" / run
+    logs = fetch_tensorboard(config, run, out)
+    print(f"run {logs.run}: {logs.files} event file(s) of {', '.join(logs.stages)} from {logs.store_uri} in {logs.folder}")
+    command = f"{logs.command} --port {args.port}"
+    if not args.serve:
+        print(f"view them: {command}")
+        return 0
+    binary = shutil.which("tensorboard")
+    if binary is None:
+        raise UserError(f"tensorboard is not installed (pip install tensorboard); the files are in {logs.folder}")
+    print(f"running: {command}", flush=True)
+    os.execv(binary, [binary, "--logdir", logs.folder, "--port", str(args.port)])
+    return 0  # not reached: tensorboard replaced this process
 
 
 def _heldout(args: argparse.Namespace) -> int:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import logging
 import os
 import re
 import warnings
@@ -34,6 +36,7 @@ from typing import Any
 from speedforge.config import Config
 from speedforge.errors import UserError, first_line
 from speedforge.extras import require
+from speedforge.recipes.run_progress import RunProgress
 
 BUCKET, PREFIX = "speedforge", "pipeline"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -47,10 +50,12 @@ class LocalRun:
     pipeline_root: str  # KFP's outputs (the report's folder among them)
     steps: list  # speedforge.recipes.run_steps.StepRecord, in start order
     report: dict  # the report step's outcome (html, markdown, json), {} when the run had none
+    logs: str = ""  # the folder of the tasks' log files ("" when the run printed them: verbose)
 
 
 def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], config: Config,
-                         config_text: str = "", ray_head: bool = False) -> LocalRun:  # fmt: skip
+                         config_text: str = "", ray_head: bool = False, verbose: bool = False,
+                         say: Callable[[str], None] = print) -> LocalRun:  # fmt: skip
     """Run `pipeline_func` with `arguments` (plus `store` and `config`, set here) on this machine.
 
     With `ray_head`, a Ray head of its own is started for the run (speedforge.cluster.ray_head:
@@ -60,7 +65,12 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
 
     A pipeline's `ray_address` defaults to the cluster's head service (pipelines.steps.CLUSTER_ADDRESS),
     a name only a cluster resolves: unless `arguments` name one, the run passes "" (a local Ray in
-    each evaluating step)."""
+    each evaluating step).
+
+    Quiet (the default): `say` gets one line per step as it ends (speedforge.recipes.run_progress),
+    each KFP task's output goes to <pipeline root>/<KFP run>/logs/<NN>-<task>.log and kfp.local's
+    own lines to kfp.log there; a failed run says the log files of the tasks that failed before it
+    raises. `verbose`: kfp.local prints everything, as it does by itself."""
     require("pipelines", "kfp", purpose="running a pipeline locally")
     from kfp import local
 
@@ -77,11 +87,15 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     # steps: without this, a client whose Ray defaults to tokens asks for one that no step's HOME holds.
     no_token = {"RAY_AUTH_MODE": "disabled"} if ray_head else {}
     with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment({**server.env(), **no_token}), \
-            isolated_steps() as steps_root, contextlib.ExitStack() as stack:  # fmt: skip
+            contextlib.ExitStack() as stack:  # fmt: skip
+        store = open_store(store_uri, config=config.store)
+        progress = None if verbose else RunProgress(store, say=say)
+        steps_root = stack.enter_context(isolated_steps(progress))
+        if progress is not None:
+            stack.enter_context(kfp_log_to_file(progress))
         if ray_head:
             arguments = {**arguments, "train_mode": "ray", "ray_dashboard": start_ray_head(stack, server, config,
                                                                                           Path(steps_root) / "head")}
-        store = open_store(store_uri, config=config.store)
         before = set(run_ids(store.list(RUNS + "/")))
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
         failure = None
@@ -98,9 +112,12 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
         run_id = max(new, key=lambda r: max((s.started_at for s in read_steps(store, r)), default=0.0))
         steps = read_steps(store, run_id)
         if failure is not None:
+            for task in progress.failed_logs() if progress is not None else []:
+                say(f"log of {task.task}: {task.path}")
             raise UserError(describe_failure(store, run_id, steps, failure, steps_root))
         report = next((s.outcome for s in steps if s.step == "report" and s.status == "ok"), {})
-        return LocalRun(run_id, store_uri, server.endpoint, str(pipeline_root), steps, report)
+        logs = str(progress.folder) if progress is not None and progress.folder else ""
+        return LocalRun(run_id, store_uri, server.endpoint, str(pipeline_root), steps, report, logs)
 
 
 def start_ray_head(stack: contextlib.ExitStack, server, config: Config, folder: Path) -> str:
@@ -132,14 +149,16 @@ def describe_failure(store, run_id: str, steps: list, kfp_message: str, steps_ro
 
 
 @contextlib.contextmanager
-def isolated_steps() -> Iterator[str]:
+def isolated_steps(progress: RunProgress | None = None) -> Iterator[str]:
     """Every kfp.local step of the body in folders of its own (see the module docstring); yields
     the folder under which the steps' folders are made.
 
     kfp.local's SubprocessRunner starts each step with `run_local_subprocess(command, env_vars)`
     in this process's environment and working folder (the branches of a ParallelFor at once, from
     threads); that function is wrapped for the body to give the step its folders, and restored
-    after. The working folder is entered by the step's own shell (`cd`), never by this process."""
+    after. The working folder is entered by the step's own shell (`cd`), never by this process.
+    With `progress`, the step's output goes to its log file (RunProgress.log_path) instead of
+    stdout, and `progress` hears when it ends."""
     import itertools
     import shutil
     import tempfile
@@ -161,7 +180,12 @@ def isolated_steps() -> Iterator[str]:
                "SPEEDFORGE_CACHE": str(folders["cache"] / "speedforge"), "TMPDIR": str(tmp)}  # fmt: skip
         command = ["/bin/sh", "-c", 'cd "$0" || exit 1; exec "$@"', str(folders["work"]), *full_command]
         try:
-            return original(command, env)
+            if progress is None:
+                return original(command, env)
+            log = progress.log_path(folder.name, run_folder(full_command))
+            code = run_to_log(command, env, log)
+            progress.task_ended(folder.name, log, code, task_parameter(full_command, "run_id"))
+            return code
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -174,18 +198,94 @@ def isolated_steps() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def step_name(full_command: list[str]) -> str:
-    """The KFP task's name, from the executor input's output file (<root>/<run>/<task>/...)."""
-    import json
+def run_to_log(command: list[str], env_vars: dict[str, str], log: Path) -> int:
+    """What kfp.local's run_local_subprocess does, the output (stdout and stderr) going to `log`."""
+    import subprocess
 
+    with open(log, "ab") as out:
+        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env_vars}).returncode
+
+
+def executor_input(full_command: list[str]) -> dict:
+    """The step's executor input (KFP's --executor_input JSON); {} when it has none."""
     for flag, value in zip(full_command, full_command[1:]):
         if flag == "--executor_input":
             try:
-                output = json.loads(value)["outputs"]["outputFile"]
-            except (ValueError, KeyError, TypeError):
-                break
-            return re.sub(r"[^a-z0-9-]", "-", Path(output).parent.name.lower())[:24] or "step"
-    return "step"
+                parsed = json.loads(value)
+            except ValueError:
+                return {}
+            return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
+def output_file(full_command: list[str]) -> str:
+    """The executor's output file, <root>/<run>/<task>/executor_output.json; "" when unknown."""
+    output = executor_input(full_command).get("outputs", {})
+    return output.get("outputFile", "") if isinstance(output, dict) else ""
+
+
+def step_name(full_command: list[str]) -> str:
+    """The KFP task's name, from the executor input's output file (<root>/<run>/<task>/...)."""
+    output = output_file(full_command)
+    return (re.sub(r"[^a-z0-9-]", "-", Path(output).parent.name.lower())[:24] or "step") if output else "step"
+
+
+def run_folder(full_command: list[str]) -> str:
+    """KFP's folder of the run the step belongs to (<root>/<run>); "" when unknown."""
+    output = output_file(full_command)
+    return str(Path(output).parents[1]) if output else ""
+
+
+def task_parameter(full_command: list[str], name: str) -> str:
+    """The value of the step's input parameter `name`; "" when it has none."""
+    inputs = executor_input(full_command).get("inputs", {})
+    value = inputs.get("parameterValues", {}).get(name, "") if isinstance(inputs, dict) else ""
+    return value if isinstance(value, str) else ""
+
+
+@contextlib.contextmanager
+def kfp_log_to_file(progress: RunProgress) -> Iterator[None]:
+    """kfp.local's own lines (each task's start, end and outputs, which it logs to stdout) into
+    kfp.log in the run's logs folder, for the body; its per-task logger setup, its rules and its
+    indented print (which patches the builtin print, from every ParallelFor thread) do nothing."""
+    from kfp.local import logging_utils
+
+    root = logging.getLogger()
+    handler = LogsFolderHandler(progress)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    saved = (root.level, root.handlers[:], logging_utils.local_logger_context, logging_utils.print_horizontal_line,
+             logging_utils.indented_print)  # fmt: skip
+    root.handlers = [handler]
+    root.setLevel(logging.INFO)
+    logging_utils.local_logger_context = logging_utils.indented_print = contextlib.nullcontext
+    logging_utils.print_horizontal_line = lambda: None
+    try:
+        yield
+    finally:
+        root.setLevel(saved[0])
+        root.handlers = saved[1]
+        logging_utils.local_logger_context, logging_utils.print_horizontal_line, logging_utils.indented_print = saved[2:]
+        handler.close()
+
+
+class LogsFolderHandler(logging.Handler):
+    """Log records into <the run's logs folder>/kfp.log, held until the first task names the folder
+    (kfp.local logs the pipeline's start before any task runs)."""
+
+    def __init__(self, progress: RunProgress):
+        super().__init__(logging.INFO)
+        self.progress = progress
+        self.held: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.held.append(ANSI.sub("", self.format(record)))
+            if self.progress.folder is not None:
+                with open(self.progress.folder / "kfp.log", "a") as out:
+                    out.write("\n".join(self.held) + "\n")
+                self.held.clear()
+        except Exception:
+            self.handleError(record)
 
 
 def run_ids(keys: list[str]) -> list[str]:

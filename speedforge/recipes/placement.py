@@ -49,10 +49,3 @@ def pool_placement(config: Config, pool: str, joins_cluster: bool) -> Placement:
         return Placement(name, {}, [], 0)
     return Placement(name, dict(settings.node_selector), [dict(GPU_TOLERATION)], max(1, math.ceil(settings.num_gpus)))
 
-
-def pool_items(pools: list[str], uri: str) -> list[dict[str, str]]:
-    """The items a pipeline fans out over: one per pool, each with the URI the pool's step reads.
-
-    What a step inside the fan-out needs comes in its item, not from a step outside it (one
-    item carries both, so the loop body reads nothing across the loop's boundary)."""
-    return [{"pool": pool, "uri": uri} for pool in pools]

@@ -1,5 +1,6 @@
 """Per-step metrics of a stage: one JSON line each in `metrics.jsonl`, the numbers also to
-TensorBoard, and the file copied to the run's state in the store after every step.
+TensorBoard, and both copied to the run's state in the store after every step (metrics.jsonl, and
+the TensorBoard event files under tensorboard/, which `speedforge train tensorboard RUN` fetches).
 
     log = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard", state)
     log.write({"stage": "grpo", "step": 3, **rollout_stats(rollouts), **times.as_dict()})
@@ -27,6 +28,7 @@ from speedforge.records import Rollout
 from speedforge.stats import quantile
 
 NOT_COMPILED = ("screen_rejected", "compile_error")
+TENSORBOARD = "tensorboard"  # the event files' folder in a stage's state (runs/<run>/<stage>/tensorboard/)
 
 
 @dataclasses.dataclass
@@ -94,7 +96,9 @@ def tensorboard_writer_module() -> str | None:
 
 
 def summary_writer(folder: Path):
-    """A TensorBoard SummaryWriter on `folder` (see tensorboard_writer_module)."""
+    """A TensorBoard writer on `folder` whose flush() leaves every scalar added on disk (see
+    tensorboard_writer_module): tensorboardX's event file written directly (ScalarEvents), or
+    torch's SummaryWriter, whose flush() waits for its queue."""
     import importlib
 
     name = tensorboard_writer_module()
@@ -102,19 +106,48 @@ def summary_writer(folder: Path):
         from speedforge.errors import UserError
 
         raise UserError("TensorBoard metrics need tensorboardX or tensorboard: pip install 'speedforge[train]'")
+    if name == "tensorboardX":
+        return ScalarEvents(folder)
     return importlib.import_module(name).SummaryWriter(str(folder))
 
 
+class ScalarEvents:
+    """Scalars in a TensorBoard event file, written as they are added. (tensorboardX's SummaryWriter
+    hands its events to a thread, and its flush() does not wait for that thread: a file copied to
+    the store right after flush() could lack the step just logged.)"""
+
+    def __init__(self, folder: Path) -> None:
+        from tensorboardX.event_file_writer import EventsWriter
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        self.events = EventsWriter(str(Path(folder) / "events"))  # events.out.tfevents.<time>.<host>
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        self.events.write_event(Event(wall_time=time.time(), step=int(step), summary=scalar(tag, float(value))))
+
+    def flush(self) -> None:
+        self.events.flush()
+
+    def close(self) -> None:
+        self.events.close()
+
+
 class MetricsLog:
-    """Appends metrics lines; numbers go to TensorBoard as `<stage>/<name>` at the step."""
+    """Appends metrics lines; numbers go to TensorBoard as `<stage>/<name>` at the step. With a
+    `state`, both go to the run's store after every step (the event files to <stage>/tensorboard/:
+    a pod's disk goes with the pod, the store stays)."""
 
     def __init__(self, path: Path, tensorboard_dir: Path | None = None, state=None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.state = state  # a speedforge.train.state.RunState, or None
         self.writer = None
-        if tensorboard_dir is not None:
-            self.writer = summary_writer(tensorboard_dir)
+        self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir is not None else None
+        if self.tensorboard_dir is not None:
+            self.writer = summary_writer(self.tensorboard_dir)
 
     def write(self, record: dict[str, Any]) -> None:
         record = {"time": time.time(), **record}
@@ -127,10 +160,19 @@ class MetricsLog:
             self.writer.flush()
         if self.state is not None:
             self.state.put_text("metrics.jsonl", self.path.read_text())
+            if self.tensorboard_dir is not None:  # this writer's event files (a resumed run's earlier ones stay there)
+                self.state.upload(self.tensorboard_dir, TENSORBOARD)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            if self.state is not None and self.tensorboard_dir is not None:  # what close() wrote last
+                try:
+                    self.state.upload(self.tensorboard_dir, TENSORBOARD)
+                except Exception as exc:  # close() runs in a `finally`: never hide the stage's own error
+                    import sys
+
+                    print(f"could not copy the TensorBoard files to {self.state.describe()}: {exc}", file=sys.stderr)
 
 
 def read_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:

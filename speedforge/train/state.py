@@ -7,6 +7,7 @@
     <store>/runs/<run>/<stage>/data.json                  the stage's data, frozen at its first start
     <store>/runs/<run>/<stage>/final/...                   the final weights and tokenizer
     <store>/runs/<run>/<stage>/metrics.jsonl               a copy of the per-step metrics
+    <store>/runs/<run>/<stage>/tensorboard/...             the TensorBoard event files of those metrics
 
 A checkpoint's files are uploaded first and state.json names it afterwards, so state.json never
 points at a checkpoint that is not all there; older checkpoints are deleted after that.
