@@ -23,6 +23,7 @@ import tempfile
 import traceback
 
 from speedforge import families
+from speedforge.evaluator import phases
 from speedforge.evaluator.job import Job
 
 
@@ -68,6 +69,8 @@ def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     if job.cpus:  # claimed by the parent for this job (speedforge.evaluator.cpus)
         os.sched_setaffinity(0, job.cpus)
     warnings = warnings + lock_down(job)
+    phases.mark("locked_down")
+    profile = _profiler()
     try:
         module = importlib.import_module(families.get(job.family).sandbox)
         result = module.build(job) if job.kind == "build" else module.run(job)
@@ -78,6 +81,9 @@ def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
             "log": traceback.format_exc()[-4000:],
         }
     result["warnings"] = list(result.get("warnings", [])) + warnings
+    if profile is not None:
+        _profile_summary(profile)
+    phases.mark("result_ready")
     payload = json.dumps(_finite(result), default=str).encode()
     view = memoryview(payload)
     while view:
@@ -87,6 +93,28 @@ def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+
+
+def _profiler():
+    """A running cProfile.Profile when phases.profiling() (a diagnostic), else None."""
+    if not phases.profiling():
+        return None
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
+def _profile_summary(profile) -> None:
+    import io
+    import pstats
+
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+    sys.stderr.write(text.getvalue()[-6000:])
+    sys.stderr.flush()
 
 
 def _finite(value):

@@ -19,7 +19,7 @@ import traceback
 
 from speedforge import families
 from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import cpus
+from speedforge.evaluator import cpus, phases
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
@@ -105,6 +105,7 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     config = config or EvaluatorConfig()
     pool = pool or ("cpu" if device == "cpu" else "cuda")
     start = time.perf_counter()
+    phases.mark("run_start")
     common = dict(pool=pool, build_s=build.build_s, build_cached=build.cached,
                   screen_findings=build.screen_findings, harness_version=HARNESS_VERSION)
     if not build.ok:
@@ -118,11 +119,14 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
                                                                        config.cuda_arch_list))  # fmt: skip
         job = Job(kind="run", task=task, candidate=candidate, device=device, seed=seed, workdir="",
                   build_dir=build.build_dir, config=config)  # fmt: skip
+        phases.mark("job_ready")
         outcome = _run_pinned(cache, job, task, config, device, zygote)
         stage = _stage_result(outcome, "run")
+        phases.mark("run_read")
         if stage.ok and config.reference_slowdown_limit > 0 and families.get(task.family).kernelbench:
             stage = _tripwire(stage, lambda fresh: _pristine_reference(task, config, device, pool, zygote, fresh),
                               config.reference_slowdown_limit)  # fmt: skip
+        phases.mark("tripwire_done")
         fields = stage.result_fields()
         fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
         return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, wall_s=time.perf_counter() - start)
@@ -235,12 +239,14 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
 def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig,
                zygote: Zygote | None) -> Outcome:  # fmt: skip
     workdir = cache.scratch()
+    phases.mark(f"{job.kind}:scratch_made")
     try:
         return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
                        max_processes=config.max_processes + (64 if job.kind == "build" else 0),
                        isolate_network=config.network_isolation, zygote=zygote)  # fmt: skip
     finally:
         remove_tree(str(workdir))
+        phases.mark(f"{job.kind}:scratch_removed")
 
 
 def _stage_result(outcome: Outcome, stage: str) -> StageResult:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from speedforge import families, stats
 from speedforge.errors import first_line
-from speedforge.evaluator import process_state
+from speedforge.evaluator import phases, process_state
 from speedforge.evaluator.job import Job
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
@@ -141,6 +141,7 @@ def run(job: Job) -> dict:
 
     if job.build_dir:
         extensions.install(job.build_dir, replay=True)  # what the build stage compiled is not compiled again
+    phases.mark("extensions_installed")  # speedforge.evaluator.phases: a diagnostic, off by default
 
     device = torch.device(job.device)
     if device.type == "cpu":
@@ -158,6 +159,7 @@ def run(job: Job) -> dict:
     except Verdict as verdict:
         metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
     metrics["run_inner_s"] = _perf_counter() - run_start
+    phases.mark("harness_done")
     return metrics
 
 

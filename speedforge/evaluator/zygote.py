@@ -109,8 +109,10 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        from speedforge.evaluator import child, namespaces
+        from speedforge.evaluator import child, namespaces, phases
 
+        phases.in_job()
+        phases.mark("forked")
         if not namespaces.die_with_parent(signal.SIGKILL, zygote_pid):
             return
         result_fd, out_fd, err_fd = fds
@@ -126,6 +128,7 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         else:
             warnings = ["network isolation disabled by config: the sandbox shares the host's network, and "
                         "/dev/shm is the host's, which it may not write"]
+        phases.mark("isolated")
         child.execute(job, result_fd, warnings)
     finally:
         os._exit(70)
