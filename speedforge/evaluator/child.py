@@ -61,8 +61,27 @@ def limit_cpu_time(job: Job) -> None:
         pass
 
 
+_result_fd = -1  # the result pipe of this job (execute)
+
+
+def send_first(record: dict) -> None:
+    """Write `record` to the result pipe now, as one line ahead of the job's result: called before
+    any candidate code is imported, so that nothing the candidate does later can change what was
+    sent (it could only add after it). The parent reads it as Outcome.first."""
+    _write_all(_result_fd, json.dumps(_finite(record), default=str).encode() + b"\n")
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
 def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     """Run one job and exit the process; never returns."""
+    global _result_fd
+    _result_fd = result_fd
     os.environ.update(HOME=job.workdir, TMPDIR=job.workdir)
     tempfile.tempdir = job.workdir  # the zygote may have resolved it before the fork
     os.chdir(job.workdir)
@@ -84,11 +103,7 @@ def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     if profile is not None:
         _profile_summary(profile)
     phases.mark("result_ready")
-    payload = json.dumps(_finite(result), default=str).encode()
-    view = memoryview(payload)
-    while view:
-        written = os.write(result_fd, view)
-        view = view[written:]
+    _write_all(result_fd, json.dumps(_finite(result), default=str).encode())
     os.close(result_fd)
     sys.stdout.flush()
     sys.stderr.flush()

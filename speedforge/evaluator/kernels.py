@@ -152,6 +152,8 @@ def run(job: Job) -> dict:
     run_start = _perf_counter()
     seed = job.seed
     metrics: dict = {"device_name": _device_name(torch, device), "mode": job.task.run_mode}
+    if job.pristine_first:
+        _pristine_first(torch, guards, job, device, seed, metrics)
     try:
         harness = _Harness(torch, guards, job, device, seed)
         metrics.update(harness.measure_pristine() if job.kind == "pristine" else harness.measure())
@@ -161,6 +163,22 @@ def run(job: Job) -> dict:
     metrics["run_inner_s"] = _perf_counter() - run_start
     phases.mark("harness_done")
     return metrics
+
+
+def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -> None:
+    """The tripwire's pristine reference (speedforge.evaluator.evaluate), timed as a pristine job
+    times it, in this process before any candidate code is imported, and sent at once; a
+    reference that does not time cleanly against itself sends nothing, as a pristine job's
+    failure keeps nothing."""
+    import dataclasses
+
+    from speedforge.evaluator import child
+
+    pristine = dataclasses.replace(job, config=dataclasses.replace(job.config, early_stop_below=0.0))
+    try:
+        child.send_first({**metrics, "status": "ok", **_Harness(torch, guards, pristine, device, seed).measure_pristine()})
+    except Verdict:
+        pass
 
 
 def _device_name(torch, device) -> str:

@@ -111,6 +111,9 @@ class Outcome:
     wall_s: float
     stderr_tail: str
     killed_for_disk: bool = False
+    # a record the job sent ahead of its result (speedforge.evaluator.child.send_first): the first
+    # line the job wrote, when it wrote more than one
+    first: dict | None = None
 
     @property
     def signal_name(self) -> str:
@@ -358,12 +361,17 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
             zygote.wait(pid, 5.0)
     reader.join(timeout=5)
     phases.mark(f"{job.kind}:ended")
-    result = None
+    result = first = None
     if not killed_for and chunks:
+        records = b"".join(chunks).split(b"\n")  # JSON of one line each: the last is the result
         try:
-            result = json.loads(b"".join(chunks).decode())
+            result = json.loads(records[-1].decode())
         except (ValueError, UnicodeDecodeError):
             result = None
+        try:
+            first = json.loads(records[0].decode()) if len(records) > 1 else None
+        except (ValueError, UnicodeDecodeError):
+            first = None
     stderr_tail = _tail(stderr_path)
     phases.adopt(job.kind, stderr_tail)
     return Outcome(
@@ -375,6 +383,7 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
         killed_for_disk=killed_for == "disk",
         wall_s=time.perf_counter() - start,
         stderr_tail=stderr_tail,
+        first=first if isinstance(first, dict) else None,
     )
 
 
