@@ -25,6 +25,7 @@ for tasks it has not seen). The load average is printed with the figures.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -129,6 +130,8 @@ def main() -> int:
     parser.add_argument("--corpus", default=str(CUDA_L1), help="CUDA-L1 JSONL (--source cuda-l1)")
     parser.add_argument("--levels", default="1,2,3", help="CUDA-L1 levels (--source cuda-l1)")
     parser.add_argument("--cache-dir", help="build and pristine cache (default: a fresh temporary folder)")
+    parser.add_argument("--max-timed-calls", type=int,
+                        help="cap the timed pairs per round (evaluator.max_timed_calls; default: the config's)")
     parser.add_argument("--profile", action="store_true", help="add a cProfile summary of one warm sandboxed run")
     parser.add_argument("--out", help="write every run's figures as JSON here")
     args = parser.parse_args()
@@ -140,6 +143,9 @@ def main() -> int:
 
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="bench-overhead-cache-")
     config = EvaluatorConfig(cache_dir=cache_dir)
+    if args.max_timed_calls:
+        config = dataclasses.replace(config, max_timed_calls=args.max_timed_calls,
+                                     cpu_timed_calls=min(config.cpu_timed_calls, args.max_timed_calls))  # fmt: skip
     tasks, candidates = load(args)
     print(f"{len(candidates)} candidates ({args.source}) on {args.device}, {args.repeats} evaluations each; "
           f"cache {cache_dir}; load average before {os.getloadavg()}", flush=True)
@@ -149,12 +155,16 @@ def main() -> int:
             builds = list(pool.map(lambda c: build_candidate(tasks[c.task_id], c, config, args.device, zygote=zygote),
                                    candidates))  # fmt: skip
         phases.take()
-        records, steps = [], {"cold": [], "warm": []}
+        phases.take_totals()
+        records, steps, totals = [], {"cold": [], "warm": []}, defaultdict(list)
         for build, candidate in zip(builds, candidates):
             for repeat in range(args.repeats):
                 result = evaluate(tasks[candidate.task_id], candidate, config, device=args.device, zygote=zygote)
                 marks = phases.take()
-                cold = any(name.startswith("pristine:") for name, _ in marks)
+                for name, (seconds, count) in phases.take_totals().items():
+                    totals[name].append((seconds, count))
+                # a pristine reference timed: in a sandbox of its own, or in the run's before its candidate
+                cold = any(name.startswith("pristine:") or name.endswith("measure_pristine") for name, _ in marks)
                 overhead = result.wall_s - result.build_s - result.timed_s
                 record = dict(task=candidate.task_id, repeat=repeat, status=result.status, speedup=result.speedup,
                               wall_s=result.wall_s, build_s=result.build_s, run_s=result.run_s,
@@ -186,6 +196,11 @@ def main() -> int:
         print(f"\nsteps of a {label} run (median seconds since the previous step; median offset from the start):")
         for name, delta, offset in table:
             print(f"  {name:36s} {delta:7.3f}  @ {offset:7.3f}")
+    if totals:
+        print("\nfrequent calls inside the sandboxes (median per job: seconds in total, calls):")
+        for name in sorted(totals, key=lambda n: -statistics.median(s for s, _ in totals[n])):
+            print(f"  {name:36s} {statistics.median(s for s, _ in totals[name]):7.3f} s  "
+                  f"{statistics.median(c for _, c in totals[name]):7.0f} calls")
     print(f"\nload average during the runs: median {statistics.median(loads):.2f}, max {max(loads):.2f} "
           f"({os.cpu_count()} CPUs); statuses: " + ", ".join(f"{s} {sum(r['status'] == s for r in records)}"
                                                               for s in sorted({r['status'] for r in records})))

@@ -92,6 +92,10 @@ def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     profile = _profiler()
     try:
         module = importlib.import_module(families.get(job.family).sandbox)
+        if phases.enabled():  # a diagnostic: the harness's steps marked, its frequent calls timed
+            from speedforge.evaluator import guards, process_state
+
+            phases.instrument(module, guards, process_state)
         result = module.build(job) if job.kind == "build" else module.run(job)
     except BaseException as exc:  # a bug in the harness, not in the candidate
         result = {
@@ -102,6 +106,7 @@ def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     result["warnings"] = list(result.get("warnings", [])) + warnings
     if profile is not None:
         _profile_summary(profile)
+    phases.write_totals()
     phases.mark("result_ready")
     _write_all(result_fd, json.dumps(_finite(result), default=str).encode())
     os.close(result_fd)

@@ -112,7 +112,6 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         from speedforge.evaluator import child, namespaces, phases
 
         phases.in_job()
-        phases.mark("forked")
         if not namespaces.die_with_parent(signal.SIGKILL, zygote_pid):
             return
         result_fd, out_fd, err_fd = fds
@@ -120,6 +119,7 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         os.dup2(err_fd, 2)
         os.close(out_fd)
         os.close(err_fd)
+        phases.mark("forked")
         os.setsid()
         job = child.load_job(request["job"])
         child.limit_cpu_time(job)
