@@ -3,23 +3,27 @@ goes when it is not in timed calls.
 
 Every candidate is built first (the content-hash cache; builds are not what is measured), then
 each is evaluated --repeats times with `speedforge.evaluator.evaluate` from one process, serially,
-as `speedforge evaluate` runs one candidate: the first evaluation of a task with a cache where
-its pristine reference timing is not yet kept ("cold"), the later ones with it kept ("warm").
+as `speedforge evaluate` runs one candidate: the first evaluation of a task in a fresh cache has
+no pristine reference timing kept yet ("cold": it times one, in a sandbox of its own before
+4d7a14f, in the run's sandbox before its candidate since), the later ones find it ("warm").
 Per evaluation:
 
-    overhead = wall - build - timed    (what the lead's bench_fidelity `repeat` step reports)
+    overhead = wall - build - timed    (what bench_fidelity's `repeat` step reports)
     sandbox  = run_s - timed           (the candidate's sandbox only: fork to exit, less timed work)
-    pristine = wall - run_s - build    (the pristine reference's sandbox when it runs, and the parent's steps)
+    outside  = wall - run_s - build    (a pristine sandbox when one runs, and the parent's steps)
 
-and, from SPEEDFORGE_PHASE_LOG (speedforge.evaluator.phases, set by this script before the
-sandbox zygote starts), the median time of each step of a run, parent and sandbox, in the order
-they happen. `--profile` adds a cProfile summary of one warm sandboxed run.
+With speedforge.evaluator.phases (from c93ba77; SPEEDFORGE_PHASE_LOG is set by this script
+before the sandbox zygote starts) it adds the median time of each step of a run, parent and
+sandbox, in the order they happen, and the time the harness's frequent calls take in total per
+job. `--profile` adds a cProfile summary of one sandboxed run. On an older revision it prints
+the overhead figures only, so the same script measures before and after:
 
-    python benchmarks/bench_overhead.py --device cpu  --n 8                 # cpp tasks, here
-    python benchmarks/bench_overhead.py --device cuda --n 12 --source cuda-l1   # CUDA-L1 kernels, GPU host
+    python benchmarks/bench_overhead.py --device cpu  --n 4 --max-timed-calls 32       # cpp tasks, here
+    python benchmarks/bench_overhead.py --device cuda --n 12 --source cuda-l1          # CUDA-L1 kernels, GPU host
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_overhead.py ...         # another revision
 
-The cache is a fresh temporary folder unless --cache-dir is given (then "cold" is only cold
-for tasks it has not seen). The load average is printed with the figures.
+The cache is a fresh temporary folder unless --cache-dir is given (then nothing counts as cold).
+The load average is printed with the figures.
 """
 
 from __future__ import annotations
@@ -138,7 +142,12 @@ def main() -> int:
 
     os.environ["SPEEDFORGE_PHASE_LOG"] = "1"  # before the zygote starts: it passes it to its jobs
     from speedforge.config import EvaluatorConfig
-    from speedforge.evaluator import build_candidate, evaluate, phases
+    from speedforge.evaluator import build_candidate, evaluate
+
+    try:
+        from speedforge.evaluator import phases
+    except ImportError:  # a revision before the phase log: the overhead figures only
+        phases = None
     from speedforge.evaluator.sandbox import Zygote
 
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="bench-overhead-cache-")
@@ -154,17 +163,17 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=4) as pool:
             builds = list(pool.map(lambda c: build_candidate(tasks[c.task_id], c, config, args.device, zygote=zygote),
                                    candidates))  # fmt: skip
-        phases.take()
-        phases.take_totals()
+        if phases is not None:
+            phases.take()
+            phases.take_totals()
         records, steps, totals = [], {"cold": [], "warm": []}, defaultdict(list)
         for build, candidate in zip(builds, candidates):
             for repeat in range(args.repeats):
                 result = evaluate(tasks[candidate.task_id], candidate, config, device=args.device, zygote=zygote)
-                marks = phases.take()
-                for name, (seconds, count) in phases.take_totals().items():
+                marks = phases.take() if phases is not None else []
+                for name, (seconds, count) in (phases.take_totals() if phases is not None else {}).items():
                     totals[name].append((seconds, count))
-                # a pristine reference timed: in a sandbox of its own, or in the run's before its candidate
-                cold = any(name.startswith("pristine:") or name.endswith("measure_pristine") for name, _ in marks)
+                cold = repeat == 0 and not args.cache_dir  # a fresh cache: no pristine reference kept yet
                 overhead = result.wall_s - result.build_s - result.timed_s
                 record = dict(task=candidate.task_id, repeat=repeat, status=result.status, speedup=result.speedup,
                               wall_s=result.wall_s, build_s=result.build_s, run_s=result.run_s,
@@ -177,7 +186,7 @@ def main() -> int:
                       f"run {result.run_s:6.2f}s timed {result.timed_s:5.2f}s overhead {overhead:5.2f}s"
                       f"{' (pristine run)' if cold else ''}", flush=True)
                 loads.append(os.getloadavg()[0])
-        if args.profile and candidates:
+        if args.profile and candidates and phases is not None:
             profile(tasks[candidates[0].task_id], candidates[0], builds[0], config, args.device)
 
     ok = [r for r in records if r["status"] == "ok"]
