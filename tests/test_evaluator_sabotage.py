@@ -88,3 +88,65 @@ def test_pristine_reference_is_timed_once_per_task_and_cached(config, tmp_path) 
     for _ in range(2):
         assert evaluate(task, Candidate.make(task.task_id, honest), config).status == "ok"
     assert len(list((tmp_path / "pristine").glob("*.json"))) == 1
+
+
+def test_a_cold_run_times_the_pristine_reference_before_its_candidate_in_its_own_sandbox(config, tmp_path,
+                                                                                        monkeypatch) -> None:  # fmt: skip
+    """No pristine timing kept yet: the run's sandbox times the reference against itself before it
+    imports the candidate and sends that first, so the tripwire needs no sandbox of its own; the
+    next run finds it kept and times no pristine reference at all."""
+    import dataclasses
+    import importlib
+    import json
+
+    evaluate_module = importlib.import_module("speedforge.evaluator.evaluate")  # the module, not the function
+
+    config = dataclasses.replace(config, cache_dir=str(tmp_path))
+    task = _task(HERE / "mkldnn_off_at_import.py")
+    honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
+    jobs = []
+    run_pinned = evaluate_module._run_pinned
+
+    def recording(cache, job, *args):
+        jobs.append((job.kind, job.pristine_first))
+        return run_pinned(cache, job, *args)
+
+    monkeypatch.setattr(evaluate_module, "_run_pinned", recording)
+    assert evaluate(task, honest, config).status == "ok"
+    kept = list((tmp_path / "pristine").glob("*.json"))
+    assert jobs == [("run", True)] and len(kept) == 1
+    pristine = StageResult.from_dict(json.loads(kept[0].read_text()))
+    assert pristine.ok and pristine.timed_calls >= 16 and pristine.ref_lo_us <= pristine.ref_us <= pristine.ref_hi_us
+    assert evaluate(task, honest, config).status == "ok"
+    assert jobs == [("run", True), ("run", False)]
+
+
+FORGER = '''
+import os, stat
+import torch.nn as nn
+
+FORGED = b'{"status": "ok", "ref_us": 1e9, "ref_lo_us": 1e9, "ref_hi_us": 1e9, "timed_calls": 99}\\n'
+for fd in os.listdir("/proc/self/fd"):  # every pipe this process holds: the result pipe among them
+    try:
+        if stat.S_ISFIFO(os.fstat(int(fd)).st_mode):
+            os.write(int(fd), FORGED)
+    except OSError:
+        pass
+'''
+
+
+def test_a_candidate_cannot_forge_the_pristine_timing_its_run_sends(config, tmp_path) -> None:
+    """The pristine record is sent before the candidate is imported: a candidate that writes a
+    pristine record of its own to the result pipe at import (a reference 1e9 us slow in pristine,
+    so that no later sabotage would trip) changes neither what is kept nor its own result."""
+    import dataclasses
+    import json
+
+    config = dataclasses.replace(config, cache_dir=str(tmp_path))
+    task = _task(HERE / "mkldnn_off_at_import.py")
+    source = FORGER + (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew(").replace(
+        "import torch.nn as nn\n", "", 1)
+    result = evaluate(task, Candidate.make(task.task_id, source), config)
+    assert result.status == "ok", (result.status, result.reason)
+    kept = [json.loads(p.read_text()) for p in (tmp_path / "pristine").glob("*.json")]
+    assert len(kept) == 1 and kept[0]["ref_us"] < 1e6 and kept[0]["timed_calls"] != 99, kept

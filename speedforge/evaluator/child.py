@@ -23,6 +23,7 @@ import tempfile
 import traceback
 
 from speedforge import families
+from speedforge.evaluator import phases
 from speedforge.evaluator.job import Job
 
 
@@ -60,16 +61,41 @@ def limit_cpu_time(job: Job) -> None:
         pass
 
 
+_result_fd = -1  # the result pipe of this job (execute)
+
+
+def send_first(record: dict) -> None:
+    """Write `record` to the result pipe now, as one line ahead of the job's result: called before
+    any candidate code is imported, so that nothing the candidate does later can change what was
+    sent (it could only add after it). The parent reads it as Outcome.first."""
+    _write_all(_result_fd, json.dumps(_finite(record), default=str).encode() + b"\n")
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
 def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
     """Run one job and exit the process; never returns."""
+    global _result_fd
+    _result_fd = result_fd
     os.environ.update(HOME=job.workdir, TMPDIR=job.workdir)
     tempfile.tempdir = job.workdir  # the zygote may have resolved it before the fork
     os.chdir(job.workdir)
     if job.cpus:  # claimed by the parent for this job (speedforge.evaluator.cpus)
         os.sched_setaffinity(0, job.cpus)
     warnings = warnings + lock_down(job)
+    phases.mark("locked_down")
+    profile = _profiler()
     try:
         module = importlib.import_module(families.get(job.family).sandbox)
+        if phases.enabled():  # a diagnostic: the harness's steps marked, its frequent calls timed
+            from speedforge.evaluator import correctness, guards, process_state, rotation, timing
+
+            phases.instrument(module, correctness, timing, rotation, guards, process_state)
         result = module.build(job) if job.kind == "build" else module.run(job)
     except BaseException as exc:  # a bug in the harness, not in the candidate
         result = {
@@ -78,15 +104,37 @@ def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
             "log": traceback.format_exc()[-4000:],
         }
     result["warnings"] = list(result.get("warnings", [])) + warnings
-    payload = json.dumps(_finite(result), default=str).encode()
-    view = memoryview(payload)
-    while view:
-        written = os.write(result_fd, view)
-        view = view[written:]
+    if profile is not None:
+        _profile_summary(profile)
+    phases.write_totals()
+    phases.mark("result_ready")
+    _write_all(result_fd, json.dumps(_finite(result), default=str).encode())
     os.close(result_fd)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+
+
+def _profiler():
+    """A running cProfile.Profile when phases.profiling() (a diagnostic), else None."""
+    if not phases.profiling():
+        return None
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
+def _profile_summary(profile) -> None:
+    import io
+    import pstats
+
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+    sys.stderr.write(text.getvalue()[-6000:])
+    sys.stderr.flush()
 
 
 def _finite(value):

@@ -14,12 +14,13 @@ import json
 import os
 import platform
 import secrets
+import threading
 import time
 import traceback
 
 from speedforge import families
 from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import checks, cpus
+from speedforge.evaluator import checks, cpus, phases
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
@@ -105,6 +106,7 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     config = config or EvaluatorConfig()
     pool = pool or ("cpu" if device == "cpu" else "cuda")
     start = time.perf_counter()
+    phases.mark("run_start")
     common = dict(pool=pool, build_s=build.build_s, build_cached=build.cached,
                   screen_findings=build.screen_findings, harness_version=HARNESS_VERSION)
     if not build.ok:
@@ -116,13 +118,22 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         # extension finds its build up to date instead of compiling in the run stage
         config = dataclasses.replace(config, cuda_arch_list=build_arch(families.get(task.family).device,
                                                                        config.cuda_arch_list))  # fmt: skip
+        tripwire = config.reference_slowdown_limit > 0 and families.get(task.family).kernelbench
+        # no pristine reference kept yet: the run's sandbox times one before it imports the candidate
+        pristine_first = tripwire and _cached_pristine(task, config, device, pool) is None
         job = Job(kind="run", task=task, candidate=candidate, device=device, seed=seed, workdir="",
-                  build_dir=build.build_dir, config=config)  # fmt: skip
+                  build_dir=build.build_dir, config=config, pristine_first=pristine_first)  # fmt: skip
+        phases.mark("job_ready")
         outcome = _run_pinned(cache, job, task, config, device, zygote)
         stage = _stage_result(outcome, "run")
-        if stage.ok and config.reference_slowdown_limit > 0 and families.get(task.family).kernelbench:
+        phases.mark("run_read")
+        if pristine_first and outcome.first is not None:
+            _keep_pristine(task, config, device, pool, _stage_result(dataclasses.replace(outcome, result=outcome.first),
+                                                                     "pristine reference run"))  # fmt: skip
+        if stage.ok and tripwire:
             stage = _tripwire(stage, lambda fresh: _pristine_reference(task, config, device, pool, zygote, fresh),
                               config.reference_slowdown_limit)  # fmt: skip
+        phases.mark("tripwire_done")
         fields = stage.result_fields()
         fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
         return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, wall_s=time.perf_counter() - start)
@@ -157,24 +168,39 @@ def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: 
     instance of itself), cached per task, pool and environment; `fresh` measures it again now
     (the cache keeps the first)."""
     cache = BuildCache(config.cache_dir)
-    key = pristine_key(task, config, device, pool)
-    path = cache.root / "pristine" / f"{key}.json"
     if not fresh:
-        try:
-            return StageResult.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, RecordError, TypeError):
-            pass
+        kept = _cached_pristine(task, config, device, pool)
+        if kept is not None:
+            return kept
     reference = Candidate.make(task.task_id, task.source, origin="pristine")
     seed = config.seed if config.seed is not None else secrets.randbits(30)
     job = Job(kind="pristine", task=task, candidate=reference, device=device, seed=seed, workdir="", build_dir="",
               config=dataclasses.replace(config, early_stop_below=0.0))  # fmt: skip
     result = _stage_result(_run_pinned(cache, job, task, config, device, zygote), "pristine reference run")
+    _keep_pristine(task, config, device, pool, result)
+    return result
+
+
+def _pristine_path(task: Task, config: EvaluatorConfig, device: str, pool: str):
+    return BuildCache(config.cache_dir).root / "pristine" / f"{pristine_key(task, config, device, pool)}.json"
+
+
+def _cached_pristine(task: Task, config: EvaluatorConfig, device: str, pool: str) -> StageResult | None:
+    """The pristine reference timing kept for the task, pool and environment, or None."""
+    try:
+        return StageResult.from_dict(json.loads(_pristine_path(task, config, device, pool).read_text()))
+    except (OSError, ValueError, RecordError, TypeError):
+        return None
+
+
+def _keep_pristine(task: Task, config: EvaluatorConfig, device: str, pool: str, result: StageResult) -> None:
+    """Keep an ok pristine timing unless one is kept already (the first stays)."""
+    path = _pristine_path(task, config, device, pool)
     if result.ok and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(result.to_dict()))
         os.replace(tmp, path)
-    return result
 
 
 # Fewer timed calls than this give no interval to judge by (the batch-means part needs 16): no
@@ -230,12 +256,14 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
 def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig,
                zygote: Zygote | None) -> Outcome:  # fmt: skip
     workdir = cache.scratch()
+    phases.mark(f"{job.kind}:scratch_made")
     try:
         return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
                        max_processes=config.max_processes + (64 if job.kind == "build" else 0),
                        isolate_network=config.network_isolation, zygote=zygote)  # fmt: skip
     finally:
         remove_tree(str(workdir))
+        phases.mark(f"{job.kind}:scratch_removed")
 
 
 def _stage_result(outcome: Outcome, stage: str) -> StageResult:

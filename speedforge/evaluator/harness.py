@@ -44,7 +44,7 @@ from pathlib import Path
 
 from speedforge import families
 from speedforge.errors import first_line
-from speedforge.evaluator import checks, process_state
+from speedforge.evaluator import checks, phases, process_state
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
@@ -129,6 +129,7 @@ def run(job: Job) -> dict:
 
     if job.build_dir:
         extensions.install(job.build_dir, replay=True)  # what the build stage compiled is not compiled again
+    phases.mark("extensions_installed")  # speedforge.evaluator.phases: a diagnostic, off by default
 
     device = torch.device(job.device)
     if device.type == "cpu":
@@ -139,6 +140,8 @@ def run(job: Job) -> dict:
     run_start = _perf_counter()
     seed = job.seed
     metrics: dict = {"device_name": _device_name(torch, device), "mode": job.task.run_mode}
+    if job.pristine_first:
+        _pristine_first(torch, guards, job, device, seed, metrics)
     try:
         harness = _Harness(torch, guards, job, device, seed)
         metrics.update(harness.measure_pristine() if job.kind == "pristine" else harness.measure())
@@ -146,7 +149,24 @@ def run(job: Job) -> dict:
     except Verdict as verdict:
         metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
     metrics["run_inner_s"] = _perf_counter() - run_start
+    phases.mark("harness_done")
     return metrics
+
+
+def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -> None:
+    """The tripwire's pristine reference (speedforge.evaluator.evaluate), timed as a pristine job
+    times it, in this process before any candidate code is imported, and sent at once; a
+    reference that does not time cleanly against itself sends nothing, as a pristine job's
+    failure keeps nothing."""
+    import dataclasses
+
+    from speedforge.evaluator import child
+
+    pristine = dataclasses.replace(job, config=dataclasses.replace(job.config, early_stop_below=0.0))
+    try:
+        child.send_first({**metrics, "status": "ok", **_Harness(torch, guards, pristine, device, seed).measure_pristine()})
+    except Verdict:
+        pass
 
 
 def _device_name(torch, device) -> str:

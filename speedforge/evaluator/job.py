@@ -49,10 +49,15 @@ class Job:
     build_dir: str  # where the build stage writes and the run stage finds the candidate's build
     config: EvaluatorConfig
     cpus: tuple[int, ...] = ()  # CPUs claimed for the run (speedforge.evaluator.cpus); () = unpinned
+    # run: first time the reference against itself, before the candidate is imported, and send that
+    # (a pristine result, speedforge.evaluator.evaluate) ahead of the run's own result
+    pristine_first: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in JOB_KINDS:
             raise RecordError(f"job kind {self.kind!r} is not one of {JOB_KINDS}")
+        if self.pristine_first and self.kind != "run":
+            raise RecordError(f"pristine_first is for run jobs, not {self.kind!r}")
 
     @property
     def family(self) -> str:
@@ -73,6 +78,7 @@ class Job:
             "build_dir": self.build_dir,
             "config": dataclasses.asdict(self.config),
             "cpus": list(self.cpus),
+            "pristine_first": self.pristine_first,
         }
 
     def to_json(self) -> str:
@@ -94,6 +100,7 @@ class Job:
             build_dir=data["build_dir"],
             config=from_mapping(EvaluatorConfig, data["config"], where="job config"),
             cpus=tuple(int(c) for c in data["cpus"]),
+            pristine_first=bool(data["pristine_first"]),
         )
 
     @classmethod

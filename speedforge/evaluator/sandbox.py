@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 import speedforge
+from speedforge.evaluator import phases
 
 if TYPE_CHECKING:
     from speedforge.evaluator.job import Job
@@ -67,6 +68,7 @@ ENV_ALLOW = (
     "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "CUDAHOSTCXX", "TORCH_CUDA_ARCH_LIST",
     "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "VIRTUAL_ENV",
+    "SPEEDFORGE_PHASE_LOG",  # a diagnostic switch (speedforge.evaluator.phases), no secret
 )
 STDERR_TAIL_BYTES = 8000
 # glibc's heap, set once for the zygote and every job: memory a tensor frees is reused by the
@@ -109,6 +111,9 @@ class Outcome:
     wall_s: float
     stderr_tail: str
     killed_for_disk: bool = False
+    # a record the job sent ahead of its result (speedforge.evaluator.child.send_first): the first
+    # line the job wrote, when it wrote more than one
+    first: dict | None = None
 
     @property
     def signal_name(self) -> str:
@@ -342,6 +347,7 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
             os.close(write_fd)
             raise RuntimeError(f"could not start the sandbox: {exc}") from None
     os.close(write_fd)
+    phases.mark(f"{job.kind}:launched")
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
     reader.start()
@@ -354,12 +360,20 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
         if not ended:  # its folders are removed next: let it end first
             zygote.wait(pid, 5.0)
     reader.join(timeout=5)
-    result = None
+    phases.mark(f"{job.kind}:ended")
+    result = first = None
     if not killed_for and chunks:
+        records = b"".join(chunks).split(b"\n")  # JSON of one line each: the last is the result
         try:
-            result = json.loads(b"".join(chunks).decode())
+            result = json.loads(records[-1].decode())
         except (ValueError, UnicodeDecodeError):
             result = None
+        try:
+            first = json.loads(records[0].decode()) if len(records) > 1 else None
+        except (ValueError, UnicodeDecodeError):
+            first = None
+    stderr_tail = _tail(stderr_path)
+    phases.adopt(job.kind, stderr_tail)
     return Outcome(
         result=result if isinstance(result, dict) else None,
         returncode=returncode,
@@ -368,7 +382,8 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
         killed_for_processes=killed_for == "processes",
         killed_for_disk=killed_for == "disk",
         wall_s=time.perf_counter() - start,
-        stderr_tail=_tail(stderr_path),
+        stderr_tail=stderr_tail,
+        first=first if isinstance(first, dict) else None,
     )
 
 

@@ -155,8 +155,10 @@ class Timer:
             regular = n == most or (n >= least and (n - least) % check_every == 0)
             early = bound > 0 and n >= EARLY_CHECK_FROM and (n - EARLY_CHECK_FROM) % EARLY_CHECK_EVERY == 0
             if regular or early:
-                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
-                                                 quantile=self.quantile)
+                seed = self.rng.getrandbits(31)
+                if not regular and _hi_at_least(times["ref"], times["cand"], self.quantile, bound):
+                    continue  # no early stop possible: the interval is not needed yet
+                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], seed, quantile=self.quantile)
                 if bound > 0 and hi is not None and hi < bound:
                     break
                 if regular and width <= target:
@@ -325,6 +327,15 @@ def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int
         half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
         lo, hi = min(lo, point - half), max(hi, point + half)
     return lo, hi, (hi - lo) / 2 / point
+
+
+def _hi_at_least(ref_us: list[float], cand_us: list[float], quantile: float, bound: float) -> bool:
+    """Whether speedup_interval's upper end is sure to be at least `bound`, without the bootstrap:
+    from 4 * BATCHES pairs on it is at least the point estimate (the batch-means part)."""
+    if len(ref_us) < 4 * BATCHES:
+        return False
+    cand = stats.quantile(cand_us, quantile)
+    return cand > 0 and stats.quantile(ref_us, quantile) / cand >= bound
 
 
 def quantile_interval(torch, values: list[float], seed: int, resamples: int = 400,

@@ -109,8 +109,9 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        from speedforge.evaluator import child, namespaces
+        from speedforge.evaluator import child, namespaces, phases
 
+        phases.in_job()
         if not namespaces.die_with_parent(signal.SIGKILL, zygote_pid):
             return
         result_fd, out_fd, err_fd = fds
@@ -118,6 +119,7 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         os.dup2(err_fd, 2)
         os.close(out_fd)
         os.close(err_fd)
+        phases.mark("forked")
         os.setsid()
         job = child.load_job(request["job"])
         child.limit_cpu_time(job)
@@ -126,6 +128,7 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         else:
             warnings = ["network isolation disabled by config: the sandbox shares the host's network, and "
                         "/dev/shm is the host's, which it may not write"]
+        phases.mark("isolated")
         child.execute(job, result_fd, warnings)
     finally:
         os._exit(70)
