@@ -97,6 +97,10 @@ if want generation && [ -f benchmarks/bench_generation.py ]; then
     $PY benchmarks/bench_generation.py --device cuda --batch "$batch" >"$OUT/bench_generation_b$batch.txt" 2>&1
     note generation "batch $batch: exit $? (bench_generation_b$batch.txt)"
   done
+  # issue 26: GRPO's one generate call per step against plain batched generation, same model and batch
+  $PY benchmarks/bench_grpo_generation.py --device cuda --batch 16 --new-tokens 256 --variants default \
+    >"$OUT/bench_grpo_generation.txt" 2>&1
+  note generation "grpo: $(grep -m1 'ratio plain / grpo' "$OUT/bench_grpo_generation.txt" || echo "exit $? (bench_grpo_generation.txt)")"
 fi
 
 if want ann && [ -f benchmarks/bench_ann.py ]; then
