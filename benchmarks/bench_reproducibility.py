@@ -23,29 +23,15 @@ import statistics
 import sys
 import tempfile
 
+from bench_identical_cpu import TASK  # benchmarks/, the script's own folder, is on sys.path
+
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.records import Candidate, Task
 from speedforge.reports.text import format_table
 from speedforge.tasks import builtin_candidates, builtin_tasks
 
-EXAMPLE_TASK = """
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x, y):
-        return torch.relu(2 * x + y)
-
-
-def get_inputs():
-    return [torch.randn(512, 1024), torch.randn(512, 1024)]
-
-
-def get_init_inputs():
-    return []
-"""
+EXAMPLE_TASK = TASK  # relu(2x + y) on 512x1024, the task of bench_identical_cpu.py
 EXAMPLE_CANDIDATE = """
 import torch
 import torch.nn as nn
