@@ -32,14 +32,11 @@ import torch
 def load(args):
     import transformers
 
-    from speedforge.policy.backends import CHATML_TEMPLATE, resolve_model
+    from speedforge.policy.backends import resolve_model
+    from speedforge.train.stages import training_tokenizer
 
     folder, gguf_file, _ = resolve_model(args.model)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = CHATML_TEMPLATE
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = training_tokenizer(folder, gguf_file)
     if args.random_weights:
         config = transformers.AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
         config.num_hidden_layers = args.layers or config.num_hidden_layers

@@ -131,7 +131,7 @@ def load_policy(job: StageJob, worker: Worker):
     import torch
     import transformers
 
-    from speedforge.policy.backends import CHATML_TEMPLATE, resolve_model
+    from speedforge.policy.backends import resolve_model
     from speedforge.models.fetch import is_reference, resolve_configured
 
     ref = job.init_model
@@ -142,13 +142,24 @@ def load_policy(job: StageJob, worker: Worker):
         ref = str(RunState(worker.store, job.config.train.run, stage).download("final", job.run_dir.parent / stage / "final"))
     folder, gguf_file, name = resolve_model(ref)
     transformers.logging.set_verbosity_error()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    tokenizer = training_tokenizer(folder, gguf_file)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    return plain_weights(model, ref or name), tokenizer, name
+
+
+def training_tokenizer(folder: str, gguf_file: str | None):
+    """The model's tokenizer as the trainers use it: ChatML where the model brings no chat
+    template, EOS as padding where it has no pad token."""
+    import transformers
+
+    from speedforge.policy.backends import CHATML_TEMPLATE
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     if not tokenizer.chat_template:
         tokenizer.chat_template = CHATML_TEMPLATE
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return plain_weights(model, ref or name), tokenizer, name
+    return tokenizer
 
 
 def plain_weights(model, where: str):
