@@ -21,24 +21,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from speedforge.registry import Registry
+
 FigureFn = Callable[[Any], str]
-FIGURES: dict[str, FigureFn] = {}
-
-
-def register(kind: str) -> Callable[[FigureFn], FigureFn]:
-    def add(fn: FigureFn) -> FigureFn:
-        FIGURES[kind] = fn
-        return fn
-
-    return add
+FIGURES: Registry[FigureFn] = Registry("step figure")
+register = FIGURES.register
 
 
 def figure(step: str, outcome: Any) -> str:
     """The figure that matters for step `step` (its kind: the name up to the first '-', or the whole
     name: check-pools, baselines-cpu -> baselines) with this outcome; "" when there is none to say."""
-    fn = FIGURES.get(step) or FIGURES.get(step.split("-", 1)[0])
-    if fn is None:
+    kind = step if step in FIGURES else step.split("-", 1)[0]
+    if kind not in FIGURES:
         return ""
+    fn = FIGURES.get(kind)
     try:
         return fn(outcome)
     except (KeyError, TypeError, ValueError, AttributeError):  # an outcome of another shape: the line still prints

@@ -15,21 +15,16 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from speedforge.registry import Registry
+
 MetricsFn = Callable[[Mapping[str, Any]], dict[str, float]]
-STEP_METRICS: dict[str, MetricsFn] = {}
-
-
-def register(kind: str) -> Callable[[MetricsFn], MetricsFn]:
-    def add(fn: MetricsFn) -> MetricsFn:
-        STEP_METRICS[kind] = fn
-        return fn
-
-    return add
+STEP_METRICS: Registry[MetricsFn] = Registry("step metrics")
+register = STEP_METRICS.register
 
 
 def step_metrics(kind: str, outcome: Mapping[str, Any]) -> dict[str, float]:
     """The metrics of a step of `kind` (baselines, search, portability) with this outcome."""
-    return {name: float(value) for name, value in STEP_METRICS[kind](outcome).items()
+    return {name: float(value) for name, value in STEP_METRICS.get(kind)(outcome).items()
             if value is not None and math.isfinite(float(value))}  # fmt: skip
 
 
