@@ -9,6 +9,7 @@ Design, Code Implementation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from importlib import resources
 
@@ -105,6 +106,7 @@ def render_prompt(task: Task, exemplars: Sequence[Exemplar] = (), feedback: Feed
     )
 
 
+@functools.lru_cache(maxsize=256)
 def init_signature(source: str) -> str:
     """`Model.__init__`'s parameters as written in the reference (`self, in_channels, ...`), or ""
     when the source has no such class or does not parse. The prompt repeats them for ModelNew:
