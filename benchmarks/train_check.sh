@@ -11,7 +11,7 @@
 #   bash benchmarks/train_check.sh                              # every phase, cuda family on this GPU
 #   TRAIN_PHASES="before" bash benchmarks/train_check.sh        # one phase per call on a machine whose
 #   TRAIN_PHASES="sft" ...; TRAIN_PHASES="grpo" ...;            # commands have a time limit; a grpo phase
-#   TRAIN_PHASES="grpo" TRAIN_RESUME=1 ...; TRAIN_PHASES="after summary" ...   # cut short goes on with TRAIN_RESUME=1
+#   TRAIN_PHASES="grpo" TRAIN_RESUME=1 ...; TRAIN_PHASES="after bench summary" ...   # cut short goes on with TRAIN_RESUME=1
 #   TRAIN_CORPUS=builtin:cpp TRAIN_FAMILY=cpp TRAIN_DEVICE=cpu TRAIN_GRPO_SECONDS=30 bash benchmarks/train_check.sh  # a CPU dry run
 #
 # Everything goes to $OUT/train (default OUT=/tmp/gpu_check): config.yaml, *.log, heldout-*.json,
@@ -27,6 +27,7 @@
 #   TRAIN_HELDOUT_TIMEOUT (300)  TRAIN_SFT_TIMEOUT (300)  TRAIN_GRPO_GRACE (120: the step in flight at the limit)
 #   TRAIN_EVALUATION (local | service)  TRAIN_RUN (run name, default train-check)  TRAIN_RESUME (1: grpo goes on)
 #   TRAIN_BUILD_WORKERS (half the cores, at most 8)  TRAIN_BENCH_RUNS (3: bench_generation.py runs after GRPO)
+#   TRAIN_OVERLAP (0; 1: each held-out check runs beside the next stage, see below)  TRAIN_GRPO_LR (1.0e-6)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -51,7 +52,7 @@ case $corpus in
      tasks_uri="cuda-l1:$corpus"; sources="[\"cuda-l1:$corpus\"]"; trust=true ;;
 esac
 
-phases=" ${TRAIN_PHASES:-before sft grpo after summary} "
+phases=" ${TRAIN_PHASES:-before sft grpo after bench summary} "
 phase() { [[ $phases == *" $1 "* ]]; }
 if phase before; then  # a fresh run (the build cache in SPEEDFORGE_CACHE is kept)
   rm -rf "$dir/store" "$dir/work" "$dir/times.txt" "$dir/failed.txt" "$dir"/heldout-*.json "$dir"/*.log
@@ -77,7 +78,7 @@ train:
   eval_retries: 1
   ray: {workers: 1, use_gpu: $use_gpu, cpus_per_worker: $cpus}
   sft: {sources: $sources, trust_source: $trust, steps: ${TRAIN_SFT_STEPS:-100}, batch_size: ${TRAIN_SFT_BATCH:-4}, max_length: ${TRAIN_SFT_MAX_LENGTH:-4096}, learning_rate: 5.0e-5, exemplars: 0, save_every: 1000}
-  grpo: {steps: 2000, prompts_per_step: ${TRAIN_PROMPTS:-2}, generations: ${TRAIN_GENERATIONS:-8}, max_new_tokens: $new_tokens, learning_rate: 1.0e-6, save_every: 2}
+  grpo: {steps: 2000, prompts_per_step: ${TRAIN_PROMPTS:-2}, generations: ${TRAIN_GENERATIONS:-8}, max_new_tokens: $new_tokens, learning_rate: ${TRAIN_GRPO_LR:-1.0e-6}, save_every: 2}
 EOF
 # GRPO: the same run with a time limit (the step in flight at the limit is its last)
 sed "s/^  max_stage_s: 0$/  max_stage_s: $grpo_s/" "$dir/config.yaml" >"$dir/config-grpo.yaml"
@@ -102,22 +103,35 @@ heldout_check() {  # heldout_check LABEL [MODEL]
 }
 final() { sed -n 's/^ *"final_checkpoint": "\(.*\)",*$/\1/p' "$dir/$1.log" | head -1; }
 
-if phase before; then heldout_check before; fi
+# TRAIN_OVERLAP=1: a held-out check runs beside the next stage (before beside SFT, after-SFT beside
+# GRPO) on a machine whose time is short; their compiled and correct fractions are unaffected, but
+# the checks' speedups, and GRPO's first steps, are then timed on a shared device.
+overlap=${TRAIN_OVERLAP:-0}
+beside_pid=""  # the background held-out check, waited for before the next stage that needs quiet
+beside() {  # beside NEXT LABEL [MODEL]: heldout_check LABEL [MODEL], in the background when overlapping and phase NEXT follows
+  local next=$1; shift
+  if [ "$overlap" = 1 ] && phase "$next"; then heldout_check "$@" & beside_pid=$!; else heldout_check "$@"; fi
+}
+wait_beside() { [ -z "$beside_pid" ] || wait "$beside_pid"; beside_pid=""; }
+if phase before; then beside sft before; fi
 if phase sft; then
   step sft "${TRAIN_SFT_TIMEOUT:-300}" "${sf[@]}" train --stage sft --json
+  wait_beside
   sft_model=$(final sft)
-  [ -n "$sft_model" ] && heldout_check sft "$sft_model"
+  [ -n "$sft_model" ] && beside grpo sft "$sft_model"
 fi
 if phase grpo; then
   resume=(); [ "${TRAIN_RESUME:-0}" = 1 ] && resume=(--resume)
   step grpo $(( grpo_s + ${TRAIN_GRPO_GRACE:-120} )) "${sf_grpo[@]}" train --stage grpo "${resume[@]}" --json
-  # the plain batched figure for the same model, batch (prompts x generations), tokens and device
-  timeout 240 $PY benchmarks/bench_generation.py ${TRAIN_MODEL:+--model "$TRAIN_MODEL"} --device "$device" --batch $(( ${TRAIN_PROMPTS:-2} * ${TRAIN_GENERATIONS:-8} )) \
-    --new-tokens "$new_tokens" --runs "${TRAIN_BENCH_RUNS:-3}" >"$dir/bench_generation.txt" 2>&1 || echo "bench_generation (exit $?)" >>"$dir/failed.txt"
+  wait_beside
 fi
 if phase after; then
   grpo_model=$([ -f "$dir/grpo.log" ] && final grpo)
   [ -n "$grpo_model" ] && heldout_check grpo "$grpo_model"
+fi
+if phase bench; then  # the plain batched figure for GRPO's model, batch (prompts x generations), tokens and device
+  timeout "${TRAIN_BENCH_TIMEOUT:-240}" $PY benchmarks/bench_generation.py ${TRAIN_MODEL:+--model "$TRAIN_MODEL"} --device "$device" --batch $(( ${TRAIN_PROMPTS:-2} * ${TRAIN_GENERATIONS:-8} )) \
+    --new-tokens "$new_tokens" --runs "${TRAIN_BENCH_RUNS:-3}" >"$dir/bench_generation.txt" 2>&1 || echo "bench_generation (exit $?)" >>"$dir/failed.txt"
 fi
 phase summary || exit 0
 for stage in sft grpo; do
