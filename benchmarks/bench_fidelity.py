@@ -69,14 +69,63 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+# -- runs: a side measured again writes a file of its own --------------------------------------------
+
+
+def run_file(out: Path, stem: str, label: str, ext: str = "jsonl") -> Path:
+    """`stem.ext` for run 1 (the files earlier reports wrote), `stem.LABEL.ext` for run LABEL."""
+    return out / (f"{stem}.{ext}" if label == "1" else f"{stem}.{label}.{ext}")
+
+
+def runs(out: Path, stem: str) -> dict[str, dict[str, dict]]:
+    """Every run of one side in `out` by label, run 1 first: {label: {kernel key: record}}."""
+    found = {"1": read_jsonl(out / f"{stem}.jsonl")} if (out / f"{stem}.jsonl").exists() else {}
+    for path in sorted(out.glob(f"{stem}.*.jsonl"), key=lambda p: _label_order(p.name.split(".")[1])):
+        found[path.name.split(".")[1]] = read_jsonl(path)
+    return found
+
+
+def _label_order(label: str) -> tuple:
+    return (0, int(label), "") if label.isdigit() else (1, 0, label)
+
+
+def l1_speedup(record: dict | None) -> float | None:
+    """CUDA-L1's score where its harness accepted the kernel, else None."""
+    return record["speedup"] if record and record["accepted"] and record["speedup"] else None
+
+
+def sf_speedup(record: dict | None) -> float | None:
+    """speedforge's speedup where its result is ok, else None."""
+    return record["speedup"] if record and record["status"] == "ok" and record["speedup"] else None
+
+
+def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
+    """The selected rows narrowed by --kernels (names like level1/34) and --only accepted (the
+    kernels CUDA-L1's run 1 accepted and speedforge accepted in at least one run, in --out)."""
+    if args.kernels:
+        wanted = {k.strip().removeprefix("cuda-l1/") for k in args.kernels.split(",") if k.strip()}
+        known = {key(r).removeprefix("cuda-l1/") for r in rows}
+        if wanted - known:
+            raise SystemExit(f"--kernels: not among the {len(rows)} selected kernels (check --every/--levels): "
+                             f"{', '.join(sorted(wanted - known))}")  # fmt: skip
+        rows = [r for r in rows if key(r).removeprefix("cuda-l1/") in wanted]
+    if args.only == "accepted":
+        l1, sf = runs(args.out, "cuda_l1").get("1", {}), runs(args.out, "speedforge")
+        if not l1 or not sf:
+            raise SystemExit(f"--only accepted needs CUDA-L1's run 1 and a speedforge run in {args.out} "
+                             "(run the cuda-l1 and speedforge steps first)")  # fmt: skip
+        rows = [r for r in rows if l1_speedup(l1.get(key(r))) and any(sf_speedup(run.get(key(r))) for run in sf.values())]
+    return rows
+
+
 # -- CUDA-L1's harness ----------------------------------------------------------------------------
 
 
 def run_cuda_l1(args: argparse.Namespace, rows: list[dict]) -> None:
-    out = args.out / "cuda_l1.jsonl"
+    out = run_file(args.out, "cuda_l1", args.run_label)
     done = read_jsonl(out)
     todo = [r for r in rows if key(r) not in done]
-    print(f"CUDA-L1 harness: {len(todo)} of {len(rows)} kernels to run", flush=True)
+    print(f"CUDA-L1 harness, run {args.run_label}: {len(todo)} of {len(rows)} kernels to run", flush=True)
     start = time.perf_counter()
     for i, row in enumerate(todo):
         if args.budget_s and time.perf_counter() - start > args.budget_s:
@@ -122,7 +171,7 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     runs one at a time, for a machine without Ray)."""
     if args.direct:
         return run_speedforge_direct(args, rows)
-    subset = args.out / "corpus.jsonl"
+    subset = run_file(args.out, "corpus", args.run_label)
     subset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = args.out / f"sf-cache-{int(time.time())}"  # a fresh cache: every build is cold
     env = {**os.environ, "SPEEDFORGE_CACHE": str(cache)}
@@ -141,15 +190,13 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     from speedforge.store import open_store
 
     results = open_store(str(run_dir)).read_records("results", EvalResult)
-    out = args.out / "speedforge.jsonl"
+    out = run_file(args.out, "speedforge", args.run_label)
     for r in results:
-        append_jsonl(out, {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
-                           "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
-                           "mode": r.mode, "device": r.device_name, "wall_s": r.wall_s, "build_s": r.build_s,
-                           "run_s": r.run_s, "timed_s": r.timed_s, "findings": list(r.screen_findings)})  # fmt: skip
+        append_jsonl(out, sf_record(r))
     summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache)}
-    (args.out / "speedforge_run.json").write_text(json.dumps(summary))
-    print(f"speedforge evaluate: {len(results)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+    run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
+    print(f"speedforge evaluate, run {args.run_label}: {len(results)} results for {len(rows)} kernels in {wall:.1f} s "
+          f"on {pool}")
 
 
 def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -160,7 +207,7 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     from speedforge.evaluator import build_candidate, run_candidate
     from speedforge.tasks.importers import import_source
 
-    subset = args.out / "corpus.jsonl"
+    subset = run_file(args.out, "corpus", args.run_label)
     subset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = args.out / f"sf-cache-{int(time.time())}"
     pool = args.pool or detected_pool()
@@ -173,20 +220,28 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as workers:
         builds = list(workers.map(build_candidate, ordered, candidates, [config] * len(candidates),
                                   ["cuda"] * len(candidates)))  # fmt: skip
-    out = args.out / "speedforge.jsonl"
+    out = run_file(args.out, "speedforge", args.run_label)
     for task, cand, build in zip(ordered, candidates, builds):
         r = run_candidate(task, cand, build, config, device="cuda", pool=pool)
-        append_jsonl(out, {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
-                           "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
-                           "stopped_early": r.stopped_early, "mode": r.mode, "device": r.device_name,
-                           "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
-                           "findings": list(r.screen_findings)})  # fmt: skip
+        append_jsonl(out, sf_record(r))
         print(f"{r.task_id}: {r.status} {_fmt(r.speedup)} {r.reason[:120]}", flush=True)
     wall = time.perf_counter() - t0
     summary = {"kernels": len(rows), "results": len(candidates), "wall_s": wall, "pool": pool, "cache": str(cache),
                "direct": True}  # fmt: skip
-    (args.out / "speedforge_run.json").write_text(json.dumps(summary))
-    print(f"speedforge (direct): {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+    run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
+    print(f"speedforge (direct), run {args.run_label}: {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+
+
+def sf_record(r) -> dict:
+    """One line of speedforge.jsonl from an EvalResult: the verdict, the speedup and its
+    interval, and the two medians it is the ratio of (ref_us / cand_us, GPU), with their IQRs.
+    The result keeps no per-call times, so no other statistic can be derived from it."""
+    return {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
+            "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
+            "stopped_early": r.stopped_early, "ref_us": r.ref_us, "cand_us": r.cand_us, "ref_iqr_us": r.ref_iqr_us,
+            "cand_iqr_us": r.cand_iqr_us, "timed_calls": r.timed_calls, "mode": r.mode, "device": r.device_name,
+            "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
+            "findings": list(r.screen_findings)}  # fmt: skip
 
 
 def detected_pool() -> str:
@@ -238,45 +293,65 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def report(args: argparse.Namespace, rows: list[dict]) -> None:
+    """The agreement of the first runs (the table earlier reports printed), then each side
+    against itself, every pair of single runs, the medians of runs, the statistic, throughput
+    and reproducibility."""
     from speedforge.reports.text import format_table
 
-    l1, sf = read_jsonl(args.out / "cuda_l1.jsonl"), read_jsonl(args.out / "speedforge.jsonl")
+    l1_runs, sf_runs = runs(args.out, "cuda_l1"), runs(args.out, "speedforge")
+    l1, sf = l1_runs.get("1", {}), sf_runs.get("1", {})
     keys = [key(r) for r in rows if key(r) in l1 and key(r) in sf]
-    table, ratios = [], []
+    table = []
     for k in keys:
         a, b = l1[k], sf[k]
-        ratio = b["speedup"] / a["speedup"] if a["accepted"] and b["status"] == "ok" and a["speedup"] else None
-        if ratio:
-            ratios.append(ratio)
+        ratio = sf_speedup(b) / l1_speedup(a) if l1_speedup(a) and sf_speedup(b) else None
         why = "" if a["accepted"] == (b["status"] == "ok") else (b["reason"] or a["reason"])
         table.append([k.removeprefix("cuda-l1/"), "ok" if a["accepted"] else "rejected", _fmt(a["speedup"]),
                       b["status"], _fmt(b["speedup"]), f"{ratio:.3f}" if ratio else "-",
                       "unstable" if b.get("unstable") else "", why[:110]])  # fmt: skip
+    print("== speedforge vs CUDA-L1 (single runs: run 1 of each) ==")
     print(format_table(["kernel", "CUDA-L1", "speedup", "speedforge", "speedup", "ratio", "", "disagreement"], table))
     both = sum(1 for k in keys if l1[k]["accepted"] and sf[k]["status"] == "ok")
     only_l1 = [k for k in keys if l1[k]["accepted"] and sf[k]["status"] != "ok"]
     only_sf = [k for k in keys if not l1[k]["accepted"] and sf[k]["status"] == "ok"]
     print(f"\n{len(keys)} kernels: accepted by both {both}, by CUDA-L1 only {len(only_l1)}, by speedforge only "
           f"{len(only_sf)}, by neither {len(keys) - both - len(only_l1) - len(only_sf)}")  # fmt: skip
+    ratios = pair_ratios(sf, l1, sf_speedup, l1_speedup, keys)
     if ratios:
-        q = statistics.quantiles(ratios, n=10) if len(ratios) >= 10 else [min(ratios), max(ratios)]
-        within = sum(1 for r in ratios if 0.9 <= r <= 1.1)
-        print(f"speedup ratio speedforge / CUDA-L1: median {statistics.median(ratios):.3f}, "
-              f"p10-p90 {q[0]:.3f}-{q[-1]:.3f}, min {min(ratios):.3f}, max {max(ratios):.3f} (n={len(ratios)}); "
-              f"within +-10%: {within} of {len(ratios)} ({within / len(ratios):.0%})")  # fmt: skip
+        print(f"speedup ratio speedforge / CUDA-L1: {agreement_line(list(ratios.values()))}")
         for level in sorted({k.split("/")[1] for k in keys}):
-            lr = [sf[k]["speedup"] / l1[k]["speedup"] for k in keys if k.split("/")[1] == level
-                  and l1[k]["accepted"] and sf[k]["status"] == "ok" and l1[k]["speedup"]]  # fmt: skip
+            lr = [r for k, r in ratios.items() if k.split("/")[1] == level]
             if lr:
                 print(f"  {level}: median ratio {statistics.median(lr):.3f}, within +-10% "
                       f"{sum(1 for r in lr if 0.9 <= r <= 1.1)} of {len(lr)}")
         early = [k for k in keys if sf[k].get("stopped_early")]
         if early:
             print(f"stopped early (interval wholly below early_stop_below): {', '.join(early)}")
+    order = [key(r) for r in rows]
+    if len(l1_runs) > 1 or len(sf_runs) > 1:
+        print()
+        for title, stem, speedup, side_runs in (("CUDA-L1 vs itself", "CUDA-L1", l1_speedup, l1_runs),
+                                                ("speedforge vs itself", "speedforge", sf_speedup, sf_runs)):  # fmt: skip
+            print(f"== {title} ==")
+            for line in self_agreement(side_runs, speedup, order, stem):
+                print(line)
+        print("== speedforge vs CUDA-L1 (single runs) ==")
+        for sf_label, sf_run in sf_runs.items():
+            for l1_label, l1_run in l1_runs.items():
+                pair = pair_ratios(sf_run, l1_run, sf_speedup, l1_speedup, order)
+                print(f"speedforge run {sf_label} / CUDA-L1 run {l1_label}: {agreement_line(list(pair.values()))}")
+        print("== speedforge vs CUDA-L1 (medians of runs) ==")
+        medians = median_of_runs(l1_runs, sf_runs, order)
+        print(format_table(["kernel", "CUDA-L1 runs", "median", "speedforge runs", "median", "ratio"],
+                           [[k.removeprefix("cuda-l1/"), _runs_cell(l1_runs, k, l1_speedup), _fmt(m["l1"]),
+                             _runs_cell(sf_runs, k, sf_speedup), _fmt(m["sf"]), f"{m['ratio']:.3f}" if m["ratio"] else "-"]
+                            for k, m in medians.items()]))  # fmt: skip
+        med = [m["ratio"] for m in medians.values() if m["ratio"]]
+        print(f"speedup ratio, median of speedforge's runs / median of CUDA-L1's runs: {agreement_line(med)}")
     l1_wall = sum(l1[k]["wall_s"] for k in keys)
-    run_file = args.out / "speedforge_run.json"
-    if run_file.exists() and keys:
-        run = json.loads(run_file.read_text())
+    run_path = args.out / "speedforge_run.json"
+    if run_path.exists() and keys:
+        run = json.loads(run_path.read_text())
         sf_rate, l1_rate = run["kernels"] / run["wall_s"], len(keys) / l1_wall
         print(f"throughput: speedforge evaluate {run['kernels']} kernels in {run['wall_s']:.0f} s "
               f"({sf_rate * 60:.1f}/min, cold, {run['pool']}); CUDA-L1 serially {len(keys)} in {l1_wall:.0f} s "
@@ -289,6 +364,77 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
               f"CV median {statistics.median(cvs):.2%}, max {max(cvs):.2%}; harness overhead "
               f"(wall - build - timed) median {statistics.median(overhead):.2f} s, "
               f"p90 {sorted(overhead)[int(0.9 * len(overhead))]:.2f} s (n={len(overhead)})")  # fmt: skip
+
+
+def agreement(ratios: list[float]) -> dict | None:
+    """The figures the issue's targets are stated in, for a list of speedup ratios: median,
+    p10-p90 (min-max below 10 ratios), min, max, n, how many within +-10% and outside [0.8, 1.25]."""
+    if not ratios:
+        return None
+    q = statistics.quantiles(ratios, n=10) if len(ratios) >= 10 else [min(ratios), max(ratios)]
+    return {"n": len(ratios), "median": statistics.median(ratios), "p10": q[0], "p90": q[-1], "min": min(ratios),
+            "max": max(ratios), "within_10pct": sum(1 for r in ratios if 0.9 <= r <= 1.1),
+            "outside_0.8_1.25": sum(1 for r in ratios if r < 0.8 or r > 1.25)}  # fmt: skip
+
+
+def agreement_line(ratios: list[float]) -> str:
+    a = agreement(ratios)
+    if a is None:
+        return "no kernel accepted by both"
+    return (f"median {a['median']:.3f}, p10-p90 {a['p10']:.3f}-{a['p90']:.3f}, min {a['min']:.3f}, max {a['max']:.3f} "
+            f"(n={a['n']}); within +-10%: {a['within_10pct']} of {a['n']} ({a['within_10pct'] / a['n']:.0%}); "
+            f"outside [0.8, 1.25]: {a['outside_0.8_1.25']}")  # fmt: skip
+
+
+def pair_ratios(num: dict, den: dict, num_speedup, den_speedup, order: list[str]) -> dict[str, float]:
+    """{kernel: num's speedup / den's speedup} over the kernels in `order` both runs accepted."""
+    out = {}
+    for k in order:
+        a, b = num_speedup(num.get(k)), den_speedup(den.get(k))
+        if a and b:
+            out[k] = a / b
+    return out
+
+
+def self_agreement(side_runs: dict[str, dict], speedup, order: list[str], name: str) -> list[str]:
+    """One line per pair of runs of one side (later run / earlier run, over the kernels both
+    accepted) and the kernels whose verdict differs between the two."""
+    labels = list(side_runs)
+    if len(labels) < 2:
+        return [f"one run of {name} only"]
+    lines = []
+    for i, first in enumerate(labels):
+        for second in labels[i + 1:]:
+            a, b = side_runs[first], side_runs[second]
+            ratios = pair_ratios(b, a, speedup, speedup, order)
+            flips = [k.removeprefix("cuda-l1/") for k in order if k in a and k in b
+                     and bool(speedup(a[k])) != bool(speedup(b[k]))]  # fmt: skip
+            lines.append(f"{name} run {second} / run {first}: {agreement_line(list(ratios.values()))}"
+                         + (f"; verdict differs on {', '.join(flips)}" if flips else ""))
+    return lines
+
+
+def median_of_runs(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: list[str]) -> dict[str, dict]:
+    """Per kernel measured by both sides: the median of each side's speedups over the runs that
+    accepted it, and their ratio (None where a side accepted it in no run)."""
+    out = {}
+    for k in order:
+        if not any(k in r for r in l1_runs.values()) or not any(k in r for r in sf_runs.values()):
+            continue
+        l1 = [s for r in l1_runs.values() if (s := l1_speedup(r.get(k)))]
+        sf = [s for r in sf_runs.values() if (s := sf_speedup(r.get(k)))]
+        l1_med = statistics.median(l1) if l1 else None
+        sf_med = statistics.median(sf) if sf else None
+        out[k] = {"l1": l1_med, "sf": sf_med, "ratio": sf_med / l1_med if l1_med and sf_med else None}
+    return out
+
+
+def _runs_cell(side_runs: dict[str, dict], k: str, speedup) -> str:
+    """Each run's speedup of kernel k, in run order: '-' not run, 'rej' not accepted."""
+    cells = []
+    for run in side_runs.values():
+        cells.append("-" if k not in run else f"{speedup(run[k]):.3f}" if speedup(run[k]) else "rej")
+    return " ".join(cells)
 
 
 def _cv(values: list[float]) -> float:
@@ -317,12 +463,22 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop a step after about this long (0: none)")
     parser.add_argument("--repeats", type=int, default=6, help="sandboxes per kernel in the repeat step")
     parser.add_argument("--repeat-limit", type=int, default=0, help="kernels in the repeat step (0: all accepted)")
+    parser.add_argument("--run-label", default="1",
+                        help="cuda-l1 and speedforge steps: which run of that side this is (default 1: cuda_l1.jsonl, "
+                             "speedforge.jsonl; label L writes cuda_l1.L.jsonl, speedforge.L.jsonl); report reads them all")
+    parser.add_argument("--kernels", default="",
+                        help="only these of the selected kernels, comma-separated (e.g. level1/34,level2/14)")
+    parser.add_argument("--only", choices=["accepted"], default=None,
+                        help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in --out")
     args = parser.parse_args()
     for path in (args.jsonl, args.harness):
         if not path.exists():
             raise SystemExit(f"not found: {path} (see ../shared/data/README.md)")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = select(args.jsonl, {int(x) for x in args.levels.split(",")}, args.every, args.limit)
+    if not args.run_label.replace("-", "").replace("_", "").isalnum():
+        raise SystemExit(f"--run-label {args.run_label!r}: letters, digits, - and _ only")
+    rows = choose(rows, args)
     {"cuda-l1": run_cuda_l1, "speedforge": run_speedforge, "repeat": run_repeat, "report": report}[args.step](args, rows)
     return 0
 

@@ -1,0 +1,134 @@
+"""The report logic of benchmarks/bench_fidelity.py: runs of each side found by label, each side
+against itself, speedforge against CUDA-L1 run by run and by the medians of runs, and the
+kernels --only accepted / --kernels pick.
+
+The result files here are fabricated on purpose: these tests check the arithmetic and the
+bookkeeping of `report` on inputs whose right answers are worked out by hand in the comments;
+the measuring steps need a GPU and CUDA-L1's harness (the benchmark itself, on the GPU machine)."""
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fidelity.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_fidelity", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_fidelity"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ROWS = [{"level_id": level, "task_id": task} for level, task in ((1, 1), (1, 2), (2, 3), (2, 4), (2, 5))]
+K1, K2, K3, K4, K5 = (f"cuda-l1/level{level}/{task}" for level, task in ((1, 1), (1, 2), (2, 3), (2, 4), (2, 5)))
+
+
+def l1(k, speedup, wall_s=10.0):
+    return {"key": k, "accepted": speedup is not None, "speedup": speedup, "reason": "" if speedup else "mismatch",
+            "wall_s": wall_s}
+
+
+def sf(k, speedup, status="ok"):
+    return {"key": k, "status": status if speedup else "incorrect", "reason": "" if speedup else "off by 0.05",
+            "speedup": speedup, "unstable": False}
+
+
+def write(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def out(tmp_path):
+    """Two runs per side. CUDA-L1 run 2 only on the kernels its run 1 accepted (as --only
+    accepted would pick them: K5 is left out there too, since speedforge never accepted it)."""
+    write(tmp_path / "cuda_l1.jsonl", [l1(K1, 1.0), l1(K2, 2.0), l1(K3, 1.5), l1(K4, None), l1(K5, 1.2)])
+    write(tmp_path / "cuda_l1.2.jsonl", [l1(K1, 1.08), l1(K2, 1.5), l1(K3, 1.5)])
+    write(tmp_path / "speedforge.jsonl", [sf(K1, 1.0), sf(K2, 2.0), sf(K3, 1.26), sf(K4, 1.3), sf(K5, None)])
+    write(tmp_path / "speedforge.2.jsonl", [sf(K1, 1.05), sf(K2, None), sf(K3, 1.45), sf(K4, 1.3), sf(K5, None)])
+    return tmp_path
+
+
+def test_runs_are_found_by_label_run_1_first(bench, out):
+    write(out / "cuda_l1.10.jsonl", [l1(K1, 1.0)])
+    assert list(bench.runs(out, "cuda_l1")) == ["1", "2", "10"]
+    assert list(bench.runs(out, "speedforge")) == ["1", "2"]
+    assert bench.run_file(out, "speedforge_run", "2", "json").name == "speedforge_run.2.json"
+    assert bench.run_file(out, "cuda_l1", "1").name == "cuda_l1.jsonl"
+
+
+def test_agreement_figures(bench):
+    a = bench.agreement([1.08, 0.75, 1.0])
+    assert a == {"n": 3, "median": 1.0, "p10": 0.75, "p90": 1.08, "min": 0.75, "max": 1.08, "within_10pct": 2,
+                 "outside_0.8_1.25": 1}
+    assert bench.agreement([]) is None
+    ten = bench.agreement([0.7, 0.85, 0.95, 1.0, 1.0, 1.02, 1.05, 1.09, 1.2, 1.3])
+    assert ten["median"] == pytest.approx(1.01)
+    assert ten["within_10pct"] == 6 and ten["outside_0.8_1.25"] == 2  # 0.7 and 1.3 outside; 0.85, 1.2, both ends out of +-10%
+    assert ten["p10"] == pytest.approx(0.715) and ten["p90"] == pytest.approx(1.29)  # statistics.quantiles, exclusive
+
+
+def test_each_side_against_itself(bench, out):
+    order = [bench.key(r) for r in ROWS]
+    # CUDA-L1 run 2 / run 1 over K1-K3: 1.08, 0.75, 1.0 (K4 rejected in run 1, K5 not in run 2)
+    (line,) = bench.self_agreement(bench.runs(out, "cuda_l1"), bench.l1_speedup, order, "CUDA-L1")
+    assert line == ("CUDA-L1 run 2 / run 1: median 1.000, p10-p90 0.750-1.080, min 0.750, max 1.080 (n=3); "
+                    "within +-10%: 2 of 3 (67%); outside [0.8, 1.25]: 1")
+    # speedforge run 2 / run 1: K1 1.05, K3 1.45 / 1.26 = 1.151, K4 1.0; K2 ok then incorrect
+    (line,) = bench.self_agreement(bench.runs(out, "speedforge"), bench.sf_speedup, order, "speedforge")
+    assert line == ("speedforge run 2 / run 1: median 1.050, p10-p90 1.000-1.151, min 1.000, max 1.151 (n=3); "
+                    "within +-10%: 2 of 3 (67%); outside [0.8, 1.25]: 0; verdict differs on level1/2")
+    assert bench.self_agreement({"1": {}}, bench.sf_speedup, order, "speedforge") == ["one run of speedforge only"]
+
+
+def test_medians_of_runs(bench, out):
+    medians = bench.median_of_runs(bench.runs(out, "cuda_l1"), bench.runs(out, "speedforge"), [bench.key(r) for r in ROWS])
+    # K1: CUDA-L1 median(1.0, 1.08) = 1.04, speedforge median(1.0, 1.05) = 1.025
+    assert medians[K1] == pytest.approx({"l1": 1.04, "sf": 1.025, "ratio": 1.025 / 1.04})
+    # K2: CUDA-L1 median(2.0, 1.5) = 1.75; speedforge accepted it in run 1 only: 2.0
+    assert medians[K2] == pytest.approx({"l1": 1.75, "sf": 2.0, "ratio": 2.0 / 1.75})
+    assert medians[K3] == pytest.approx({"l1": 1.5, "sf": 1.355, "ratio": 1.355 / 1.5})
+    assert medians[K4] == {"l1": None, "sf": 1.3, "ratio": None}
+    assert medians[K5] == {"l1": 1.2, "sf": None, "ratio": None}
+    agreement = bench.agreement([m["ratio"] for m in medians.values() if m["ratio"]])
+    assert agreement["median"] == pytest.approx(1.025 / 1.04)
+    assert (agreement["n"], agreement["within_10pct"], agreement["outside_0.8_1.25"]) == (3, 2, 0)  # 1.143 out
+
+
+def test_report_prints_every_section(bench, out, capsys):
+    (out / "speedforge_run.json").write_text(json.dumps({"kernels": 5, "wall_s": 10.0, "pool": "H100"}))
+    bench.report(argparse.Namespace(out=out), ROWS)
+    text = capsys.readouterr().out
+    for heading in ("== speedforge vs CUDA-L1 (single runs: run 1 of each) ==", "== CUDA-L1 vs itself ==",
+                    "== speedforge vs itself ==", "== speedforge vs CUDA-L1 (single runs) ==",
+                    "== speedforge vs CUDA-L1 (medians of runs) =="):  # fmt: skip
+        assert heading in text
+    # run 1 of each: K1 1.0, K2 1.0, K3 1.26 / 1.5 = 0.84 (K4 rejected by CUDA-L1, K5 by speedforge)
+    assert ("speedup ratio speedforge / CUDA-L1: median 1.000, p10-p90 0.840-1.000, min 0.840, max 1.000 (n=3); "
+            "within +-10%: 2 of 3 (67%); outside [0.8, 1.25]: 0") in text
+    assert "5 kernels: accepted by both 3, by CUDA-L1 only 1, by speedforge only 1, by neither 0" in text
+    # speedforge run 2 / CUDA-L1 run 2: K1 1.05 / 1.08 = 0.972, K3 1.45 / 1.5 = 0.967
+    assert "speedforge run 2 / CUDA-L1 run 2: median 0.969, p10-p90 0.967-0.972, min 0.967, max 0.972 (n=2)" in text
+    assert "speedforge run 1 / CUDA-L1 run 2" in text and "speedforge run 2 / CUDA-L1 run 1" in text
+    assert ("speedup ratio, median of speedforge's runs / median of CUDA-L1's runs: median 0.986, p10-p90 0.903-1.143, "
+            "min 0.903, max 1.143 (n=3); within +-10%: 2 of 3 (67%); outside [0.8, 1.25]: 0") in text
+    assert "level1/2  2.000 1.500   1.750x  2.000 rej" in text  # each run's speedup, in run order
+    # throughput from run 1 (unchanged): 5 kernels in 10 s against CUDA-L1's 5 x 10 s
+    assert "throughput: speedforge evaluate 5 kernels in 10 s (30.0/min, cold, H100); CUDA-L1 serially 5 in 50 s" in text
+
+
+def test_only_accepted_and_named_kernels(bench, out):
+    args = argparse.Namespace(out=out, kernels="", only="accepted")
+    assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K1, K2, K3]  # K4: CUDA-L1 rejected, K5: speedforge
+    args = argparse.Namespace(out=out, kernels="level2/4, cuda-l1/level1/1", only=None)
+    assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K1, K4]
+    with pytest.raises(SystemExit, match="level3/9"):
+        bench.choose(ROWS, argparse.Namespace(out=out, kernels="level3/9", only=None))
+    with pytest.raises(SystemExit, match="run the cuda-l1 and speedforge steps first"):
+        bench.choose(ROWS, argparse.Namespace(out=out / "empty", kernels="", only="accepted"))
