@@ -33,17 +33,65 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "cuda-l1"
 
-# Runs CUDA-L1's harness on one kernel in a process of its own, the way its eval() does.
+# Runs CUDA-L1's harness on one kernel in a process of its own, the way its eval() does. It also
+# records, without changing what the harness does, each timed call's time and each pair's order
+# as the harness takes them (its elapsed_time and random.choice, seen only inside
+# eval_kernel_against_ref), into argv[5]: per trial (one fresh pair of models, 10 calls each) the
+# reference's and the custom model's times in ms and the trial's score, so `report` can score
+# CUDA-L1's own calls the way speedforge scores its calls. The harness's log keeps only scores.
 CUDA_L1_DRIVER = """
-import json, sys
+import json, random, sys
 sys.path.insert(0, sys.argv[1])
 import eval_cuda
+import torch
 ref, custom = open(sys.argv[2]).read(), open(sys.argv[3]).read()
-eval_cuda.eval_pipeline(warmup_src=ref, original_model_src=ref, custom_model_src=custom,
-                        num_correct_trials=10, num_perf_trials=10, global_n_trials=7, gpu_index=0,
-                        verbose=False, log_path=sys.argv[4], max_time=1800, original_eval_setup="vanilla")
-"""
+seen = {"on": False, "ms": [], "ref_first": []}
+trials = []
+elapsed = torch.cuda.Event.elapsed_time
 
+def recorded_elapsed(self, end):
+    ms = elapsed(self, end)
+    if seen["on"]:
+        seen["ms"].append(ms)
+    return ms
+
+class RecordedRandom:
+    def __getattr__(self, name):
+        return getattr(random, name)
+
+    def choice(self, seq):
+        picked = random.choice(seq)
+        if seen["on"]:
+            seen["ref_first"].append(picked)
+        return picked
+
+def recorded_trial(*args, timed=eval_cuda.eval_kernel_against_ref, **kwargs):
+    seen.update(on=True, ms=[], ref_first=[])
+    try:
+        result = timed(*args, **kwargs)
+    finally:
+        seen["on"] = False
+    ms, first = seen["ms"], seen["ref_first"]
+    trial = {"score": result[0] if result else None, "ref_ms": [], "custom_ms": []}
+    if len(ms) == 2 * len(first):
+        for k, ref_first in enumerate(first):
+            a, b = ms[2 * k], ms[2 * k + 1]
+            trial["ref_ms"].append(a if ref_first else b)
+            trial["custom_ms"].append(b if ref_first else a)
+    trials.append(trial)
+    return result
+
+torch.cuda.Event.elapsed_time = recorded_elapsed
+eval_cuda.random = RecordedRandom()
+eval_cuda.eval_kernel_against_ref = recorded_trial
+try:
+    eval_cuda.eval_pipeline(warmup_src=ref, original_model_src=ref, custom_model_src=custom,
+                            num_correct_trials=10, num_perf_trials=10, global_n_trials=7, gpu_index=0,
+                            verbose=False, log_path=sys.argv[4], max_time=1800, original_eval_setup="vanilla")
+finally:
+    with open(sys.argv[5], "w") as f:
+        json.dump(trials, f)
+"""
 
 def select(jsonl: Path, levels: set[int], every: int, limit: int) -> list[dict]:
     """The corpus: rows with a custom kernel, of the given levels, ordered, every k-th."""
@@ -131,21 +179,27 @@ def run_cuda_l1(args: argparse.Namespace, rows: list[dict]) -> None:
         if args.budget_s and time.perf_counter() - start > args.budget_s:
             print(f"budget of {args.budget_s:.0f} s spent; {len(todo) - i} kernels left for the next call")
             break
+        # the kernel's own extension folder, kept in --out: run 1 builds cold (a new folder, like
+        # speedforge's fresh cache), a later run of the same kernel loads those builds (ext_warm)
+        ext = args.out / "cuda-l1-ext" / key(row).replace("/", "_")
+        warm = ext.exists() and any(ext.iterdir())
         with tempfile.TemporaryDirectory(prefix="cudal1-") as tmp:
             tmp = Path(tmp)
             (tmp / "ref.py").write_text(row["ref_code"])
             (tmp / "custom.py").write_text(row["custom_code"])
-            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp / "ext")}  # cold, like speedforge's run
+            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run([sys.executable, "-c", CUDA_L1_DRIVER, str(args.harness.parent), str(tmp / "ref.py"),
-                                       str(tmp / "custom.py"), str(tmp / "log.jsonl")], env=env, capture_output=True,
-                                      text=True, timeout=args.timeout_s)  # fmt: skip
+                                       str(tmp / "custom.py"), str(tmp / "log.jsonl"), str(tmp / "samples.json")],
+                                      env=env, capture_output=True, text=True, timeout=args.timeout_s)  # fmt: skip
                 tail = (proc.stderr or proc.stdout)[-300:]
             except subprocess.TimeoutExpired:
                 tail = f"timed out after {args.timeout_s:.0f} s"
             wall = time.perf_counter() - t0
-            record = {"key": key(row), "wall_s": wall, **_cuda_l1_verdict(tmp / "log.jsonl", tail)}
+            record = {"key": key(row), "wall_s": wall, "ext_warm": warm, **_cuda_l1_verdict(tmp / "log.jsonl", tail)}
+            if record["accepted"]:
+                record.update(_cuda_l1_samples(tmp / "samples.json", record.get("scores")))
         append_jsonl(out, record)
         print(f"[{i + 1}/{len(todo)}] {record['key']}: {'ok' if record['accepted'] else 'rejected'} "
               f"{_fmt(record['speedup'])} in {wall:.1f} s {record['reason'][:100]}", flush=True)  # fmt: skip
@@ -160,6 +214,23 @@ def _cuda_l1_verdict(log: Path, tail: str) -> dict:
     if final.get("error"):
         return {"accepted": False, "speedup": None, "reason": str(final.get("error_msg", ""))[:500]}
     return {"accepted": True, "speedup": final["score"], "reason": "", "scores": final.get("scores")}
+
+
+def _cuda_l1_samples(path: Path, scores: list | None) -> dict:
+    """The driver's per-call times, kept only where they reproduce the harness's own scores (each
+    trial's mean(reference) / mean(custom) is its score, to the 4 decimals its log rounds to): a
+    candidate that calls elapsed_time or random.choice itself would shift the pairing."""
+    trials = json.loads(path.read_text()) if path.exists() else []
+    if not trials or not scores or len(trials) != len(scores):
+        return {"samples_note": f"{len(trials)} trials recorded for {len(scores or [])} scores"}
+    for i, (trial, score) in enumerate(zip(trials, scores)):
+        ref, custom = trial["ref_ms"], trial["custom_ms"]
+        if not ref or len(ref) != len(custom) or trial["score"] is None:
+            return {"samples_note": f"trial {i}: {len(ref)} reference and {len(custom)} custom times"}
+        mine = (sum(ref) / len(ref)) / (sum(custom) / len(custom))
+        if abs(mine - trial["score"]) > 1e-9 * trial["score"] or abs(round(mine, 4) - score) > 1.5e-4:
+            return {"samples_note": f"trial {i}: the recorded times give {mine:.4f}, the harness {score}"}
+    return {"samples": [{"ref_ms": t["ref_ms"], "custom_ms": t["custom_ms"]} for t in trials]}
 
 
 # -- speedforge -------------------------------------------------------------------------------------
@@ -348,6 +419,7 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
                             for k, m in medians.items()]))  # fmt: skip
         med = [m["ratio"] for m in medians.values() if m["ratio"]]
         print(f"speedup ratio, median of speedforge's runs / median of CUDA-L1's runs: {agreement_line(med)}")
+    print_statistic(l1_runs, sf_runs, order)
     l1_wall = sum(l1[k]["wall_s"] for k in keys)
     run_path = args.out / "speedforge_run.json"
     if run_path.exists() and keys:
@@ -356,6 +428,9 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         print(f"throughput: speedforge evaluate {run['kernels']} kernels in {run['wall_s']:.0f} s "
               f"({sf_rate * 60:.1f}/min, cold, {run['pool']}); CUDA-L1 serially {len(keys)} in {l1_wall:.0f} s "
               f"({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
+        warm = [k for k in keys if l1[k].get("ext_warm")]
+        if warm:
+            print(f"  (not cold: CUDA-L1's run 1 found builds of an earlier run for {len(warm)} kernels)")
     repeats = read_jsonl(args.out / "repeat.jsonl")
     if repeats:
         cvs = [_cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2]
@@ -429,6 +504,77 @@ def median_of_runs(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: li
     return out
 
 
+def l1_statistics(record: dict | None) -> dict | None:
+    """CUDA-L1's calls of one accepted kernel scored both ways, from the driver's samples: its
+    score (the mean over trials of each trial's mean(reference) / mean(custom)), the ratio of
+    means and the ratio of medians over all its timed calls (speedforge's statistic on the GPU:
+    median(reference) / median(candidate)), and the two medians in us. None without samples."""
+    if not l1_speedup(record) or not record.get("samples"):
+        return None
+    ref = [ms * 1e3 for trial in record["samples"] for ms in trial["ref_ms"]]
+    custom = [ms * 1e3 for trial in record["samples"] for ms in trial["custom_ms"]]
+    return {"score": record["speedup"], "ratio_of_means": statistics.fmean(ref) / statistics.fmean(custom),
+            "ratio_of_medians": statistics.median(ref) / statistics.median(custom),
+            "ref_us": statistics.median(ref), "cand_us": statistics.median(custom), "calls": len(ref)}  # fmt: skip
+
+
+def statistic_table(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: list[str]) -> dict[str, dict]:
+    """Per kernel that speedforge accepted in a run and CUDA-L1 accepted with samples in a run:
+    the median over CUDA-L1's runs of each l1_statistics figure, the median over speedforge's
+    accepted runs of its speedup, ref_us and cand_us, and the ratios speedforge / CUDA-L1 with
+    CUDA-L1 scored its own way and speedforge's way, and of each side's times."""
+    out = {}
+    for k in order:
+        l1 = [s for r in l1_runs.values() if (s := l1_statistics(r.get(k)))]
+        sf = [r[k] for r in sf_runs.values() if sf_speedup(r.get(k))]
+        if not l1 or not sf:
+            continue
+        row = {f"l1_{name}": statistics.median(s[name] for s in l1)
+               for name in ("score", "ratio_of_means", "ratio_of_medians", "ref_us", "cand_us")}  # fmt: skip
+        row["sf_speedup"] = statistics.median(r["speedup"] for r in sf)
+        timed = [r for r in sf if r.get("ref_us") and r.get("cand_us")]
+        row["sf_ref_us"] = statistics.median(r["ref_us"] for r in timed) if timed else None
+        row["sf_cand_us"] = statistics.median(r["cand_us"] for r in timed) if timed else None
+        row["vs_score"] = row["sf_speedup"] / row["l1_score"]
+        row["vs_medians"] = row["sf_speedup"] / row["l1_ratio_of_medians"]
+        row["ref_time"] = row["sf_ref_us"] / row["l1_ref_us"] if row["sf_ref_us"] else None
+        row["cand_time"] = row["sf_cand_us"] / row["l1_cand_us"] if row["sf_cand_us"] else None
+        out[k] = row
+    return out
+
+
+def print_statistic(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: list[str]) -> None:
+    """Whether the estimator explains the differences: speedforge against CUDA-L1 scored its own
+    way and speedforge's way, and which side's time differs between the harnesses."""
+    from speedforge.reports.text import format_table
+
+    rows = statistic_table(l1_runs, sf_runs, order)
+    recorded = sum(1 for r in l1_runs.values() for rec in r.values() if rec.get("samples"))
+    accepted = sum(1 for r in l1_runs.values() for rec in r.values() if l1_speedup(rec))
+    print(f"\n== the statistic (CUDA-L1's per-call times: {recorded} of {accepted} accepted CUDA-L1 results) ==")
+    print("speedforge keeps no per-call times (an EvalResult has the medians ref_us and cand_us and their IQRs), so "
+          "its ratio of means cannot be computed; CUDA-L1's calls are scored both ways instead (medians over runs)")
+    if not rows:
+        print("no kernel with CUDA-L1 samples that speedforge accepted")
+        return
+    print(format_table(
+        ["kernel", "CUDA-L1 score", "L1 mean/mean", "L1 med/med", "speedforge", "sf/L1 score", "sf/L1 med/med",
+         "ref us sf/L1", "cand us sf/L1"],
+        [[k.removeprefix("cuda-l1/"), _num(r["l1_score"]), _num(r["l1_ratio_of_means"]),
+          _num(r["l1_ratio_of_medians"]), _num(r["sf_speedup"]), _num(r["vs_score"]), _num(r["vs_medians"]),
+          f"{_num(r['sf_ref_us'], 1)}/{_num(r['l1_ref_us'], 1)}", f"{_num(r['sf_cand_us'], 1)}/{_num(r['l1_cand_us'], 1)}"]
+         for k, r in rows.items()]))  # fmt: skip
+    print(f"speedforge / CUDA-L1 as CUDA-L1 scores (mean over trials of mean/mean): "
+          f"{agreement_line([r['vs_score'] for r in rows.values()])}")
+    print(f"speedforge / CUDA-L1 with CUDA-L1's calls scored as speedforge scores (median/median): "
+          f"{agreement_line([r['vs_medians'] for r in rows.values()])}")
+    for name, what in (("ref_time", "reference"), ("cand_time", "candidate")):
+        times = [r[name] for r in rows.values() if r[name]]
+        if times:
+            print(f"{what} time, speedforge's median / CUDA-L1's median: median {statistics.median(times):.3f}, "
+                  f"min {min(times):.3f}, max {max(times):.3f} (n={len(times)})")
+
+
 def _runs_cell(side_runs: dict[str, dict], k: str, speedup) -> str:
     """Each run's speedup of kernel k, in run order: '-' not run, 'rej' not accepted."""
     cells = []
@@ -439,6 +585,10 @@ def _runs_cell(side_runs: dict[str, dict], k: str, speedup) -> str:
 
 def _cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 else 0.0
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if value else "-"
 
 
 def _fmt(value: float | None) -> str:

@@ -132,3 +132,121 @@ def test_only_accepted_and_named_kernels(bench, out):
         bench.choose(ROWS, argparse.Namespace(out=out, kernels="level3/9", only=None))
     with pytest.raises(SystemExit, match="run the cuda-l1 and speedforge steps first"):
         bench.choose(ROWS, argparse.Namespace(out=out / "empty", kernels="", only="accepted"))
+
+
+# -- the statistic: CUDA-L1's own calls scored both ways --------------------------------------------
+
+
+def test_cuda_l1_samples_are_kept_only_where_they_give_the_harness_scores(bench, tmp_path):
+    path = tmp_path / "samples.json"
+    trials = [{"score": 3.0, "ref_ms": [2.0, 4.0], "custom_ms": [1.0, 1.0]},
+              {"score": 2.0, "ref_ms": [3.0, 3.0], "custom_ms": [1.0, 2.0]}]  # fmt: skip
+    path.write_text(json.dumps(trials))
+    assert bench._cuda_l1_samples(path, [3.0, 2.0]) == {"samples": [{"ref_ms": [2.0, 4.0], "custom_ms": [1.0, 1.0]},
+                                                                     {"ref_ms": [3.0, 3.0], "custom_ms": [1.0, 2.0]}]}
+    assert "the recorded times give 2.0000, the harness 2.2" in bench._cuda_l1_samples(path, [3.0, 2.2])["samples_note"]
+    assert bench._cuda_l1_samples(path, [3.0]) == {"samples_note": "2 trials recorded for 1 scores"}
+    trials[1]["ref_ms"] = []  # a call whose pairing was lost
+    path.write_text(json.dumps(trials))
+    assert bench._cuda_l1_samples(path, [3.0, 2.0]) == {"samples_note": "trial 1: 0 reference and 2 custom times"}
+    assert "samples_note" in bench._cuda_l1_samples(tmp_path / "absent.json", [3.0])
+
+
+SAMPLES = [{"ref_ms": [2.0, 4.0], "custom_ms": [1.0, 1.0]}, {"ref_ms": [3.0, 3.0], "custom_ms": [1.0, 2.0]}]
+
+
+def test_cuda_l1_calls_scored_both_ways(bench):
+    # trials' mean/mean 3.0 and 2.0: score 2.5; all calls: reference 2, 4, 3, 3 ms, custom 1, 1, 1, 2 ms
+    record = {**l1(K1, 2.5), "samples": SAMPLES}
+    assert bench.l1_statistics(record) == pytest.approx({"score": 2.5, "ratio_of_means": 3.0 / 1.25,
+                                                         "ratio_of_medians": 3.0, "ref_us": 3000.0,
+                                                         "cand_us": 1000.0, "calls": 4})  # fmt: skip
+    assert bench.l1_statistics(l1(K1, 2.5)) is None  # no samples (an earlier report's file)
+    assert bench.l1_statistics({**l1(K1, None), "samples": SAMPLES}) is None
+
+
+def test_statistic_table_and_its_lines(bench, tmp_path, capsys):
+    write(tmp_path / "cuda_l1.jsonl", [{**l1(K1, 2.5), "samples": SAMPLES}, l1(K2, 1.5)])
+    write(tmp_path / "cuda_l1.2.jsonl", [l1(K1, 2.4)])  # no samples: not in the statistic's medians
+    write(tmp_path / "speedforge.jsonl", [{**sf(K1, 2.7), "ref_us": 2700.0, "cand_us": 1000.0}, sf(K2, 1.5)])
+    write(tmp_path / "speedforge.2.jsonl", [{**sf(K1, 2.9), "ref_us": 2900.0, "cand_us": 1000.0}])
+    order = [bench.key(r) for r in ROWS]
+    table = bench.statistic_table(bench.runs(tmp_path, "cuda_l1"), bench.runs(tmp_path, "speedforge"), order)
+    assert list(table) == [K1]  # K2: CUDA-L1 recorded no samples
+    # speedforge: median of 2.7 and 2.9 = 2.8, ref 2800 us, candidate 1000 us
+    assert table[K1] == pytest.approx({
+        "l1_score": 2.5, "l1_ratio_of_means": 2.4, "l1_ratio_of_medians": 3.0, "l1_ref_us": 3000.0,
+        "l1_cand_us": 1000.0, "sf_speedup": 2.8, "sf_ref_us": 2800.0, "sf_cand_us": 1000.0, "vs_score": 2.8 / 2.5,
+        "vs_medians": 2.8 / 3.0, "ref_time": 2800.0 / 3000.0, "cand_time": 1.0})  # fmt: skip
+    bench.print_statistic(bench.runs(tmp_path, "cuda_l1"), bench.runs(tmp_path, "speedforge"), order)
+    text = capsys.readouterr().out
+    assert "CUDA-L1's per-call times: 1 of 3 accepted CUDA-L1 results" in text
+    assert ("speedforge / CUDA-L1 as CUDA-L1 scores (mean over trials of mean/mean): median 1.120, p10-p90 "
+            "1.120-1.120, min 1.120, max 1.120 (n=1); within +-10%: 0 of 1 (0%)") in text
+    assert "scored as speedforge scores (median/median): median 0.933," in text
+    assert "reference time, speedforge's median / CUDA-L1's median: median 0.933, min 0.933, max 0.933 (n=1)" in text
+    assert "level1/1  2.500          2.400         3.000       2.800" in text
+
+
+# A stand-in for CUDA-L1's eval_cuda.py, for the driver on a machine without CUDA: it calls
+# random.choice and torch.cuda.Event.elapsed_time in the order eval_kernel_against_ref does (one
+# choice per pair, then the two timed calls in that order) and writes the log lines
+# eval_pipeline writes. The real harness needs a GPU; the benchmark runs it there.
+STAND_IN = '''
+import json, os, random, torch
+random.seed(5)
+
+
+class Mark:
+    def __init__(self, ms):
+        self.ms = ms
+
+
+torch.cuda.Event.elapsed_time = lambda self, end: end.ms - self.ms
+
+
+def times(seed, k):
+    return 2.0 + seed / 100 + k / 1000, 1.0 + k / 1000  # (reference, custom) ms of call k
+
+
+def eval_kernel_against_ref(seed_num, num_perf_trials, **kwargs):
+    refs, customs = [], []
+    for k in range(num_perf_trials):
+        ref, custom = times(seed_num, k)
+        order = [ref, custom] if random.choice([True, False]) else [custom, ref]
+        for ms in order:
+            torch.cuda.Event.elapsed_time(Mark(0.0), Mark(ms))
+        refs.append(ref)
+        customs.append(custom)
+    return (sum(refs) / len(refs)) / (sum(customs) / len(customs)), 0.0, "Success"
+
+
+def eval_pipeline(log_path, num_perf_trials, global_n_trials, **kwargs):
+    os.makedirs(os.environ["TORCH_EXTENSIONS_DIR"], exist_ok=True)  # what a build leaves there
+    open(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "build.ninja"), "w").close()
+    scores = [eval_kernel_against_ref(seed_num=42 + t, num_perf_trials=num_perf_trials)[0] for t in range(global_n_trials)]
+    with open(log_path, "w") as f:
+        f.write(json.dumps({"done": True, "error": False, "score": sum(scores) / len(scores),
+                            "scores": [round(s, 4) for s in scores]}) + "\\n")
+'''
+
+
+def test_the_driver_records_each_call_on_its_side(bench, tmp_path):
+    """CUDA-L1's driver, through the cuda-l1 step, against the stand-in harness: every reference
+    and custom time lands on its own side whatever order the pair ran in, and a second run of
+    the kernel finds its builds (ext_warm)."""
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "eval_cuda.py").write_text(STAND_IN)
+    rows = [{"level_id": 1, "task_id": 1, "ref_code": "# reference", "custom_code": "# custom"}]
+    for label in ("1", "2"):
+        args = argparse.Namespace(out=tmp_path, run_label=label, budget_s=0.0, harness=tmp_path / "harness" / "eval_cuda.py",
+                                  timeout_s=120.0)  # fmt: skip
+        bench.run_cuda_l1(args, rows)
+    first, second = bench.read_jsonl(tmp_path / "cuda_l1.jsonl")[K1], bench.read_jsonl(tmp_path / "cuda_l1.2.jsonl")[K1]
+    assert first["accepted"], first["reason"]
+    assert (first["ext_warm"], second["ext_warm"]) == (False, True)
+    assert len(first["samples"]) == 7
+    for t, trial in enumerate(first["samples"]):
+        assert trial["ref_ms"] == [2.0 + (42 + t) / 100 + k / 1000 for k in range(10)]
+        assert trial["custom_ms"] == [1.0 + k / 1000 for k in range(10)]
+    assert second["samples"] == first["samples"]
