@@ -148,8 +148,9 @@ def sf_speedup(record: dict | None) -> float | None:
 
 
 def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
-    """The selected rows narrowed by --kernels (names like level1/34) and --only accepted (the
-    kernels CUDA-L1's run 1 accepted and speedforge accepted in at least one run, in --out)."""
+    """The selected rows narrowed by --kernels (names like level1/34) and --only: `accepted`, the
+    kernels CUDA-L1's run 1 accepted and speedforge accepted in at least one run (in --out);
+    `sf-rejected`, those speedforge evaluated and accepted in no run."""
     if args.kernels:
         wanted = {k.strip().removeprefix("cuda-l1/") for k in args.kernels.split(",") if k.strip()}
         known = {key(r).removeprefix("cuda-l1/") for r in rows}
@@ -163,6 +164,12 @@ def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
             raise SystemExit(f"--only accepted needs CUDA-L1's run 1 and a speedforge run in {args.out} "
                              "(run the cuda-l1 and speedforge steps first)")  # fmt: skip
         rows = [r for r in rows if l1_speedup(l1.get(key(r))) and any(sf_speedup(run.get(key(r))) for run in sf.values())]
+    elif args.only == "sf-rejected":
+        sf = runs(args.out, "speedforge")
+        if not sf:
+            raise SystemExit(f"--only sf-rejected needs a speedforge run in {args.out} (run the speedforge step first)")
+        rows = [r for r in rows if any(key(r) in run for run in sf.values())
+                and not any(sf_speedup(run.get(key(r))) for run in sf.values())]  # fmt: skip
     return rows
 
 
@@ -179,15 +186,17 @@ def run_cuda_l1(args: argparse.Namespace, rows: list[dict]) -> None:
         if args.budget_s and time.perf_counter() - start > args.budget_s:
             print(f"budget of {args.budget_s:.0f} s spent; {len(todo) - i} kernels left for the next call")
             break
-        # the kernel's own extension folder, kept in --out: run 1 builds cold (a new folder, like
-        # speedforge's fresh cache), a later run of the same kernel loads those builds (ext_warm)
+        # the kernel's own build folders (extensions, inductor, triton), kept in --out: run 1 builds
+        # cold (new folders, as each speedforge job has its own), a later run of the kernel on the
+        # same machine loads those builds (ext_warm)
         ext = args.out / "cuda-l1-ext" / key(row).replace("/", "_")
         warm = ext.exists() and any(ext.iterdir())
         with tempfile.TemporaryDirectory(prefix="cudal1-") as tmp:
             tmp = Path(tmp)
             (tmp / "ref.py").write_text(row["ref_code"])
             (tmp / "custom.py").write_text(row["custom_code"])
-            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
+            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext / "torch_extensions"),
+                   "TORCHINDUCTOR_CACHE_DIR": str(ext / "torchinductor"), "TRITON_CACHE_DIR": str(ext / "triton")}
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run([sys.executable, "-c", CUDA_L1_DRIVER, str(args.harness.parent), str(tmp / "ref.py"),
@@ -618,8 +627,9 @@ def main() -> int:
                              "speedforge.jsonl; label L writes cuda_l1.L.jsonl, speedforge.L.jsonl); report reads them all")
     parser.add_argument("--kernels", default="",
                         help="only these of the selected kernels, comma-separated (e.g. level1/34,level2/14)")
-    parser.add_argument("--only", choices=["accepted"], default=None,
-                        help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in --out")
+    parser.add_argument("--only", choices=["accepted", "sf-rejected"], default=None,
+                        help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in "
+                             "--out; sf-rejected: only those speedforge evaluated and accepted in no run")
     args = parser.parse_args()
     for path in (args.jsonl, args.harness):
         if not path.exists():

@@ -126,6 +126,8 @@ def test_report_prints_every_section(bench, out, capsys):
 def test_only_accepted_and_named_kernels(bench, out):
     args = argparse.Namespace(out=out, kernels="", only="accepted")
     assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K1, K2, K3]  # K4: CUDA-L1 rejected, K5: speedforge
+    args = argparse.Namespace(out=out, kernels="", only="sf-rejected")
+    assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K5]  # incorrect in both speedforge runs
     args = argparse.Namespace(out=out, kernels="level2/4, cuda-l1/level1/1", only=None)
     assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K1, K4]
     with pytest.raises(SystemExit, match="level3/9"):
