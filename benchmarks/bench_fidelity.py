@@ -1,4 +1,4 @@
-"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels (issue 10).
+"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels (issues 10, 25).
 
 Every kernel of the chosen levels of a CUDA-L1 JSONL (every k-th, to spread a corpus over
 calls) is evaluated with speedforge and with CUDA-L1's harness (its `eval_pipeline`, one
@@ -15,7 +15,42 @@ is done; --budget-s stops a step early):
     python benchmarks/bench_fidelity.py repeat     --out DIR    # 6 sandboxes per kernel: CV, overhead
     python benchmarks/bench_fidelity.py report     --out DIR    # the agreement table and summary
 
+Each side against itself: `--run-label L` makes the cuda-l1 or speedforge step another run of
+that side (cuda_l1.L.jsonl, speedforge.L.jsonl; run 1 is the unlabelled file), `--only accepted`
+or `--kernels level1/34,level2/14` narrows a step, and `report` prints every pair of runs of one
+side ("CUDA-L1 vs itself", "speedforge vs itself"), every pair of single runs, and speedforge
+against CUDA-L1 by the median of each side's runs. It also scores CUDA-L1's own timed calls (its
+driver records them) both ways: its score (the mean over 7 trials of mean(ref) / mean(custom)
+over 10 calls) and speedforge's statistic (median(ref) / median(custom)); speedforge's results
+keep only medians, so its own ratio of means cannot be had.
+
 The corpus and the harness default to ../shared/data/cuda-l1/ beside the checkout.
+
+On the GPU machine, levels 1-3 every 9th kernel (25), in two 10-minute calls (timeout_s 600;
+the machine may be fresh for the second, so results travel back and forth in .fid/, a folder of
+the checkout ignored by .git/info/exclude that also holds a100.jsonl and eval_cuda.py, and is
+named in carry; begin both with what installs the carried Ray, e.g. `bash benchmarks/gpu_check.sh
+install >/dev/null; export PYTHONPATH=/tmp/site` (no stage named: wheels/ and speedforge only);
+the deadlines below count from the call's start, that included). Call 1, speedforge twice cold
+(~180-210 s each), then CUDA-L1 on the kernels speedforge rejected (its slow torch.compile ones)
+until 500 s:
+
+    export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH; mkdir -p /tmp/fid; cp -n .fid/*.json* /tmp/fid/
+    F="python3 benchmarks/bench_fidelity.py --out /tmp/fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every 9"
+    save() { cp /tmp/fid/cuda_l1*.jsonl /tmp/fid/speedforge*.jsonl /tmp/fid/speedforge_run*.json $OUT/ 2>/dev/null; true; }
+    $F speedforge; save; $F speedforge --run-label 2; save
+    b=$((500 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --only sf-rejected --timeout-s 150 --budget-s $b; save
+
+Copy the returned files into .fid/. Call 2 (the same first three lines), CUDA-L1's run 1 on the
+rest until 450 s (cold: ~20 s a kernel; 511 s for all 25 serially before), then its run 2 on the
+kernels both accepted until 540 s (builds of this machine reused: a few seconds a kernel), then
+the report; if run 2 is cut short, the same command again resumes both:
+
+    b=$((450 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --timeout-s 150 --budget-s $b; save
+    b=$((540 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --run-label 2 --only accepted --timeout-s 150 --budget-s $b; save
+    $F report > $OUT/report.txt; cat $OUT/report.txt
+
+`report` runs on any machine from the returned files (`--out` their folder, the same --every).
 """
 
 from __future__ import annotations
