@@ -29,7 +29,7 @@ The corpus and the harness default to ../shared/data/cuda-l1/ beside the checkou
 On the GPU machine, levels 1-3 every 9th kernel (25), in two 10-minute calls (timeout_s 600;
 the machine may be fresh for the second, so results travel back and forth in .fid/, a folder of
 the checkout ignored by .git/info/exclude that also holds a100.jsonl and eval_cuda.py, and is
-named in carry; begin both with what installs the carried Ray, e.g. `bash benchmarks/gpu_check.sh
+named in carry; begin both with what installs the carried Ray, e.g. `OUT=/tmp/gc bash benchmarks/gpu_check.sh
 install >/dev/null; export PYTHONPATH=/tmp/site` (no stage named: wheels/ and speedforge only);
 the deadlines below count from the call's start, that included). Call 1, speedforge twice cold
 (~180-210 s each), then CUDA-L1 on the kernels speedforge rejected (its slow torch.compile ones)
