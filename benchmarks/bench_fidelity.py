@@ -26,28 +26,32 @@ keep only medians, so its own ratio of means cannot be had.
 
 The corpus and the harness default to ../shared/data/cuda-l1/ beside the checkout.
 
-On the GPU machine, levels 1-3 every 9th kernel (25), in two 10-minute calls (timeout_s 600;
-the machine may be fresh for the second, so results travel back and forth in .fid/, a folder of
-the checkout ignored by .git/info/exclude that also holds a100.jsonl and eval_cuda.py, and is
-named in carry; begin both with what installs the carried Ray, e.g. `OUT=/tmp/gc bash benchmarks/gpu_check.sh
-install >/dev/null; export PYTHONPATH=/tmp/site` (no stage named: wheels/ and speedforge only);
-the deadlines below count from the call's start, that included). Call 1, speedforge twice cold
-(~180-210 s each), then CUDA-L1 on the kernels speedforge rejected (its slow torch.compile ones)
-until 500 s:
+On the GPU machine, levels 1-3 every 9th kernel (25), in two 10-minute calls (timeout_s 600).
+The second call may get a fresh machine, so results travel back and forth in .fid/ (a folder of
+the checkout, ignored through .git/info/exclude, named in carry, holding a100.jsonl and
+eval_cuda.py too), and the kernels both accept are measured by both sides in the first call, on
+one machine; `report` names each run's GPU. Begin both calls with what installs the carried Ray,
+e.g. `OUT=/tmp/gc bash benchmarks/gpu_check.sh install >/dev/null; export PYTHONPATH=/tmp/site`
+(no stage named: wheels/ and speedforge only); the deadlines count from the call's start. Each
+call resumes what is done, so repeating it finishes what a deadline cut short. Call 1:
+speedforge cold (~180-210 s), CUDA-L1 on the kernels it accepted (cold, ~20 s a kernel, the
+torch.compile ones 23-70 s) until 470 s, then CUDA-L1 again on those both accepted (this
+machine's builds reused: a few seconds a kernel) until 550 s:
 
     export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH; mkdir -p /tmp/fid; cp -n .fid/*.json* /tmp/fid/
     F="python3 benchmarks/bench_fidelity.py --out /tmp/fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every 9"
     save() { cp /tmp/fid/cuda_l1*.jsonl /tmp/fid/speedforge*.jsonl /tmp/fid/speedforge_run*.json $OUT/ 2>/dev/null; true; }
-    $F speedforge; save; $F speedforge --run-label 2; save
-    b=$((500 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --only sf-rejected --timeout-s 150 --budget-s $b; save
+    [ -s /tmp/fid/speedforge.jsonl ] || $F speedforge; save
+    b=$((470 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --only sf-accepted --timeout-s 150 --budget-s $b; save
+    b=$((550 - SECONDS)); [ $b -gt 20 ] && $F cuda-l1 --run-label 2 --only accepted --timeout-s 150 --budget-s $b; save
 
-Copy the returned files into .fid/. Call 2 (the same first three lines), CUDA-L1's run 1 on the
-rest until 450 s (cold: ~20 s a kernel; 511 s for all 25 serially before), then its run 2 on the
-kernels both accepted until 540 s (builds of this machine reused: a few seconds a kernel), then
-the report; if run 2 is cut short, the same command again resumes both:
+Copy the returned files into .fid/. Call 2 (the same first three lines): speedforge again cold,
+CUDA-L1's run 1 on the rest (the kernels speedforge rejected; all 25 took 511 s serially before)
+until 480 s, what is left of its run 2 until 540 s, and the report:
 
-    b=$((450 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --timeout-s 150 --budget-s $b; save
-    b=$((540 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --run-label 2 --only accepted --timeout-s 150 --budget-s $b; save
+    [ -s /tmp/fid/speedforge.2.jsonl ] || $F speedforge --run-label 2; save
+    b=$((480 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --timeout-s 150 --budget-s $b; save
+    b=$((540 - SECONDS)); [ $b -gt 20 ] && $F cuda-l1 --run-label 2 --only accepted --timeout-s 150 --budget-s $b; save
     $F report > $OUT/report.txt; cat $OUT/report.txt
 
 `report` runs on any machine from the returned files (`--out` their folder, the same --every).
@@ -185,7 +189,8 @@ def sf_speedup(record: dict | None) -> float | None:
 def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     """The selected rows narrowed by --kernels (names like level1/34) and --only: `accepted`, the
     kernels CUDA-L1's run 1 accepted and speedforge accepted in at least one run (in --out);
-    `sf-rejected`, those speedforge evaluated and accepted in no run."""
+    `sf-accepted`, those speedforge accepted in at least one run; `sf-rejected`, those speedforge
+    evaluated and accepted in no run."""
     if args.kernels:
         wanted = {k.strip().removeprefix("cuda-l1/") for k in args.kernels.split(",") if k.strip()}
         known = {key(r).removeprefix("cuda-l1/") for r in rows}
@@ -199,6 +204,11 @@ def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
             raise SystemExit(f"--only accepted needs CUDA-L1's run 1 and a speedforge run in {args.out} "
                              "(run the cuda-l1 and speedforge steps first)")  # fmt: skip
         rows = [r for r in rows if l1_speedup(l1.get(key(r))) and any(sf_speedup(run.get(key(r))) for run in sf.values())]
+    elif args.only == "sf-accepted":
+        sf = runs(args.out, "speedforge")
+        if not sf:
+            raise SystemExit(f"--only sf-accepted needs a speedforge run in {args.out} (run the speedforge step first)")
+        rows = [r for r in rows if any(sf_speedup(run.get(key(r))) for run in sf.values())]
     elif args.only == "sf-rejected":
         sf = runs(args.out, "speedforge")
         if not sf:
@@ -216,6 +226,7 @@ def run_cuda_l1(args: argparse.Namespace, rows: list[dict]) -> None:
     done = read_jsonl(out)
     todo = [r for r in rows if key(r) not in done]
     print(f"CUDA-L1 harness, run {args.run_label}: {len(todo)} of {len(rows)} kernels to run", flush=True)
+    gpu = gpu_id() if todo else ""
     start = time.perf_counter()
     for i, row in enumerate(todo):
         if args.budget_s and time.perf_counter() - start > args.budget_s:
@@ -241,7 +252,8 @@ def run_cuda_l1(args: argparse.Namespace, rows: list[dict]) -> None:
             except subprocess.TimeoutExpired:
                 tail = f"timed out after {args.timeout_s:.0f} s"
             wall = time.perf_counter() - t0
-            record = {"key": key(row), "wall_s": wall, "ext_warm": warm, **_cuda_l1_verdict(tmp / "log.jsonl", tail)}
+            record = {"key": key(row), "wall_s": wall, "ext_warm": warm, "gpu": gpu,
+                      **_cuda_l1_verdict(tmp / "log.jsonl", tail)}  # fmt: skip
             if record["accepted"]:
                 record.update(_cuda_l1_samples(tmp / "samples.json", record.get("scores")))
         append_jsonl(out, record)
@@ -306,9 +318,11 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
 
     results = open_store(str(run_dir)).read_records("results", EvalResult)
     out = run_file(args.out, "speedforge", args.run_label)
+    gpu = gpu_id()
     for r in results:
-        append_jsonl(out, sf_record(r))
-    summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache)}
+        append_jsonl(out, sf_record(r, gpu))
+    summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache),
+               "gpu": gpu}  # fmt: skip
     run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
     print(f"speedforge evaluate, run {args.run_label}: {len(results)} results for {len(rows)} kernels in {wall:.1f} s "
           f"on {pool}")
@@ -336,9 +350,10 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
         builds = list(workers.map(build_candidate, ordered, candidates, [config] * len(candidates),
                                   ["cuda"] * len(candidates)))  # fmt: skip
     out = run_file(args.out, "speedforge", args.run_label)
+    gpu = gpu_id()
     for task, cand, build in zip(ordered, candidates, builds):
         r = run_candidate(task, cand, build, config, device="cuda", pool=pool)
-        append_jsonl(out, sf_record(r))
+        append_jsonl(out, sf_record(r, gpu))
         print(f"{r.task_id}: {r.status} {_fmt(r.speedup)} {r.reason[:120]}", flush=True)
     wall = time.perf_counter() - t0
     summary = {"kernels": len(rows), "results": len(candidates), "wall_s": wall, "pool": pool, "cache": str(cache),
@@ -347,7 +362,7 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     print(f"speedforge (direct), run {args.run_label}: {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
 
 
-def sf_record(r) -> dict:
+def sf_record(r, gpu: str) -> dict:
     """One line of speedforge.jsonl from an EvalResult: the verdict, the speedup and its
     interval, and the two medians it is the ratio of (ref_us / cand_us, GPU), with their IQRs.
     The result keeps no per-call times, so no other statistic can be derived from it."""
@@ -356,7 +371,18 @@ def sf_record(r) -> dict:
             "stopped_early": r.stopped_early, "ref_us": r.ref_us, "cand_us": r.cand_us, "ref_iqr_us": r.ref_iqr_us,
             "cand_iqr_us": r.cand_iqr_us, "timed_calls": r.timed_calls, "mode": r.mode, "device": r.device_name,
             "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
-            "findings": list(r.screen_findings)}  # fmt: skip
+            "findings": list(r.screen_findings), "gpu": gpu}  # fmt: skip
+
+
+def gpu_id() -> str:
+    """GPU 0's UUID from nvidia-smi (no CUDA context in this process), '' where there is none: the
+    machine a run measured on, since a device call may get a fresh machine."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
 
 
 def detected_pool() -> str:
@@ -443,8 +469,11 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         if early:
             print(f"stopped early (interval wholly below early_stop_below): {', '.join(early)}")
     order = [key(r) for r in rows]
+    print("\n== machines (GPU 0's UUID: kernels) ==")
+    for name, side_runs in (("CUDA-L1", l1_runs), ("speedforge", sf_runs)):
+        for label, run in side_runs.items():
+            print(f"{name} run {label}: {machines(run, order)}")
     if len(l1_runs) > 1 or len(sf_runs) > 1:
-        print()
         for title, stem, speedup, side_runs in (("CUDA-L1 vs itself", "CUDA-L1", l1_speedup, l1_runs),
                                                 ("speedforge vs itself", "speedforge", sf_speedup, sf_runs)):  # fmt: skip
             print(f"== {title} ==")
@@ -619,6 +648,18 @@ def print_statistic(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: l
                   f"min {min(times):.3f}, max {max(times):.3f} (n={len(times)})")
 
 
+def machines(run: dict[str, dict], order: list[str]) -> str:
+    """The GPUs a run's kernels (of `order`) were measured on, by the UUID's last 8 characters,
+    with how many kernels each: runs on different machines differ by the machine as well."""
+    count: dict[str, int] = {}
+    for k in order:
+        if k in run:
+            gpu = run[k].get("gpu")
+            name = gpu[-8:] if gpu else "unrecorded"
+            count[name] = count.get(name, 0) + 1
+    return ", ".join(f"{name} {n}" for name, n in count.items()) or "no kernels"
+
+
 def _runs_cell(side_runs: dict[str, dict], k: str, speedup) -> str:
     """Each run's speedup of kernel k, in run order: '-' not run, 'rej' not accepted."""
     cells = []
@@ -662,9 +703,10 @@ def main() -> int:
                              "speedforge.jsonl; label L writes cuda_l1.L.jsonl, speedforge.L.jsonl); report reads them all")
     parser.add_argument("--kernels", default="",
                         help="only these of the selected kernels, comma-separated (e.g. level1/34,level2/14)")
-    parser.add_argument("--only", choices=["accepted", "sf-rejected"], default=None,
+    parser.add_argument("--only", choices=["accepted", "sf-accepted", "sf-rejected"], default=None,
                         help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in "
-                             "--out; sf-rejected: only those speedforge evaluated and accepted in no run")
+                             "--out; sf-accepted: those speedforge accepted in a run; sf-rejected: those speedforge "
+                             "evaluated and accepted in no run")
     args = parser.parse_args()
     for path in (args.jsonl, args.harness):
         if not path.exists():

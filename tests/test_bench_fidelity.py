@@ -126,6 +126,8 @@ def test_report_prints_every_section(bench, out, capsys):
 def test_only_accepted_and_named_kernels(bench, out):
     args = argparse.Namespace(out=out, kernels="", only="accepted")
     assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K1, K2, K3]  # K4: CUDA-L1 rejected, K5: speedforge
+    args = argparse.Namespace(out=out, kernels="", only="sf-accepted")
+    assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K1, K2, K3, K4]
     args = argparse.Namespace(out=out, kernels="", only="sf-rejected")
     assert [bench.key(r) for r in bench.choose(ROWS, args)] == [K5]  # incorrect in both speedforge runs
     args = argparse.Namespace(out=out, kernels="level2/4, cuda-l1/level1/1", only=None)
@@ -252,3 +254,10 @@ def test_the_driver_records_each_call_on_its_side(bench, tmp_path):
         assert trial["ref_ms"] == [2.0 + (42 + t) / 100 + k / 1000 for k in range(10)]
         assert trial["custom_ms"] == [1.0 + k / 1000 for k in range(10)]
     assert second["samples"] == first["samples"]
+
+
+def test_machines_name_each_runs_gpus(bench):
+    run = {K1: {**sf(K1, 1.0), "gpu": "GPU-0000-aaaaaaaa"}, K2: {**sf(K2, 1.0), "gpu": "GPU-0000-bbbbbbbb"},
+           K3: {**sf(K3, 1.0), "gpu": "GPU-0000-aaaaaaaa"}, K4: sf(K4, 1.0)}  # K4: an earlier report's file
+    assert bench.machines(run, [bench.key(r) for r in ROWS]) == "aaaaaaaa 2, bbbbbbbb 1, unrecorded 1"
+    assert bench.machines({}, [K1]) == "no kernels"
