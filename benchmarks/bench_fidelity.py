@@ -26,32 +26,29 @@ keep only medians, so its own ratio of means cannot be had.
 
 The corpus and the harness default to ../shared/data/cuda-l1/ beside the checkout.
 
-On the GPU machine, levels 1-3 every 9th kernel (25), in two 10-minute calls (timeout_s 600).
-The second call may get a fresh machine, so results travel back and forth in .fid/ (a folder of
-the checkout, ignored through .git/info/exclude, named in carry, holding a100.jsonl and
-eval_cuda.py too), and the kernels both accept are measured by both sides in the first call, on
-one machine; `report` names each run's GPU. Begin both calls with what installs the carried Ray,
-e.g. `OUT=/tmp/gc bash benchmarks/gpu_check.sh install >/dev/null; export PYTHONPATH=/tmp/site`
-(no stage named: wheels/ and speedforge only); the deadlines count from the call's start. Each
-call resumes what is done, so repeating it finishes what a deadline cut short. Call 1:
-speedforge cold (~180-210 s), CUDA-L1 on the kernels it accepted (cold, ~20 s a kernel, the
-torch.compile ones 23-70 s) until 470 s, then CUDA-L1 again on those both accepted (this
-machine's builds reused: a few seconds a kernel) until 550 s:
+On the GPU machine, levels 1-3 every 9th kernel (25): one command, repeated in 10-minute calls
+(timeout_s 600) until its report lists no kernel left to measure (two calls for the kernels both
+accept, likely a short third for the rest of CUDA-L1's run 1). A call may get a fresh machine,
+so results travel in .fid/ (a folder of the checkout, ignored through .git/info/exclude, named
+in carry, with a100.jsonl and eval_cuda.py in it; copy each call's returned files into it). Begin
+with what installs the carried Ray, e.g. `OUT=/tmp/gc bash benchmarks/gpu_check.sh install
+>/dev/null; export PYTHONPATH=/tmp/site` (no stage named: wheels/ and speedforge only); the
+deadlines count from the call's start. In order: speedforge cold (~180-210 s), CUDA-L1 cold on
+the kernels speedforge accepted (~20 s a kernel, the torch.compile ones 23-70 s) until 470 s,
+CUDA-L1 again on those both accepted (this machine's builds reused: seconds a kernel) until
+550 s, so both sides measure those on one machine; in a later call speedforge again cold (if it
+can start by 300 s), then CUDA-L1's run 1 on the rest (speedforge's rejections; all 25 took
+511 s serially before) until 510 s; the report:
 
     export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH; mkdir -p /tmp/fid; cp -n .fid/*.json* /tmp/fid/
     F="python3 benchmarks/bench_fidelity.py --out /tmp/fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every 9"
     save() { cp /tmp/fid/cuda_l1*.jsonl /tmp/fid/speedforge*.jsonl /tmp/fid/speedforge_run*.json $OUT/ 2>/dev/null; true; }
+    L1="$F cuda-l1 --timeout-s 150 --budget-s"
     [ -s /tmp/fid/speedforge.jsonl ] || $F speedforge; save
-    b=$((470 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --only sf-accepted --timeout-s 150 --budget-s $b; save
-    b=$((550 - SECONDS)); [ $b -gt 20 ] && $F cuda-l1 --run-label 2 --only accepted --timeout-s 150 --budget-s $b; save
-
-Copy the returned files into .fid/. Call 2 (the same first three lines): speedforge again cold,
-CUDA-L1's run 1 on the rest (the kernels speedforge rejected; all 25 took 511 s serially before)
-until 480 s, what is left of its run 2 until 540 s, and the report:
-
-    [ -s /tmp/fid/speedforge.2.jsonl ] || $F speedforge --run-label 2; save
-    b=$((480 - SECONDS)); [ $b -gt 30 ] && $F cuda-l1 --timeout-s 150 --budget-s $b; save
-    b=$((540 - SECONDS)); [ $b -gt 20 ] && $F cuda-l1 --run-label 2 --only accepted --timeout-s 150 --budget-s $b; save
+    b=$((470 - SECONDS)); [ $b -gt 30 ] && $L1 $b --only sf-accepted; save
+    b=$((550 - SECONDS)); [ $b -gt 20 ] && $L1 $b --run-label 2 --only accepted; save
+    [ -s /tmp/fid/speedforge.2.jsonl ] || [ $SECONDS -gt 300 ] || $F speedforge --run-label 2; save
+    b=$((510 - SECONDS)); [ $b -gt 30 ] && $L1 $b; save
     $F report > $OUT/report.txt; cat $OUT/report.txt
 
 `report` runs on any machine from the returned files (`--out` their folder, the same --every).
@@ -469,10 +466,11 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         if early:
             print(f"stopped early (interval wholly below early_stop_below): {', '.join(early)}")
     order = [key(r) for r in rows]
-    print("\n== machines (GPU 0's UUID: kernels) ==")
+    print("\n== machines (GPU 0's UUID: kernels; CUDA-L1's later runs: of the kernels both accepted) ==")
+    accepted = [k for k in order if l1_speedup(l1.get(k)) and any(sf_speedup(r.get(k)) for r in sf_runs.values())]
     for name, side_runs in (("CUDA-L1", l1_runs), ("speedforge", sf_runs)):
         for label, run in side_runs.items():
-            print(f"{name} run {label}: {machines(run, order)}")
+            print(f"{name} run {label}: {machines(run, accepted if name == 'CUDA-L1' and label != '1' else order)}")
     if len(l1_runs) > 1 or len(sf_runs) > 1:
         for title, stem, speedup, side_runs in (("CUDA-L1 vs itself", "CUDA-L1", l1_speedup, l1_runs),
                                                 ("speedforge vs itself", "speedforge", sf_speedup, sf_runs)):  # fmt: skip
@@ -650,14 +648,17 @@ def print_statistic(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: l
 
 def machines(run: dict[str, dict], order: list[str]) -> str:
     """The GPUs a run's kernels (of `order`) were measured on, by the UUID's last 8 characters,
-    with how many kernels each: runs on different machines differ by the machine as well."""
+    with how many kernels each (runs on different machines differ by the machine as well), and
+    how many of `order` it has not measured."""
     count: dict[str, int] = {}
     for k in order:
         if k in run:
             gpu = run[k].get("gpu")
             name = gpu[-8:] if gpu else "unrecorded"
             count[name] = count.get(name, 0) + 1
-    return ", ".join(f"{name} {n}" for name, n in count.items()) or "no kernels"
+    missing = sum(1 for k in order if k not in run)
+    return (", ".join(f"{name} {n}" for name, n in count.items()) or "no kernels") + (
+        f"; {missing} of {len(order)} not measured" if missing else "")
 
 
 def _runs_cell(side_runs: dict[str, dict], k: str, speedup) -> str:

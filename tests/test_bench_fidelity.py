@@ -119,6 +119,8 @@ def test_report_prints_every_section(bench, out, capsys):
     assert ("speedup ratio, median of speedforge's runs / median of CUDA-L1's runs: median 0.986, p10-p90 0.903-1.143, "
             "min 0.903, max 1.143 (n=3); within +-10%: 2 of 3 (67%); outside [0.8, 1.25]: 0") in text
     assert "level1/2  2.000 1.500   1.750x  2.000 rej" in text  # each run's speedup, in run order
+    # CUDA-L1's run 2 is counted against the kernels both accepted (K1-K3), not all five
+    assert "CUDA-L1 run 1: unrecorded 5\nCUDA-L1 run 2: unrecorded 3\nspeedforge run 1: unrecorded 5" in text
     # throughput from run 1 (unchanged): 5 kernels in 10 s against CUDA-L1's 5 x 10 s
     assert "throughput: speedforge evaluate 5 kernels in 10 s (30.0/min, cold, H100); CUDA-L1 serially 5 in 50 s" in text
 
@@ -259,5 +261,6 @@ def test_the_driver_records_each_call_on_its_side(bench, tmp_path):
 def test_machines_name_each_runs_gpus(bench):
     run = {K1: {**sf(K1, 1.0), "gpu": "GPU-0000-aaaaaaaa"}, K2: {**sf(K2, 1.0), "gpu": "GPU-0000-bbbbbbbb"},
            K3: {**sf(K3, 1.0), "gpu": "GPU-0000-aaaaaaaa"}, K4: sf(K4, 1.0)}  # K4: an earlier report's file
-    assert bench.machines(run, [bench.key(r) for r in ROWS]) == "aaaaaaaa 2, bbbbbbbb 1, unrecorded 1"
-    assert bench.machines({}, [K1]) == "no kernels"
+    assert bench.machines(run, [bench.key(r) for r in ROWS]) == "aaaaaaaa 2, bbbbbbbb 1, unrecorded 1; 1 of 5 not measured"
+    assert bench.machines(run, [K1, K2]) == "aaaaaaaa 1, bbbbbbbb 1"
+    assert bench.machines({}, [K1]) == "no kernels; 1 of 1 not measured"
