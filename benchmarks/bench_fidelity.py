@@ -1,4 +1,4 @@
-"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels (issue 10).
+"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels (issues 10, 25).
 
 Every kernel of the chosen levels of a CUDA-L1 JSONL (every k-th, to spread a corpus over
 calls) is evaluated with speedforge and with CUDA-L1's harness (its `eval_pipeline`, one
@@ -15,7 +15,43 @@ is done; --budget-s stops a step early):
     python benchmarks/bench_fidelity.py repeat     --out DIR    # 6 sandboxes per kernel: CV, overhead
     python benchmarks/bench_fidelity.py report     --out DIR    # the agreement table and summary
 
+Each side against itself: `--run-label L` makes the cuda-l1 or speedforge step another run of
+that side (cuda_l1.L.jsonl, speedforge.L.jsonl; run 1 is the unlabelled file), `--only accepted`
+or `--kernels level1/34,level2/14` narrows a step, and `report` prints every pair of runs of one
+side ("CUDA-L1 vs itself", "speedforge vs itself"), every pair of single runs, and speedforge
+against CUDA-L1 by the median of each side's runs. It also scores CUDA-L1's own timed calls (its
+driver records them) both ways: its score (the mean over 7 trials of mean(ref) / mean(custom)
+over 10 calls) and speedforge's statistic (median(ref) / median(custom)); speedforge's results
+keep only medians, so its own ratio of means cannot be had.
+
 The corpus and the harness default to ../shared/data/cuda-l1/ beside the checkout.
+
+On the GPU machine, levels 1-3 every 9th kernel (25): one command, repeated in 10-minute calls
+(timeout_s 600) until its report lists no kernel left to measure (two calls for the kernels both
+accept, likely a short third for the rest of CUDA-L1's run 1). A call may get a fresh machine,
+so results travel in .fid/ (a folder of the checkout, ignored through .git/info/exclude, named
+in carry, with a100.jsonl and eval_cuda.py in it; copy each call's returned files into it). Begin
+with what installs the carried Ray, e.g. `OUT=/tmp/gc bash benchmarks/gpu_check.sh install
+>/dev/null; export PYTHONPATH=/tmp/site` (no stage named: wheels/ and speedforge only); the
+deadlines count from the call's start. In order: speedforge cold (~180-210 s), CUDA-L1 cold on
+the kernels speedforge accepted (~20 s a kernel, the torch.compile ones 23-70 s) until 470 s,
+CUDA-L1 again on those both accepted (this machine's builds reused: seconds a kernel) until
+550 s, so both sides measure those on one machine; in a later call speedforge again cold (if it
+can start by 300 s), then CUDA-L1's run 1 on the rest (speedforge's rejections; all 25 took
+511 s serially before) until 510 s; the report:
+
+    export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH; mkdir -p /tmp/fid; cp -n .fid/*.json* /tmp/fid/
+    F="python3 benchmarks/bench_fidelity.py --out /tmp/fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every 9"
+    save() { cp /tmp/fid/cuda_l1*.jsonl /tmp/fid/speedforge*.jsonl /tmp/fid/speedforge_run*.json $OUT/ 2>/dev/null; true; }
+    L1="$F cuda-l1 --timeout-s 150 --budget-s"
+    [ -s /tmp/fid/speedforge.jsonl ] || $F speedforge; save
+    b=$((470 - SECONDS)); [ $b -gt 30 ] && $L1 $b --only sf-accepted; save
+    b=$((550 - SECONDS)); [ $b -gt 20 ] && $L1 $b --run-label 2 --only accepted; save
+    [ -s /tmp/fid/speedforge.2.jsonl ] || [ $SECONDS -gt 300 ] || $F speedforge --run-label 2; save
+    b=$((510 - SECONDS)); [ $b -gt 30 ] && $L1 $b; save
+    $F report > $OUT/report.txt; cat $OUT/report.txt
+
+`report` runs on any machine from the returned files (`--out` their folder, the same --every).
 """
 
 from __future__ import annotations
@@ -33,17 +69,65 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "cuda-l1"
 
-# Runs CUDA-L1's harness on one kernel in a process of its own, the way its eval() does.
+# Runs CUDA-L1's harness on one kernel in a process of its own, the way its eval() does. It also
+# records, without changing what the harness does, each timed call's time and each pair's order
+# as the harness takes them (its elapsed_time and random.choice, seen only inside
+# eval_kernel_against_ref), into argv[5]: per trial (one fresh pair of models, 10 calls each) the
+# reference's and the custom model's times in ms and the trial's score, so `report` can score
+# CUDA-L1's own calls the way speedforge scores its calls. The harness's log keeps only scores.
 CUDA_L1_DRIVER = """
-import json, sys
+import json, random, sys
 sys.path.insert(0, sys.argv[1])
 import eval_cuda
+import torch
 ref, custom = open(sys.argv[2]).read(), open(sys.argv[3]).read()
-eval_cuda.eval_pipeline(warmup_src=ref, original_model_src=ref, custom_model_src=custom,
-                        num_correct_trials=10, num_perf_trials=10, global_n_trials=7, gpu_index=0,
-                        verbose=False, log_path=sys.argv[4], max_time=1800, original_eval_setup="vanilla")
-"""
+seen = {"on": False, "ms": [], "ref_first": []}
+trials = []
+elapsed = torch.cuda.Event.elapsed_time
 
+def recorded_elapsed(self, end):
+    ms = elapsed(self, end)
+    if seen["on"]:
+        seen["ms"].append(ms)
+    return ms
+
+class RecordedRandom:
+    def __getattr__(self, name):
+        return getattr(random, name)
+
+    def choice(self, seq):
+        picked = random.choice(seq)
+        if seen["on"]:
+            seen["ref_first"].append(picked)
+        return picked
+
+def recorded_trial(*args, timed=eval_cuda.eval_kernel_against_ref, **kwargs):
+    seen.update(on=True, ms=[], ref_first=[])
+    try:
+        result = timed(*args, **kwargs)
+    finally:
+        seen["on"] = False
+    ms, first = seen["ms"], seen["ref_first"]
+    trial = {"score": result[0] if result else None, "ref_ms": [], "custom_ms": []}
+    if len(ms) == 2 * len(first):
+        for k, ref_first in enumerate(first):
+            a, b = ms[2 * k], ms[2 * k + 1]
+            trial["ref_ms"].append(a if ref_first else b)
+            trial["custom_ms"].append(b if ref_first else a)
+    trials.append(trial)
+    return result
+
+torch.cuda.Event.elapsed_time = recorded_elapsed
+eval_cuda.random = RecordedRandom()
+eval_cuda.eval_kernel_against_ref = recorded_trial
+try:
+    eval_cuda.eval_pipeline(warmup_src=ref, original_model_src=ref, custom_model_src=custom,
+                            num_correct_trials=10, num_perf_trials=10, global_n_trials=7, gpu_index=0,
+                            verbose=False, log_path=sys.argv[4], max_time=1800, original_eval_setup="vanilla")
+finally:
+    with open(sys.argv[5], "w") as f:
+        json.dump(trials, f)
+"""
 
 def select(jsonl: Path, levels: set[int], every: int, limit: int) -> list[dict]:
     """The corpus: rows with a custom kernel, of the given levels, ordered, every k-th."""
@@ -69,34 +153,106 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+# -- runs: a side measured again writes a file of its own --------------------------------------------
+
+
+def run_file(out: Path, stem: str, label: str, ext: str = "jsonl") -> Path:
+    """`stem.ext` for run 1 (the files earlier reports wrote), `stem.LABEL.ext` for run LABEL."""
+    return out / (f"{stem}.{ext}" if label == "1" else f"{stem}.{label}.{ext}")
+
+
+def runs(out: Path, stem: str) -> dict[str, dict[str, dict]]:
+    """Every run of one side in `out` by label, run 1 first: {label: {kernel key: record}}."""
+    found = {"1": read_jsonl(out / f"{stem}.jsonl")} if (out / f"{stem}.jsonl").exists() else {}
+    for path in sorted(out.glob(f"{stem}.*.jsonl"), key=lambda p: _label_order(p.name.split(".")[1])):
+        found[path.name.split(".")[1]] = read_jsonl(path)
+    return found
+
+
+def _label_order(label: str) -> tuple:
+    return (0, int(label), "") if label.isdigit() else (1, 0, label)
+
+
+def l1_speedup(record: dict | None) -> float | None:
+    """CUDA-L1's score where its harness accepted the kernel, else None."""
+    return record["speedup"] if record and record["accepted"] and record["speedup"] else None
+
+
+def sf_speedup(record: dict | None) -> float | None:
+    """speedforge's speedup where its result is ok, else None."""
+    return record["speedup"] if record and record["status"] == "ok" and record["speedup"] else None
+
+
+def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
+    """The selected rows narrowed by --kernels (names like level1/34) and --only: `accepted`, the
+    kernels CUDA-L1's run 1 accepted and speedforge accepted in at least one run (in --out);
+    `sf-accepted`, those speedforge accepted in at least one run; `sf-rejected`, those speedforge
+    evaluated and accepted in no run."""
+    if args.kernels:
+        wanted = {k.strip().removeprefix("cuda-l1/") for k in args.kernels.split(",") if k.strip()}
+        known = {key(r).removeprefix("cuda-l1/") for r in rows}
+        if wanted - known:
+            raise SystemExit(f"--kernels: not among the {len(rows)} selected kernels (check --every/--levels): "
+                             f"{', '.join(sorted(wanted - known))}")  # fmt: skip
+        rows = [r for r in rows if key(r).removeprefix("cuda-l1/") in wanted]
+    if args.only == "accepted":
+        l1, sf = runs(args.out, "cuda_l1").get("1", {}), runs(args.out, "speedforge")
+        if not l1 or not sf:
+            raise SystemExit(f"--only accepted needs CUDA-L1's run 1 and a speedforge run in {args.out} "
+                             "(run the cuda-l1 and speedforge steps first)")  # fmt: skip
+        rows = [r for r in rows if l1_speedup(l1.get(key(r))) and any(sf_speedup(run.get(key(r))) for run in sf.values())]
+    elif args.only == "sf-accepted":
+        sf = runs(args.out, "speedforge")
+        if not sf:
+            raise SystemExit(f"--only sf-accepted needs a speedforge run in {args.out} (run the speedforge step first)")
+        rows = [r for r in rows if any(sf_speedup(run.get(key(r))) for run in sf.values())]
+    elif args.only == "sf-rejected":
+        sf = runs(args.out, "speedforge")
+        if not sf:
+            raise SystemExit(f"--only sf-rejected needs a speedforge run in {args.out} (run the speedforge step first)")
+        rows = [r for r in rows if any(key(r) in run for run in sf.values())
+                and not any(sf_speedup(run.get(key(r))) for run in sf.values())]  # fmt: skip
+    return rows
+
+
 # -- CUDA-L1's harness ----------------------------------------------------------------------------
 
 
 def run_cuda_l1(args: argparse.Namespace, rows: list[dict]) -> None:
-    out = args.out / "cuda_l1.jsonl"
+    out = run_file(args.out, "cuda_l1", args.run_label)
     done = read_jsonl(out)
     todo = [r for r in rows if key(r) not in done]
-    print(f"CUDA-L1 harness: {len(todo)} of {len(rows)} kernels to run", flush=True)
+    print(f"CUDA-L1 harness, run {args.run_label}: {len(todo)} of {len(rows)} kernels to run", flush=True)
+    gpu = gpu_id() if todo else ""
     start = time.perf_counter()
     for i, row in enumerate(todo):
         if args.budget_s and time.perf_counter() - start > args.budget_s:
             print(f"budget of {args.budget_s:.0f} s spent; {len(todo) - i} kernels left for the next call")
             break
+        # the kernel's own build folders (extensions, inductor, triton), kept in --out: run 1 builds
+        # cold (new folders, as each speedforge job has its own), a later run of the kernel on the
+        # same machine loads those builds (ext_warm)
+        ext = args.out / "cuda-l1-ext" / key(row).replace("/", "_")
+        warm = ext.exists() and any(ext.iterdir())
         with tempfile.TemporaryDirectory(prefix="cudal1-") as tmp:
             tmp = Path(tmp)
             (tmp / "ref.py").write_text(row["ref_code"])
             (tmp / "custom.py").write_text(row["custom_code"])
-            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp / "ext")}  # cold, like speedforge's run
+            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext / "torch_extensions"),
+                   "TORCHINDUCTOR_CACHE_DIR": str(ext / "torchinductor"), "TRITON_CACHE_DIR": str(ext / "triton")}
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run([sys.executable, "-c", CUDA_L1_DRIVER, str(args.harness.parent), str(tmp / "ref.py"),
-                                       str(tmp / "custom.py"), str(tmp / "log.jsonl")], env=env, capture_output=True,
-                                      text=True, timeout=args.timeout_s)  # fmt: skip
+                                       str(tmp / "custom.py"), str(tmp / "log.jsonl"), str(tmp / "samples.json")],
+                                      env=env, capture_output=True, text=True, timeout=args.timeout_s)  # fmt: skip
                 tail = (proc.stderr or proc.stdout)[-300:]
             except subprocess.TimeoutExpired:
                 tail = f"timed out after {args.timeout_s:.0f} s"
             wall = time.perf_counter() - t0
-            record = {"key": key(row), "wall_s": wall, **_cuda_l1_verdict(tmp / "log.jsonl", tail)}
+            record = {"key": key(row), "wall_s": wall, "ext_warm": warm, "gpu": gpu,
+                      **_cuda_l1_verdict(tmp / "log.jsonl", tail)}  # fmt: skip
+            if record["accepted"]:
+                record.update(_cuda_l1_samples(tmp / "samples.json", record.get("scores")))
         append_jsonl(out, record)
         print(f"[{i + 1}/{len(todo)}] {record['key']}: {'ok' if record['accepted'] else 'rejected'} "
               f"{_fmt(record['speedup'])} in {wall:.1f} s {record['reason'][:100]}", flush=True)  # fmt: skip
@@ -113,6 +269,23 @@ def _cuda_l1_verdict(log: Path, tail: str) -> dict:
     return {"accepted": True, "speedup": final["score"], "reason": "", "scores": final.get("scores")}
 
 
+def _cuda_l1_samples(path: Path, scores: list | None) -> dict:
+    """The driver's per-call times, kept only where they reproduce the harness's own scores (each
+    trial's mean(reference) / mean(custom) is its score, to the 4 decimals its log rounds to): a
+    candidate that calls elapsed_time or random.choice itself would shift the pairing."""
+    trials = json.loads(path.read_text()) if path.exists() else []
+    if not trials or not scores or len(trials) != len(scores):
+        return {"samples_note": f"{len(trials)} trials recorded for {len(scores or [])} scores"}
+    for i, (trial, score) in enumerate(zip(trials, scores)):
+        ref, custom = trial["ref_ms"], trial["custom_ms"]
+        if not ref or len(ref) != len(custom) or trial["score"] is None:
+            return {"samples_note": f"trial {i}: {len(ref)} reference and {len(custom)} custom times"}
+        mine = (sum(ref) / len(ref)) / (sum(custom) / len(custom))
+        if abs(mine - trial["score"]) > 1e-9 * trial["score"] or abs(round(mine, 4) - score) > 1.5e-4:
+            return {"samples_note": f"trial {i}: the recorded times give {mine:.4f}, the harness {score}"}
+    return {"samples": [{"ref_ms": t["ref_ms"], "custom_ms": t["custom_ms"]} for t in trials]}
+
+
 # -- speedforge -------------------------------------------------------------------------------------
 
 
@@ -122,7 +295,7 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     runs one at a time, for a machine without Ray)."""
     if args.direct:
         return run_speedforge_direct(args, rows)
-    subset = args.out / "corpus.jsonl"
+    subset = run_file(args.out, "corpus", args.run_label)
     subset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = args.out / f"sf-cache-{int(time.time())}"  # a fresh cache: every build is cold
     env = {**os.environ, "SPEEDFORGE_CACHE": str(cache)}
@@ -141,15 +314,15 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     from speedforge.store import open_store
 
     results = open_store(str(run_dir)).read_records("results", EvalResult)
-    out = args.out / "speedforge.jsonl"
+    out = run_file(args.out, "speedforge", args.run_label)
+    gpu = gpu_id()
     for r in results:
-        append_jsonl(out, {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
-                           "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
-                           "mode": r.mode, "device": r.device_name, "wall_s": r.wall_s, "build_s": r.build_s,
-                           "run_s": r.run_s, "timed_s": r.timed_s, "findings": list(r.screen_findings)})  # fmt: skip
-    summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache)}
-    (args.out / "speedforge_run.json").write_text(json.dumps(summary))
-    print(f"speedforge evaluate: {len(results)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+        append_jsonl(out, sf_record(r, gpu))
+    summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache),
+               "gpu": gpu}  # fmt: skip
+    run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
+    print(f"speedforge evaluate, run {args.run_label}: {len(results)} results for {len(rows)} kernels in {wall:.1f} s "
+          f"on {pool}")
 
 
 def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -160,7 +333,7 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     from speedforge.evaluator import build_candidate, run_candidate
     from speedforge.tasks.importers import import_source
 
-    subset = args.out / "corpus.jsonl"
+    subset = run_file(args.out, "corpus", args.run_label)
     subset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = args.out / f"sf-cache-{int(time.time())}"
     pool = args.pool or detected_pool()
@@ -173,20 +346,40 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as workers:
         builds = list(workers.map(build_candidate, ordered, candidates, [config] * len(candidates),
                                   ["cuda"] * len(candidates)))  # fmt: skip
-    out = args.out / "speedforge.jsonl"
+    out = run_file(args.out, "speedforge", args.run_label)
+    gpu = gpu_id()
     for task, cand, build in zip(ordered, candidates, builds):
         r = run_candidate(task, cand, build, config, device="cuda", pool=pool)
-        append_jsonl(out, {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
-                           "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
-                           "stopped_early": r.stopped_early, "mode": r.mode, "device": r.device_name,
-                           "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
-                           "findings": list(r.screen_findings)})  # fmt: skip
+        append_jsonl(out, sf_record(r, gpu))
         print(f"{r.task_id}: {r.status} {_fmt(r.speedup)} {r.reason[:120]}", flush=True)
     wall = time.perf_counter() - t0
     summary = {"kernels": len(rows), "results": len(candidates), "wall_s": wall, "pool": pool, "cache": str(cache),
                "direct": True}  # fmt: skip
-    (args.out / "speedforge_run.json").write_text(json.dumps(summary))
-    print(f"speedforge (direct): {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+    run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
+    print(f"speedforge (direct), run {args.run_label}: {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+
+
+def sf_record(r, gpu: str) -> dict:
+    """One line of speedforge.jsonl from an EvalResult: the verdict, the speedup and its
+    interval, and the two medians it is the ratio of (ref_us / cand_us, GPU), with their IQRs.
+    The result keeps no per-call times, so no other statistic can be derived from it."""
+    return {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
+            "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
+            "stopped_early": r.stopped_early, "ref_us": r.ref_us, "cand_us": r.cand_us, "ref_iqr_us": r.ref_iqr_us,
+            "cand_iqr_us": r.cand_iqr_us, "timed_calls": r.timed_calls, "mode": r.mode, "device": r.device_name,
+            "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
+            "findings": list(r.screen_findings), "gpu": gpu}  # fmt: skip
+
+
+def gpu_id() -> str:
+    """GPU 0's UUID from nvidia-smi (no CUDA context in this process), '' where there is none: the
+    machine a run measured on, since a device call may get a fresh machine."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
 
 
 def detected_pool() -> str:
@@ -238,49 +431,77 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def report(args: argparse.Namespace, rows: list[dict]) -> None:
+    """The agreement of the first runs (the table earlier reports printed), then each side
+    against itself, every pair of single runs, the medians of runs, the statistic, throughput
+    and reproducibility."""
     from speedforge.reports.text import format_table
 
-    l1, sf = read_jsonl(args.out / "cuda_l1.jsonl"), read_jsonl(args.out / "speedforge.jsonl")
+    l1_runs, sf_runs = runs(args.out, "cuda_l1"), runs(args.out, "speedforge")
+    l1, sf = l1_runs.get("1", {}), sf_runs.get("1", {})
     keys = [key(r) for r in rows if key(r) in l1 and key(r) in sf]
-    table, ratios = [], []
+    table = []
     for k in keys:
         a, b = l1[k], sf[k]
-        ratio = b["speedup"] / a["speedup"] if a["accepted"] and b["status"] == "ok" and a["speedup"] else None
-        if ratio:
-            ratios.append(ratio)
+        ratio = sf_speedup(b) / l1_speedup(a) if l1_speedup(a) and sf_speedup(b) else None
         why = "" if a["accepted"] == (b["status"] == "ok") else (b["reason"] or a["reason"])
         table.append([k.removeprefix("cuda-l1/"), "ok" if a["accepted"] else "rejected", _fmt(a["speedup"]),
                       b["status"], _fmt(b["speedup"]), f"{ratio:.3f}" if ratio else "-",
                       "unstable" if b.get("unstable") else "", why[:110]])  # fmt: skip
+    print("== speedforge vs CUDA-L1 (single runs: run 1 of each) ==")
     print(format_table(["kernel", "CUDA-L1", "speedup", "speedforge", "speedup", "ratio", "", "disagreement"], table))
     both = sum(1 for k in keys if l1[k]["accepted"] and sf[k]["status"] == "ok")
     only_l1 = [k for k in keys if l1[k]["accepted"] and sf[k]["status"] != "ok"]
     only_sf = [k for k in keys if not l1[k]["accepted"] and sf[k]["status"] == "ok"]
     print(f"\n{len(keys)} kernels: accepted by both {both}, by CUDA-L1 only {len(only_l1)}, by speedforge only "
           f"{len(only_sf)}, by neither {len(keys) - both - len(only_l1) - len(only_sf)}")  # fmt: skip
+    ratios = pair_ratios(sf, l1, sf_speedup, l1_speedup, keys)
     if ratios:
-        q = statistics.quantiles(ratios, n=10) if len(ratios) >= 10 else [min(ratios), max(ratios)]
-        within = sum(1 for r in ratios if 0.9 <= r <= 1.1)
-        print(f"speedup ratio speedforge / CUDA-L1: median {statistics.median(ratios):.3f}, "
-              f"p10-p90 {q[0]:.3f}-{q[-1]:.3f}, min {min(ratios):.3f}, max {max(ratios):.3f} (n={len(ratios)}); "
-              f"within +-10%: {within} of {len(ratios)} ({within / len(ratios):.0%})")  # fmt: skip
+        print(f"speedup ratio speedforge / CUDA-L1: {agreement_line(list(ratios.values()))}")
         for level in sorted({k.split("/")[1] for k in keys}):
-            lr = [sf[k]["speedup"] / l1[k]["speedup"] for k in keys if k.split("/")[1] == level
-                  and l1[k]["accepted"] and sf[k]["status"] == "ok" and l1[k]["speedup"]]  # fmt: skip
+            lr = [r for k, r in ratios.items() if k.split("/")[1] == level]
             if lr:
                 print(f"  {level}: median ratio {statistics.median(lr):.3f}, within +-10% "
                       f"{sum(1 for r in lr if 0.9 <= r <= 1.1)} of {len(lr)}")
         early = [k for k in keys if sf[k].get("stopped_early")]
         if early:
             print(f"stopped early (interval wholly below early_stop_below): {', '.join(early)}")
+    order = [key(r) for r in rows]
+    print("\n== machines (GPU 0's UUID: kernels; CUDA-L1's later runs: of the kernels both accepted) ==")
+    accepted = [k for k in order if l1_speedup(l1.get(k)) and any(sf_speedup(r.get(k)) for r in sf_runs.values())]
+    for name, side_runs in (("CUDA-L1", l1_runs), ("speedforge", sf_runs)):
+        for label, run in side_runs.items():
+            print(f"{name} run {label}: {machines(run, accepted if name == 'CUDA-L1' and label != '1' else order)}")
+    if len(l1_runs) > 1 or len(sf_runs) > 1:
+        for title, stem, speedup, side_runs in (("CUDA-L1 vs itself", "CUDA-L1", l1_speedup, l1_runs),
+                                                ("speedforge vs itself", "speedforge", sf_speedup, sf_runs)):  # fmt: skip
+            print(f"== {title} ==")
+            for line in self_agreement(side_runs, speedup, order, stem):
+                print(line)
+        print("== speedforge vs CUDA-L1 (single runs) ==")
+        for sf_label, sf_run in sf_runs.items():
+            for l1_label, l1_run in l1_runs.items():
+                pair = pair_ratios(sf_run, l1_run, sf_speedup, l1_speedup, order)
+                print(f"speedforge run {sf_label} / CUDA-L1 run {l1_label}: {agreement_line(list(pair.values()))}")
+        print("== speedforge vs CUDA-L1 (medians of runs) ==")
+        medians = median_of_runs(l1_runs, sf_runs, order)
+        print(format_table(["kernel", "CUDA-L1 runs", "median", "speedforge runs", "median", "ratio"],
+                           [[k.removeprefix("cuda-l1/"), _runs_cell(l1_runs, k, l1_speedup), _fmt(m["l1"]),
+                             _runs_cell(sf_runs, k, sf_speedup), _fmt(m["sf"]), f"{m['ratio']:.3f}" if m["ratio"] else "-"]
+                            for k, m in medians.items()]))  # fmt: skip
+        med = [m["ratio"] for m in medians.values() if m["ratio"]]
+        print(f"speedup ratio, median of speedforge's runs / median of CUDA-L1's runs: {agreement_line(med)}")
+    print_statistic(l1_runs, sf_runs, order)
     l1_wall = sum(l1[k]["wall_s"] for k in keys)
-    run_file = args.out / "speedforge_run.json"
-    if run_file.exists() and keys:
-        run = json.loads(run_file.read_text())
+    run_path = args.out / "speedforge_run.json"
+    if run_path.exists() and keys:
+        run = json.loads(run_path.read_text())
         sf_rate, l1_rate = run["kernels"] / run["wall_s"], len(keys) / l1_wall
         print(f"throughput: speedforge evaluate {run['kernels']} kernels in {run['wall_s']:.0f} s "
               f"({sf_rate * 60:.1f}/min, cold, {run['pool']}); CUDA-L1 serially {len(keys)} in {l1_wall:.0f} s "
               f"({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
+        warm = [k for k in keys if l1[k].get("ext_warm")]
+        if warm:
+            print(f"  (not cold: CUDA-L1's run 1 found builds of an earlier run for {len(warm)} kernels)")
     repeats = read_jsonl(args.out / "repeat.jsonl")
     if repeats:
         cvs = [_cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2]
@@ -291,8 +512,169 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
               f"p90 {sorted(overhead)[int(0.9 * len(overhead))]:.2f} s (n={len(overhead)})")  # fmt: skip
 
 
+def agreement(ratios: list[float]) -> dict | None:
+    """The figures the issue's targets are stated in, for a list of speedup ratios: median,
+    p10-p90 (min-max below 10 ratios), min, max, n, how many within +-10% and outside [0.8, 1.25]."""
+    if not ratios:
+        return None
+    q = statistics.quantiles(ratios, n=10) if len(ratios) >= 10 else [min(ratios), max(ratios)]
+    return {"n": len(ratios), "median": statistics.median(ratios), "p10": q[0], "p90": q[-1], "min": min(ratios),
+            "max": max(ratios), "within_10pct": sum(1 for r in ratios if 0.9 <= r <= 1.1),
+            "outside_0.8_1.25": sum(1 for r in ratios if r < 0.8 or r > 1.25)}  # fmt: skip
+
+
+def agreement_line(ratios: list[float]) -> str:
+    a = agreement(ratios)
+    if a is None:
+        return "no kernel accepted by both"
+    return (f"median {a['median']:.3f}, p10-p90 {a['p10']:.3f}-{a['p90']:.3f}, min {a['min']:.3f}, max {a['max']:.3f} "
+            f"(n={a['n']}); within +-10%: {a['within_10pct']} of {a['n']} ({a['within_10pct'] / a['n']:.0%}); "
+            f"outside [0.8, 1.25]: {a['outside_0.8_1.25']}")  # fmt: skip
+
+
+def pair_ratios(num: dict, den: dict, num_speedup, den_speedup, order: list[str]) -> dict[str, float]:
+    """{kernel: num's speedup / den's speedup} over the kernels in `order` both runs accepted."""
+    out = {}
+    for k in order:
+        a, b = num_speedup(num.get(k)), den_speedup(den.get(k))
+        if a and b:
+            out[k] = a / b
+    return out
+
+
+def self_agreement(side_runs: dict[str, dict], speedup, order: list[str], name: str) -> list[str]:
+    """One line per pair of runs of one side (later run / earlier run, over the kernels both
+    accepted) and the kernels whose verdict differs between the two."""
+    labels = list(side_runs)
+    if len(labels) < 2:
+        return [f"one run of {name} only"]
+    lines = []
+    for i, first in enumerate(labels):
+        for second in labels[i + 1:]:
+            a, b = side_runs[first], side_runs[second]
+            ratios = pair_ratios(b, a, speedup, speedup, order)
+            flips = [k.removeprefix("cuda-l1/") for k in order if k in a and k in b
+                     and bool(speedup(a[k])) != bool(speedup(b[k]))]  # fmt: skip
+            lines.append(f"{name} run {second} / run {first}: {agreement_line(list(ratios.values()))}"
+                         + (f"; verdict differs on {', '.join(flips)}" if flips else ""))
+    return lines
+
+
+def median_of_runs(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: list[str]) -> dict[str, dict]:
+    """Per kernel measured by both sides: the median of each side's speedups over the runs that
+    accepted it, and their ratio (None where a side accepted it in no run)."""
+    out = {}
+    for k in order:
+        if not any(k in r for r in l1_runs.values()) or not any(k in r for r in sf_runs.values()):
+            continue
+        l1 = [s for r in l1_runs.values() if (s := l1_speedup(r.get(k)))]
+        sf = [s for r in sf_runs.values() if (s := sf_speedup(r.get(k)))]
+        l1_med = statistics.median(l1) if l1 else None
+        sf_med = statistics.median(sf) if sf else None
+        out[k] = {"l1": l1_med, "sf": sf_med, "ratio": sf_med / l1_med if l1_med and sf_med else None}
+    return out
+
+
+def l1_statistics(record: dict | None) -> dict | None:
+    """CUDA-L1's calls of one accepted kernel scored both ways, from the driver's samples: its
+    score (the mean over trials of each trial's mean(reference) / mean(custom)), the ratio of
+    means and the ratio of medians over all its timed calls (speedforge's statistic on the GPU:
+    median(reference) / median(candidate)), and the two medians in us. None without samples."""
+    if not l1_speedup(record) or not record.get("samples"):
+        return None
+    ref = [ms * 1e3 for trial in record["samples"] for ms in trial["ref_ms"]]
+    custom = [ms * 1e3 for trial in record["samples"] for ms in trial["custom_ms"]]
+    return {"score": record["speedup"], "ratio_of_means": statistics.fmean(ref) / statistics.fmean(custom),
+            "ratio_of_medians": statistics.median(ref) / statistics.median(custom),
+            "ref_us": statistics.median(ref), "cand_us": statistics.median(custom), "calls": len(ref)}  # fmt: skip
+
+
+def statistic_table(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: list[str]) -> dict[str, dict]:
+    """Per kernel that speedforge accepted in a run and CUDA-L1 accepted with samples in a run:
+    the median over CUDA-L1's runs of each l1_statistics figure, the median over speedforge's
+    accepted runs of its speedup, ref_us and cand_us, and the ratios speedforge / CUDA-L1 with
+    CUDA-L1 scored its own way and speedforge's way, and of each side's times."""
+    out = {}
+    for k in order:
+        l1 = [s for r in l1_runs.values() if (s := l1_statistics(r.get(k)))]
+        sf = [r[k] for r in sf_runs.values() if sf_speedup(r.get(k))]
+        if not l1 or not sf:
+            continue
+        row = {f"l1_{name}": statistics.median(s[name] for s in l1)
+               for name in ("score", "ratio_of_means", "ratio_of_medians", "ref_us", "cand_us")}  # fmt: skip
+        row["sf_speedup"] = statistics.median(r["speedup"] for r in sf)
+        timed = [r for r in sf if r.get("ref_us") and r.get("cand_us")]
+        row["sf_ref_us"] = statistics.median(r["ref_us"] for r in timed) if timed else None
+        row["sf_cand_us"] = statistics.median(r["cand_us"] for r in timed) if timed else None
+        row["vs_score"] = row["sf_speedup"] / row["l1_score"]
+        row["vs_medians"] = row["sf_speedup"] / row["l1_ratio_of_medians"]
+        row["ref_time"] = row["sf_ref_us"] / row["l1_ref_us"] if row["sf_ref_us"] else None
+        row["cand_time"] = row["sf_cand_us"] / row["l1_cand_us"] if row["sf_cand_us"] else None
+        out[k] = row
+    return out
+
+
+def print_statistic(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: list[str]) -> None:
+    """Whether the estimator explains the differences: speedforge against CUDA-L1 scored its own
+    way and speedforge's way, and which side's time differs between the harnesses."""
+    from speedforge.reports.text import format_table
+
+    rows = statistic_table(l1_runs, sf_runs, order)
+    recorded = sum(1 for r in l1_runs.values() for rec in r.values() if rec.get("samples"))
+    accepted = sum(1 for r in l1_runs.values() for rec in r.values() if l1_speedup(rec))
+    print(f"\n== the statistic (CUDA-L1's per-call times: {recorded} of {accepted} accepted CUDA-L1 results) ==")
+    print("speedforge keeps no per-call times (an EvalResult has the medians ref_us and cand_us and their IQRs), so "
+          "its ratio of means cannot be computed; CUDA-L1's calls are scored both ways instead (medians over runs)")
+    if not rows:
+        print("no kernel with CUDA-L1 samples that speedforge accepted")
+        return
+    print(format_table(
+        ["kernel", "CUDA-L1 score", "L1 mean/mean", "L1 med/med", "speedforge", "sf/L1 score", "sf/L1 med/med",
+         "ref us sf/L1", "cand us sf/L1"],
+        [[k.removeprefix("cuda-l1/"), _num(r["l1_score"]), _num(r["l1_ratio_of_means"]),
+          _num(r["l1_ratio_of_medians"]), _num(r["sf_speedup"]), _num(r["vs_score"]), _num(r["vs_medians"]),
+          f"{_num(r['sf_ref_us'], 1)}/{_num(r['l1_ref_us'], 1)}", f"{_num(r['sf_cand_us'], 1)}/{_num(r['l1_cand_us'], 1)}"]
+         for k, r in rows.items()]))  # fmt: skip
+    print(f"speedforge / CUDA-L1 as CUDA-L1 scores (mean over trials of mean/mean): "
+          f"{agreement_line([r['vs_score'] for r in rows.values()])}")
+    print(f"speedforge / CUDA-L1 with CUDA-L1's calls scored as speedforge scores (median/median): "
+          f"{agreement_line([r['vs_medians'] for r in rows.values()])}")
+    for name, what in (("ref_time", "reference"), ("cand_time", "candidate")):
+        times = [r[name] for r in rows.values() if r[name]]
+        if times:
+            print(f"{what} time, speedforge's median / CUDA-L1's median: median {statistics.median(times):.3f}, "
+                  f"min {min(times):.3f}, max {max(times):.3f} (n={len(times)})")
+
+
+def machines(run: dict[str, dict], order: list[str]) -> str:
+    """The GPUs a run's kernels (of `order`) were measured on, by the UUID's last 8 characters,
+    with how many kernels each (runs on different machines differ by the machine as well), and
+    how many of `order` it has not measured."""
+    count: dict[str, int] = {}
+    for k in order:
+        if k in run:
+            gpu = run[k].get("gpu")
+            name = gpu[-8:] if gpu else "unrecorded"
+            count[name] = count.get(name, 0) + 1
+    missing = sum(1 for k in order if k not in run)
+    return (", ".join(f"{name} {n}" for name, n in count.items()) or "no kernels") + (
+        f"; {missing} of {len(order)} not measured" if missing else "")
+
+
+def _runs_cell(side_runs: dict[str, dict], k: str, speedup) -> str:
+    """Each run's speedup of kernel k, in run order: '-' not run, 'rej' not accepted."""
+    cells = []
+    for run in side_runs.values():
+        cells.append("-" if k not in run else f"{speedup(run[k]):.3f}" if speedup(run[k]) else "rej")
+    return " ".join(cells)
+
+
 def _cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 else 0.0
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if value else "-"
 
 
 def _fmt(value: float | None) -> str:
@@ -317,12 +699,24 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop a step after about this long (0: none)")
     parser.add_argument("--repeats", type=int, default=6, help="sandboxes per kernel in the repeat step")
     parser.add_argument("--repeat-limit", type=int, default=0, help="kernels in the repeat step (0: all accepted)")
+    parser.add_argument("--run-label", default="1",
+                        help="cuda-l1 and speedforge steps: which run of that side this is (default 1: cuda_l1.jsonl, "
+                             "speedforge.jsonl; label L writes cuda_l1.L.jsonl, speedforge.L.jsonl); report reads them all")
+    parser.add_argument("--kernels", default="",
+                        help="only these of the selected kernels, comma-separated (e.g. level1/34,level2/14)")
+    parser.add_argument("--only", choices=["accepted", "sf-accepted", "sf-rejected"], default=None,
+                        help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in "
+                             "--out; sf-accepted: those speedforge accepted in a run; sf-rejected: those speedforge "
+                             "evaluated and accepted in no run")
     args = parser.parse_args()
     for path in (args.jsonl, args.harness):
         if not path.exists():
             raise SystemExit(f"not found: {path} (see ../shared/data/README.md)")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = select(args.jsonl, {int(x) for x in args.levels.split(",")}, args.every, args.limit)
+    if not args.run_label.replace("-", "").replace("_", "").isalnum():
+        raise SystemExit(f"--run-label {args.run_label!r}: letters, digits, - and _ only")
+    rows = choose(rows, args)
     {"cuda-l1": run_cuda_l1, "speedforge": run_speedforge, "repeat": run_repeat, "report": report}[args.step](args, rows)
     return 0
 
