@@ -25,10 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speedforge.errors import first_line
+from speedforge.errors import UserError, first_line
 from speedforge.records import Task, content_id
 from speedforge.registry import Registry
-from speedforge.train.data import LivePrompts, SFTData, SFTPair, sft_pairs
+from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_prompt, sft_pairs
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
 from speedforge.train.job import STORE_MODEL, StageJob
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
@@ -541,11 +541,19 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     done = resumed_step(worker)
     variants = live_variants(worker, done)
     limit = min(settings.max_prompt_tokens, context_tokens(model) - settings.max_new_tokens)
+    fits = token_budget(tokenizer, limit)
     live = LivePrompts(worker.tasks, variants, job.config.policy, job.pool, job.config.train.seed,
-                       settings.contrastive, token_budget(tokenizer, limit))  # fmt: skip
+                       settings.contrastive, fits)  # fmt: skip
     if worker.rank == 0:
-        if worker.state.get_json("data.json") is None:
-            worker.state.put_json("data.json", grpo_rows(job.train_tasks, settings.steps, settings.prompts_per_step,
+        if worker.state.get_json("data.json") is None or not done:  # no step trained yet: the data may change
+            tasks = tuple(t for t in job.train_tasks if fitting_prompt(t, (), fits) is not None)
+            if len(tasks) < len(job.train_tasks):
+                print(f"  grpo data: {len(job.train_tasks) - len(tasks)} task(s) left out, their prompt longer than "
+                      f"{limit} tokens even without exemplars", flush=True)  # fmt: skip
+            if not tasks:
+                raise UserError(f"no training task's prompt fits in {limit} tokens (train.grpo.max_prompt_tokens, "
+                                "the model's context less train.grpo.max_new_tokens)")  # fmt: skip
+            worker.state.put_json("data.json", grpo_rows(tasks, settings.steps, settings.prompts_per_step,
                                                          job.config.train.seed))  # fmt: skip
         RolloutsTable.supersede(worker.store, worker.train.run, job.stage, done)  # steps an interrupted attempt began
     worker.barrier()
