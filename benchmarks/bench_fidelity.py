@@ -21,6 +21,7 @@ The corpus and the harness default to ../shared/data/cuda-l1/ beside the checkou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -119,7 +120,7 @@ def _cuda_l1_verdict(log: Path, tail: str) -> dict:
 def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     """Stage the corpus and evaluate it with `speedforge evaluate` on this machine's GPU, cold
     (--direct: the evaluator's own functions without Ray, builds in parallel worker processes,
-    runs one at a time, for a machine without Ray)."""
+    then the runs as `build_then_run` does them, for a machine without Ray)."""
     if args.direct:
         return run_speedforge_direct(args, rows)
     subset = args.out / "corpus.jsonl"
@@ -146,7 +147,8 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
         append_jsonl(out, {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
                            "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
                            "mode": r.mode, "device": r.device_name, "wall_s": r.wall_s, "build_s": r.build_s,
-                           "run_s": r.run_s, "timed_s": r.timed_s, "findings": list(r.screen_findings)})  # fmt: skip
+                           "run_s": r.run_s, "timed_s": r.timed_s, "turn_wait_s": r.turn_wait_s,
+                           "turn_held_s": r.turn_held_s, "findings": list(r.screen_findings)})  # fmt: skip
     summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache)}
     (args.out / "speedforge_run.json").write_text(json.dumps(summary))
     print(f"speedforge evaluate: {len(results)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
@@ -157,7 +159,7 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
     from speedforge.config import EvaluatorConfig
-    from speedforge.evaluator import build_candidate, run_candidate
+    from speedforge.evaluation import build_then_run
     from speedforge.tasks.importers import import_source
 
     subset = args.out / "corpus.jsonl"
@@ -169,17 +171,21 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     tasks = {t.task_id: t for t in imported.tasks}
     candidates = imported.candidates
     config = EvaluatorConfig(cache_dir=str(cache))
+    if args.config:
+        from speedforge.config import load_config
+
+        config = dataclasses.replace(load_config(args.config).evaluator, cache_dir=str(cache))
     ordered = [tasks[c.task_id] for c in candidates]
-    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as workers:
-        builds = list(workers.map(build_candidate, ordered, candidates, [config] * len(candidates),
-                                  ["cuda"] * len(candidates)))  # fmt: skip
     out = args.out / "speedforge.jsonl"
-    for task, cand, build in zip(ordered, candidates, builds):
-        r = run_candidate(task, cand, build, config, device="cuda", pool=pool)
+    # the builds in spawned processes, then the runs evaluator.overlap_runs at once (each times in the device's turn)
+    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as workers:
+        results = build_then_run(workers, ordered, candidates, config, pool)
+    for r in results:
         append_jsonl(out, {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
                            "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
                            "stopped_early": r.stopped_early, "mode": r.mode, "device": r.device_name,
                            "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
+                           "turn_wait_s": r.turn_wait_s, "turn_held_s": r.turn_held_s,
                            "findings": list(r.screen_findings)})  # fmt: skip
         print(f"{r.task_id}: {r.status} {_fmt(r.speedup)} {r.reason[:120]}", flush=True)
     wall = time.perf_counter() - t0
@@ -281,6 +287,13 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         print(f"throughput: speedforge evaluate {run['kernels']} kernels in {run['wall_s']:.0f} s "
               f"({sf_rate * 60:.1f}/min, cold, {run['pool']}); CUDA-L1 serially {len(keys)} in {l1_wall:.0f} s "
               f"({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
+        runs = [sf[k] for k in sf if sf[k].get("run_s")]
+        if runs and any("turn_held_s" in r for r in runs):  # the device's turn (evaluator.overlap_runs)
+            run_s, held = sum(r["run_s"] for r in runs), sum(r.get("turn_held_s") or 0.0 for r in runs)
+            waited = sum(r.get("turn_wait_s") or 0.0 for r in runs)
+            print(f"  of it the runs' sandboxes: {run_s:.0f} s in all; the device held (correctness, timing) "
+                  f"{held:.0f} s, waited for {waited:.0f} s, prepared without it {run_s - held - waited:.0f} s "
+                  f"(beside another run's turn where they overlap)")  # fmt: skip
     repeats = read_jsonl(args.out / "repeat.jsonl")
     if repeats:
         cvs = [_cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2]

@@ -15,7 +15,7 @@ import pytest
 
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluation import build_then_run
-from speedforge.evaluator import cpus, turns
+from speedforge.evaluator import cpus, phases, turns
 from speedforge.records import Candidate, Task
 
 ADVERSARIAL = Path(__file__).parent / "adversarial"
@@ -107,7 +107,9 @@ def test_two_runs_prepare_at_once_and_time_one_at_a_time(tmp_path, task):
     assert all(r.turn_held_s > 0 and r.turn_wait_s + r.turn_held_s <= r.run_s for r in results)
 
 
-def test_one_at_a_time_with_overlap_1(tmp_path, task):
+def test_one_at_a_time_with_overlap_1(tmp_path, task, monkeypatch):
+    monkeypatch.setenv(phases.VARIABLE, "1")  # the parent's marks (the sandboxes' need it at the zygote's start)
+    phases.take()
     candidates = [_candidate(task, n) for n in range(2)]
     results, spans = _run(task, candidates, _config(tmp_path, overlap=1))
     assert all(r.status == "ok" for r in results), [(r.status, r.reason) for r in results]
@@ -115,7 +117,8 @@ def test_one_at_a_time_with_overlap_1(tmp_path, task):
     _never_overlap(spans)
     first, second = spans
     assert second.launched >= first.released, "with overlap 1 the second run starts after the first ended"
-    assert all(r.turn_wait_s == pytest.approx(0.0, abs=0.5) for r in results)
+    marks = [name for name, _ in phases.take() if name.startswith("turn:")]
+    assert marks == 2 * ["turn:asked", "turn:granted", "turn:released"], "the phase log has each run's turn"
 
 
 @pytest.mark.parametrize("then, status", [(HANG, "timeout"), (DIE, "crashed")], ids=["hangs", "dies"])
@@ -138,3 +141,13 @@ def test_a_candidate_cannot_hand_the_turn_on_while_it_is_timed(tmp_path, task):
     assert results[1].status == "ok", (results[1].status, results[1].reason)
     assert len(spans) == 4
     _never_overlap(spans)
+
+
+def test_a_devices_turn_is_named_after_the_physical_device(monkeypatch):
+    """Two bench workers that Ray gave the same GPU (each sees it as cuda:0) share its turn; two GPUs do not."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert turns.device_key("cuda") == turns.device_key("cuda:0") == "cuda-3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ab12,5")
+    assert (turns.device_key("cuda:0"), turns.device_key("cuda:1")) == ("cuda-GPU-ab12", "cuda-5")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert (turns.device_key("cuda:2"), turns.device_key("cpu")) == ("cuda-2", "cpu")

@@ -135,7 +135,8 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
                               config.reference_slowdown_limit)  # fmt: skip
         phases.mark("tripwire_done")
         fields = stage.result_fields()
-        fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
+        fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]
+                                                 + ((outcome.turn_problem,) if outcome.turn_problem else ())))
         return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, turn_wait_s=outcome.turn_wait_s,
                        turn_held_s=outcome.turn_held_s, wall_s=time.perf_counter() - start)  # fmt: skip
     except Exception as exc:

@@ -117,6 +117,7 @@ class Outcome:
     # the device's turn (speedforge.evaluator.turns): seconds waited for it, seconds held
     turn_wait_s: float = 0.0
     turn_held_s: float = 0.0
+    turn_problem: str = ""  # the turn was granted without the device's lock: why
 
     @property
     def signal_name(self) -> str:
@@ -410,6 +411,7 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
         first=first if isinstance(first, dict) else None,
         turn_wait_s=turn.waited_s if turn is not None else 0.0,
         turn_held_s=turn.held_s if turn is not None else 0.0,
+        turn_problem=turn.problem if turn is not None else "",
     )
 
 
