@@ -57,6 +57,7 @@ can start by 300 s), then CUDA-L1's run 1 on the rest (speedforge's rejections; 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -292,7 +293,7 @@ def _cuda_l1_samples(path: Path, scores: list | None) -> dict:
 def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     """Stage the corpus and evaluate it with `speedforge evaluate` on this machine's GPU, cold
     (--direct: the evaluator's own functions without Ray, builds in parallel worker processes,
-    runs one at a time, for a machine without Ray)."""
+    then the runs as `build_then_run` does them, for a machine without Ray)."""
     if args.direct:
         return run_speedforge_direct(args, rows)
     subset = run_file(args.out, "corpus", args.run_label)
@@ -330,7 +331,7 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
     from speedforge.config import EvaluatorConfig
-    from speedforge.evaluator import build_candidate, run_candidate
+    from speedforge.evaluation import build_then_run
     from speedforge.tasks.importers import import_source
 
     subset = run_file(args.out, "corpus", args.run_label)
@@ -342,14 +343,17 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
     tasks = {t.task_id: t for t in imported.tasks}
     candidates = imported.candidates
     config = EvaluatorConfig(cache_dir=str(cache))
+    if args.config:
+        from speedforge.config import load_config
+
+        config = dataclasses.replace(load_config(args.config).evaluator, cache_dir=str(cache))
     ordered = [tasks[c.task_id] for c in candidates]
-    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as workers:
-        builds = list(workers.map(build_candidate, ordered, candidates, [config] * len(candidates),
-                                  ["cuda"] * len(candidates)))  # fmt: skip
     out = run_file(args.out, "speedforge", args.run_label)
     gpu = gpu_id()
-    for task, cand, build in zip(ordered, candidates, builds):
-        r = run_candidate(task, cand, build, config, device="cuda", pool=pool)
+    # the builds in spawned processes, then the runs evaluator.overlap_runs at once (each times in the device's turn)
+    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as workers:
+        results = build_then_run(workers, ordered, candidates, config, pool)
+    for r in results:
         append_jsonl(out, sf_record(r, gpu))
         print(f"{r.task_id}: {r.status} {_fmt(r.speedup)} {r.reason[:120]}", flush=True)
     wall = time.perf_counter() - t0
@@ -368,7 +372,8 @@ def sf_record(r, gpu: str) -> dict:
             "stopped_early": r.stopped_early, "ref_us": r.ref_us, "cand_us": r.cand_us, "ref_iqr_us": r.ref_iqr_us,
             "cand_iqr_us": r.cand_iqr_us, "timed_calls": r.timed_calls, "mode": r.mode, "device": r.device_name,
             "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
-            "findings": list(r.screen_findings), "gpu": gpu}  # fmt: skip
+            "turn_wait_s": r.turn_wait_s, "turn_held_s": r.turn_held_s, "findings": list(r.screen_findings),
+            "gpu": gpu}  # fmt: skip
 
 
 def gpu_id() -> str:
@@ -502,6 +507,14 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         warm = [k for k in keys if l1[k].get("ext_warm")]
         if warm:
             print(f"  (not cold: CUDA-L1's run 1 found builds of an earlier run for {len(warm)} kernels)")
+        timed_runs = [sf[k] for k in sf if sf[k].get("run_s")]
+        if timed_runs and any("turn_held_s" in r for r in timed_runs):  # the device's turn (evaluator.overlap_runs)
+            run_s = sum(r["run_s"] for r in timed_runs)
+            held = sum(r.get("turn_held_s") or 0.0 for r in timed_runs)
+            waited = sum(r.get("turn_wait_s") or 0.0 for r in timed_runs)
+            print(f"  of it the runs' sandboxes: {run_s:.0f} s in all; the device held (correctness, timing) "
+                  f"{held:.0f} s, waited for {waited:.0f} s, prepared without it {run_s - held - waited:.0f} s "
+                  f"(beside another run's turn where they overlap)")  # fmt: skip
     repeats = read_jsonl(args.out / "repeat.jsonl")
     if repeats:
         cvs = [_cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2]

@@ -201,6 +201,11 @@ class EvaluatorConfig(Checked):
     seed: int | None = None  # None: a fresh secret seed per evaluation
     cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
     build_jobs: int = setting(0, AT_LEAST_0)  # parallel compile jobs per build; 0 = min(cores, 8)
+    # run sandboxes at once per device where runs go in turn (a service bench worker; the local
+    # batch path): each prepares (loads, constructs, compiles, captures graphs, first calls)
+    # without the device and holds it only for correctness and timing, one run at a time per
+    # device host-wide (speedforge.evaluator.turns); 1 = one run after another
+    overlap_runs: int = setting(2, AT_LEAST_1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,8 @@ candidates measured, registered by name.
         results = evaluate(candidates)      # one EvalResult per candidate, in order
 
     local    this machine's sandbox (speedforge.evaluator.evaluate), one candidate after another;
-             with build_workers > 1 a batch's builds first overlap in that many processes
+             with build_workers > 1 a batch's builds first overlap in that many processes, then
+             evaluator.overlap_runs runs at once, each timing only in the device's turn
     service  the Ray evaluation service (build workers, bench workers per pool), one submit; the
              service of the caller's Ray session, or one opened for the batch's lifetime
 
@@ -79,8 +80,8 @@ def service_batch(service, tasks: Mapping[str, Task], pool: str, store=None) -> 
 def local_evaluation(config: Config, tasks: Mapping[str, Task], pool: str, *, build_workers: int = 0, store=None,
                      service=None) -> Iterator[BatchEvaluate]:  # fmt: skip
     """One candidate after another; with `build_workers` > 1 a batch's builds (nvcc or the C++
-    compiler, a minute each when cold) first overlap in that many spawned processes, and only
-    the runs, which time, go one at a time."""
+    compiler, a minute each when cold) first overlap in that many spawned processes, and then
+    the runs, evaluator.overlap_runs at once, each timing only in the device's turn."""
     one_by_one = local_batch(config.evaluator, tasks, pool)
     builders = None
 
@@ -109,23 +110,29 @@ def build_processes(workers: int):
 
 def build_then_run(builders, tasks: list[Task], candidates: list[Candidate], config: EvaluatorConfig,
                    pool: str) -> list[EvalResult]:  # fmt: skip
-    """Every build of the batch in `builders` (each into the content-hash cache), then each run in
-    turn here; a build process that died is that candidate's infra_error (retried by the caller)."""
+    """Every build of the batch in `builders` (each into the content-hash cache), then the runs
+    here, `config.overlap_runs` at once: each prepares while another holds the device's turn to
+    time (speedforge.evaluator.turns). One result per candidate, in order; a build process that
+    died is that candidate's infra_error (retried by the caller)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from speedforge.evaluator import build_candidate, run_candidate
 
     device = pool_device(pool)
     futures = [builders.submit(build_candidate, t, c, config, device) for t, c in zip(tasks, candidates)]
-    results = []
-    for task, candidate, future in zip(tasks, candidates, futures):
+
+    def run(index: int) -> EvalResult:
+        task, candidate = tasks[index], candidates[index]
         try:
-            build = future.result()
+            build = futures[index].result()
         except Exception as exc:  # the process pool broke (a build process was killed): not the candidate's fault
-            results.append(EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=pool,
-                                      status="infra_error", reason=f"build process failed: {type(exc).__name__}: {exc}"))  # fmt: skip
-            continue
+            return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=pool,
+                              status="infra_error", reason=f"build process failed: {type(exc).__name__}: {exc}")  # fmt: skip
         result = run_candidate(task, candidate, build, config, device, pool)
-        results.append(dataclasses.replace(result, wall_s=build.build_s + result.wall_s))
-    return results
+        return dataclasses.replace(result, wall_s=build.build_s + result.wall_s)
+
+    with ThreadPoolExecutor(max_workers=config.overlap_runs, thread_name_prefix="speedforge-run") as runs:
+        return list(runs.map(run, range(len(candidates))))
 
 
 @EVALUATIONS.register("service")

@@ -194,6 +194,10 @@ class EvalResult(Record):
     build_s: float = 0.0  # seconds spent building (0 when the build was cached)
     build_cached: bool = False
     run_s: float = 0.0  # seconds of the sandboxed run process
+    # of run_s: seconds it waited for the device's turn, and held it (correctness, timing); the rest
+    # prepared without it (speedforge.evaluator.turns)
+    turn_wait_s: float = 0.0
+    turn_held_s: float = 0.0
     wall_s: float = 0.0  # seconds end to end in evaluate()
     screen_findings: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # sandbox features the kernel refused, and the like

@@ -35,7 +35,7 @@ def task() -> Task:
 def _job(task: Task, config: EvaluatorConfig) -> Job:
     candidate = Candidate.make(task.task_id, (ADVERSARIAL / "good.py").read_text(), parent_ids=("a", "b"))
     return Job(kind="run", task=task, candidate=candidate, device="cpu", seed=123, workdir="/tmp/w", build_dir="/tmp/b",
-               config=config, cpus=(1, 3))  # fmt: skip
+               config=config, pristine_first=True)  # fmt: skip
 
 
 def test_a_job_comes_back_from_json_as_the_same_record(task, config):
@@ -43,7 +43,7 @@ def test_a_job_comes_back_from_json_as_the_same_record(task, config):
     again = Job.from_json(job.to_json())
     assert again == job
     assert isinstance(again.config, EvaluatorConfig) and again.config.cpu_threads == config.cpu_threads
-    assert (again.family, again.cuda_arch_list, again.cpus) == ("cpp", "8.0;9.0", (1, 3))
+    assert (again.family, again.cuda_arch_list, again.pristine_first) == ("cpp", "8.0;9.0", True)
 
 
 @pytest.mark.parametrize("where", ["job", "config"])
@@ -54,7 +54,7 @@ def test_a_job_with_an_unknown_key_is_refused(task, config, where):
         Job.from_dict(data)
 
 
-@pytest.mark.parametrize("where, key", [("job", "seed"), ("job", "cpus"), ("config", "cpu_threads")])
+@pytest.mark.parametrize("where, key", [("job", "seed"), ("job", "pristine_first"), ("config", "cpu_threads")])
 def test_a_job_with_a_missing_key_is_refused(task, config, where, key):
     data = _job(task, config).to_dict()
     del (data if where == "job" else data["config"])[key]
@@ -64,7 +64,7 @@ def test_a_job_with_a_missing_key_is_refused(task, config, where, key):
 
 def test_a_stage_result_holds_every_measured_field_of_an_eval_result():
     parent_set = {"candidate_id", "task_id", "pool", "build_cached", "run_s", "wall_s", "screen_findings",
-                  "harness_version", "build_s"}  # fmt: skip
+                  "harness_version", "build_s", "turn_wait_s", "turn_held_s"}  # fmt: skip
     measured = {f.name for f in dataclasses.fields(EvalResult)} - parent_set
     assert measured <= {f.name for f in dataclasses.fields(StageResult)}
     result = StageResult.from_dict({"status": "ok", "speedup": 2.0, "run_inner_s": 0.5, "warnings": ["w"]})

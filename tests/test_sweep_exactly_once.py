@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import pytest
+
 from speedforge.cluster.sweep import Sweep, WorkerDied, WorkerSet
 from speedforge.config import EvaluatorConfig, ServiceConfig
 from speedforge.evaluator.evaluate import Build
@@ -113,7 +115,8 @@ def candidates(n: int) -> list[Candidate]:
 
 
 def sweep(runtime: FakeRuntime, scripts: dict[str, list[dict]] | None = None, infra: Counter | None = None,
-          pools=POOLS, workers: int = 2, restarts: int = 3, recorded=None, **service) -> tuple[Sweep, Sink]:  # fmt: skip
+          pools=POOLS, workers: int = 2, restarts: int = 3, recorded=None, evaluator: EvaluatorConfig | None = None,
+          **service) -> tuple[Sweep, Sink]:  # fmt: skip
     """A sweep over `pools` with `workers` fake workers per stage; scripts[stage][i] scripts the
     i-th worker that stage spawns (replacements included)."""
     scripts = scripts or {}
@@ -128,8 +131,8 @@ def sweep(runtime: FakeRuntime, scripts: dict[str, list[dict]] | None = None, in
     for worker_set in bench.values():
         worker_set.grow_to(workers)
     sink = Sink()
-    config = ServiceConfig(calls_per_worker=2, **service)
-    return Sweep(config, EvaluatorConfig(), build, bench, {TASK.task_id: TASK}, dict(recorded or {}), sink,
+    config = ServiceConfig(**({"calls_per_worker": 2} | service))
+    return Sweep(config, evaluator or EvaluatorConfig(), build, bench, {TASK.task_id: TASK}, dict(recorded or {}), sink,
                  runtime=runtime, clock=runtime.clock), sink  # fmt: skip
 
 
@@ -232,3 +235,36 @@ def test_repeated_and_already_recorded_candidates_are_not_evaluated_again():
     assert (progress.submitted, progress.skipped, progress.duplicates) == (2, 1, 3)
     runs = Counter(i for worker, method, ids in runtime.sent if method == "run" for i in ids)
     assert runs == {items[1].candidate_id: 1, items[2].candidate_id: 1}
+
+
+class CountingRuntime(FakeRuntime):
+    """Also counts each worker's unanswered calls, and the most it ever had at once, per stage."""
+
+    def __init__(self) -> None:
+        # builds finish first, so the bench queue fills and the sweep sends each bench worker all it may take
+        super().__init__(pick=lambda refs: min(refs, key=lambda ref: (self.sent[ref][1] != "build", ref)))
+        self.open: Counter = Counter()
+        self.peak: Counter = Counter()
+
+    def call(self, handle: FakeWorker, method: str, batch: list, evaluator: EvaluatorConfig) -> int:
+        ref = super().call(handle, method, batch, evaluator)
+        self.open[id(handle)] += 1
+        self.peak[handle.name] = max(self.peak[handle.name], self.open[id(handle)])
+        return ref
+
+    def get(self, ref: int) -> object:
+        self.open[id(self.handles[ref])] -= 1
+        return super().get(ref)
+
+
+@pytest.mark.parametrize("overlap", [1, 3])
+def test_a_bench_worker_is_sent_overlap_runs_calls_at_once(overlap):
+    """evaluator.overlap_runs calls per bench worker (its actor runs that many at once: one prepares
+    while another times), whatever calls_per_worker says; builds keep calls_per_worker."""
+    runtime = CountingRuntime()
+    items = candidates(12)
+    run, sink = sweep(runtime, pools=("H100",), workers=1, calls_per_worker=1,
+                      evaluator=EvaluatorConfig(overlap_runs=overlap))  # fmt: skip
+    run.run(items)
+    assert recorded_pairs(sink) == every_pair(items, ("H100",))
+    assert (runtime.peak["H100"], runtime.peak["build"]) == (overlap, 1)

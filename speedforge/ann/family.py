@@ -31,7 +31,7 @@ from speedforge.ann.groundtruth import exact_knn, recall_at_k
 from speedforge.ann.sweep import SweepPoint, format_curves
 from speedforge.ann.tasks import AnnTaskSpec, parse_spec
 from speedforge.config import ConfigError
-from speedforge.evaluator import checks
+from speedforge.evaluator import checks, turns
 from speedforge.evaluator.job import Job
 
 # Every candidate is C++ linked as the module its task names: it always builds, and the task
@@ -103,6 +103,7 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
     data = space.sample(spec.data.n, np.random.default_rng([seed, 1]))
     ix = spec.index
     indexes, build_s = {}, {}
+    turns.take()  # index builds (many threads each) and the timed sweep hold the device's turn (evaluator.turns)
     for side, mod in (("base", base_mod), ("cand", cand_mod)):
         start = time.perf_counter()
         try:

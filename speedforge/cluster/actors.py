@@ -104,7 +104,10 @@ class BuildWorker:
 
 
 class BenchWorker:
-    """Runs built candidates of one pool in the evaluator's sandbox, one at a time."""
+    """Runs built candidates of one pool in the evaluator's sandbox: the items of a call one after
+    another, and up to `evaluator.overlap_runs` calls at once (the service gives its actor that
+    max_concurrency, the sweep sends it that many calls), so that one run prepares while another
+    holds the device's turn to time (speedforge.evaluator.turns); nothing here is shared between calls."""
 
     def __init__(self, run_fn: RunFn, pool: str, device: str, build_fn: BuildFn | None = None) -> None:
         self.run_fn = run_fn

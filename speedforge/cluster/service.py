@@ -234,7 +234,9 @@ class EvaluationService:
         for name, count in plan.items():
             if name not in self._bench:
                 pool = configs[name]
-                actor = ray.remote(BenchWorker).options(**actor_options(worker_need(pool)), max_restarts=0)
+                # overlap_runs calls at once, each in a thread of the actor: one prepares while another times
+                actor = ray.remote(BenchWorker).options(**actor_options(worker_need(pool)), max_restarts=0,
+                                                        max_concurrency=self.config.evaluator.overlap_runs)  # fmt: skip
                 spawn = lambda a=actor, n=name, d=pool.device: a.remote(self.run_fn, n, d, self.build_fn)  # noqa: E731
                 self._bench[name] = WorkerSet(name, spawn, self.service.worker_restarts)
             self._bench[name].unavailable = ""

@@ -198,7 +198,10 @@ class Sweep:
         # may rebuild (at its own priority) before it runs
         slowest = build_slowdown(config, max(config.build_nice_first, config.build_nice_last))
         self.build_limit_s = evaluator.build_timeout_s * slowest
-        self.bench_limit_s = evaluator.build_timeout_s + evaluator.run_timeout_s
+        # ... and, beside overlap_runs - 1 other runs, may wait for the device's turn that long each
+        self.bench_limit_s = evaluator.build_timeout_s + evaluator.run_timeout_s * evaluator.overlap_runs
+        # calls a bench worker runs at once (its actor's max_concurrency): one prepares while another times
+        self.bench_calls = max(config.calls_per_worker, evaluator.overlap_runs)
         self.build_workers = build_workers
         self.bench_workers = dict(bench_workers)
         self.pools = list(bench_workers)
@@ -299,16 +302,17 @@ class Sweep:
     def _dispatch(self) -> None:
         if self.build_queue and not self.build_workers.workers:
             self._stage_gone(self.build_queue, "build", "building")
-        self._fill(self.build_queue, self.build_workers, "build", self.build_limit_s)
+        self._fill(self.build_queue, self.build_workers, "build", self.build_limit_s, self.cfg.calls_per_worker)
         for pool, queue in self.bench_queues.items():
             if queue and not self.bench_workers[pool].workers:
                 self._stage_gone(queue, pool, "queued")
-            self._fill(queue, self.bench_workers[pool], pool, self.bench_limit_s)
+            self._fill(queue, self.bench_workers[pool], pool, self.bench_limit_s, self.bench_calls)
 
-    def _fill(self, queue: deque[Item], workers: WorkerSet, stage: str, per_item_s: float) -> None:
-        """Send batches to free workers; a short queue is spread over all of them."""
+    def _fill(self, queue: deque[Item], workers: WorkerSet, stage: str, per_item_s: float, calls: int) -> None:
+        """Send batches to free workers (each has at most `calls` unanswered); a short queue is spread
+        over all of them."""
         while queue:
-            worker = workers.free(self.cfg.calls_per_worker)
+            worker = workers.free(calls)
             if worker is None:
                 return
             size = max(1, min(self.cfg.batch_size, len(queue) // len(workers.workers)))

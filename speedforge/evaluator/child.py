@@ -23,7 +23,7 @@ import tempfile
 import traceback
 
 from speedforge import families
-from speedforge.evaluator import phases
+from speedforge.evaluator import phases, turns
 from speedforge.evaluator.job import Job
 
 
@@ -78,15 +78,15 @@ def _write_all(fd: int, payload: bytes) -> None:
         view = view[written:]
 
 
-def execute(job: Job, result_fd: int, warnings: list[str]) -> None:
-    """Run one job and exit the process; never returns."""
+def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) -> None:
+    """Run one job and exit the process; never returns. `turn_fd`: the socket on which a run asks
+    the parent for the device's turn (speedforge.evaluator.turns), -1 for none."""
     global _result_fd
     _result_fd = result_fd
+    turns.set_channel(turn_fd)
     os.environ.update(HOME=job.workdir, TMPDIR=job.workdir)
     tempfile.tempdir = job.workdir  # the zygote may have resolved it before the fork
     os.chdir(job.workdir)
-    if job.cpus:  # claimed by the parent for this job (speedforge.evaluator.cpus)
-        os.sched_setaffinity(0, job.cpus)
     warnings = warnings + lock_down(job)
     phases.mark("locked_down")
     profile = _profiler()

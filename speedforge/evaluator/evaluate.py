@@ -20,7 +20,7 @@ import traceback
 
 from speedforge import families
 from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import checks, cpus, phases
+from speedforge.evaluator import checks, phases
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
@@ -135,8 +135,10 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
                               config.reference_slowdown_limit)  # fmt: skip
         phases.mark("tripwire_done")
         fields = stage.result_fields()
-        fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]))
-        return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, wall_s=time.perf_counter() - start)
+        fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]
+                                                 + ((outcome.turn_problem,) if outcome.turn_problem else ())))
+        return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, turn_wait_s=outcome.turn_wait_s,
+                       turn_held_s=outcome.turn_held_s, wall_s=time.perf_counter() - start)  # fmt: skip
     except Exception as exc:
         return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
                        log=traceback.format_exc()[-4000:], **common)
@@ -144,9 +146,10 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
 
 def _run_pinned(cache: BuildCache, job: Job, task: Task, config: EvaluatorConfig, device: str,
                 zygote: Zygote | None) -> Outcome:  # fmt: skip
+    """A run (or pristine) job in its sandbox; on the CPU its timed phase is pinned to cpu_threads
+    CPUs, claimed host-wide when it gets the device's turn (speedforge.evaluator.turns, .cpus)."""
     pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
-    with cpus.claim(config.cpu_threads if pinned else 0) as claimed:
-        return _sandboxed(cache, dataclasses.replace(job, cpus=tuple(claimed)), config.run_timeout_s, config, zygote)
+    return _sandboxed(cache, job, config.run_timeout_s, config, zygote, pin=config.cpu_threads if pinned else 0)
 
 
 def pristine_key(task: Task, config: EvaluatorConfig, device: str, pool: str) -> str:
@@ -254,13 +257,13 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
 
 
 def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig,
-               zygote: Zygote | None) -> Outcome:  # fmt: skip
+               zygote: Zygote | None, pin: int = 0) -> Outcome:  # fmt: skip
     workdir = cache.scratch()
     phases.mark(f"{job.kind}:scratch_made")
     try:
         return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
                        max_processes=config.max_processes + (64 if job.kind == "build" else 0),
-                       isolate_network=config.network_isolation, zygote=zygote)  # fmt: skip
+                       isolate_network=config.network_isolation, zygote=zygote, pin=pin)  # fmt: skip
     finally:
         remove_tree(str(workdir))
         phases.mark(f"{job.kind}:scratch_removed")

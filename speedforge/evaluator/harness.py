@@ -27,6 +27,9 @@ this (sandboxed) process and measures them:
   applies to its own calls only (`_Harness.switch`);
 - pristine runs (job kind "pristine"): the reference timed against a second instance of itself
   in a process that never loaded a candidate, the tripwire of speedforge.evaluator.evaluate;
+- the device's turn (speedforge.evaluator.turns): loading, construction and each side's first
+  call (where torch.compile and CUDA-graph capture do their work) run without it; correctness,
+  timing and the guards after them hold it, so another sandbox may prepare meanwhile;
 - guards after every phase: the guard checks of speedforge.evaluator.checks against a baseline
   taken before the candidate loaded (speedforge.evaluator.guards).
 """
@@ -44,7 +47,7 @@ from pathlib import Path
 
 from speedforge import families
 from speedforge.errors import first_line
-from speedforge.evaluator import checks, phases, process_state
+from speedforge.evaluator import checks, phases, process_state, turns
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
@@ -167,6 +170,8 @@ def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -
         child.send_first({**metrics, "status": "ok", **_Harness(torch, guards, pristine, device, seed).measure_pristine()})
     except Verdict:
         pass
+    finally:
+        turns.end_pristine()  # the turn back before the candidate is imported: it may take it again
 
 
 def _device_name(torch, device) -> str:
@@ -274,6 +279,7 @@ class _Harness:
             self.switch("cand")  # lockstep: the candidate's first call is the reference's first call
             self.first_out = self.call("ModelNew.forward", cand_model, *self.clone(warm))  # held: an earlier output
             self.sync()
+            turns.take()  # prepared: from here on the run holds the device (speedforge.evaluator.turns)
             max_err, trials = self.correctness.trials(self, ref_model, cand_model, [self.first_out], self.out_bytes,
                                                       self.device, self.sync)  # fmt: skip
             self._guard(baseline, "the correctness trials")
@@ -295,6 +301,7 @@ class _Harness:
             twin = self._twin()
             self.call("the reference", twin, *self.clone(warm))
             self.sync()
+            turns.take()
             max_err, trials = self.correctness.trials(self, ref_model, twin, [], self.out_bytes, self.device, self.sync)
             timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}

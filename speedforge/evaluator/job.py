@@ -48,7 +48,6 @@ class Job:
     workdir: str  # the job's private scratch folder: HOME, TMPDIR and cwd of the child
     build_dir: str  # where the build stage writes and the run stage finds the candidate's build
     config: EvaluatorConfig
-    cpus: tuple[int, ...] = ()  # CPUs claimed for the run (speedforge.evaluator.cpus); () = unpinned
     # run: first time the reference against itself, before the candidate is imported, and send that
     # (a pristine result, speedforge.evaluator.evaluate) ahead of the run's own result
     pristine_first: bool = False
@@ -77,7 +76,6 @@ class Job:
             "workdir": self.workdir,
             "build_dir": self.build_dir,
             "config": dataclasses.asdict(self.config),
-            "cpus": list(self.cpus),
             "pristine_first": self.pristine_first,
         }
 
@@ -99,7 +97,6 @@ class Job:
             workdir=data["workdir"],
             build_dir=data["build_dir"],
             config=from_mapping(EvaluatorConfig, data["config"], where="job config"),
-            cpus=tuple(int(c) for c in data["cpus"]),
             pristine_first=bool(data["pristine_first"]),
         )
 
@@ -110,7 +107,7 @@ class Job:
 
 # The fields of an EvalResult that the parent sets, not the sandboxed child.
 _PARENT_FIELDS = ("candidate_id", "task_id", "pool", "build_cached", "run_s", "wall_s", "screen_findings",
-                  "harness_version", "build_s")  # fmt: skip
+                  "harness_version", "build_s", "turn_wait_s", "turn_held_s")  # fmt: skip
 
 
 def _measured_fields() -> tuple[str, ...]:

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 import speedforge
-from speedforge.evaluator import phases
+from speedforge.evaluator import phases, turns
 
 if TYPE_CHECKING:
     from speedforge.evaluator.job import Job
@@ -114,6 +114,10 @@ class Outcome:
     # a record the job sent ahead of its result (speedforge.evaluator.child.send_first): the first
     # line the job wrote, when it wrote more than one
     first: dict | None = None
+    # the device's turn (speedforge.evaluator.turns): seconds waited for it, seconds held
+    turn_wait_s: float = 0.0
+    turn_held_s: float = 0.0
+    turn_problem: str = ""  # the turn was granted without the device's lock: why
 
     @property
     def signal_name(self) -> str:
@@ -243,8 +247,9 @@ class Zygote:
                     live.discard(message["pid"])
                 self._cond.notify_all()
 
-    def launch(self, job_path: str, fds: tuple[int, int, int], isolate: bool) -> int:
-        """Fork a sandboxed child for the job; returns its pid (its process group id too)."""
+    def launch(self, job_path: str, fds: tuple[int, ...], isolate: bool) -> int:
+        """Fork a sandboxed child for the job, handing it `fds` (result pipe, stdout, stderr, and
+        the turn socket of a run); returns its pid (its process group id too)."""
         with self._lock:
             self._ensure()
             request_id = next(self._ids)
@@ -326,10 +331,15 @@ def default_zygote() -> Zygote:
 
 
 def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
-            isolate_network: bool = True, zygote: Zygote | None = None, disk_limit_mb: int | None = None) -> Outcome:
+            isolate_network: bool = True, zygote: Zygote | None = None, disk_limit_mb: int | None = None,
+            pin: int = 0) -> Outcome:  # fmt: skip
     """Run `job` in a child sandboxed by `zygote` (default: `default_zygote()`); always returns
     an Outcome, killing the child if need be. `disk_limit_mb` (default: the job's config's) is
-    what the job may add to its scratch folder (`workdir`) and its build folder together."""
+    what the job may add to its scratch folder (`workdir`) and its build folder together.
+
+    A run (or pristine) job gets the device's turn from here on request (speedforge.evaluator.turns),
+    its timed phase pinned to `pin` CPUs claimed then (0: unpinned); the time it waited for the
+    turn does not count against `timeout_s`, and the turn is released when the job has ended."""
     zygote = zygote if zygote is not None else default_zygote()
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
@@ -338,27 +348,42 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
     disk = _DiskWatch([workdir] + ([Path(job.build_dir)] if job.build_dir else []),
                       job.config.disk_limit_mb if disk_limit_mb is None else disk_limit_mb)  # fmt: skip
     read_fd, write_fd = os.pipe()
+    turn_sock = job_sock = None
+    if job.kind in ("run", "pristine"):
+        turn_sock, job_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     start = time.perf_counter()
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
+        fds = (write_fd, out.fileno(), err.fileno()) + ((job_sock.fileno(),) if job_sock is not None else ())
         try:
-            pid = zygote.launch(str(job_path), (write_fd, out.fileno(), err.fileno()), isolate_network)
+            pid = zygote.launch(str(job_path), fds, isolate_network)
         except (OSError, RuntimeError) as exc:
             os.close(read_fd)
             os.close(write_fd)
+            for sock in (turn_sock, job_sock):
+                if sock is not None:
+                    sock.close()
             raise RuntimeError(f"could not start the sandbox: {exc}") from None
     os.close(write_fd)
+    turn = None
+    if job_sock is not None:
+        job_sock.close()
+        turn = turns.Turn(turn_sock, turns.device_key(job.device), f"{job.candidate.candidate_id}:{job.kind}",
+                          done_allowed=job.pristine_first, pin=pin)  # fmt: skip
     phases.mark(f"{job.kind}:launched")
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
     reader.start()
     ended = False
     try:
-        returncode, killed_for = _watch(zygote, pid, timeout_s, memory_limit_mb, max_processes, disk)
+        returncode, killed_for = _watch(zygote, pid, timeout_s, memory_limit_mb, max_processes, disk,
+                                        turn.credit_s if turn is not None else None)  # fmt: skip
         ended = True
     finally:  # what the job left running, or all of it when interrupted (KeyboardInterrupt)
         _kill_group(pid)
         if not ended:  # its folders are removed next: let it end first
             zygote.wait(pid, 5.0)
+        if turn is not None:  # the job has ended: its turn with it
+            turn.close()
     reader.join(timeout=5)
     phases.mark(f"{job.kind}:ended")
     result = first = None
@@ -384,6 +409,9 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
         wall_s=time.perf_counter() - start,
         stderr_tail=stderr_tail,
         first=first if isinstance(first, dict) else None,
+        turn_wait_s=turn.waited_s if turn is not None else 0.0,
+        turn_held_s=turn.held_s if turn is not None else 0.0,
+        turn_problem=turn.problem if turn is not None else "",
     )
 
 
@@ -439,10 +467,11 @@ def _drain(fd: int, chunks: list[bytes]) -> None:
 
 
 def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int, max_processes: int,
-           disk: _DiskWatch) -> tuple[int | None, str]:  # fmt: skip
+           disk: _DiskWatch, waited_s=None) -> tuple[int | None, str]:  # fmt: skip
     """Wait for the child; kill it on timeout, or when its process tree exceeds the memory limit,
     the process limit or the disk quota. Returns (returncode, what it was killed for: "time",
-    "memory", "processes", "disk" or "")."""
+    "memory", "processes", "disk" or ""). `waited_s()`: seconds the child has waited for the
+    device's turn, which the time limit does not count."""
     deadline = time.monotonic() + timeout_s
     poll_s = 0.005
     while True:
@@ -450,7 +479,7 @@ def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int, max
         if code is not None:
             return code, ""
         poll_s = min(poll_s * 2, 0.2)
-        killed_for = "time" if time.monotonic() > deadline else ""
+        killed_for = "time" if time.monotonic() > deadline + (waited_s() if waited_s else 0.0) else ""
         if not killed_for:
             procs = _tree(pid)
             if _memory_mb(procs) + _shm_mb(pid) > memory_limit_mb:
