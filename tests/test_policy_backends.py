@@ -256,3 +256,19 @@ def test_generate_batch_samples_every_prompt_in_one_call_as_each_prompt_alone(ti
     sampled = backend.generate_batch(conversations, 3, temperature=1.0, seed=1)
     assert [len(g) for g in sampled] == [3, 3] and all(g.completion_tokens > 0 for gens in sampled for g in gens)
     assert sampled[0][0].prompt_tokens < sampled[1][0].prompt_tokens
+
+
+def test_cached_cuda_memory_is_released_for_the_sandboxes_on_a_gpu_only(monkeypatch):
+    """After a generate call on a GPU the allocator's cache (the KV cache) goes back to the
+    device, where the evaluator's sandboxes allocate; on the CPU nothing is touched."""
+    import torch
+
+    from speedforge.policy.backends import release_cached_memory
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    release_cached_memory("cpu")
+    assert calls == []
+    release_cached_memory("cuda:0")
+    assert calls == ["empty"]

@@ -12,9 +12,10 @@ from speedforge.config import Config, EvaluatorConfig, RewardConfig, TrainConfig
 from speedforge.errors import UserError
 from speedforge.records import Candidate, EvalResult, Variant
 from speedforge.variants import VariantsTable
+from speedforge.policy.prompts import render_prompt
 from speedforge.store import open_store
 from speedforge.tasks import builtin_tasks, find_task
-from speedforge.train.data import LivePrompts, answer_text, sft_pairs, split_tasks
+from speedforge.train.data import LivePrompts, answer_text, fitting_tasks, sft_pairs, split_tasks
 from speedforge.evaluation import open_evaluation
 from speedforge.train.metrics import common_reasons, rollout_stats
 from speedforge.train.rollouts import RolloutsTable
@@ -220,6 +221,19 @@ def test_live_prompts_show_variants_found_since_the_last_fetch_and_render_the_sa
     assert live({"task_id": [TASK.task_id], "row": [0]}) == later  # seeded by the row and the table
     plain = LivePrompts({TASK.task_id: TASK}, table, Config().policy, "cpu", seed=0, contrastive=False)
     assert plain({"task_id": [TASK.task_id], "row": [0]})["parents"] == [[]]
+
+
+def test_grpo_trains_only_on_tasks_whose_bare_prompt_fits():
+    """A task whose prompt is too long even without exemplars is left out of GRPO's data instead
+    of stopping the stage at its first step (a level-3 task of CUDA-L1's corpus did, on the H100)."""
+    short, other = sorted(builtin_tasks("cpp"), key=lambda t: len(render_prompt(t).user))[::len(builtin_tasks("cpp")) - 1]
+    budget = len(render_prompt(short).user)  # the shortest bare prompt fits exactly; the longest does not
+    assert len(render_prompt(other).user) > budget
+    fits = lambda prompt, answer: len(prompt.user) <= budget  # noqa: E731
+    assert fitting_tasks([other, short], fits) == (short,)
+    assert fitting_tasks([other, short], None) == (other, short)
+    with pytest.raises(UserError, match="does not fit the model even without exemplars"):
+        LivePrompts({other.task_id: other}, VariantsTable(), Config().policy, "cpu", seed=0, fits=fits).render(other.task_id, 0)
 
 
 @pytest.mark.slow  # a cold C++ build (~30 s on 2 shared cores) and two spawned build processes

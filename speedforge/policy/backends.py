@@ -142,6 +142,19 @@ def pick_device(device: str) -> str:
     return device
 
 
+def release_cached_memory(device: str) -> None:
+    """Hand the CUDA memory torch's caching allocator keeps after a generate call (its KV cache)
+    back to the device, where the evaluator's sandboxes, which time candidates on the same GPU,
+    allocate theirs: a held-out check on an H100 had 5 of 128 samples fail with CUDA out of memory
+    (2.6 of 79 GiB free) beside the generator's cached KV memory. Nothing on another device."""
+    if not str(device).startswith("cuda"):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def cpu_threads(configured: int) -> int:
     """Torch threads for generation on CPU: the configured count, or with 0 the CPUs that the last
     minute's load average leaves free, counting this busy process as one of them (at least 1).
@@ -290,6 +303,8 @@ class HFBackend:
                                          pad_token_id=self.tokenizer.pad_token_id, **sampling)  # fmt: skip
         if greedy:
             output = output.repeat_interleave(n, dim=0)
+        output = output.cpu()
+        release_cached_memory(self.device)  # the samples are evaluated next, on this GPU
         eos = self.tokenizer.eos_token_id
         prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
         out: list[list[Generation]] = [[] for _ in conversations]

@@ -210,6 +210,12 @@ def fitting_prompt(task: Task, chosen: Sequence[Variant], fits: Fits | None, ans
         chosen.pop(0)
 
 
+def fitting_tasks(tasks: Sequence[Task], fits: Fits | None) -> tuple[Task, ...]:
+    """The tasks whose prompt fits without exemplars: GRPO trains on these and leaves the others
+    out (one task's long reference once stopped a whole run at its first step)."""
+    return tuple(t for t in tasks if fitting_prompt(t, (), fits) is not None)
+
+
 class LivePrompts:
     """GRPO's prompts, rendered when the trainer fetches a row (a `datasets` transform), with
     exemplars drawn from the variants table as it is at that step: variants found at step n are

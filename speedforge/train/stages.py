@@ -28,7 +28,7 @@ from typing import Any
 from speedforge.errors import UserError, first_line
 from speedforge.records import Task, content_id
 from speedforge.registry import Registry
-from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_prompt, sft_pairs
+from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_tasks, sft_pairs
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
 from speedforge.train.job import STORE_MODEL, StageJob
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
@@ -534,6 +534,7 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     import datasets
     from trl import GRPOConfig, GRPOTrainer
 
+    from speedforge.policy.backends import release_cached_memory
     from speedforge.train.rollouts import RolloutsTable
 
     settings = job.config.train.grpo
@@ -546,7 +547,7 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
                        settings.contrastive, fits)  # fmt: skip
     if worker.rank == 0:
         if worker.state.get_json("data.json") is None or not done:  # no step trained yet: the data may change
-            tasks = tuple(t for t in job.train_tasks if fitting_prompt(t, (), fits) is not None)
+            tasks = fitting_tasks(job.train_tasks, fits)
             if len(tasks) < len(job.train_tasks):
                 print(f"  grpo data: {len(job.train_tasks) - len(tasks)} task(s) left out, their prompt longer than "
                       f"{limit} tokens even without exemplars", flush=True)  # fmt: skip
@@ -570,6 +571,7 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             samples = [Completion(t, p[-1]["content"], c[-1]["content"], group_id(worker.train.run, "grpo", step, r),
                                   tuple(parent))  # fmt: skip
                        for p, c, t, r, parent in zip(prompts, completions, task_id, row, parents)]
+            release_cached_memory(worker.device)  # the generate call's KV cache: the sandboxes time on this GPU
             scored = scorer.score(step, samples)
             clock.times.evaluation_s += scored.evaluation_s
             clock.rollouts.extend(scored.rollouts)
