@@ -1,14 +1,13 @@
 """Entry points on a tiny budget: `speedforge ann ...` and benchmarks/bench_ann.py."""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from speedforge.ann.datasets import write_vecs
 from speedforge.cli import main
+from benchmark_scripts import load_script
 
 
 def test_ann_tasks_and_reference(capsys):
@@ -39,10 +38,7 @@ def test_ann_sweep_on_a_synthetic_set_and_on_files(capsys, tmp_path):
 def test_bench_ann_prints_a_table_with_every_library(capsys, tmp_path):
     pytest.importorskip("hnswlib")
     pytest.importorskip("faiss")
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_ann.py"
-    spec = importlib.util.spec_from_file_location("bench_ann", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_ann.py")
     assert bench.main(["--n", "600", "--queries", "40", "--shapes", "glove", "--threads", "1", "--repeats", "1",
                        "--efs", "10,40,160", "--json", str(tmp_path / "rows.json")]) == 0
     out = capsys.readouterr().out

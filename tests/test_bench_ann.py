@@ -2,7 +2,6 @@
 benchmark configures it, finds the true neighbours of a small clustered set (recall is checked,
 never time). A library that is not installed is skipped with the reason."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,17 +10,14 @@ import pytest
 
 from speedforge.ann.datasets import synthetic
 from speedforge.ann.groundtruth import exact_knn, recall_at_k
+from benchmark_scripts import load_script
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_ann.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_ann", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_ann"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_ann.py")
 
 
 def _needs(bench, lib):

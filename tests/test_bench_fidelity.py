@@ -7,23 +7,17 @@ bookkeeping of `report` on inputs whose right answers are worked out by hand in 
 the measuring steps need a GPU and CUDA-L1's harness (the benchmark itself, on the GPU machine)."""
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_script
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fidelity.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_fidelity", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_fidelity"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_fidelity.py")
 
 
 ROWS = [{"level_id": level, "task_id": task} for level, task in ((1, 1), (1, 2), (2, 3), (2, 4), (2, 5))]

@@ -6,7 +6,6 @@ needs Docker and the CUDA base: not here.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -100,10 +100,7 @@ def test_dependency_layers_come_before_the_source_which_installs_nothing_else():
 
 
 def test_the_dependency_layer_installs_what_pyproject_names_for_the_images_extras():
-    spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "image-tools" / "requirements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    requirements = module.requirements
+    requirements = load_script("image-tools/requirements.py").requirements
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     args = dict(a.split("=", 1) for kind, a in instructions() if kind == "ARG" and "=" in a)
     wanted = requirements(ROOT / "pyproject.toml", args["EXTRAS"].split(","))

@@ -4,22 +4,17 @@ run here with fewer sandboxes."""
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
-from pathlib import Path
 
 import pytest
 
 from speedforge.config import EvaluatorConfig
+from benchmark_scripts import load_script
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_identical_cpu.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_identical_cpu", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_identical_cpu.py")
 
 
 @pytest.mark.slow  # 10 sandboxes of 200 timed pairs: 1-5 min on the 2-core box, more under load

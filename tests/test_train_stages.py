@@ -28,6 +28,7 @@ from speedforge.train.metrics import read_metrics  # noqa: E402
 from speedforge.train.rollouts import RolloutsTable  # noqa: E402
 from speedforge.train.state import RunState  # noqa: E402
 from train_samples import FAST  # noqa: E402
+from benchmark_scripts import load_script  # noqa: E402
 
 TASKS = ("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares")  # the last one held out
 
@@ -274,12 +275,8 @@ def test_train_status_reads_the_run_back_and_draws_the_reward_curve(grpo_uninter
 
 
 def test_bench_train_splits_the_step_time_of_a_run(grpo_uninterrupted, tmp_path, capsys):
-    import importlib.util
-
     _, outcome = grpo_uninterrupted
-    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).parent.parent / "benchmarks" / "bench_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_train.py")
     assert bench.main([outcome.metrics_path, "--out", str(tmp_path), "--heldout", f"grpo={tmp_path / 'none.json'}"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     (grpo,) = summary["split"]
