@@ -168,6 +168,8 @@ def test_grpo_runs_its_steps_with_rewards_measured_by_the_evaluator(grpo_uninter
         assert line["generation_s"] > 0 and line["evaluation_s"] >= 0 and line["update_s"] > 0
         assert line["samples"] == 2
         assert 2 <= line["generated_tokens"] <= 2 * 16 and line["generation_tokens_per_s"] > 0  # one batched call
+        (rank,) = line["ranks"]  # one worker: its own line of what it did
+        assert rank["rank"] == 0 and rank["samples"] == 2 and rank["generated_tokens"] == line["generated_tokens"]
 
 
 def dies_after(steps: int):
@@ -232,6 +234,8 @@ def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
     assert [r.step for r in rollouts] == [1, 1] and len({r.group_id for r in rollouts}) == 1
     (line,) = read_metrics(open(outcome.metrics_path))
     assert line["samples"] == 2 and "loss" in line  # both workers' samples in rank 0's metrics line
+    assert [(r["rank"], r["samples"]) for r in line["ranks"]] == [(0, 1), (1, 1)]  # each rank's own share, logged
+    assert all(r["generated_tokens"] >= 1 and r["generation_s"] > 0 for r in line["ranks"])
 
 
 @pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)

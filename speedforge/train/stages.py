@@ -317,7 +317,11 @@ class StepClock:
         if self.pending is None:
             return
         record = {**self.pending, **extra}
-        gathered = [r for part in worker.gather(self.rollouts) for r in part]
+        mine = {"rank": worker.rank, "samples": len(self.rollouts), "generated_tokens": self.times.generated_tokens,
+                "generation_s": self.times.generation_s, "step_s": self.times.step_s}  # fmt: skip
+        parts = worker.gather((mine, self.rollouts))
+        record["ranks"] = [rank for rank, _ in parts]  # what each worker did this step: all ranks in rank 0's line
+        gathered = [r for _, part in parts for r in part]
         if gathered:
             record.update(rollout_stats(gathered))
         if worker.metrics is not None:
