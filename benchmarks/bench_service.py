@@ -17,6 +17,7 @@ sweeps the warm cache with one bench worker and with one per GPU, alternating, -
 each, and prints the ratio of the medians.
 
     python benchmarks/bench_service.py --bench-bound --n 32 --repeats 3   # on a 2-GPU machine
+    python benchmarks/bench_service.py --bench-bound --pools cpu --n 4 --repeats 1   # dry run: 1 vs 2 CPU bench workers
 """
 
 from __future__ import annotations
@@ -264,10 +265,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json_path: str | None) -> int:
-    """Build once, then sweep the warm cache with 1 bench worker and with one per GPU."""
-    gpus = len(local_gpu_names())
-    if gpus < 2:
-        raise SystemExit(f"--bench-bound compares 1 GPU with all of them: this machine has {gpus}")
+    """Build once, then sweep the warm cache with 1 bench worker and with one per GPU; on a CPU
+    pool (--pools cpu: a dry run of the same path on a machine without two GPUs), 1 bench worker
+    against 2, on two CPU bench slots of the local Ray."""
+    if config.service.pools[pool].device == "cpu":
+        gpus, one, many = 2, "1 worker", "2 workers"
+        service = dataclasses.replace(config.service, local_cpu_bench_slots=max(2, config.service.local_cpu_bench_slots))
+        config = dataclasses.replace(config, service=service)
+    else:
+        gpus = len(local_gpu_names())
+        one, many = "1 GPU", f"{gpus} GPUs"
+        if gpus < 2:
+            raise SystemExit(f"--bench-bound compares 1 GPU with all of them: this machine has {gpus} "
+                             "(--pools cpu runs the same comparison on 1 against 2 CPU bench workers)")  # fmt: skip
 
     def sweep(mode: str, workers: int) -> Run:
         pool_config = dataclasses.replace(config.service.pools[pool], workers=workers)
@@ -278,13 +288,13 @@ def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json
 
     runs = [sweep("prebuild", gpus)]
     for _ in range(repeats):  # alternating, so drift hits both counts alike
-        runs += [sweep("1 GPU", 1), sweep(f"{gpus} GPUs", gpus)]
+        runs += [sweep(one, 1), sweep(many, gpus)]
         if json_path:
             Path(json_path).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs],
                                                   indent=2))  # fmt: skip
     print_table(runs, pool)
     print()
-    modes = ("1 GPU", f"{gpus} GPUs")
+    modes = (one, many)
     whole = {m: [r.per_min for r in runs if r.mode == m] for m in modes}
     steady = {m: [r.extra["steady_per_min"] for r in runs if r.mode == m and "steady_per_min" in r.extra] for m in modes}
     for label, per_mode in (("whole sweeps, worker start included", whole), ("steady state, first result to last", steady)):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one script (CI has no GPU). Run from the repository root on the GPU
 # machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [fidelity] [service] [benchbound] [generation] [ann]
-#           [portability] [train] [ann-scale]
-# (no arguments: all but ann-scale, which takes an hour or more: name it). It installs what the machine lacks from wheels/ (carried with the tree),
+#           [portability] [train] [ann-scale] [multigpu]
+# (no arguments: all but ann-scale, which takes an hour or more, and multigpu, for a 2-GPU host: name them). It installs what the machine lacks from wheels/ (carried with the tree),
 # runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
 # Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
 set -uo pipefail
@@ -156,6 +156,14 @@ if want ann-scale; then  # issue 29: every ANN library at 1M vectors (SIFT, GloV
   OUT="$OUT/ann_scale" PY="$PY" bash benchmarks/ann_scale_check.sh ${ANN_SCALE_STAGES:-sift glove gist report} \
     >"$OUT/ann_scale.txt" 2>&1
   note ann-scale "exit $? (ann_scale/ann_scale_report.txt; ann_scale.txt)"
+fi
+
+if want multigpu; then  # issue 30, on a host with 2 GPUs (nvidia-h200-x2): GRPO on 1 against 2 Ray Train workers
+  # (steps/s, tokens/s, checkpoint resumed on both, every rank in the logs), bench-bound 1 against 2 bench
+  # workers, portability over two pools of one GPU each; fewer GPUs: it says so and runs what it can.
+  # Parts and knobs: benchmarks/multigpu_check.sh (MULTIGPU_DEVICE=cpu: the CPU dry run)
+  OUT="$OUT" PY="$PY" bash benchmarks/multigpu_check.sh >"$OUT/multigpu.txt" 2>&1
+  note multigpu "exit $? ($(tail -n 1 "$OUT/multigpu.txt" | cut -c1-80); multigpu.txt)"
 fi
 
 for f in "$OUT"/*.txt; do echo "===== $(basename "$f")"; tail -n 25 "$f"; done

@@ -1,0 +1,99 @@
+"""GRPO on 1 Ray Train worker against 2, from the runs' metrics lines (benchmarks/multigpu_check.sh).
+
+    python benchmarks/bench_multigpu.py --one w1/metrics.jsonl --two w2/metrics.jsonl \\
+        [--resumed w2/metrics.jsonl --resumed-step 9] [--target 1.7]
+
+Per run: steps/s (1 / the median step time, the first step left out where there are more: it
+loads the model and warms the caches), with the spread of the step times, and generation
+tokens/s (each step's completion tokens of every rank over its slowest rank's generation time,
+median over the same steps); then the ratio 2 workers / 1 against the target. From the lines'
+`ranks` (what each rank did in the step): which ranks contributed to every step of the 2-worker
+run, and, with --resumed, the step that ran after the resume and its ranks. Exit 1 when a rank
+is missing from a step or the resumed step is absent (a functional failure, never a speed one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from speedforge.train.metrics import read_metrics  # noqa: E402
+
+
+def steps_of(path: str) -> list[dict]:
+    return [m for m in read_metrics(open(path)) if m.get("kind", "step") == "step" and m.get("stage") == "grpo"]
+
+
+def timed(steps: list[dict]) -> list[dict]:
+    """The steps that time the run: all but the first where there are more."""
+    return steps[1:] if len(steps) > 1 else steps
+
+
+def figures(steps: list[dict]) -> dict:
+    """steps/s and generation tokens/s of a run (medians over its timed steps) and their spread."""
+    times = [m["step_s"] for m in timed(steps)]
+    rates = []
+    for m in timed(steps):
+        ranks = m.get("ranks") or [{"generated_tokens": m.get("generated_tokens", 0), "generation_s": m["generation_s"]}]
+        slowest = max(r["generation_s"] for r in ranks)
+        if slowest > 0:
+            rates.append(sum(r["generated_tokens"] for r in ranks) / slowest)
+    return {"steps": len(steps), "timed": len(times), "step_s_median": statistics.median(times),
+            "step_s_min": min(times), "step_s_max": max(times), "steps_per_s": 1 / statistics.median(times),
+            "tokens_per_s": statistics.median(rates) if rates else 0.0}  # fmt: skip
+
+
+def rank_lines(steps: list[dict]) -> list[str]:
+    return [f"  step {m['step']}: " + "; ".join(f"rank {r['rank']} {r['samples']} samples, {r['generated_tokens']} tokens "
+                                                 f"in {r['generation_s']:.2f} s" for r in m.get("ranks", []))
+            for m in steps]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--one", required=True, help="metrics.jsonl of the 1-worker run")
+    parser.add_argument("--two", required=True, help="metrics.jsonl of the 2-worker run")
+    parser.add_argument("--resumed", help="metrics.jsonl after the 2-worker run's resume")
+    parser.add_argument("--resumed-step", type=int, default=0, help="the step the resume ran")
+    parser.add_argument("--workers", type=int, default=2, help="workers of the --two run")
+    parser.add_argument("--target", type=float, default=1.7, help="the steps/s ratio asked for")
+    args = parser.parse_args(argv)
+
+    one, two = steps_of(args.one), steps_of(args.two)
+    if not one or not two:
+        print(f"no GRPO step lines in {args.one if not one else args.two}")
+        return 1
+    f1, f2 = figures(one), figures(two)
+    for label, f in (("1 worker", f1), (f"{args.workers} workers", f2)):
+        print(f"{label}: {f['steps']} steps ({f['timed']} timed), step {f['step_s_median']:.2f} s median "
+              f"({f['step_s_min']:.2f}-{f['step_s_max']:.2f}), {f['steps_per_s']:.3f} steps/s, "
+              f"generation {f['tokens_per_s']:.1f} tokens/s")  # fmt: skip
+    ratio = f2["steps_per_s"] / f1["steps_per_s"]
+    tokens = f2["tokens_per_s"] / f1["tokens_per_s"] if f1["tokens_per_s"] else float("nan")
+    print(f"ratio {args.workers} workers / 1: steps/s {ratio:.2f}x (target {args.target}x: "
+          f"{'met' if ratio >= args.target else 'not met'}), generation tokens/s {tokens:.2f}x")
+    print(f"ranks per step of the {args.workers}-worker run (rank 0's metrics line, gathered from every rank):")
+    print("\n".join(rank_lines(two)))
+    ok = True
+    missing = [m["step"] for m in two if sorted(r["rank"] for r in m.get("ranks", [])) != list(range(args.workers))
+               or not all(r["samples"] > 0 for r in m.get("ranks", []))]  # fmt: skip
+    if missing:
+        print(f"steps where a rank is missing or contributed no sample: {missing}")
+        ok = False
+    if args.resumed:
+        after = [m for m in steps_of(args.resumed) if m["step"] == args.resumed_step]
+        if not after:
+            print(f"resume: no metrics line for step {args.resumed_step}")
+            ok = False
+        else:
+            print(f"resume: step {args.resumed_step} ran after the checkpoint, on ranks "
+                  f"{sorted(r['rank'] for r in after[0].get('ranks', []))}")
+            print("\n".join(rank_lines(after)))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""benchmarks/bench_multigpu.py: issue 30's GRPO figures (1 worker against 2) and rank checks,
+from metrics lines as the training writes them (speedforge.train.metrics.MetricsLog)."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedforge.train.metrics import MetricsLog
+from tests.benchmark_scripts import load_script
+
+bench = load_script("benchmarks/bench_multigpu.py")
+
+
+def write(path, steps):
+    """steps: (step, step_s, [(rank, samples, tokens, generation_s), ...]) per step."""
+    log = MetricsLog(path)
+    for step, step_s, ranks in steps:
+        log.write({"stage": "grpo", "kind": "step", "step": step, "step_s": step_s, "generation_s": ranks[0][3],
+                   "ranks": [{"rank": r, "samples": n, "generated_tokens": t, "generation_s": g, "step_s": step_s}
+                             for r, n, t, g in ranks]})  # fmt: skip
+    return str(path)
+
+
+def test_the_ratio_leaves_out_the_first_step_and_sums_the_tokens_of_every_rank(tmp_path, capsys):
+    one = write(tmp_path / "one.jsonl", [(1, 30.0, [(0, 4, 400, 10.0)]), (2, 4.0, [(0, 4, 400, 2.0)]),
+                                         (3, 6.0, [(0, 4, 400, 2.0)]), (4, 5.0, [(0, 4, 400, 2.0)])])  # fmt: skip
+    two = write(tmp_path / "two.jsonl", [(1, 30.0, [(0, 2, 200, 9.0), (1, 2, 200, 9.0)]),
+                                         (2, 2.5, [(0, 2, 200, 1.0), (1, 2, 300, 1.5)]),
+                                         (3, 2.5, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)])])  # fmt: skip
+    f1, f2 = bench.figures(bench.steps_of(one)), bench.figures(bench.steps_of(two))
+    assert f1["step_s_median"] == 5.0 and (f1["step_s_min"], f1["step_s_max"]) == (4.0, 6.0) and f1["timed"] == 3
+    assert f1["tokens_per_s"] == 200.0
+    assert f2["steps_per_s"] == pytest.approx(0.4) and f2["tokens_per_s"] == pytest.approx((500 / 1.5 + 400) / 2)
+    assert bench.main(["--one", one, "--two", two]) == 0
+    assert "steps/s 2.00x (target 1.7x: met)" in capsys.readouterr().out
+
+
+def test_a_step_without_every_rank_or_a_missing_resumed_step_fails(tmp_path, capsys):
+    one = write(tmp_path / "one.jsonl", [(1, 5.0, [(0, 4, 400, 2.0)])])
+    two = write(tmp_path / "two.jsonl", [(1, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)]), (2, 3.0, [(0, 4, 400, 1.0)])])
+    assert bench.main(["--one", one, "--two", two]) == 1
+    assert "a rank is missing or contributed no sample: [2]" in capsys.readouterr().out
+    whole = write(tmp_path / "whole.jsonl", [(1, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)])])
+    assert bench.main(["--one", one, "--two", whole, "--resumed", whole, "--resumed-step", "2"]) == 1
+    assert "resume: no metrics line for step 2" in capsys.readouterr().out
+    assert bench.main(["--one", one, "--two", whole, "--resumed", whole, "--resumed-step", "1"]) == 0
+    assert "resume: step 1 ran after the checkpoint, on ranks [0, 1]" in capsys.readouterr().out
