@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from speedforge.train.metrics import MetricsLog
-from tests.benchmark_scripts import load_script
+from benchmark_scripts import load_script
 
 bench = load_script("benchmarks/bench_multigpu.py")
 
