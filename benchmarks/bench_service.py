@@ -270,7 +270,12 @@ def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json
     against 2, on two CPU bench slots of the local Ray."""
     if config.service.pools[pool].device == "cpu":
         gpus, one, many = 2, "1 worker", "2 workers"
-        service = dataclasses.replace(config.service, local_cpu_bench_slots=max(2, config.service.local_cpu_bench_slots))
+        # two bench workers and a build worker on the local Ray: on a box of 2 cores a bench worker
+        # reserves half a CPU (a dry run of the path; its figures measure no GPU)
+        cpu_pool = config.service.pools[pool]
+        share = min(cpu_pool.num_cpus, max(0.5, ((os.cpu_count() or 2) - config.service.build_num_cpus) / 2))
+        service = dataclasses.replace(config.service, local_cpu_bench_slots=max(2, config.service.local_cpu_bench_slots),
+                                      pools={**config.service.pools, pool: dataclasses.replace(cpu_pool, num_cpus=share)})  # fmt: skip
         config = dataclasses.replace(config, service=service)
     else:
         gpus = len(local_gpu_names())

@@ -150,7 +150,8 @@ if part portability; then  # two pools of one host, one GPU (or, dry, one CPU be
     slots=1
   else
     gpu_type=cpu; names=(cpu-a cpu-b)
-    pool_yaml() { echo "    $1: {device: cpu, workers: 1, num_gpus: 0, num_cpus: 1, resources: {speedforge_cpu_bench: 1}}"; }
+    # half a CPU each: both pools' bench workers and a build worker fit on 2 cores
+    pool_yaml() { echo "    $1: {device: cpu, workers: 1, num_gpus: 0, num_cpus: 0.5, resources: {speedforge_cpu_bench: 1}}"; }
     slots=2
   fi
   if [ -n "$gpu_type" ]; then
