@@ -24,6 +24,7 @@
 #   MULTIGPU_GENERATIONS (cuda 8, cpu 2)  MULTIGPU_NEW_TOKENS (cuda 512, cpu 16)  MULTIGPU_MODEL ("" = SmolLM2-135M)
 #   MULTIGPU_CORPUS (builtin:cuda | builtin:cpp; or a CUDA-L1 .jsonl)  MULTIGPU_GRPO_TIMEOUT (cuda 1200, cpu 1500 s per run)
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)
+#   PORTABILITY_LIMIT (the first N tasks; cuda 0 = all, cpu 4)
 # Everything goes to $OUT/multigpu (default OUT=/tmp/gpu_check): grpo-w{1,2}/, *.log, *.txt, portability/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -159,11 +160,12 @@ if part portability; then  # two pools of one host, one GPU (or, dry, one CPU be
       >"$dir/pools.yaml"
     pools=$(IFS=,; echo "${names[*]}")
     variants=${PORTABILITY_VARIANTS:-builtin:$family}
+    limit=${PORTABILITY_LIMIT:-$([ "$device" = cpu ] && echo 4 || echo 0)}  # the first N tasks (0: all)
     rm -rf "$dir/portability"
     echo "== portability over pools $pools (config $dir/pools.yaml), variants $variants"
     cat "$dir/pools.yaml"
     { $PY -m speedforge.cli --config "$dir/pools.yaml" portability --variants "$variants" --pools "$pools" \
-        --out "$dir/portability/results" \
+        --limit "$limit" --out "$dir/portability/results" \
       && $PY -m speedforge.cli --config "$dir/pools.yaml" report --results "$dir/portability/results" \
         --out "$dir/portability/report"; } >"$dir/portability.txt" 2>&1 || failed+=("portability (exit $?)")
     tail -n 15 "$dir/portability.txt"
