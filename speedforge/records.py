@@ -191,6 +191,11 @@ class EvalResult(Record):
     timed_calls: int = 0  # timed calls per side
     mode: str = ""  # the model mode it ran in (Task.run_mode), e.g. "train" or "eval"
     timed_s: float = 0.0  # seconds inside timed regions (both sides)
+    # of the main turn, in the sandbox: seconds of the correctness trials, and of the timing phase
+    # (warm-up, timed pairs and the work between them; timed_s is part of it); also set when the run
+    # was rejected in that phase
+    correctness_s: float = 0.0
+    timing_s: float = 0.0
     build_s: float = 0.0  # seconds spent building (0 when the build was cached)
     build_cached: bool = False
     run_s: float = 0.0  # seconds of the sandboxed run process
@@ -198,6 +203,9 @@ class EvalResult(Record):
     # prepared without it (speedforge.evaluator.turns)
     turn_wait_s: float = 0.0
     turn_held_s: float = 0.0
+    # of turn_held_s: the pristine reference's turn (a cold run times it first; 0 when its timing
+    # was kept); the rest is the main turn (`main_held_s`)
+    pristine_held_s: float = 0.0
     wall_s: float = 0.0  # seconds end to end in evaluate()
     screen_findings: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # sandbox features the kernel refused, and the like
@@ -211,6 +219,11 @@ class EvalResult(Record):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def main_held_s(self) -> float:
+        """Of turn_held_s, the run's own turn: correctness, timed pairs, guards."""
+        return max(0.0, self.turn_held_s - self.pristine_held_s)
 
 
 @_with_schema

@@ -138,7 +138,8 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]
                                                  + ((outcome.turn_problem,) if outcome.turn_problem else ())))
         return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, turn_wait_s=outcome.turn_wait_s,
-                       turn_held_s=outcome.turn_held_s, wall_s=time.perf_counter() - start)  # fmt: skip
+                       turn_held_s=outcome.turn_held_s, pristine_held_s=outcome.pristine_held_s,
+                       wall_s=time.perf_counter() - start)  # fmt: skip
     except Exception as exc:
         return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
                        log=traceback.format_exc()[-4000:], **common)
