@@ -374,6 +374,7 @@ def sf_record(r, gpu: str) -> dict:
             "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
             "turn_wait_s": r.turn_wait_s, "turn_held_s": r.turn_held_s, "pristine_held_s": r.pristine_held_s,
             "correctness_s": r.correctness_s, "timing_s": r.timing_s, "findings": list(r.screen_findings),
+            "budget_hit": any(w.startswith("timing budget:") for w in r.warnings),  # evaluator.max_timed_s
             "gpu": gpu}  # fmt: skip
 
 

@@ -178,7 +178,7 @@ class EvalResult(Record):
     speedup: float | None = None  # ref_us / cand_us
     speedup_lo: float | None = None  # 95% confidence interval of the speedup (bootstrap over pairs)
     speedup_hi: float | None = None
-    unstable: bool = False  # the interval stayed wider than the target after measuring again: discount it
+    unstable: bool = False  # the interval stayed wider than the target after measuring again, or at max_timed_s: discount it
     ref_us: float | None = None  # time of the reference, microseconds: the median (GPU), the cpu_time_quantile (CPU)
     cand_us: float | None = None  # time of the candidate, microseconds, the same statistic
     ref_iqr_us: float | None = None  # interquartile range of the reference times

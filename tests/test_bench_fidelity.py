@@ -7,6 +7,7 @@ bookkeeping of `report` on inputs whose right answers are worked out by hand in 
 the measuring steps need a GPU and CUDA-L1's harness (the benchmark itself, on the GPU machine)."""
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -266,6 +267,10 @@ def test_sf_record_carries_the_turns_split(bench):
     result = EvalResult(candidate_id="c", task_id=K1, pool="H100", status="incorrect", run_s=95.0, turn_held_s=88.7,
                         pristine_held_s=80.0, correctness_s=8.1, timing_s=0.0, turn_wait_s=1.0)  # fmt: skip
     record = bench.sf_record(result, "GPU-1")
+    assert record["budget_hit"] is False
+    cut = dataclasses.replace(result, warnings=("timing budget: the timed pairs stopped at evaluator.max_timed_s=20 s "
+                                                "(16 pairs reported, 16 taken)",))  # fmt: skip
+    assert bench.sf_record(cut, "GPU-1")["budget_hit"] is True
     assert (record["turn_held_s"], record["pristine_held_s"], record["correctness_s"], record["timing_s"]) == \
         (88.7, 80.0, 8.1, 0.0)
     assert json.loads(json.dumps(record)) == record
