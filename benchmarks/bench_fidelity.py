@@ -372,8 +372,34 @@ def sf_record(r, gpu: str) -> dict:
             "stopped_early": r.stopped_early, "ref_us": r.ref_us, "cand_us": r.cand_us, "ref_iqr_us": r.ref_iqr_us,
             "cand_iqr_us": r.cand_iqr_us, "timed_calls": r.timed_calls, "mode": r.mode, "device": r.device_name,
             "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
-            "turn_wait_s": r.turn_wait_s, "turn_held_s": r.turn_held_s, "findings": list(r.screen_findings),
+            "turn_wait_s": r.turn_wait_s, "turn_held_s": r.turn_held_s, "pristine_held_s": r.pristine_held_s,
+            "correctness_s": r.correctness_s, "timing_s": r.timing_s, "findings": list(r.screen_findings),
+            "budget_hit": any(w.startswith("timing budget:") for w in r.warnings),  # evaluator.max_timed_s
             "gpu": gpu}  # fmt: skip
+
+
+def turn_lines(runs: list[dict]) -> list[str]:
+    """Where the runs' sandbox seconds went (speedforge.jsonl records with run_s): the device's
+    turn held (the pristine reference's turn and the main one, where the records split it), waited
+    for, and preparing without it; then the run that held it longest, and where its main turn went."""
+    run_s = sum(r["run_s"] for r in runs)
+    held = sum(r.get("turn_held_s") or 0.0 for r in runs)
+    waited = sum(r.get("turn_wait_s") or 0.0 for r in runs)
+    split = any("pristine_held_s" in r for r in runs)  # records from before the split have only the total
+    pristine = sum(r.get("pristine_held_s") or 0.0 for r in runs)
+    held_text = (f"{held:.0f} s (pristine reference's turns {pristine:.0f} s, main turns: correctness, timing, "
+                 f"guards {held - pristine:.0f} s)" if split else f"(correctness, timing) {held:.0f} s")  # fmt: skip
+    lines = [f"  of it the runs' sandboxes: {run_s:.0f} s in all; the device held {held_text}, waited for "
+             f"{waited:.0f} s, prepared without it {run_s - held - waited:.0f} s (beside another run's turn where "
+             f"they overlap)"]  # fmt: skip
+    if split and held > 0:
+        r = max(runs, key=lambda r: r.get("turn_held_s") or 0.0)
+        p = r.get("pristine_held_s") or 0.0
+        lines.append(f"  held longest: {r['key']} ({r.get('status', '')}), {r['turn_held_s']:.1f} s: pristine "
+                     f"{p:.1f} s, main {r['turn_held_s'] - p:.1f} s (correctness {r.get('correctness_s') or 0.0:.1f} s, "
+                     f"timing {r.get('timing_s') or 0.0:.1f} s of which timed {r.get('timed_s') or 0.0:.1f} s, "
+                     f"{r.get('timed_calls') or 0} pairs)")  # fmt: skip
+    return lines
 
 
 def gpu_id() -> str:
@@ -509,12 +535,8 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
             print(f"  (not cold: CUDA-L1's run 1 found builds of an earlier run for {len(warm)} kernels)")
         timed_runs = [sf[k] for k in sf if sf[k].get("run_s")]
         if timed_runs and any("turn_held_s" in r for r in timed_runs):  # the device's turn (evaluator.overlap_runs)
-            run_s = sum(r["run_s"] for r in timed_runs)
-            held = sum(r.get("turn_held_s") or 0.0 for r in timed_runs)
-            waited = sum(r.get("turn_wait_s") or 0.0 for r in timed_runs)
-            print(f"  of it the runs' sandboxes: {run_s:.0f} s in all; the device held (correctness, timing) "
-                  f"{held:.0f} s, waited for {waited:.0f} s, prepared without it {run_s - held - waited:.0f} s "
-                  f"(beside another run's turn where they overlap)")  # fmt: skip
+            for line in turn_lines(timed_runs):
+                print(line)
     repeats = read_jsonl(args.out / "repeat.jsonl")
     if repeats:
         cvs = [_cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2]

@@ -55,12 +55,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per sequence")
     parser.add_argument("--batch", type=int, default=1, help="sequences per generate call (num_return_sequences)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--dtype", default="auto", help="the weights' dtype: auto (policy.dtype's default) | float32 | "
+                                                        "bfloat16 | float16")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: as the hf backend picks them, from the load average)")
     args = parser.parse_args()
 
     started = time.perf_counter()
-    backend = make_backend(PolicyConfig(backend="hf", model=args.model, device=args.device, cpu_threads=args.threads))
+    backend = make_backend(PolicyConfig(backend="hf", model=args.model, device=args.device, dtype=args.dtype,
+                                        cpu_threads=args.threads))
     if backend.threads:
         torch.set_num_threads(backend.threads)
     load_s = time.perf_counter() - started
@@ -96,7 +99,8 @@ def main() -> None:
         )
     device = torch.cuda.get_device_name() if backend.device.startswith("cuda") else platform.processor() or "cpu"
     print(
-        f"model {backend.model_name} on {backend.device} ({device}), torch {torch.__version__}, "
+        f"model {backend.model_name} on {backend.device} ({device}, {next(backend.model.parameters()).dtype}), "
+        f"torch {torch.__version__}, "
         f"threads {torch.get_num_threads()}, load {load_s:.1f} s, prompt {prompt_tokens} tokens, "
         f"batch {args.batch} x {args.new_tokens} new tokens, {args.runs} runs"
     )

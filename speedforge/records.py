@@ -178,7 +178,7 @@ class EvalResult(Record):
     speedup: float | None = None  # ref_us / cand_us
     speedup_lo: float | None = None  # 95% confidence interval of the speedup (bootstrap over pairs)
     speedup_hi: float | None = None
-    unstable: bool = False  # the interval stayed wider than the target after measuring again: discount it
+    unstable: bool = False  # the interval stayed wider than the target after measuring again, or at max_timed_s: discount it
     ref_us: float | None = None  # time of the reference, microseconds: the median (GPU), the cpu_time_quantile (CPU)
     cand_us: float | None = None  # time of the candidate, microseconds, the same statistic
     ref_iqr_us: float | None = None  # interquartile range of the reference times
@@ -191,6 +191,11 @@ class EvalResult(Record):
     timed_calls: int = 0  # timed calls per side
     mode: str = ""  # the model mode it ran in (Task.run_mode), e.g. "train" or "eval"
     timed_s: float = 0.0  # seconds inside timed regions (both sides)
+    # of the main turn, in the sandbox: seconds of the correctness trials, and of the timing phase
+    # (warm-up, timed pairs and the work between them; timed_s is part of it); also set when the run
+    # was rejected in that phase
+    correctness_s: float = 0.0
+    timing_s: float = 0.0
     build_s: float = 0.0  # seconds spent building (0 when the build was cached)
     build_cached: bool = False
     run_s: float = 0.0  # seconds of the sandboxed run process
@@ -198,6 +203,9 @@ class EvalResult(Record):
     # prepared without it (speedforge.evaluator.turns)
     turn_wait_s: float = 0.0
     turn_held_s: float = 0.0
+    # of turn_held_s: the pristine reference's turn (a cold run times it first; 0 when its timing
+    # was kept); the rest is the main turn (`main_held_s`)
+    pristine_held_s: float = 0.0
     wall_s: float = 0.0  # seconds end to end in evaluate()
     screen_findings: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # sandbox features the kernel refused, and the like
@@ -211,6 +219,11 @@ class EvalResult(Record):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def main_held_s(self) -> float:
+        """Of turn_held_s, the run's own turn: correctness, timed pairs, guards."""
+        return max(0.0, self.turn_held_s - self.pristine_held_s)
 
 
 @_with_schema

@@ -7,6 +7,7 @@ bookkeeping of `report` on inputs whose right answers are worked out by hand in 
 the measuring steps need a GPU and CUDA-L1's harness (the benchmark itself, on the GPU machine)."""
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -258,3 +259,35 @@ def test_machines_name_each_runs_gpus(bench):
     assert bench.machines(run, [bench.key(r) for r in ROWS]) == "aaaaaaaa 2, bbbbbbbb 1, unrecorded 1; 1 of 5 not measured"
     assert bench.machines(run, [K1, K2]) == "aaaaaaaa 1, bbbbbbbb 1"
     assert bench.machines({}, [K1]) == "no kernels; 1 of 1 not measured"
+
+
+def test_sf_record_carries_the_turns_split(bench):
+    from speedforge.records import EvalResult
+
+    result = EvalResult(candidate_id="c", task_id=K1, pool="H100", status="incorrect", run_s=95.0, turn_held_s=88.7,
+                        pristine_held_s=80.0, correctness_s=8.1, timing_s=0.0, turn_wait_s=1.0)  # fmt: skip
+    record = bench.sf_record(result, "GPU-1")
+    assert record["budget_hit"] is False
+    cut = dataclasses.replace(result, warnings=("timing budget: the timed pairs stopped at evaluator.max_timed_s=20 s "
+                                                "(16 pairs reported, 16 taken)",))  # fmt: skip
+    assert bench.sf_record(cut, "GPU-1")["budget_hit"] is True
+    assert (record["turn_held_s"], record["pristine_held_s"], record["correctness_s"], record["timing_s"]) == \
+        (88.7, 80.0, 8.1, 0.0)
+    assert json.loads(json.dumps(record)) == record
+
+
+def test_turn_lines_split_held_into_the_pristine_and_main_turns(bench):
+    runs = [{"key": K1, "status": "incorrect", "run_s": 95.0, "turn_wait_s": 1.0, "turn_held_s": 88.7,
+             "pristine_held_s": 80.0, "correctness_s": 8.1, "timing_s": 0.0, "timed_s": 0.0, "timed_calls": 0},
+            {"key": K2, "status": "ok", "run_s": 100.0, "turn_wait_s": 94.0, "turn_held_s": 3.3, "pristine_held_s": 0.0,
+             "correctness_s": 0.3, "timing_s": 2.9, "timed_s": 2.0, "timed_calls": 30}]  # fmt: skip
+    head, longest = bench.turn_lines(runs)
+    assert "the device held 92 s (pristine reference's turns 80 s, main turns: correctness, timing, guards 12 s)" in head
+    assert "waited for 95 s" in head
+    assert longest == (f"  held longest: {K1} (incorrect), 88.7 s: pristine 80.0 s, main 8.7 s (correctness 8.1 s, "
+                       f"timing 0.0 s of which timed 0.0 s, 0 pairs)")  # fmt: skip
+    # records from before the split: the total only, read as before
+    old = [{k: v for k, v in r.items() if k not in ("pristine_held_s", "correctness_s", "timing_s")} for r in runs]
+    assert bench.turn_lines(old) == ["  of it the runs' sandboxes: 195 s in all; the device held (correctness, timing) "
+                                     "92 s, waited for 95 s, prepared without it 8 s (beside another run's turn "
+                                     "where they overlap)"]  # fmt: skip

@@ -64,7 +64,7 @@ def test_a_job_with_a_missing_key_is_refused(task, config, where, key):
 
 def test_a_stage_result_holds_every_measured_field_of_an_eval_result():
     parent_set = {"candidate_id", "task_id", "pool", "build_cached", "run_s", "wall_s", "screen_findings",
-                  "harness_version", "build_s", "turn_wait_s", "turn_held_s"}  # fmt: skip
+                  "harness_version", "build_s", "turn_wait_s", "turn_held_s", "pristine_held_s"}  # fmt: skip
     measured = {f.name for f in dataclasses.fields(EvalResult)} - parent_set
     assert measured <= {f.name for f in dataclasses.fields(StageResult)}
     result = StageResult.from_dict({"status": "ok", "speedup": 2.0, "run_inner_s": 0.5, "warnings": ["w"]})

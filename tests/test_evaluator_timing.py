@@ -4,6 +4,7 @@ measuring again, and the unstable mark. Counts and intervals only, never wall-cl
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,69 @@ def test_an_undecided_answer_is_measured_again_then_marked_unstable(task, config
     assert result.status == "ok", result.reason
     assert result.timed_calls == 12  # the reported round ran to the maximum
     assert result.unstable
+
+
+SLOW_REFERENCE = """
+import time
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        time.sleep(0.05)  # a slow reference: at least 0.05 s a call
+        return torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
+
+
+def get_inputs():
+    return [torch.randn(128, 512)]
+
+
+def get_init_inputs():
+    return [2.0]
+"""
+
+
+def test_the_timing_budget_stops_a_slow_references_pairs_in_the_pristine_turn_and_the_runs(config):
+    """A reference of at least 0.05 s a call, and no interval narrow enough to stop on (ci_target
+    0), so that only max_calls (40) or the budget ends a round. A budget of 0.9 s has run out by
+    the 17th pair of the run (each at least one reference call, after a warm-up pair) and at the
+    16th of the pristine reference (two), where the floor of 16 pairs lets it stop: the speedup
+    is reported with the interval it has, unstable since it is wider than unstable_ci (0), and
+    neither is measured again."""
+    task = Task(task_id="timing/slow-relu", family="cpp", name="slow-relu", source=SLOW_REFERENCE)
+    config = dataclasses.replace(config, cpu_timed_calls=16, max_timed_calls=40, ci_target=0.0, unstable_ci=0.0,
+                                 max_timed_s=0.9, reference_slowdown_limit=1.5)  # fmt: skip
+    result = evaluate(task, _good(task), config)
+    assert result.status == "ok", result.reason
+    assert 16 <= result.timed_calls <= 18 < config.max_timed_calls
+    assert result.speedup is not None and result.speedup_lo <= result.speedup <= result.speedup_hi
+    assert result.unstable and any("when the timing budget ran out" in w for w in result.warnings), result.warnings
+    budget = [w for w in result.warnings if w.startswith("timing budget:")]
+    assert budget == [f"timing budget: the timed pairs stopped at evaluator.max_timed_s=0.9 s "
+                      f"({result.timed_calls} pairs reported, {result.timed_calls} taken)"]  # not measured again
+    pristine = importlib.import_module("speedforge.evaluator.evaluate")._cached_pristine(task, config, "cpu", "cpu")
+    assert pristine is not None and pristine.ok and pristine.timed_calls == 16
+    assert any(w.startswith("timing budget:") for w in pristine.warnings) and pristine.unstable
+
+
+def test_without_a_budget_a_slow_references_round_runs_to_its_maximum(config):
+    """max_timed_s 0: no deadline; the same slow reference's rounds run to max_timed_calls (20),
+    and it is measured again (unstable_ci 0), as before the budget."""
+    task = Task(task_id="timing/slow-relu", family="cpp", name="slow-relu", source=SLOW_REFERENCE)
+    config = dataclasses.replace(config, cpu_timed_calls=16, max_timed_calls=20, ci_target=0.0, unstable_ci=0.0,
+                                 max_timed_s=0.0, reference_slowdown_limit=0.0)  # fmt: skip
+    result = evaluate(task, _good(task), config)
+    assert result.status == "ok", result.reason
+    assert result.timed_calls == 20 and result.unstable
+    assert any("after measuring again" in w for w in result.warnings), result.warnings
+    assert not any(w.startswith("timing budget:") for w in result.warnings)
+    with pytest.raises(FieldError, match="max_timed_s"):
+        EvaluatorConfig(max_timed_s=-1.0)
 
 
 def test_a_ratio_that_drifts_between_batches_widens_the_interval():

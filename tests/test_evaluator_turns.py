@@ -105,6 +105,21 @@ def test_two_runs_prepare_at_once_and_time_one_at_a_time(tmp_path, task):
     first_done = min(s.released for s in spans)
     assert max(_launched(spans, c) for c in candidates) < first_done, "the second prepared while the first held"
     assert all(r.turn_held_s > 0 and r.turn_wait_s + r.turn_held_s <= r.run_s for r in results)
+    # cold: each run held a pristine turn and then its main one, and says how long each
+    for r in results:
+        held = {s.which: s.held_s for s in spans if s.label.startswith(r.candidate_id)}
+        assert sorted(held) == ["main", "pristine"]
+        assert r.pristine_held_s == pytest.approx(held["pristine"], abs=0.05) and r.pristine_held_s > 0
+        assert r.main_held_s == pytest.approx(held["main"], abs=0.05) and r.main_held_s > 0
+        # where the main turn went: correctness, then timing (of which timed_s inside timed regions)
+        assert r.trials == 1 and r.correctness_s > 0 and r.timing_s >= r.timed_s > 0
+        assert r.correctness_s + r.timing_s <= r.main_held_s
+    # warm: the pristine reference's timing is kept, so the next run has only its main turn
+    warm = _candidate(task, 2)
+    (result,), spans = _run(task, [warm], _config(tmp_path, overlap=2, reference_slowdown_limit=1.5))
+    assert result.status == "ok", (result.status, result.reason)
+    assert [s.which for s in spans] == ["main"]
+    assert result.pristine_held_s == 0 and result.main_held_s == result.turn_held_s > 0
 
 
 def test_one_at_a_time_with_overlap_1(tmp_path, task, monkeypatch):
@@ -118,7 +133,20 @@ def test_one_at_a_time_with_overlap_1(tmp_path, task, monkeypatch):
     first, second = spans
     assert second.launched >= first.released, "with overlap 1 the second run starts after the first ended"
     marks = [name for name, _ in phases.take() if name.startswith("turn:")]
-    assert marks == 2 * ["turn:asked", "turn:granted", "turn:released"], "the phase log has each run's turn"
+    main = ["turn:asked:main", "turn:granted:main", "turn:released:main"]
+    assert marks == 2 * main, "the phase log has each run's turn, named"
+    assert all(r.pristine_held_s == 0 for r in results), "no pristine turn without the tripwire"
+
+
+def test_the_phase_log_names_a_cold_runs_two_turns(tmp_path, task, monkeypatch):
+    monkeypatch.setenv(phases.VARIABLE, "1")
+    phases.take()
+    (result,), spans = _run(task, [_candidate(task, 0, sleep_s=0.0)],
+                            _config(tmp_path, overlap=1, reference_slowdown_limit=1.5))  # fmt: skip
+    assert result.status == "ok", (result.status, result.reason)
+    assert [s.which for s in spans] == ["pristine", "main"]
+    marks = [name for name, _ in phases.take() if name.startswith("turn:")]
+    assert marks == [f"turn:{step}:{which}" for which in ("pristine", "main") for step in ("asked", "granted", "released")]
 
 
 @pytest.mark.parametrize("then, status", [(HANG, "timeout"), (DIE, "crashed")], ids=["hangs", "dies"])

@@ -272,3 +272,16 @@ def test_cached_cuda_memory_is_released_for_the_sandboxes_on_a_gpu_only(monkeypa
     assert calls == []
     release_cached_memory("cuda:0")
     assert calls == ["empty"]
+
+
+def test_the_weights_dtype_is_the_configured_one_or_bf16_on_a_gpu_except_for_gguf():
+    from speedforge.config import ConfigError
+    from speedforge.policy.backends import model_dtype
+
+    assert model_dtype("auto", "cuda:0", None) == "bfloat16"
+    assert model_dtype("auto", "cuda", "model.gguf") == "float32"  # packed GGUF kernels compute in float32
+    assert model_dtype("auto", "cpu", None) == "float32"
+    assert model_dtype("float32", "cuda", None) == "float32"
+    assert model_dtype("bfloat16", "cuda", "model.gguf") == "bfloat16"
+    with pytest.raises(ConfigError, match="dtype"):
+        PolicyConfig(dtype="fp8")

@@ -138,7 +138,8 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]
                                                  + ((outcome.turn_problem,) if outcome.turn_problem else ())))
         return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, turn_wait_s=outcome.turn_wait_s,
-                       turn_held_s=outcome.turn_held_s, wall_s=time.perf_counter() - start)  # fmt: skip
+                       turn_held_s=outcome.turn_held_s, pristine_held_s=outcome.pristine_held_s,
+                       wall_s=time.perf_counter() - start)  # fmt: skip
     except Exception as exc:
         return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
                        log=traceback.format_exc()[-4000:], **common)
@@ -160,9 +161,9 @@ def pristine_key(task: Task, config: EvaluatorConfig, device: str, pool: str) ->
                       toolchain_id(), json.dumps(timing, sort_keys=True), length=32)  # fmt: skip
 
 
-PRISTINE_SETTINGS = ("warmup_calls", "timed_calls", "cpu_timed_calls", "min_timed_s", "max_timed_calls", "ci_target",
-                     "unstable_ci", "cpu_time_quantile", "cpu_rotation_pairs", "cpu_rotation_mb", "cpu_threads",
-                     "pin_cpus", "l2_flush_mb", "memory_limit_mb", "correctness_trials")  # fmt: skip
+PRISTINE_SETTINGS = ("warmup_calls", "timed_calls", "cpu_timed_calls", "min_timed_s", "max_timed_calls", "max_timed_s",
+                     "ci_target", "unstable_ci", "cpu_time_quantile", "cpu_rotation_pairs", "cpu_rotation_mb",
+                     "cpu_threads", "pin_cpus", "l2_flush_mb", "memory_limit_mb", "correctness_trials")  # fmt: skip
 
 
 def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: str, zygote: Zygote | None,

@@ -36,6 +36,7 @@ this (sandboxed) process and measures them:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import os
@@ -145,12 +146,15 @@ def run(job: Job) -> dict:
     metrics: dict = {"device_name": _device_name(torch, device), "mode": job.task.run_mode}
     if job.pristine_first:
         _pristine_first(torch, guards, job, device, seed, metrics)
+    harness = None
     try:
         harness = _Harness(torch, guards, job, device, seed)
         metrics.update(harness.measure_pristine() if job.kind == "pristine" else harness.measure())
         metrics["status"] = "ok"
     except Verdict as verdict:
         metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
+    if harness is not None:
+        metrics.update(harness.spent)  # where the turn went, a rejected run's too
     metrics["run_inner_s"] = _perf_counter() - run_start
     phases.mark("harness_done")
     return metrics
@@ -167,7 +171,8 @@ def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -
 
     pristine = dataclasses.replace(job, config=dataclasses.replace(job.config, early_stop_below=0.0))
     try:
-        child.send_first({**metrics, "status": "ok", **_Harness(torch, guards, pristine, device, seed).measure_pristine()})
+        harness = _Harness(torch, guards, pristine, device, seed)
+        child.send_first({**metrics, "status": "ok", **harness.measure_pristine(), **harness.spent})
     except Verdict:
         pass
     finally:
@@ -198,6 +203,7 @@ class _Harness:
         self.training = job.task.mode == "train"
         self.state = {"ref": process_state.capture()}  # the reference's process state; the candidate's once it loads
         self.active = "ref"  # whose state is in effect
+        self.spent: dict[str, float] = {}  # seconds of the turn's phases (`spending`)
         self.correctness = Correctness(torch, self.config)
 
     # -- setup ---------------------------------------------------------------------------------
@@ -280,10 +286,12 @@ class _Harness:
             self.first_out = self.call("ModelNew.forward", cand_model, *self.clone(warm))  # held: an earlier output
             self.sync()
             turns.take()  # prepared: from here on the run holds the device (speedforge.evaluator.turns)
-            max_err, trials = self.correctness.trials(self, ref_model, cand_model, [self.first_out], self.out_bytes,
-                                                      self.device, self.sync)  # fmt: skip
+            with self.spending("correctness_s"):
+                max_err, trials = self.correctness.trials(self, ref_model, cand_model, [self.first_out],
+                                                          self.out_bytes, self.device, self.sync)  # fmt: skip
             self._guard(baseline, "the correctness trials")
-            timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
+            with self.spending("timing_s"):
+                timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
             self._guard(baseline, "the timed calls")
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
 
@@ -302,9 +310,21 @@ class _Harness:
             self.call("the reference", twin, *self.clone(warm))
             self.sync()
             turns.take()
-            max_err, trials = self.correctness.trials(self, ref_model, twin, [], self.out_bytes, self.device, self.sync)
-            timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
+            with self.spending("correctness_s"):
+                max_err, trials = self.correctness.trials(self, ref_model, twin, [], self.out_bytes, self.device,
+                                                          self.sync)  # fmt: skip
+            with self.spending("timing_s"):
+                timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+
+    @contextlib.contextmanager
+    def spending(self, name: str):
+        """Seconds of a phase of the turn into `spent[name]`, also when it raises (a rejection)."""
+        start = _perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[name] = _perf_counter() - start
 
     def _guard(self, baseline, phase: str) -> None:
         """hack_detected naming every guard check that failed since `baseline` (checks.guard_findings)."""

@@ -107,7 +107,7 @@ class Job:
 
 # The fields of an EvalResult that the parent sets, not the sandboxed child.
 _PARENT_FIELDS = ("candidate_id", "task_id", "pool", "build_cached", "run_s", "wall_s", "screen_findings",
-                  "harness_version", "build_s", "turn_wait_s", "turn_held_s")  # fmt: skip
+                  "harness_version", "build_s", "turn_wait_s", "turn_held_s", "pristine_held_s")  # fmt: skip
 
 
 def _measured_fields() -> tuple[str, ...]:
@@ -146,6 +146,8 @@ class StageResult:
     trials: int = 0
     timed_calls: int = 0
     timed_s: float | None = 0.0
+    correctness_s: float = 0.0
+    timing_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -114,9 +114,11 @@ class Outcome:
     # a record the job sent ahead of its result (speedforge.evaluator.child.send_first): the first
     # line the job wrote, when it wrote more than one
     first: dict | None = None
-    # the device's turn (speedforge.evaluator.turns): seconds waited for it, seconds held
+    # the device's turn (speedforge.evaluator.turns): seconds waited for it, seconds held, and of
+    # those held the pristine turn's (a cold run's pristine reference, or a pristine job's)
     turn_wait_s: float = 0.0
     turn_held_s: float = 0.0
+    pristine_held_s: float = 0.0
     turn_problem: str = ""  # the turn was granted without the device's lock: why
 
     @property
@@ -368,7 +370,7 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
     if job_sock is not None:
         job_sock.close()
         turn = turns.Turn(turn_sock, turns.device_key(job.device), f"{job.candidate.candidate_id}:{job.kind}",
-                          done_allowed=job.pristine_first, pin=pin)  # fmt: skip
+                          done_allowed=job.pristine_first, pin=pin, pristine=job.kind == "pristine")  # fmt: skip
     phases.mark(f"{job.kind}:launched")
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
@@ -411,6 +413,7 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
         first=first if isinstance(first, dict) else None,
         turn_wait_s=turn.waited_s if turn is not None else 0.0,
         turn_held_s=turn.held_s if turn is not None else 0.0,
+        pristine_held_s=turn.pristine_held_s if turn is not None else 0.0,
         turn_problem=turn.problem if turn is not None else "",
     )
 

@@ -5,7 +5,9 @@ Warm-up, then pairs in random order, each side timing its own copy of the pair's
 before its call; on GPU, L2 flushed before each call, outside the timed region, and a device-wide
 synchronize before the end event, so side-stream work counts; every timed output checked against
 its pair's reference output. Pairs are taken until the speedup's 95% interval is narrow enough
-(`speedup_interval`), or lies wholly below early_stop_below (early stop). On the CPU the
+(`speedup_interval`), or lies wholly below early_stop_below (early stop), or the timing phase
+has lasted max_timed_s (the budget: a slow reference holds the device's turn no longer; the
+interval it has is reported, marked unstable when wide as any other). On the CPU the
 scheduler is read around every call (`SchedulerMarks`): a neighbour's time slice is taken off a
 call pinned to one CPU, and contention during timing marks the result unstable, as does an
 interval that stayed wide (`unstable_reasons`), a speedup that drifted through the run or two
@@ -66,9 +68,13 @@ class Timer:
         Pairs (fresh inputs, random order) are taken until the speedup's 95% interval is within
         +-ci_target, or max_timed_calls is reached. A round that ends wider than +-unstable_ci
         is measured again from scratch; the narrower round is reported, marked unstable when
-        both stayed too wide (a reward discounts it).
+        both stayed too wide (a reward discounts it). The whole phase, warm-up included, stops
+        taking pairs once it has lasted max_timed_s (0: no budget), though never before a round
+        has min(least, BUDGET_MIN_PAIRS) pairs, and is not measured again then.
         """
         config = self.config
+        budget = float(config.max_timed_s)
+        deadline = _perf_counter() + budget if budget > 0 else math.inf
         flush = None
         if self.is_cuda and int(config.l2_flush_mb) > 0:
             flush = self.torch.empty(int(config.l2_flush_mb) << 20, dtype=self.torch.int8, device=self.device)
@@ -91,8 +97,12 @@ class Timer:
         wide = max(float(config.unstable_ci), float(config.ci_target))  # wider than this: undecided
         rounds = []
         for attempt in range(2):
-            rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt))
+            rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt,
+                                            deadline))  # fmt: skip
             if rounds[-1]["width"] <= wide or rounds[-1]["stopped_early"]:
+                break
+            if _perf_counter() >= deadline:  # undecided, and no time left to measure again
+                rounds[-1]["out_of_time"] = True
                 break
         chosen = rounds[-1] if rounds[-1]["stopped_early"] else min(rounds, key=lambda r: r["width"])
         times = chosen["times"]
@@ -103,6 +113,11 @@ class Timer:
                                       float(config.drift_limit), self.quantile)
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
         ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
+        warnings = [f"unstable: {why}" for why in unstable]
+        if any(r["out_of_time"] for r in rounds):
+            warnings.append(f"timing budget: the timed pairs stopped at evaluator.max_timed_s={budget:g} s "
+                            f"({len(times['ref'])} pairs reported, {sum(len(r['times']['ref']) for r in rounds)} "
+                            f"taken)")  # fmt: skip
         return {
             "ref_lo_us": ref_lo,
             "ref_hi_us": ref_hi,
@@ -115,22 +130,26 @@ class Timer:
             "speedup_lo": chosen["lo"],
             "speedup_hi": chosen["hi"],
             "unstable": bool(unstable),
-            "warnings": [f"unstable: {why}" for why in unstable],
+            "warnings": warnings,
             "timed_calls": len(times["ref"]),
             "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
         }
 
-    def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int) -> dict:
+    def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int,
+                     deadline: float = math.inf) -> dict:  # fmt: skip
         """Pairs until the interval is within +-ci_target (checked every few pairs past `least`),
         or lies wholly below early_stop_below (checked every EARLY_CHECK_EVERY pairs from
-        EARLY_CHECK_FROM on), or `most` pairs; returns the times (us), the interval (lo, hi,
-        relative half-width) and whether it stopped early."""
+        EARLY_CHECK_FROM on), or `most` pairs, or `deadline` (perf_counter) has passed once it has
+        min(least, BUDGET_MIN_PAIRS) pairs; returns the times (us), the interval (lo, hi, relative
+        half-width), whether it stopped early and whether it ran out of time."""
         target = float(self.config.ci_target)
         bound = float(self.config.early_stop_below)
         times: dict[str, list[float]] = {"ref": [], "cand": []}
         lo = hi = None
         width = math.inf
         check_every = max(5, least // 4)
+        floor = min(least, BUDGET_MIN_PAIRS)
+        out_of_time = False
         disturbed = 0
         steal = _steal_ticks()
         for i in range(most):
@@ -152,6 +171,11 @@ class Timer:
             self.rotation.keep([args["ref"], args["cand"], outs["ref"], outs["cand"]])
             del outs, args
             n = i + 1
+            if n >= floor and n < most and _perf_counter() >= deadline:  # the budget: the interval it has
+                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
+                                                 quantile=self.quantile)  # fmt: skip
+                out_of_time = True
+                break
             regular = n == most or (n >= least and (n - least) % check_every == 0)
             early = bound > 0 and n >= EARLY_CHECK_FROM and (n - EARLY_CHECK_FROM) % EARLY_CHECK_EVERY == 0
             if regular or early:
@@ -166,7 +190,7 @@ class Timer:
         stopped = bound > 0 and hi is not None and hi < bound
         steal = _steal_ticks() - steal
         return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
-                "steal_s": steal / _CLOCK_TICKS}
+                "steal_s": steal / _CLOCK_TICKS, "out_of_time": out_of_time}
 
     def _timed_call(self, model, args: list, flush, side: str):
         what = "ModelNew.forward" if side == "cand" else "the reference"
@@ -207,8 +231,9 @@ def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda:
     if chosen["stopped_early"]:  # wholly below the bound: decided, whatever else went on
         return found
     if chosen["width"] > wide:
-        found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} after measuring again "
-                     f"(+-{chosen['width']:.1%})")
+        after = ("when the timing budget ran out (evaluator.max_timed_s)" if chosen.get("out_of_time")
+                 else "after measuring again")  # fmt: skip
+        found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} {after} (+-{chosen['width']:.1%})")
     if is_cuda:
         return found
     limit = float(config.contention_limit)
@@ -283,6 +308,9 @@ def _steal_ticks() -> int:
         return 0
 
 
+# A round that runs out of max_timed_s still takes this many pairs (or `least`, if fewer): the
+# batch-means part of the interval needs 16, and so does the tripwire (evaluate.TRIPWIRE_MIN_CALLS)
+BUDGET_MIN_PAIRS = 16
 EARLY_CHECK_FROM = 8  # pairs before the first early-stop check...
 EARLY_CHECK_EVERY = 4  # ...and between later ones
 BATCHES = 4  # consecutive batches for the batch-means interval

@@ -27,8 +27,13 @@ On the CPU the turn also pins the timed phase: the parent claims `pin` CPUs when
 (speedforge.evaluator.cpus, highest-numbered free first, as every timed phase of a kernel ran
 before), and the harness moves every thread of the sandbox there; preparing runs unpinned.
 
+A cold run has two turns: the pristine reference's (until the harness's "done") and the main
+one (correctness, timed pairs, guards); `pristine_held_s` is the part of `held_s` that went to the
+first. A pristine job's one turn is its pristine turn.
+
 `spans()` keeps the recent turns of this process (asked, granted, released), the turns' own
-record, for tests and benchmarks; with SPEEDFORGE_PHASE_LOG on, grants and releases are phase marks.
+record, for tests and benchmarks; with SPEEDFORGE_PHASE_LOG on, requests, grants and releases are
+phase marks naming the turn ("turn:granted:pristine", "turn:released:main").
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class Span:
     asked: float
     granted: float
     released: float
+    which: str = "main"  # "pristine": the pristine reference's turn; "main": the run's own
 
     @property
     def wait_s(self) -> float:
@@ -107,11 +113,13 @@ def lock_dir() -> Path:
 class Turn:
     """The parent's side of one sandboxed run's turn: serves the child's requests on `sock` from
     a thread until `close()`, which releases whatever is held. `pin`: CPUs to claim for the timed
-    phase (0: none)."""
+    phase (0: none). `pristine`: the job is a pristine job, whose one turn is the pristine turn."""
 
-    def __init__(self, sock: socket.socket, key: str, label: str, done_allowed: bool, pin: int = 0) -> None:
+    def __init__(self, sock: socket.socket, key: str, label: str, done_allowed: bool, pin: int = 0,
+                 pristine: bool = False) -> None:  # fmt: skip
         self.sock, self.key, self.label, self.pin = sock, key, label, pin
         self.done_allowed = done_allowed  # the one "done" of a run that times its pristine reference first
+        self.pristine = pristine
         self.launched = time.time()
         self._ended = threading.Event()
         self._lock = threading.Lock()
@@ -121,6 +129,8 @@ class Turn:
         self._granted: float | None = None
         self._waited_s = 0.0  # finished waits
         self._held_s = 0.0  # finished holds
+        self._pristine_held_s = 0.0  # of them, the pristine turn's
+        self._which = ""  # the turn held or being waited for: "pristine" or "main"
         self.problem = ""  # why the turn was granted without the device's lock (a harness failure), if so
         self._thread = threading.Thread(target=self._serve, name="speedforge-turn", daemon=True)
         self._thread.start()
@@ -139,6 +149,18 @@ class Turn:
     def held_s(self) -> float:
         with self._lock:
             return self._held_s + (time.time() - self._granted if self._granted is not None else 0.0)
+
+    @property
+    def pristine_held_s(self) -> float:
+        """Of `held_s`, the seconds the pristine turn held the device (a pristine job's, or a cold
+        run's until the harness's "done")."""
+        with self._lock:
+            held = time.time() - self._granted if self._granted is not None and self._which == "pristine" else 0.0
+            return self._pristine_held_s + held
+
+    def _current(self) -> str:
+        """The turn a request now is for: the pristine one until the harness's "done"."""
+        return "pristine" if self.pristine or self.done_allowed else "main"
 
     def close(self) -> None:
         """The job has ended (its process group killed): stop serving, release the turn."""
@@ -183,7 +205,8 @@ class Turn:
             if self._fd >= 0 or self._asked is not None:
                 return  # held or being waited for: one turn at a time
             self._asked = time.time()
-        phases.mark("turn:asked")
+            self._which = which = self._current()
+        phases.mark(f"turn:asked:{which}")
         fd = self._acquire()
         if fd < 0:  # the job ended while waiting
             with self._lock:
@@ -201,7 +224,7 @@ class Turn:
             self._fd = fd
             self._granted = time.time()
             self._waited_s += self._granted - self._asked
-        phases.mark("turn:granted")
+        phases.mark(f"turn:granted:{which}")
         try:
             self.sock.sendall(b"go " + ",".join(map(str, cpus)).encode() + b"\n")
         except OSError:
@@ -238,18 +261,20 @@ class Turn:
         with self._lock:
             fd, self._fd = self._fd, -1
             cpus, self._cpus = self._cpus, None
-            granted, asked = self._granted, self._asked
+            granted, asked, which = self._granted, self._asked, self._which
             self._granted = self._asked = None
             now = time.time()
             if granted is not None:
                 self._held_s += now - granted
+                if which == "pristine":
+                    self._pristine_held_s += now - granted
         if cpus is not None:
             cpus.close()
         if fd >= 0:
             os.close(fd)  # closing the descriptor releases its lock
-            phases.mark("turn:released")
+            phases.mark(f"turn:released:{which}")
             with _SPANS_LOCK:
-                _SPANS.append(Span(self.key, self.label, self.launched, asked, granted, now))
+                _SPANS.append(Span(self.key, self.label, self.launched, asked, granted, now, which or "main"))
 
 
 # -- the child's side -------------------------------------------------------------------------

@@ -142,6 +142,16 @@ def pick_device(device: str) -> str:
     return device
 
 
+def model_dtype(configured: str, device: str, gguf_file: str | None) -> str:
+    """The hf backend's weights dtype: `policy.dtype`, or with "auto" bfloat16 on a GPU except for
+    a GGUF file (where transformers keeps its weights packed through the `kernels` package, the
+    kernels compute in float32 and a bfloat16 model casts around every matmul: 86-111 ms a decode
+    step against 27 ms in float32 on an H100, benchmarks/RESULTS.md), float32 elsewhere."""
+    if configured != "auto":
+        return configured
+    return "bfloat16" if device.startswith("cuda") and not gguf_file else "float32"
+
+
 def release_cached_memory(device: str) -> None:
     """Hand the CUDA memory torch's caching allocator keeps after a generate call (its KV cache)
     back to the device, where the evaluator's sandboxes, which time candidates on the same GPU,
@@ -180,10 +190,7 @@ class HFBackend:
         folder, gguf_file, self.model_name = resolve_model(config.model)
         self.device = pick_device(config.device)
         self.threads = cpu_threads(config.cpu_threads) if self.device == "cpu" else 0
-        # bfloat16 on a GPU, except for a GGUF file: where transformers keeps its weights packed (the
-        # `kernels` package), the kernels compute in float32 and a bfloat16 model casts around every
-        # matmul: 86-111 ms a decode step against 27 ms in float32 on an H100 (benchmarks/RESULTS.md)
-        dtype = torch.bfloat16 if self.device.startswith("cuda") and not gguf_file else torch.float32
+        dtype = getattr(torch, model_dtype(config.dtype, self.device, gguf_file))
         transformers.logging.set_verbosity_error()
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
