@@ -24,15 +24,21 @@ from pathlib import Path
 LOCK_DIR_NAME = "speedforge-cpus"
 
 
-def lock_dir() -> Path:
-    path = Path(tempfile.gettempdir()) / LOCK_DIR_NAME
+def host_lock_dir(name: str) -> Path:
+    """The host-wide folder `name` in the temp dir that every user's evaluations lock files in
+    (sticky and world-writable: umask would narrow it)."""
+    path = Path(tempfile.gettempdir()) / name
     if not path.is_dir():
         path.mkdir(exist_ok=True)
         try:
-            path.chmod(0o1777)  # every user's evaluations claim from the same CPUs (umask would narrow it)
+            path.chmod(0o1777)
         except OSError:
             pass
     return path
+
+
+def lock_dir() -> Path:
+    return host_lock_dir(LOCK_DIR_NAME)  # every user's evaluations claim from the same CPUs
 
 
 def allowed() -> list[int]:

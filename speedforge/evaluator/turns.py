@@ -44,11 +44,11 @@ import dataclasses
 import fcntl
 import os
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+from speedforge.evaluator import cpus as cpu_claims
 from speedforge.evaluator import phases
 
 LOCK_DIR_NAME = "speedforge-turns"
@@ -100,14 +100,7 @@ def device_key(device: str) -> str:
 
 
 def lock_dir() -> Path:
-    path = Path(tempfile.gettempdir()) / LOCK_DIR_NAME
-    if not path.is_dir():
-        path.mkdir(exist_ok=True)
-        try:
-            path.chmod(0o1777)  # every user's evaluations on this host share a device's turn
-        except OSError:
-            pass
-    return path
+    return cpu_claims.host_lock_dir(LOCK_DIR_NAME)  # every user's evaluations on this host share a device's turn
 
 
 class Turn:
@@ -215,8 +208,6 @@ class Turn:
             return
         cpus: list[int] = []
         if self.pin:
-            from speedforge.evaluator import cpus as cpu_claims
-
             stack = contextlib.ExitStack()
             cpus = stack.enter_context(cpu_claims.claim(self.pin))
             self._cpus = stack
