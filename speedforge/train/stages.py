@@ -550,7 +550,7 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     live = LivePrompts(worker.tasks, variants, job.config.policy, job.pool, job.config.train.seed,
                        settings.contrastive, fits)  # fmt: skip
     if worker.rank == 0:
-        if worker.state.get_json("data.json") is None or not done:  # no step trained yet: the data may change
+        if not done or worker.state.get_json("data.json") is None:  # no step trained yet: the data may change
             tasks = fitting_tasks(job.train_tasks, fits)
             if len(tasks) < len(job.train_tasks):
                 print(f"  grpo data: {len(job.train_tasks) - len(tasks)} task(s) left out, their prompt longer than "
