@@ -63,10 +63,30 @@ print(ModelNew()(x))  # example
 ```bash
 python run.py
 ```"""
-    assert parse_response(text).code == "print(ModelNew()(x))  # example"
+    assert parse_response(text).code == CODE_A  # not the usage example after it, which only calls ModelNew
     text2 = text.replace("print(ModelNew()(x))  # example", "print('hi')")
     assert parse_response(text2).code == CODE_A
     assert parse_response(text2, marker="").code == "print('hi')"
+
+
+def test_a_block_that_only_uses_the_marker_never_wins_over_the_one_defining_it():
+    cuda = 'cuda_src = """__global__ void k(float* x) {}"""'
+    text = f"""### Code Implementation
+```cuda
+// the kernel ModelNew launches
+__global__ void k(float* x) {{}}
+```
+```cuda
+{CODE_A}
+```
+```python
+model = ModelNew(*get_init_inputs())
+out = model(*get_inputs())
+```"""
+    assert parse_response(text).code == CODE_A  # defined in a block tagged cuda: still the program
+    fenced = f"```python\n{cuda}\n{CODE_A}\n```\n```python\nprint(ModelNew)\n```\n```python\nx = 1\n```"
+    assert parse_response(fenced).code == f"{cuda}\n{CODE_A}"
+    assert parse_response("```python\nprint(ModelNew)\n```\n```python\nx = 1\n```").code == "print(ModelNew)"
 
 
 def test_headings_inside_code_blocks_are_code():

@@ -96,14 +96,28 @@ def _sections(text: str, headings: list[tuple[int, str, str]]) -> dict[str, str]
 
 
 def _pick_block(blocks: list[_Block], language: str, marker: str) -> _Block | None:
-    """The last block in the expected language, preferring those that contain `marker`."""
+    """The last block that defines `marker` (in the expected language first), else the last block
+    in the expected language (one that mentions `marker` first), else the last block. A block that
+    only uses `marker` (a usage example after the program, `ModelNew(*get_init_inputs())`) never
+    wins over one that defines it."""
     accepted = _LANGUAGES.get(language, {language, ""})
-    matching = [b for b in blocks if b.language in accepted and "\n".join(b.lines).strip()]
-    if not matching:
-        matching = [b for b in blocks if "\n".join(b.lines).strip()]
-    with_marker = [b for b in matching if marker and marker in "\n".join(b.lines)]
-    pool = with_marker or matching
-    return pool[-1] if pool else None
+    filled = [(index, b, "\n".join(b.lines)) for index, b in enumerate(blocks) if "\n".join(b.lines).strip()]
+    if not filled:
+        return None
+
+    def rank(item: tuple[int, _Block, str]) -> tuple:
+        index, block, text = item
+        return (_defines(text, marker, language), block.language in accepted, bool(marker) and marker in text, index)
+
+    return max(filled, key=rank)[1]
+
+
+def _defines(code: str, marker: str, language: str) -> bool:
+    """Whether `code` defines `marker`: a class, function or assignment of that name in Python."""
+    if not marker or language != "python":
+        return False
+    name = re.escape(marker)
+    return re.search(rf"^\s*(?:class|def)\s+{name}\b|^{name}\s*=", code, re.MULTILINE) is not None
 
 
 def _unfenced_code(text: str, language: str) -> str:
