@@ -4,11 +4,13 @@ message where it is absent; it is never copied into the project."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# beside the checkout; SPEEDFORGE_SHARED_DATA names it for a checkout elsewhere (a git worktree)
+SHARED_DATA = Path(os.environ.get("SPEEDFORGE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 KERNELBENCH = SHARED_DATA / "kernelbench" / "KernelBench"
 CUDA_L1_A100 = SHARED_DATA / "cuda-l1" / "a100.jsonl"
 CUDA_L1_HARNESS = SHARED_DATA / "cuda-l1" / "eval_cuda.py"
