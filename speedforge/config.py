@@ -385,6 +385,7 @@ class SFTConfig(Checked):
     batch_size: int = setting(1, AT_LEAST_1)  # pairs per worker per step
     learning_rate: float = setting(2e-5, POSITIVE)
     max_length: int = setting(4096, number(64))  # tokens of prompt + answer; longer pairs show fewer exemplars, else are left out
+    max_answer_tokens: int = setting(0, AT_LEAST_0)  # longer answers are left out: the policy could not write them (0: policy.max_new_tokens, the held-out check's budget)
     save_every: int = setting(1, AT_LEAST_1)  # steps between checkpoints in the store
 
 

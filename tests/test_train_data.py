@@ -106,3 +106,121 @@ def test_the_split_is_recorded_with_the_run_and_a_different_one_is_refused(corpu
     other = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=1))
     with pytest.raises(UserError, match="split differently"):
         record_split(dataclasses.replace(plan, config=other, split=split_tasks(read_tasks(other), other.train)))
+
+
+def corpus_pairs(corpus_slice, tmp_path, **kwargs):
+    config = corpus_config(corpus_slice, tmp_path)
+    split = split_tasks(read_tasks(config), config.train)
+    trusted = trusted_candidates(config, split)
+    return split, trusted, sft_pairs(split.train, VariantsTable(), "A100", 0, 0, trusted=trusted, **kwargs)
+
+
+def test_each_pair_teaches_what_the_held_out_check_asks_and_scores(corpus_slice, tmp_path):
+    """The held-out check renders the plain prompt, extracts the code with our parser, screens
+    it and builds ModelNew(*get_init_inputs()): a pair's prompt is that prompt, and its answer
+    has the three sections and the published kernel as our parser extracts it, screened clean,
+    with the reference's constructor."""
+    import ast
+
+    from speedforge.evaluator.screen import screen
+    from speedforge.policy.parser import candidate_from
+    from speedforge.policy.prompts import render_prompt
+    from speedforge.train.data import takes_reference_arguments
+
+    split, trusted, data = corpus_pairs(corpus_slice, tmp_path)
+    assert len(data.pairs) + len(data.unusable) == len(trusted) and len(data.pairs) > len(trusted) // 2
+    tasks = {t.task_id: t for t in split.train}
+    sources = {c.candidate_id: c.source for c in trusted}
+    for pair in data.pairs:
+        task = tasks[pair.task_id]
+        held_out = render_prompt(task)
+        assert (pair.system, pair.prompt) == (held_out.system, held_out.user)
+        candidate, parsed = candidate_from(task, pair.answer, "test")
+        assert parsed.complete and parsed.notes == ()  # the three sections, a closed fence, ModelNew
+        assert candidate.source == sources[pair.variant_id].strip()
+        ast.parse(candidate.source)
+        assert screen(candidate.source, task.family).passed
+        assert takes_reference_arguments(task.source, candidate.source)
+        assert pair.answer.rstrip().endswith("```")  # nothing after the code block, as the prompt asks
+
+
+def test_unusable_answers_are_left_out_with_the_reason(corpus_slice, tmp_path):
+    import dataclasses
+
+    split, trusted, _ = corpus_pairs(corpus_slice, tmp_path)
+    good = next(c for c in trusted if "def __init__(self, " in c.source)
+    # ModelNew's constructor loses its first argument; a lazy tensor subclass; code the parser cannot see whole
+    fewer = good.source.replace("def __init__(self, ", "def __init__(self, *, ", 1)
+    lazy = good.source + "\n\nclass Lazy(torch.Tensor):\n    pass\n"
+    fenced = good.source + '\n\nNOTE = """\n```\n"""\n'
+    bad = [dataclasses.replace(good, candidate_id=f"bad-{i}", source=s) for i, s in enumerate((fewer, lazy, fenced))]
+    data = sft_pairs(split.train, VariantsTable(), "A100", 0, 0, trusted=[good, *bad])
+    assert [p.variant_id for p in data.pairs] == [good.candidate_id]
+    reasons = [u.split(": ", 1)[1] for u in data.unusable]
+    assert reasons[0] == "ModelNew's constructor does not take the arguments of the reference's Model"
+    assert reasons[1].startswith("the screen rejects it") and "tensor-subclass" in reasons[1]
+    assert reasons[2] == "our parser extracts other code than the answer holds"
+    assert data.counts()["dropped_unusable"] == 3
+    assert SFTData.from_dict(json.loads(json.dumps(data.to_dict()))) == data
+
+
+def test_answers_longer_than_the_generation_budget_are_left_out_and_counted(corpus_slice, tmp_path, tiny_model):
+    """An answer the policy cannot write within its new tokens would teach code that the held-out
+    check cuts (cut code does not parse): such pairs are left out, counted apart from pairs
+    longer than the context."""
+    import transformers
+
+    from speedforge.train.stages import answer_budget
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    sizes = []
+    split, trusted, everything = corpus_pairs(corpus_slice, tmp_path, writable=lambda a: sizes.append(
+        len(tokenizer(a + tokenizer.eos_token, add_special_tokens=False)["input_ids"])) or True)  # fmt: skip
+    median = sorted(sizes)[len(sizes) // 2]
+    _, _, data = corpus_pairs(corpus_slice, tmp_path, writable=answer_budget(tokenizer, median))
+    assert data.dropped_unwritable == sum(s > median for s in sizes) > 0 and data.dropped_too_long == 0
+    assert len(data.pairs) == sum(s <= median for s in sizes) == len(everything.pairs) - data.dropped_unwritable
+    assert data.counts()["dropped_unwritable"] == data.dropped_unwritable
+
+
+def test_the_loss_of_a_pair_is_its_answer_and_the_end_of_the_turn(corpus_slice, tmp_path, tiny_model):
+    """What SFT trains on (TRL's SFTTrainer, conversational prompt-completion pairs,
+    completion_only_loss as speedforge.train.stages.fine_tune sets it): labels on the answer
+    and the end of the assistant's turn, none on the system or user message."""
+    import datasets
+    import transformers
+    from trl import SFTConfig, SFTTrainer
+
+    _, _, data = corpus_pairs(corpus_slice, tmp_path)
+    pairs = sorted(data.pairs, key=lambda p: len(p.answer))[:2]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=2, max_length=8192,
+                     completion_only_loss=True, use_cpu=True, report_to=[], disable_tqdm=True)  # fmt: skip
+    trainer = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list([p.example() for p in pairs]),
+                         processing_class=tokenizer)  # fmt: skip
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(pairs))])
+    for row, pair in enumerate(pairs):
+        on = (batch["labels"][row] != -100).nonzero().flatten().tolist()
+        assert on == list(range(on[0], on[-1] + 1))  # one span
+        ids = batch["input_ids"][row].tolist()
+        assert tokenizer.decode(ids[on[0]:on[-1] + 1]) == pair.answer + tokenizer.eos_token + "\n"
+        assert tokenizer.decode(ids[:on[0]]).endswith(pair.prompt + tokenizer.eos_token + "\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("reference, candidate, takes", [
+    ("self, a, b", "self, a, b", True),
+    ("self, a, b=1", "self, x, y=1", True),  # names may differ: the evaluator passes them by position
+    ("self, a, b=1", "self, a", False),  # get_init_inputs may give b
+    ("self, a, b", "self, a, b, c", False),
+    ("self, a, b", "self, a, b, c=2", True),
+    ("self, a, b", "self, *args", True),
+    ("self, a", "self, *, a", False),
+    ("self, *dims", "self, a, b", False),
+])  # fmt: skip
+def test_the_constructor_check_takes_what_the_reference_takes_by_position(reference, candidate, takes):
+    from speedforge.train.data import takes_reference_arguments
+
+    source = lambda cls, args: f"class {cls}:\n    def __init__({args}):\n        pass\n"  # noqa: E731
+    assert takes_reference_arguments(source("Model", reference), source("ModelNew", candidate)) is takes
+    assert takes_reference_arguments(source("Model", reference), "class ModelNew(Model):\n    pass\n")  # inherited

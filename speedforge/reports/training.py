@@ -33,7 +33,9 @@ def data_line(record: dict[str, Any]) -> str:
     return (f"{record.get('stage')} data: {record.get('pairs')} pair(s) of {record.get('tasks')} task(s)"
             f"{f' (validated: {validated})' if validated else ''}; {record.get('fewer_exemplars', 0)} with fewer "
             f"exemplars and {record.get('dropped_too_long', 0)} dropped as longer than {record.get('max_length')} "
-            "tokens")  # fmt: skip
+            f"tokens; {record.get('dropped_unwritable', 0)} answer(s) left out as longer than the "
+            f"{record.get('max_answer_tokens')} tokens the policy writes and {record.get('dropped_unusable', 0)} as "
+            "unusable (parser, screen or constructor)")  # fmt: skip
 
 
 def stages_table(states: dict[str, dict]) -> str:

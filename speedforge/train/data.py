@@ -13,6 +13,12 @@ An SFT pair's answer is validated one of two ways, recorded on the pair (`valida
 `train.sft.trust_source`, a published kernel whose source's own harness validated it, e.g.
 CUDA-L1's released kernels with their published speedup). A pair longer than the model's
 context (`fits`) first shows fewer exemplars, then is dropped; `SFTData` counts both.
+
+An answer teaches what a sample is scored on, so it is held to what a sample must pass: one the
+policy could not write within its generation budget (`writable`: the held-out check would cut
+it, and cut code is broken code) is dropped, and so is one whose code our own parser would not
+extract as written, that our screen rejects, or whose ModelNew does not take the reference's
+constructor arguments (`unusable_answer`); `SFTData` counts each.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 
+from speedforge import families
 from speedforge.config import PolicyConfig, TrainConfig
 from speedforge.errors import UserError
 from speedforge.policy.exemplars import sample_exemplars
@@ -30,6 +37,7 @@ from speedforge.variants import VariantsTable
 from speedforge.tasks.loader import module_docstring
 
 Fits = Callable[[Prompt, str], bool]  # whether a prompt and an answer ("" for none yet) fit the model
+Writable = Callable[[str], bool]  # whether the policy can write an answer within its generation budget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +111,10 @@ def _answer(task: Task, source: str, analysis: str, measured: str) -> str:
     design = _first_paragraph(module_docstring(source)) or (
         f"Compute the same function as the reference with the implementation below instead of the reference's "
         f"operations one after another.")  # fmt: skip
+    family = families.find(task.family)
+    fence = family.language if family is not None else "python"  # the block the family's prompt asks for
     return (f"### Performance Analysis\n{analysis}\n\n### Algorithm Design\n{design}\n\n"
-            f"### Code Implementation\n```python\n{source.rstrip()}\n```\n")  # fmt: skip
+            f"### Code Implementation\n```{fence}\n{source.rstrip()}\n```\n")  # fmt: skip
 
 
 def _first_paragraph(text: str) -> str:
@@ -128,6 +138,8 @@ class SFTData:
     fewer_exemplars: int = 0  # pairs kept with fewer exemplars than asked, to fit
     dropped_too_long: int = 0  # answers left out: prompt + answer longer than the model's context
     heldout_skipped: int = 0  # source candidates of held-out (or unknown) tasks, never used
+    dropped_unwritable: int = 0  # answers left out: longer than the policy's generation budget (`writable`)
+    unusable: tuple[str, ...] = ()  # answers left out, "<task_id>: <why>" each (`unusable_answer`)
 
     def counts(self) -> dict[str, int]:
         by = {}
@@ -135,34 +147,40 @@ class SFTData:
             by[pair.validated] = by.get(pair.validated, 0) + 1
         return {"pairs": len(self.pairs), "tasks": len({p.task_id for p in self.pairs}),
                 "fewer_exemplars": self.fewer_exemplars, "dropped_too_long": self.dropped_too_long,
+                "dropped_unwritable": self.dropped_unwritable, "dropped_unusable": len(self.unusable),
                 "heldout_skipped": self.heldout_skipped, **{f"validated_{k}": v for k, v in sorted(by.items())}}  # fmt: skip
 
     def to_dict(self) -> dict:
-        return {"pairs": [p.to_dict() for p in self.pairs], "counts": self.counts()}
+        return {"pairs": [p.to_dict() for p in self.pairs], "counts": self.counts(), "unusable": list(self.unusable)}
 
     @classmethod
     def from_dict(cls, value: dict) -> "SFTData":
         counts = value.get("counts", {})
         return cls(tuple(SFTPair(**p) for p in value["pairs"]), int(counts.get("fewer_exemplars", 0)),
-                   int(counts.get("dropped_too_long", 0)), int(counts.get("heldout_skipped", 0)))  # fmt: skip
+                   int(counts.get("dropped_too_long", 0)), int(counts.get("heldout_skipped", 0)),
+                   int(counts.get("dropped_unwritable", 0)), tuple(value.get("unusable", ())))  # fmt: skip
 
 
 def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exemplars: int, seed: int,
-              fits: Fits | None = None, trusted: Sequence[Candidate] = ()) -> SFTData:  # fmt: skip
+              fits: Fits | None = None, trusted: Sequence[Candidate] = (),
+              writable: Writable | None = None) -> SFTData:  # fmt: skip
     """One pair per successful variant of each task on `pool`, and one per `trusted` candidate
     (validated by its source) of these tasks that the table does not already hold as measured:
     its prompt shows up to `exemplars` lower-scoring variants of the task (fewer when the prompt
-    does not fit), its answer is answer_text. A pair that does not fit even without exemplars is
-    dropped (counted). Trusted candidates of other tasks (the held-out ones) are never used."""
+    does not fit), its answer is answer_text. Left out and counted: an unusable answer
+    (`unusable_answer`), one the policy could not write (`writable`), a pair that does not fit
+    even without exemplars. Trusted candidates of other tasks (the held-out ones) are never used."""
     pairs: list[SFTPair] = []
-    fewer = dropped = 0
+    unusable: list[str] = []
+    fewer = dropped = unwritable = 0
     wanted = {t.task_id for t in tasks}
     by_task: dict[str, list[Candidate]] = {}
     for candidate in trusted:
         by_task.setdefault(candidate.task_id, []).append(candidate)
     for task in tasks:
         ok = variants.successful(task.task_id, pool)
-        answers = [(v.variant_id, v.score, answer_text(task, v), "measured") for v in sorted(ok, key=lambda v: (v.score, v.variant_id))]
+        answers = [(v.variant_id, v.score, answer_text(task, v), "measured", v.source)
+                   for v in sorted(ok, key=lambda v: (v.score, v.variant_id))]  # fmt: skip
         measured = {v.variant_id for v in ok}
         for candidate in by_task.get(task.task_id, ()):
             if candidate.candidate_id not in measured:
@@ -170,8 +188,15 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
                 where = candidate.origin.removeprefix("import:")
                 answers.append((candidate.candidate_id, score, _answer(task, candidate.source, "",
                                 f"Its source ({where}) measured it at {score:.2f}x the reference's speed."),
-                                f"source:{where}"))  # fmt: skip
-        for answer_id, score, answer, validated in answers:
+                                f"source:{where}", candidate.source))  # fmt: skip
+        for answer_id, score, answer, validated, source in answers:
+            why = unusable_answer(task, answer, source)
+            if why:
+                unusable.append(f"{task.task_id}: {why}")
+                continue
+            if writable is not None and not writable(answer):
+                unwritable += 1
+                continue
             lower = [v for v in ok if v.score < score and v.variant_id != answer_id]
             rng = random.Random(content_id(str(seed), answer_id))
             chosen = sorted(rng.sample(lower, min(exemplars, len(lower))), key=lambda v: (v.score, v.variant_id))
@@ -182,7 +207,56 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
             fewer += len(prompt.exemplar_ids) < len(chosen)
             pairs.append(SFTPair(task.task_id, answer_id, score, prompt.system, prompt.user, answer, validated))
     skipped = sum(len(v) for k, v in by_task.items() if k not in wanted)
-    return SFTData(tuple(pairs), fewer, dropped, skipped)
+    return SFTData(tuple(pairs), fewer, dropped, skipped, unwritable, tuple(unusable))
+
+
+def unusable_answer(task: Task, answer: str, source: str) -> str:
+    """Why an answer (holding the program `source`) would teach what a sample fails on, or ""
+    when it does not: the code our parser extracts from it (`candidate_from`, as the held-out
+    check and every stage do) is not `source`, our screen rejects it (not Python, no ModelNew, a
+    named exploit), or its ModelNew cannot be built with the arguments the reference's Model takes."""
+    from speedforge.evaluator.screen import screen
+    from speedforge.policy.parser import candidate_from
+
+    candidate, parsed = candidate_from(task, answer, "sft")
+    if parsed.code != source.strip():
+        return "our parser extracts other code than the answer holds"
+    report = screen(candidate.source, task.family)
+    if not report.passed:
+        return f"the screen rejects it: {report.rejections[0]}"
+    if not takes_reference_arguments(task.source, candidate.source):
+        return "ModelNew's constructor does not take the arguments of the reference's Model"
+    return ""
+
+
+def takes_reference_arguments(reference: str, code: str, name: str = "ModelNew") -> bool:
+    """Whether `name`'s constructor in `code` takes every positional call that the reference's
+    `Model` constructor takes (the evaluator calls both with `*get_init_inputs()`); True when
+    either has none written out (an inherited constructor, a family without `Model`)."""
+    import ast
+
+    def init_args(source: str, cls: str) -> ast.arguments | None:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return None
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                        return item.args
+        return None
+
+    mine, theirs = init_args(code, name), init_args(reference, "Model")
+    if mine is None or theirs is None:
+        return True
+    positional = lambda a: len(a.posonlyargs) + len(a.args) - 1  # noqa: E731 (less self)
+    most, least = positional(theirs), positional(theirs) - len(theirs.defaults)
+    if theirs.vararg is not None:
+        return mine.vararg is not None
+    if any(default is None for default in mine.kw_defaults):  # a keyword-only argument no positional call gives
+        return False
+    return positional(mine) - len(mine.defaults) <= least and (positional(mine) >= most or mine.vararg is not None)
 
 
 def published_speedup(candidate: Candidate) -> float:

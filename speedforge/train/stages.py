@@ -214,6 +214,16 @@ def token_budget(tokenizer, limit: int, reserve: int = 0):
     return fits
 
 
+def answer_budget(tokenizer, limit: int):
+    """A `Writable` for speedforge.train.data: an answer and the end of its turn within `limit`
+    new tokens, the budget the policy generates with."""
+
+    def writable(answer: str) -> bool:
+        return len(tokenizer(answer + (tokenizer.eos_token or ""), add_special_tokens=False)["input_ids"]) <= limit
+
+    return writable
+
+
 def context_tokens(model) -> int:
     return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
 
@@ -387,17 +397,21 @@ def run_sft(job: StageJob, worker: Worker) -> None:
     sft = job.config.train.sft
     model, tokenizer, _ = load_policy(job, worker)
     limit = min(sft.max_length, context_tokens(model))
+    answers = sft.max_answer_tokens or job.config.policy.max_new_tokens  # what the policy can write
     data = frozen_pairs(worker, "data.json", lambda: sft_pairs(
         job.train_tasks, VariantsTable.load(worker.store), job.pool, sft.exemplars, job.config.train.seed,
-        token_budget(tokenizer, limit), job.trusted))  # fmt: skip
+        token_budget(tokenizer, limit), job.trusted, answer_budget(tokenizer, answers)))  # fmt: skip
     if worker.rank == 0:
         worker.state.update(data=data.counts())
         if worker.metrics is not None:
-            worker.metrics.write({"stage": "sft", "kind": "data", "step": 0, "max_length": limit, **data.counts()})
+            worker.metrics.write({"stage": "sft", "kind": "data", "step": 0, "max_length": limit,
+                                  "max_answer_tokens": answers, **data.counts()})  # fmt: skip
     pairs = list(data.pairs)
     if not pairs:
-        raise StageError(f"no SFT pair fits {limit} tokens (sft.max_length, or the model's context): "
-                         f"{data.dropped_too_long} dropped as too long")  # fmt: skip
+        raise StageError(f"no SFT pair fits {limit} tokens (sft.max_length, or the model's context) with an answer "
+                         f"of at most {answers} tokens (sft.max_answer_tokens, else policy.max_new_tokens): "
+                         f"{data.dropped_too_long} dropped as too long, {data.dropped_unwritable} as answers too long "
+                         f"to write, {len(data.unusable)} unusable")  # fmt: skip
     output_dir = job.run_dir / "checkpoints"
     done = resumed_step(worker)
     resume_from = local_checkpoint(worker, output_dir, done) if done else None
