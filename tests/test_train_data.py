@@ -83,9 +83,10 @@ def test_pairs_longer_than_the_context_are_dropped_and_counted(corpus_slice, tmp
     lengths = []
     for limit in (1 << 20, 2 * sorted(sizes)[len(sizes) // 2] // 3, 64):  # about a median answer's tokens
         data = sft_pairs(split.train, VariantsTable(), "A100", 0, 0, token_budget(tokenizer, limit), trusted)
-        assert len(data.pairs) + data.dropped_too_long == len(trusted)
+        usable = len(trusted) - len(data.unusable)  # the rest are left out before their length counts
+        assert len(data.pairs) + data.dropped_too_long == usable
         lengths.append(data.dropped_too_long)
-    assert lengths[0] == 0 and 0 < lengths[1] < len(trusted) and lengths[2] == len(trusted)
+    assert lengths[0] == 0 and 0 < lengths[1] < usable and lengths[2] == usable
 
 
 def test_the_split_is_recorded_with_the_run_and_a_different_one_is_refused(corpus_slice, tmp_path):
@@ -162,6 +163,24 @@ def test_unusable_answers_are_left_out_with_the_reason(corpus_slice, tmp_path):
     assert reasons[2] == "our parser extracts other code than the answer holds"
     assert data.counts()["dropped_unusable"] == 3
     assert SFTData.from_dict(json.loads(json.dumps(data.to_dict()))) == data
+
+
+def test_answers_that_lower_float32_precision_are_left_out_unless_the_evaluator_allows_it(corpus_slice, tmp_path):
+    """The evaluator refuses a candidate that turns on TF32 matmuls (a precision downgrade) unless
+    `allow_precision_downgrade`: SFT on such a published kernel teaches what is refused."""
+    import dataclasses
+
+    split, trusted, _ = corpus_pairs(corpus_slice, tmp_path)
+    good = trusted[0]
+    lines = {"tf32": "torch.backends.cuda.matmul.allow_tf32 = True", "high": "torch.set_float32_matmul_precision('high')",
+             "cudnn": "torch.backends.cudnn.allow_tf32 = True", "off": "torch.backends.cuda.matmul.allow_tf32 = False"}  # fmt: skip
+    kernels = [dataclasses.replace(good, candidate_id=name, source=f"{good.source}\n\nimport torch\n{line}\n")
+               for name, line in lines.items()]  # fmt: skip
+    data = sft_pairs(split.train, VariantsTable(), "A100", 0, 0, trusted=kernels)
+    assert sorted(p.variant_id for p in data.pairs) == ["cudnn", "off"]  # torch's default, and raising it back
+    assert [u.split(": ", 1)[1].split(" (")[0] for u in data.unusable] == ["it lowers float32 precision"] * 2
+    allowed = sft_pairs(split.train, VariantsTable(), "A100", 0, 0, trusted=kernels, allow_precision_downgrade=True)
+    assert len(allowed.pairs) == 4 and allowed.unusable == ()
 
 
 def test_answers_longer_than_the_generation_budget_are_left_out_and_counted(corpus_slice, tmp_path, tiny_model):

@@ -17,8 +17,9 @@ context (`fits`) first shows fewer exemplars, then is dropped; `SFTData` counts 
 An answer teaches what a sample is scored on, so it is held to what a sample must pass: one the
 policy could not write within its generation budget (`writable`: the held-out check would cut
 it, and cut code is broken code) is dropped, and so is one whose code our own parser would not
-extract as written, that our screen rejects, or whose ModelNew does not take the reference's
-constructor arguments (`unusable_answer`); `SFTData` counts each.
+extract as written, that our screen rejects, whose ModelNew does not take the reference's
+constructor arguments, or that lowers float32 precision where the evaluator refuses it
+(`unusable_answer`); `SFTData` counts each.
 """
 
 from __future__ import annotations
@@ -162,13 +163,14 @@ class SFTData:
 
 
 def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exemplars: int, seed: int,
-              fits: Fits | None = None, trusted: Sequence[Candidate] = (),
-              writable: Writable | None = None) -> SFTData:  # fmt: skip
+              fits: Fits | None = None, trusted: Sequence[Candidate] = (), writable: Writable | None = None,
+              allow_precision_downgrade: bool = False) -> SFTData:  # fmt: skip
     """One pair per successful variant of each task on `pool`, and one per `trusted` candidate
     (validated by its source) of these tasks that the table does not already hold as measured:
     its prompt shows up to `exemplars` lower-scoring variants of the task (fewer when the prompt
     does not fit), its answer is answer_text. Left out and counted: an unusable answer
-    (`unusable_answer`), one the policy could not write (`writable`), a pair that does not fit
+    (`unusable_answer`, with the evaluator's `allow_precision_downgrade`), one the policy could
+    not write (`writable`), a pair that does not fit
     even without exemplars. Trusted candidates of other tasks (the held-out ones) are never used."""
     pairs: list[SFTPair] = []
     unusable: list[str] = []
@@ -190,7 +192,7 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
                                 f"Its source ({where}) measured it at {score:.2f}x the reference's speed."),
                                 f"source:{where}", candidate.source))  # fmt: skip
         for answer_id, score, answer, validated, source in answers:
-            why = unusable_answer(task, answer, source)
+            why = unusable_answer(task, answer, source, allow_precision_downgrade)
             if why:
                 unusable.append(f"{task.task_id}: {why}")
                 continue
@@ -210,11 +212,12 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
     return SFTData(tuple(pairs), fewer, dropped, skipped, unwritable, tuple(unusable))
 
 
-def unusable_answer(task: Task, answer: str, source: str) -> str:
+def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgrade: bool = False) -> str:
     """Why an answer (holding the program `source`) would teach what a sample fails on, or ""
     when it does not: the code our parser extracts from it (`candidate_from`, as the held-out
     check and every stage do) is not `source`, our screen rejects it (not Python, no ModelNew, a
-    named exploit), or its ModelNew cannot be built with the arguments the reference's Model takes."""
+    named exploit), its ModelNew cannot be built with the arguments the reference's Model takes,
+    or it lowers float32 precision where the evaluator does not allow it."""
     from speedforge.evaluator.screen import screen
     from speedforge.policy.parser import candidate_from
 
@@ -226,6 +229,37 @@ def unusable_answer(task: Task, answer: str, source: str) -> str:
         return f"the screen rejects it: {report.rejections[0]}"
     if not takes_reference_arguments(task.source, candidate.source):
         return "ModelNew's constructor does not take the arguments of the reference's Model"
+    lowered = "" if allow_precision_downgrade else lowered_precision(candidate.source)
+    if lowered:
+        return f"it lowers float32 precision ({lowered}), which the evaluator refuses (allow_precision_downgrade)"
+    return ""
+
+
+_LOWERING = (("cuda.matmul.allow_tf32", True), ("allow_fp16_reduced_precision_reduction", True),
+             ("allow_bf16_reduced_precision_reduction", True), ("allow_fp16_accumulation", True),
+             ("matmul.fp32_precision", "tf32"), ("conv.fp32_precision", "tf32"), ("fp32_precision", "bf16"))  # fmt: skip
+
+
+def lowered_precision(code: str) -> str:
+    """The first statement of `code` that lowers float32 precision below torch's defaults, as the
+    evaluator's run-time guard (speedforge.evaluator.guards.precision_downgrades) would find it
+    set: TF32 matmuls, `set_float32_matmul_precision("high")`, reduced-precision reductions;
+    "" for none. cuDNN's `allow_tf32 = True` is torch's default, not a downgrade."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                name = ast.unparse(target)
+                if any(name.endswith(knob) and node.value.value == value for knob, value in _LOWERING):
+                    return ast.unparse(node)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("set_float32_matmul_precision") and \
+                node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in ("high", "medium"):
+            return ast.unparse(node)
     return ""
 
 

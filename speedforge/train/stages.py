@@ -400,7 +400,8 @@ def run_sft(job: StageJob, worker: Worker) -> None:
     answers = sft.max_answer_tokens or job.config.policy.max_new_tokens  # what the policy can write
     data = frozen_pairs(worker, "data.json", lambda: sft_pairs(
         job.train_tasks, VariantsTable.load(worker.store), job.pool, sft.exemplars, job.config.train.seed,
-        token_budget(tokenizer, limit), job.trusted, answer_budget(tokenizer, answers)))  # fmt: skip
+        token_budget(tokenizer, limit), job.trusted, answer_budget(tokenizer, answers),
+        job.config.evaluator.allow_precision_downgrade))  # fmt: skip
     if worker.rank == 0:
         worker.state.update(data=data.counts())
         if worker.metrics is not None:
