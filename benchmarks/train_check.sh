@@ -14,7 +14,8 @@
 #   TRAIN_PHASES="grpo" TRAIN_RESUME=1 ...; TRAIN_PHASES="after bench summary" ...   # cut short goes on with TRAIN_RESUME=1
 #   TRAIN_CORPUS=builtin:cpp TRAIN_FAMILY=cpp TRAIN_DEVICE=cpu TRAIN_GRPO_SECONDS=30 bash benchmarks/train_check.sh  # a CPU dry run
 #
-# Everything goes to $OUT/train (default OUT=/tmp/gpu_check): config.yaml, *.log, heldout-*.json,
+# Everything goes to $OUT/train (default OUT=/tmp/gpu_check): config.yaml, *.log, heldout-*.json (and
+# every held-out sample in heldout-*-samples.jsonl),
 # metrics-{sft,grpo}.jsonl, reward_curve.png, bench_generation.txt, summary.{md,json}. Each step
 # has its own time limit (`timeout`); a step that fails or runs out of time is named in the
 # summary while the later steps still run where they can.
@@ -55,9 +56,9 @@ esac
 phases=" ${TRAIN_PHASES:-before sft grpo after bench summary} "
 phase() { [[ $phases == *" $1 "* ]]; }
 if phase before; then  # a fresh run (the build cache in SPEEDFORGE_CACHE is kept)
-  rm -rf "$dir/store" "$dir/work" "$dir/times.txt" "$dir/failed.txt" "$dir"/heldout-*.json "$dir"/*.log
+  rm -rf "$dir/store" "$dir/work" "$dir/times.txt" "$dir/failed.txt" "$dir"/heldout-*.json "$dir"/heldout-*.jsonl "$dir"/*.log
 elif phase sft; then
-  rm -rf "$dir/store" "$dir/work" "$dir/heldout-sft.json" "$dir/heldout-grpo.json" "$dir/sft.log" "$dir/grpo.log"
+  rm -rf "$dir/store" "$dir/work" "$dir/heldout-sft.json" "$dir/heldout-grpo.json" "$dir"/heldout-{sft,grpo}-samples.jsonl "$dir/sft.log" "$dir/grpo.log"
 fi
 cat >"$dir/config.yaml" <<EOF
 policy:
@@ -99,6 +100,7 @@ step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to
 heldout_check() {  # heldout_check LABEL [MODEL]
   [ "$samples" -gt 0 ] || return 0
   step "heldout-$1" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --samples "$samples" --json ${2:+--model "$2"} \
+    --samples-out "$dir/heldout-$1-samples.jsonl" \
     && sed -n '/^{/,$p' "$dir/heldout-$1.log" >"$dir/heldout-$1.json"
 }
 final() { sed -n 's/^ *"final_checkpoint": "\(.*\)",*$/\1/p' "$dir/$1.log" | head -1; }

@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     heldout.add_argument("--batch-tasks", type=int, default=16,
                          help="held-out tasks whose prompts x samples go to one batched generate call (default: 16)")
     heldout.add_argument("--json", action="store_true", help="print the report as JSON")
+    heldout.add_argument("--samples-out", metavar="PATH",
+                         help="also write every sample (its text, how it ended, its result) to this JSONL file")
     heldout.set_defaults(func=_heldout)
     board = sub.add_parser("tensorboard", help="fetch a run's TensorBoard files from its store and view them",
                            description="Download the TensorBoard event files every stage of a run copied to its "
@@ -139,7 +141,7 @@ def _heldout(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise UserError(f"--samples must be at least 1, got {args.samples}")
     report = evaluate_heldout(load_train_config(getattr(args, "config", None)), args.model, args.samples,
-                              args.batch_tasks)
+                              args.batch_tasks, args.samples_out)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0

@@ -479,13 +479,17 @@ class HeldoutReport:
         return dataclasses.asdict(self)
 
 
-def evaluate_heldout(config: Config, model: str | None, samples: int, batch_tasks: int = 16) -> HeldoutReport:
+def evaluate_heldout(config: Config, model: str | None, samples: int, batch_tasks: int = 16,
+                     samples_out: str | None = None) -> HeldoutReport:  # fmt: skip
     """Sample `model` (default policy.model) `samples` times on each held-out task, with the plain
     prompt (no exemplars: the held-out tasks' variants are never shown), `batch_tasks` tasks'
     prompts x samples in one batched generate call, and evaluate every sample (one batch per
-    generate call)."""
+    generate call). `samples_out`: a JSONL file that gets every sample's text, how it ended and
+    its result, one line each (what the fractions cannot say: where cut answers stop, what a
+    failing constructor looks like)."""
     import collections
     import contextlib
+    import json
     import statistics
     import time
 
@@ -510,8 +514,9 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
     rows, results_all, generations_all = [], [], []
     generation_s = 0.0
     heldout = list(split.heldout)
-    with session, open_evaluation(config.train.evaluation, config, tasks, pool,
-                                  build_workers=config.train.build_workers) as evaluate:  # fmt: skip
+    written = open(samples_out, "w") if samples_out else contextlib.nullcontext()
+    with written as out, session, open_evaluation(config.train.evaluation, config, tasks, pool,
+                                                  build_workers=config.train.build_workers) as evaluate:  # fmt: skip
         for first in range(0, len(heldout), max(1, batch_tasks)):
             chunk = heldout[first:first + max(1, batch_tasks)]
             began = time.perf_counter()
@@ -528,6 +533,11 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
             for index, task in enumerate(chunk):
                 mine_results = results[index * samples:(index + 1) * samples]
                 generations_all += generated[index]
+                for sample, (g, r) in enumerate(zip(generated[index], mine_results) if out is not None else ()):
+                    out.write(json.dumps({"task_id": task.task_id, "sample": sample, "finish_reason": g.finish_reason,
+                                          "completion_tokens": g.completion_tokens, "status": r.status,
+                                          "reason": r.reason, "speedup": r.speedup if r.ok else None,
+                                          "text": g.text}) + "\n")  # fmt: skip
                 results_all += mine_results
                 mine = [r.status for r in mine_results]
                 speedups = [r.speedup for r in mine_results if r.ok and r.speedup is not None]
