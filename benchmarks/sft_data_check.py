@@ -7,7 +7,7 @@ Every published kernel of the corpus is made into the answer SFT would train on 
 format) for its task's plain prompt, and checked against what the held-out check and GRPO do
 with a sample: the code our parser extracts (`candidate_from`), Python that parses, the screen,
 `ModelNew`'s constructor against the reference's, float32 precision lowered (which the evaluator
-refuses by default), the three sections, the prompt against the one
+refuses by default), a forward that returns a tensor the module keeps (the fresh-outputs contract), the three sections, the prompt against the one
 the held-out check renders, the chat template (the prompt's tokens a prefix of prompt + answer,
 the completion exactly the answer and the end of the turn: where TRL's completion-only loss
 starts and ends) and the answer's tokens against the generation budget. Then the SFT data of the
@@ -32,8 +32,8 @@ from speedforge.policy.backends import default_model_file  # noqa: E402
 from speedforge.policy.parser import candidate_from  # noqa: E402
 from speedforge.policy.prompts import render_prompt  # noqa: E402
 from speedforge.tasks.importers import import_source  # noqa: E402
-from speedforge.train.data import _answer, lowered_precision, published_speedup, sft_pairs, split_tasks  # noqa: E402
-from speedforge.train.data import takes_reference_arguments  # noqa: E402
+from speedforge.train.answer_checks import kept_output, lowered_precision, takes_reference_arguments  # noqa: E402
+from speedforge.train.data import _answer, published_speedup, sft_pairs, split_tasks  # noqa: E402
 from speedforge.train.stages import answer_budget, token_budget, training_tokenizer  # noqa: E402
 from speedforge.variants import VariantsTable  # noqa: E402
 
@@ -75,6 +75,7 @@ def main() -> int:
         counts["screen rejects"] += not screen(candidate.source, task.family).passed
         counts["constructor differs from Model's"] += not takes_reference_arguments(task.source, candidate.source)
         counts["lowers float32 precision (TF32 ...)"] += bool(lowered_precision(candidate.source))
+        counts["forward returns a kept tensor (self.X)"] += bool(kept_output(candidate.source))
         messages = prompt.messages()
         prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                    return_dict=True)["input_ids"]  # fmt: skip
@@ -109,7 +110,7 @@ def main() -> int:
                           for c in trusted if c.task_id in refused)  # fmt: skip
     long = sum(len(tokenizer(p.answer + eos, add_special_tokens=False)["input_ids"]) > args.new_tokens for p in kept)
     print(f"  before (answers unchecked): {len(kept) + refused_fitting} pairs within {args.max_length} tokens, "
-          f"{refused_fitting} of them unusable (screen, parser, constructor, precision), {long} with an answer over "
+          f"{refused_fitting} of them unusable (answer_checks), {long} with an answer over "
           f"{args.new_tokens} tokens")  # fmt: skip
     print(f"  now: {now.counts()}")
     for reason in now.unusable:

@@ -126,7 +126,7 @@ def test_each_pair_teaches_what_the_held_out_check_asks_and_scores(corpus_slice,
     from speedforge.evaluator.screen import screen
     from speedforge.policy.parser import candidate_from
     from speedforge.policy.prompts import render_prompt
-    from speedforge.train.data import takes_reference_arguments
+    from speedforge.train.answer_checks import takes_reference_arguments
 
     split, trusted, data = corpus_pairs(corpus_slice, tmp_path)
     assert len(data.pairs) + len(data.unusable) == len(trusted) and len(data.pairs) > len(trusted) // 2
@@ -148,8 +148,9 @@ def test_each_pair_teaches_what_the_held_out_check_asks_and_scores(corpus_slice,
 def test_unusable_answers_are_left_out_with_the_reason(corpus_slice, tmp_path):
     import dataclasses
 
-    split, trusted, _ = corpus_pairs(corpus_slice, tmp_path)
-    good = next(c for c in trusted if "def __init__(self, " in c.source)
+    split, trusted, data = corpus_pairs(corpus_slice, tmp_path)
+    usable = {p.variant_id for p in data.pairs}
+    good = next(c for c in trusted if c.candidate_id in usable and "def __init__(self, " in c.source)
     # ModelNew's constructor loses its first argument; a lazy tensor subclass; code the parser cannot see whole
     fewer = good.source.replace("def __init__(self, ", "def __init__(self, *, ", 1)
     lazy = good.source + "\n\nclass Lazy(torch.Tensor):\n    pass\n"
@@ -170,8 +171,8 @@ def test_answers_that_lower_float32_precision_are_left_out_unless_the_evaluator_
     `allow_precision_downgrade`: SFT on such a published kernel teaches what is refused."""
     import dataclasses
 
-    split, trusted, _ = corpus_pairs(corpus_slice, tmp_path)
-    good = trusted[0]
+    split, trusted, data = corpus_pairs(corpus_slice, tmp_path)
+    good = next(c for c in trusted if c.candidate_id == data.pairs[0].variant_id)
     lines = {"tf32": "torch.backends.cuda.matmul.allow_tf32 = True", "high": "torch.set_float32_matmul_precision('high')",
              "cudnn": "torch.backends.cudnn.allow_tf32 = True", "off": "torch.backends.cuda.matmul.allow_tf32 = False"}  # fmt: skip
     kernels = [dataclasses.replace(good, candidate_id=name, source=f"{good.source}\n\nimport torch\n{line}\n")
@@ -181,6 +182,25 @@ def test_answers_that_lower_float32_precision_are_left_out_unless_the_evaluator_
     assert [u.split(": ", 1)[1].split(" (")[0] for u in data.unusable] == ["it lowers float32 precision"] * 2
     allowed = sft_pairs(split.train, VariantsTable(), "A100", 0, 0, trusted=kernels, allow_precision_downgrade=True)
     assert len(allowed.pairs) == 4 and allowed.unusable == ()
+
+
+@pytest.mark.parametrize("forward, kept", [
+    ("self.graph.replay()\n        return self.static_output", "return self.static_output"),
+    ("if self.out is None:\n            self.out = torch.empty_like(x)\n        torch.relu(x, out=self.out)\n"
+     "        return self.out", "return self.out"),
+    ("return self.outs[x.shape]", "return self.outs[x.shape]"),
+    ("self.out = torch.relu(x)\n        return self.out", ""),  # assigned a new tensor on every call
+    ("return torch.relu(x) * self.scale", ""),
+    ("y = self.out\n        return y.clone()", ""),
+])  # fmt: skip
+def test_a_forward_that_returns_a_tensor_the_module_keeps_is_found(forward, kept):
+    """The fresh-outputs contract: an output buffer or a CUDA graph's static output returned as
+    is shares its storage with the previous call's output, which the evaluator refuses."""
+    from speedforge.train.answer_checks import kept_output
+
+    code = f"import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        {forward}\n"
+    assert kept_output(code) == kept
+    assert kept_output(code.replace("class ModelNew", "class Helper")) == ""  # only ModelNew's forward
 
 
 def test_answers_longer_than_the_generation_budget_are_left_out_and_counted(corpus_slice, tmp_path, tiny_model):
@@ -238,7 +258,7 @@ def test_the_loss_of_a_pair_is_its_answer_and_the_end_of_the_turn(corpus_slice, 
     ("self, *dims", "self, a, b", False),
 ])  # fmt: skip
 def test_the_constructor_check_takes_what_the_reference_takes_by_position(reference, candidate, takes):
-    from speedforge.train.data import takes_reference_arguments
+    from speedforge.train.answer_checks import takes_reference_arguments
 
     source = lambda cls, args: f"class {cls}:\n    def __init__({args}):\n        pass\n"  # noqa: E731
     assert takes_reference_arguments(source("Model", reference), source("ModelNew", candidate)) is takes

@@ -17,9 +17,8 @@ context (`fits`) first shows fewer exemplars, then is dropped; `SFTData` counts 
 An answer teaches what a sample is scored on, so it is held to what a sample must pass: one the
 policy could not write within its generation budget (`writable`: the held-out check would cut
 it, and cut code is broken code) is dropped, and so is one whose code our own parser would not
-extract as written, that our screen rejects, whose ModelNew does not take the reference's
-constructor arguments, or that lowers float32 precision where the evaluator refuses it
-(`unusable_answer`); `SFTData` counts each.
+extract as written, or that breaks a contract of the evaluator that can be read from its code
+(speedforge.train.answer_checks); `SFTData` counts each.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from speedforge.policy.prompts import Prompt, exemplars_from_variants, render_pr
 from speedforge.records import Candidate, Task, Variant, content_id
 from speedforge.variants import VariantsTable
 from speedforge.tasks.loader import module_docstring
+from speedforge.train.answer_checks import unusable_answer
 
 Fits = Callable[[Prompt, str], bool]  # whether a prompt and an answer ("" for none yet) fit the model
 Writable = Callable[[str], bool]  # whether the policy can write an answer within its generation budget
@@ -210,87 +210,6 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
             pairs.append(SFTPair(task.task_id, answer_id, score, prompt.system, prompt.user, answer, validated))
     skipped = sum(len(v) for k, v in by_task.items() if k not in wanted)
     return SFTData(tuple(pairs), fewer, dropped, skipped, unwritable, tuple(unusable))
-
-
-def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgrade: bool = False) -> str:
-    """Why an answer (holding the program `source`) would teach what a sample fails on, or ""
-    when it does not: the code our parser extracts from it (`candidate_from`, as the held-out
-    check and every stage do) is not `source`, our screen rejects it (not Python, no ModelNew, a
-    named exploit), its ModelNew cannot be built with the arguments the reference's Model takes,
-    or it lowers float32 precision where the evaluator does not allow it."""
-    from speedforge.evaluator.screen import screen
-    from speedforge.policy.parser import candidate_from
-
-    candidate, parsed = candidate_from(task, answer, "sft")
-    if parsed.code != source.strip():
-        return "our parser extracts other code than the answer holds"
-    report = screen(candidate.source, task.family)
-    if not report.passed:
-        return f"the screen rejects it: {report.rejections[0]}"
-    if not takes_reference_arguments(task.source, candidate.source):
-        return "ModelNew's constructor does not take the arguments of the reference's Model"
-    lowered = "" if allow_precision_downgrade else lowered_precision(candidate.source)
-    if lowered:
-        return f"it lowers float32 precision ({lowered}), which the evaluator refuses (allow_precision_downgrade)"
-    return ""
-
-
-_LOWERING = (("cuda.matmul.allow_tf32", True), ("allow_fp16_reduced_precision_reduction", True),
-             ("allow_bf16_reduced_precision_reduction", True), ("allow_fp16_accumulation", True),
-             ("matmul.fp32_precision", "tf32"), ("conv.fp32_precision", "tf32"), ("fp32_precision", "bf16"))  # fmt: skip
-
-
-def lowered_precision(code: str) -> str:
-    """The first statement of `code` that lowers float32 precision below torch's defaults, as the
-    evaluator's run-time guard (speedforge.evaluator.guards.precision_downgrades) would find it
-    set: TF32 matmuls, `set_float32_matmul_precision("high")`, reduced-precision reductions;
-    "" for none. cuDNN's `allow_tf32 = True` is torch's default, not a downgrade."""
-    import ast
-
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return ""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            for target in node.targets:
-                name = ast.unparse(target)
-                if any(name.endswith(knob) and node.value.value == value for knob, value in _LOWERING):
-                    return ast.unparse(node)
-        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("set_float32_matmul_precision") and \
-                node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in ("high", "medium"):
-            return ast.unparse(node)
-    return ""
-
-
-def takes_reference_arguments(reference: str, code: str, name: str = "ModelNew") -> bool:
-    """Whether `name`'s constructor in `code` takes every positional call that the reference's
-    `Model` constructor takes (the evaluator calls both with `*get_init_inputs()`); True when
-    either has none written out (an inherited constructor, a family without `Model`)."""
-    import ast
-
-    def init_args(source: str, cls: str) -> ast.arguments | None:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            return None
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name == cls:
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                        return item.args
-        return None
-
-    mine, theirs = init_args(code, name), init_args(reference, "Model")
-    if mine is None or theirs is None:
-        return True
-    positional = lambda a: len(a.posonlyargs) + len(a.args) - 1  # noqa: E731 (less self)
-    most, least = positional(theirs), positional(theirs) - len(theirs.defaults)
-    if theirs.vararg is not None:
-        return mine.vararg is not None
-    if any(default is None for default in mine.kw_defaults):  # a keyword-only argument no positional call gives
-        return False
-    return positional(mine) - len(mine.defaults) <= least and (positional(mine) >= most or mine.vararg is not None)
 
 
 def published_speedup(candidate: Candidate) -> float:
