@@ -192,6 +192,9 @@ def test_answers_that_lower_float32_precision_are_left_out_unless_the_evaluator_
     ("self.out = torch.relu(x)\n        return self.out", ""),  # assigned a new tensor on every call
     ("return torch.relu(x) * self.scale", ""),
     ("y = self.out\n        return y.clone()", ""),
+    ("return self._replay(x)\n    def _replay(self, x):\n        self.graph.replay()\n        return self.static_output",
+     "return self._replay(x), which does return self.static_output"),  # through a method forward returns
+    ("return self._run(x)\n    def _run(self, x):\n        return torch.relu(x)", ""),
 ])  # fmt: skip
 def test_a_forward_that_returns_a_tensor_the_module_keeps_is_found(forward, kept):
     """The fresh-outputs contract: an output buffer or a CUDA graph's static output returned as

@@ -102,9 +102,10 @@ def takes_reference_arguments(reference: str, code: str, name: str = "ModelNew")
 
 
 def kept_output(code: str) -> str:
-    """The first `return self.<name>` (or an item of it) in ModelNew's forward whose attribute
-    forward does not first assign unconditionally: an output buffer or a CUDA graph's static
-    output returned as is, the same storage on every call; "" for none."""
+    """The first `return self.<name>` (or an item of it) in ModelNew's forward, or in a method of
+    ModelNew whose call forward returns, whose attribute that method does not first assign
+    unconditionally: an output buffer or a CUDA graph's static output returned as is, the same
+    storage on every call; "" for none."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
@@ -112,15 +113,31 @@ def kept_output(code: str) -> str:
     for cls in tree.body:
         if not (isinstance(cls, ast.ClassDef) and cls.name == "ModelNew"):
             continue
-        for forward in cls.body:
-            if not (isinstance(forward, ast.FunctionDef) and forward.name == "forward"):
+        methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+        forward = methods.get("forward")
+        if forward is None:
+            return ""
+        found = _returns_kept(forward)
+        for node in ast.walk(forward):
+            call = node.value if isinstance(node, ast.Return) else None
+            if found or not isinstance(call, ast.Call) or not _on_self(call.func) or call.func.attr not in methods:
                 continue
-            fresh = {ast.unparse(t) for st in forward.body if isinstance(st, ast.Assign) for t in st.targets}
-            for node in ast.walk(forward):
-                if not isinstance(node, ast.Return) or node.value is None:
-                    continue
-                base = node.value.value if isinstance(node.value, ast.Subscript) else node.value
-                if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "self" \
-                        and ast.unparse(base) not in fresh:  # fmt: skip
-                    return ast.unparse(node)
+            inner = _returns_kept(methods[call.func.attr])
+            found = f"{ast.unparse(node)}, which does {inner}" if inner else ""
+        return found
     return ""
+
+
+def _returns_kept(method: ast.FunctionDef) -> str:
+    fresh = {ast.unparse(t) for statement in method.body if isinstance(statement, ast.Assign) for t in statement.targets}
+    for node in ast.walk(method):
+        if isinstance(node, ast.Return) and node.value is not None:
+            base = node.value.value if isinstance(node.value, ast.Subscript) else node.value
+            if _on_self(base) and ast.unparse(base) not in fresh:
+                return ast.unparse(node)
+    return ""
+
+
+def _on_self(node: ast.AST) -> bool:
+    """`self.<name>`."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
