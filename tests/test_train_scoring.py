@@ -209,6 +209,19 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     assert nothing.pairs == () and nothing.dropped_too_long == 2
 
 
+def test_a_measured_variant_is_not_second_guessed_by_the_static_contract_checks():
+    """A program that measured ok passed the run-time checks that answer_checks' guesses stand in
+    for; the same program as an unmeasured source kernel is left out, with the reason."""
+    kept = FAST.replace("return torch.relu_(a + b).mul_(self.scale)",
+                        "if getattr(self, 'out', None) is None:\n            self.out = torch.empty_like(a)\n"
+                        "        torch.add(a, b, out=self.out).relu_().mul_(self.scale)\n        return self.out")  # fmt: skip
+    measured = sft_pairs([TASK], VariantsTable([variant(TASK.task_id, kept, 1.1)]), "cpu", 0, 0)
+    assert len(measured.pairs) == 1 and measured.unusable == ()
+    source = Candidate.make(TASK.task_id, kept, origin="import:elsewhere")
+    trusted = sft_pairs([TASK], VariantsTable(), "cpu", 0, 0, trusted=[source])
+    assert trusted.pairs == () and "returns a tensor the module keeps (return self.out)" in trusted.unusable[0]
+
+
 def test_live_prompts_show_variants_found_since_the_last_fetch_and_render_the_same_for_the_same_table():
     table = VariantsTable([variant(TASK.task_id, FAST, 1.3)])
     live = LivePrompts({TASK.task_id: TASK}, table, Config().policy, "cpu", seed=0)

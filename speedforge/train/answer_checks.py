@@ -10,7 +10,8 @@ arguments, float32 precision lowered (TF32 matmuls: the evaluator's run-time gua
 unless `allow_precision_downgrade`), and a forward that returns a tensor the module keeps (the
 fresh-outputs contract: the same storage every call). The last two are static stand-ins for
 run-time checks (speedforge.evaluator.guards, .checks): they name the common shapes in CUDA-L1's
-released kernels, not every way to break the contract, which only measuring finds.
+released kernels, not every way to break the contract, which only measuring finds, and are not
+made for a program that measured ok here.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from speedforge.policy.parser import candidate_from
 from speedforge.records import Task
 
 
-def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgrade: bool = False) -> str:
+def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgrade: bool = False,
+                    measured: bool = False) -> str:  # fmt: skip
     """Why an answer (holding the program `source`) would teach what a sample fails on, or ""
     when it does not: the code our parser extracts from it (`candidate_from`, as the held-out
     check and every stage do) is not `source`, our screen rejects it (not Python, no ModelNew, a
     named exploit), its ModelNew cannot be built with the arguments the reference's Model takes,
     it lowers float32 precision where the evaluator does not allow it, or its forward returns a
-    tensor the module keeps."""
+    tensor the module keeps. The last two are guesses from the code, and are not made for a
+    program that `measured` ok here: the run-time checks they stand in for passed."""
     candidate, parsed = candidate_from(task, answer, "sft")
     if parsed.code != source.strip():
         return "our parser extracts other code than the answer holds"
@@ -37,6 +40,8 @@ def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgr
         return f"the screen rejects it: {report.rejections[0]}"
     if not takes_reference_arguments(task.source, candidate.source):
         return "ModelNew's constructor does not take the arguments of the reference's Model"
+    if measured:
+        return ""
     lowered = "" if allow_precision_downgrade else lowered_precision(candidate.source)
     if lowered:
         return f"it lowers float32 precision ({lowered}), which the evaluator refuses (allow_precision_downgrade)"

@@ -169,9 +169,10 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
     (validated by its source) of these tasks that the table does not already hold as measured:
     its prompt shows up to `exemplars` lower-scoring variants of the task (fewer when the prompt
     does not fit), its answer is answer_text. Left out and counted: an unusable answer
-    (`unusable_answer`, with the evaluator's `allow_precision_downgrade`), one the policy could
-    not write (`writable`), a pair that does not fit
-    even without exemplars. Trusted candidates of other tasks (the held-out ones) are never used."""
+    (`unusable_answer`, with the evaluator's `allow_precision_downgrade`; a measured one passed
+    the run-time checks already), one the policy could not write (`writable`), a pair that does
+    not fit even without exemplars. Trusted candidates of other tasks (the held-out ones) are
+    never used."""
     pairs: list[SFTPair] = []
     unusable: list[str] = []
     fewer = dropped = unwritable = 0
@@ -192,7 +193,7 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
                                 f"Its source ({where}) measured it at {score:.2f}x the reference's speed."),
                                 f"source:{where}", candidate.source))  # fmt: skip
         for answer_id, score, answer, validated, source in answers:
-            why = unusable_answer(task, answer, source, allow_precision_downgrade)
+            why = unusable_answer(task, answer, source, allow_precision_downgrade, measured=validated == "measured")
             if why:
                 unusable.append(f"{task.task_id}: {why}")
                 continue
