@@ -30,18 +30,18 @@ def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgr
     check and every stage do) is not `source`, our screen rejects it (not Python, no ModelNew, a
     named exploit), its ModelNew cannot be built with the arguments the reference's Model takes,
     it lowers float32 precision where the evaluator does not allow it, or its forward returns a
-    tensor the module keeps. The last two are guesses from the code, and are not made for a
-    program that `measured` ok here: the run-time checks they stand in for passed."""
+    tensor the module keeps. The last three are read from the code in place of what running it
+    checks, and are not made for a program that `measured` ok here: those checks passed."""
     candidate, parsed = candidate_from(task, answer, "sft")
     if parsed.code != source.strip():
         return "our parser extracts other code than the answer holds"
     report = screen(candidate.source, task.family)
     if not report.passed:
         return f"the screen rejects it: {report.rejections[0]}"
-    if not takes_reference_arguments(task.source, candidate.source):
-        return "ModelNew's constructor does not take the arguments of the reference's Model"
     if measured:
         return ""
+    if not takes_reference_arguments(task.source, candidate.source):
+        return "ModelNew's constructor does not take the arguments of the reference's Model"
     lowered = "" if allow_precision_downgrade else lowered_precision(candidate.source)
     if lowered:
         return f"it lowers float32 precision ({lowered}), which the evaluator refuses (allow_precision_downgrade)"
@@ -82,6 +82,7 @@ def takes_reference_arguments(reference: str, code: str, name: str = "ModelNew")
     """Whether `name`'s constructor in `code` takes every positional call that the reference's
     `Model` constructor takes (the evaluator calls both with `*get_init_inputs()`); True when
     either has none written out (an inherited constructor, a family without `Model`)."""
+
     def init_args(source: str, cls: str) -> ast.arguments | None:
         try:
             tree = ast.parse(source)
