@@ -7,12 +7,13 @@ Every published kernel of the corpus is made into the answer SFT would train on 
 format) for its task's plain prompt, and checked against what the held-out check and GRPO do
 with a sample: the code our parser extracts (`candidate_from`), Python that parses, the screen,
 `ModelNew`'s constructor against the reference's, float32 precision lowered (which the evaluator
-refuses by default), a forward that returns a tensor the module keeps (the fresh-outputs contract), the three sections, the prompt against the one
-the held-out check renders, the chat template (the prompt's tokens a prefix of prompt + answer,
-the completion exactly the answer and the end of the turn: where TRL's completion-only loss
-starts and ends) and the answer's tokens against the generation budget. Then the SFT data of the
-run's split is built twice, as stage 1 built it before answers were held to a budget and to what
-a sample must pass, and as it builds it now. The tokenizer is the default model's (SmolLM2's GGUF).
+refuses by default), a forward that returns a tensor the module keeps (the fresh-outputs
+contract), the three sections, the prompt against the one the held-out check renders, the chat
+template (the prompt's tokens a prefix of prompt + answer, the completion exactly the answer and
+the end of the turn: where TRL's completion-only loss starts and ends) and the answer's tokens
+against the generation budget. Then the SFT data of the run's split is built twice, as stage 1
+built it before answers were held to a budget and to what a sample must pass, and as it builds
+it now. The tokenizer is the default model's (SmolLM2's GGUF).
 """
 
 from __future__ import annotations
@@ -119,9 +120,9 @@ def main() -> int:
                  for p in now.pairs)  # fmt: skip
     print(f"  pairs whose prompt is not the held-out check's prompt for the task: {differ} of {len(now.pairs)}")
     held = {t.task_id for t in split.heldout}
-    over = [c.task_id for c in imported.candidates if c.task_id in held
-            and len(tokenizer(_answer(tasks[c.task_id], c.source, "", "x") + eos, add_special_tokens=False)["input_ids"])
-            > args.new_tokens]  # fmt: skip
+    tokens_of = lambda c: len(tokenizer(_answer(tasks[c.task_id], c.source, "", "x") + eos,  # noqa: E731
+                                        add_special_tokens=False)["input_ids"])  # fmt: skip
+    over = [c.task_id for c in imported.candidates if c.task_id in held and tokens_of(c) > args.new_tokens]
     print(f"  held-out tasks whose published kernel, as an answer, is over {args.new_tokens} tokens: {len(over)} of "
           f"{len(held)} ({sum(c.task_id in held for c in imported.candidates)} have one){': ' if over else ''}"
           f"{', '.join(over)}")  # fmt: skip
