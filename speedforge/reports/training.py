@@ -35,7 +35,7 @@ def data_line(record: dict[str, Any]) -> str:
             f"exemplars and {record.get('dropped_too_long', 0)} dropped as longer than {record.get('max_length')} "
             f"tokens; {record.get('dropped_unwritable', 0)} answer(s) left out as longer than the "
             f"{record.get('max_answer_tokens')} tokens the policy writes and {record.get('dropped_unusable', 0)} as "
-            "unusable (parser, screen or constructor)")  # fmt: skip
+            "unusable (parser, screen, constructor, precision or kept outputs: data.json names each)")  # fmt: skip
 
 
 def stages_table(states: dict[str, dict]) -> str:
