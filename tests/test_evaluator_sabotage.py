@@ -37,10 +37,15 @@ def config(tmp_path_factory) -> EvaluatorConfig:
 @pytest.mark.parametrize("path", TRICKS, ids=lambda p: p.stem)
 def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Path, config) -> None:
     """Today's code (c78699c) read these ok at 39x (oneDNN), 1.6x (flash attention) and 3.9x
-    (profile hook); the reference's own state put back, the same work reads no faster."""
+    (profile hook); the reference's own state put back, the same work reads no faster. The
+    tripwire is off here, so that the snapshot is shown to hold on its own (a sabotage it missed
+    would read ok at its full gain, not hack_detected)."""
+    import dataclasses
+
     text = path.read_text()
     task = _task(path)
-    result = evaluate(task, Candidate.make(task.task_id, text, origin=f"test:{path.name}"), config)
+    snapshot_only = dataclasses.replace(config, reference_slowdown_limit=0.0)
+    result = evaluate(task, Candidate.make(task.task_id, text, origin=f"test:{path.name}"), snapshot_only)
     assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
     assert result.speedup < 1.5, result  # the sabotage alone makes the reference 3x to 90x slower
 

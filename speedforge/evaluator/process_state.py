@@ -18,6 +18,11 @@ The state is found, not listed, so that a knob nobody thought of is covered too:
   anomaly mode, deterministic-algorithms warn-only, the CUDA allocator's memory fraction;
 - the interpreter's: profile and trace functions, switch interval, recursion limit, the
   garbage collector's thresholds and switch;
+- what intercepts the reference's calls: every module-level hook registry of torch (a dict or
+  list whose name says hook, in any torch module loaded: `nn.Module`'s global forward hooks,
+  through which a hook would see, slow down or rewrite the reference's output, and whatever else
+  torch keeps so), and the stacks of torch function and dispatch modes (a Python mode left
+  entered, `FlopCounterMode` for one, sees and slows every op of the reference);
 - the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like).
 
 The float32-precision and algorithm knobs (TF32, reduced-precision reductions, cudnn.benchmark)
@@ -147,6 +152,54 @@ def _torch_settings() -> dict[str, tuple]:
     return found
 
 
+def _hook_registries() -> dict[str, tuple]:
+    """Module-level hook registries of every torch module loaded (found by name: a dict or list
+    whose name says hook), read as their contents and written back in place."""
+    found: dict[str, tuple] = {}
+    for module_name, module in sorted(sys.modules.items()):
+        if not module_name.startswith("torch") or not isinstance(module, types.ModuleType):
+            continue
+        for name, value in list(vars(module).items()):
+            if "hook" not in name.lower() or not isinstance(value, (dict, list)):
+                continue
+            if isinstance(value, dict):
+                read = functools.partial(lambda d: tuple(d.items()), value)
+                write = functools.partial(lambda d, items: (d.clear(), d.update(items)), value)
+            else:
+                read = functools.partial(tuple, value)
+                write = functools.partial(lambda lst, items: lst.__setitem__(slice(None), items), value)
+            found[f"{module_name}.{name}"] = (read, write)
+    return found
+
+
+def _function_modes() -> tuple:
+    C = torch._C
+    return tuple(C._get_function_stack_at(i) for i in range(C._len_torch_function_stack()))
+
+
+def _set_function_modes(modes: tuple) -> None:
+    C = torch._C
+    while C._len_torch_function_stack():
+        C._pop_torch_function_stack()
+    for mode in modes:
+        C._push_on_torch_function_stack(mode)
+
+
+def _dispatch_modes() -> tuple:
+    from torch.utils import _python_dispatch
+
+    return tuple(_python_dispatch._get_current_dispatch_mode_stack())
+
+
+def _set_dispatch_modes(modes: tuple) -> None:
+    from torch.utils import _python_dispatch
+
+    while torch._C._len_torch_dispatch_stack():
+        _python_dispatch._pop_mode()
+    for mode in modes:
+        _python_dispatch._push_mode(mode)
+
+
 def _environment_read() -> dict[str, str]:
     return dict(os.environ)
 
@@ -163,7 +216,7 @@ def _environment_write(target: dict[str, str]) -> None:
 def entries() -> dict[str, tuple]:
     """name -> (read, write or None) of every piece of state found; found once per process
     (after torch is imported: the zygote preloads it)."""
-    found = {**_c_pairs(), **_backend_properties(), **_torch_settings()}
+    found = {**_c_pairs(), **_backend_properties(), **_torch_settings(), **_hook_registries()}
     readable = {}
     for name, (read, write) in found.items():
         try:
@@ -172,6 +225,9 @@ def entries() -> dict[str, tuple]:
             continue
         readable[name] = (read, write)
     readable[ENVIRONMENT] = (_environment_read, _environment_write)
+    # last: a default device set or put back above is a function mode of its own
+    readable["torch function modes"] = (_function_modes, _set_function_modes)
+    readable["torch dispatch modes"] = (_dispatch_modes, _set_dispatch_modes)
     return readable
 
 
