@@ -63,6 +63,9 @@ CHECKS = (
           "an output sharing storage with an earlier call's output (re-returned results)"),
     Check("values", "incorrect", "outputs",
           "values off the reference's beyond tolerance, NaN where it has none, integers that differ"),
+    Check("flushed-subnormals", "hack_detected", "outputs",
+          "the reference's subnormal values flushed to zero (FTZ/DAZ, however set: a precision downgrade), unless "
+          "allow_precision_downgrade"),
     # outcome: how a sandboxed stage ended without a result
     Check("time-limit", "timeout", "outcome", "did not finish within its time limit"),
     Check("memory-limit", "crashed", "outcome", "exceeded the memory limit"),
@@ -263,6 +266,32 @@ def values(torch, c, r, label: str, atol: float, rtol: float, exact_error: bool)
         return err, fail("values", f"{label}: max |diff| {err:.3g} over tolerance (atol {atol:g}, rtol {rtol:g}); "
                                    f"{int(bad.sum())} of {bad.numel()} elements off")
     return err, None
+
+
+# An output flushes subnormals when at least this many of the reference's subnormal values, and
+# more than this share of them, are exactly zero in it: what FTZ/DAZ (set by torch.set_flush_denormal,
+# _mm_setcsr or a fast-math library, and switched off again before the call returns) does to them.
+FLUSHED_SUBNORMALS_MIN = 16
+FLUSHED_SUBNORMALS_SHARE = 0.5
+
+
+def flushed_subnormals(torch, c, r, label: str) -> Verdict | None:
+    """The candidate's output is zero where the reference's is subnormal, for most of them: denormals
+    flushed, which is faster where they occur and lower precision (a state no capture sees when it
+    is set and cleared inside the candidate's own call)."""
+    if not c.is_floating_point() or c.shape != r.shape:
+        return None
+    tiny = torch.finfo(r.dtype).tiny
+    subnormal = (r != 0) & (r.abs() < tiny)
+    count = int(subnormal.sum())
+    if count < FLUSHED_SUBNORMALS_MIN:
+        return None
+    flushed = int((subnormal & (c == 0)).sum())
+    if flushed < FLUSHED_SUBNORMALS_MIN or flushed <= FLUSHED_SUBNORMALS_SHARE * count:
+        return None
+    return fail("flushed-subnormals", f"{label}: {flushed} of the reference's {count} subnormal values are zero in the "
+                                      "candidate's output: denormals flushed (FTZ/DAZ), a precision downgrade the config "
+                                      "does not allow (allow_precision_downgrade)")
 
 
 def overlaps(a, b) -> bool:
