@@ -34,17 +34,25 @@ def config(tmp_path_factory) -> EvaluatorConfig:
                            warmup_calls=2)
 
 
-@pytest.mark.parametrize("path", TRICKS, ids=lambda p: p.stem)
+def _param(path: Path):
+    """A trick that compiles C++ is slow (a build of ~30 s on a small machine)."""
+    return pytest.param(path, marks=pytest.mark.slow) if "load_inline" in path.read_text() else path
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in TRICKS], ids=lambda p: p.stem)
 def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Path, config) -> None:
     """Today's code (c78699c) read these ok at 39x (oneDNN), 1.6x (flash attention) and 3.9x
     (profile hook); the reference's own state put back, the same work reads no faster. The
     tripwire is off here, so that the snapshot is shown to hold on its own (a sabotage it missed
-    would read ok at its full gain, not hack_detected)."""
+    would read ok at its full gain, not hack_detected); a trick whose gain stays under the
+    default limit names a tighter one (`tripwire: 1.2`), under which the reference must not
+    have run slower beside it either."""
     import dataclasses
 
     text = path.read_text()
     task = _task(path)
-    snapshot_only = dataclasses.replace(config, reference_slowdown_limit=0.0)
+    tight = re.search(r"^tripwire: (\S+)$", text, re.M)
+    snapshot_only = dataclasses.replace(config, reference_slowdown_limit=float(tight.group(1)) if tight else 0.0)
     result = evaluate(task, Candidate.make(task.task_id, text, origin=f"test:{path.name}"), snapshot_only)
     assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
     assert result.speedup < 1.5, result  # the sabotage alone makes the reference 3x to 90x slower

@@ -25,6 +25,10 @@ The state is found, not listed, so that a knob nobody thought of is covered too:
   entered, `FlopCounterMode` for one, sees and slows every op of the reference);
 - the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like).
 
+State that has no getter is written instead of read: glibc's malloc parameters (mallopt) are set
+back before every call of either side to what the sandbox started the process with
+(GLIBC_TUNABLES, which names every one of them: speedforge.evaluator.sandbox.MALLOC_TUNABLES).
+
 The float32-precision and algorithm knobs (TF32, reduced-precision reductions, cudnn.benchmark)
 are read and written through speedforge.evaluator.guards.KNOBS, which knows their legacy/new API
 order; a candidate lowering precision is still a violation there. What no capture covers
@@ -34,6 +38,7 @@ order; a candidate lowering precision is still a violation there. What no captur
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import os
@@ -200,6 +205,42 @@ def _set_dispatch_modes(modes: tuple) -> None:
         _python_dispatch._push_mode(mode)
 
 
+# glibc's mallopt parameter numbers (malloc.h), by the name of their tunable (glibc.malloc.NAME)
+_MALLOPT = {"mxfast": 1, "trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max": -4, "perturb": -6,
+            "arena_test": -7, "arena_max": -8}
+_INT_MAX = 2**31 - 1
+
+
+@functools.cache
+def malloc_parameters() -> tuple[tuple[int, int], ...]:
+    """(mallopt parameter, value) of every malloc parameter GLIBC_TUNABLES names, read once (the
+    sandbox sets it before the process starts; empty outside a sandbox or without glibc)."""
+    found = []
+    for item in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+        name, _, value = item.partition("=")
+        stem = name.removeprefix("glibc.malloc.")
+        if stem != name and stem in _MALLOPT and value.isdigit() and int(value) <= _INT_MAX:
+            found.append((_MALLOPT[stem], int(value)))
+    return tuple(found)
+
+
+@functools.cache
+def _mallopt():
+    try:
+        return ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def write_malloc_parameters() -> None:
+    """Set glibc's malloc parameters back to the sandbox's (a few microseconds)."""
+    mallopt = _mallopt()
+    if mallopt is None:
+        return
+    for parameter, value in malloc_parameters():
+        mallopt(parameter, value)
+
+
 def _environment_read() -> dict[str, str]:
     return dict(os.environ)
 
@@ -240,7 +281,9 @@ def capture() -> dict[str, object]:
 
 def apply(target: dict[str, object], current: dict[str, object]) -> list[str]:
     """Make `target` the state in effect, `current` being the state now; returns what could not
-    be put back (one line each), empty when all of it was."""
+    be put back (one line each), empty when all of it was. State that cannot be read (glibc's
+    malloc parameters) is written every time, to the sandbox's values, for either side."""
+    write_malloc_parameters()
     if target == current:
         return []
     guards.apply_knobs({k: target[k] for k in guards.KNOBS}, {k: current[k] for k in guards.KNOBS})
