@@ -144,6 +144,7 @@ BUILTIN_CALLS = {
     "vars": "introspection",
     "globals": "global-state",
 }
+DYNAMIC_BUILTINS = frozenset(name for name, rule in BUILTIN_CALLS.items() if rule == "dynamic-code")
 SETTINGS = ("torch.backends.", "torch._dynamo.config.", "torch._inductor.config.")  # knobs, not functions
 DEFAULT_ALIASES = {"torch": "torch", "F": "torch.nn.functional", "nn": "torch.nn", "np": "numpy"}
 
@@ -257,11 +258,17 @@ class _PythonScreen(ast.NodeVisitor):
         return _dotted_in(node, self.aliases)
 
     def _check_name(self, node: ast.AST, dotted: str) -> None:
+        """A name reached through a module: on NAMES, or a submodule on MODULES reached through
+        its parent without an import of its own (`torch.multiprocessing.Process`, `from torch
+        import overrides`); a top-level module on MODULES is seen where it is imported."""
         parts = dotted.split(".")
         for end in range(len(parts), 0, -1):
             name = ".".join(parts[:end])
             if name in NAMES:
                 self._add(node, NAMES[name], name)
+                return
+            if end > 1 and name in MODULES:
+                self._add(node, MODULES[name], name)
                 return
 
     def _check_module(self, node: ast.AST, module: str) -> None:
@@ -343,6 +350,8 @@ class _PythonScreen(ast.NodeVisitor):
             self._add(node, "patch", what)
 
     def visit_Name(self, node: ast.Name) -> None:
+        if node.id in DYNAMIC_BUILTINS and node.id not in self.aliases and isinstance(node.ctx, ast.Load):
+            self._add(node, BUILTIN_CALLS[node.id], node.id)  # called later under another name
         if node.id == "Model" and isinstance(node.ctx, ast.Load):
             self._add(node, "reference-fallback", "uses Model")
         if node.id == "__builtins__":
