@@ -163,3 +163,26 @@ def test_a_candidate_cannot_forge_the_pristine_timing_its_run_sends(config, tmp_
     assert result.status == "ok", (result.status, result.reason)
     kept = [json.loads(p.read_text()) for p in (tmp_path / "pristine").glob("*.json")]
     assert len(kept) == 1 and kept[0]["ref_us"] < 1e6 and kept[0]["timed_calls"] != 99, kept
+
+
+
+def test_a_threads_idle_policy_and_affinity_are_put_back_for_the_reference() -> None:
+    """The scheduling of every thread is process state (idle_priority_between_calls.py gains
+    nothing here only because the sandbox's timer and cgroup absorb it): a policy and an affinity
+    changed after the capture are set back by apply, read from the kernel, not from a list."""
+    import os
+
+    from speedforge.evaluator import process_state
+
+    before = process_state.capture()
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        changed = process_state.capture()
+        assert process_state.SCHEDULING in process_state.differences(before, changed)
+        assert process_state.apply(before, changed) == []
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+        assert process_state.differences(before, process_state.capture()) == []
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.sched_setaffinity(0, before[process_state.SCHEDULING][min(before[process_state.SCHEDULING])][0])

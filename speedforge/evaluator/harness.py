@@ -285,7 +285,7 @@ class _Harness:
             self.switch("cand")  # lockstep: the candidate's first call is the reference's first call
             self.first_out = self.call("ModelNew.forward", cand_model, *self.clone(warm))  # held: an earlier output
             self.sync()
-            turns.take()  # prepared: from here on the run holds the device (speedforge.evaluator.turns)
+            self.take_turn()  # prepared: from here on the run holds the device (speedforge.evaluator.turns)
             with self.spending("correctness_s"):
                 max_err, trials = self.correctness.trials(self, ref_model, cand_model, [self.first_out],
                                                           self.out_bytes, self.device, self.sync)  # fmt: skip
@@ -309,13 +309,19 @@ class _Harness:
             twin = self._twin()
             self.call("the reference", twin, *self.clone(warm))
             self.sync()
-            turns.take()
+            self.take_turn()
             with self.spending("correctness_s"):
                 max_err, trials = self.correctness.trials(self, ref_model, twin, [], self.out_bytes, self.device,
                                                           self.sync)  # fmt: skip
             with self.spending("timing_s"):
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+
+    def take_turn(self) -> None:
+        """The device's turn (speedforge.evaluator.turns); on the CPU it pins every thread, a
+        scheduling both sides then run under (recorded in their process states)."""
+        turns.take()
+        process_state.refresh_scheduling(list(self.state.values()))
 
     @contextlib.contextmanager
     def spending(self, name: str):

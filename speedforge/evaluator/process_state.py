@@ -23,7 +23,11 @@ The state is found, not listed, so that a knob nobody thought of is covered too:
   through which a hook would see, slow down or rewrite the reference's output, and whatever else
   torch keeps so), and the stacks of torch function and dispatch modes (a Python mode left
   entered, `FlopCounterMode` for one, sees and slows every op of the reference);
-- the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like).
+- the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like);
+- the scheduling of every thread of the process: CPU affinity, policy (SCHED_IDLE, SCHED_BATCH)
+  and nice value, read from the kernel (a thread moved to a busy CPU or made idle-priority runs
+  the reference's work slower, whatever library set it); the harness records the pin it sets
+  itself when it takes the device's turn (`SCHEDULING`, `refresh_scheduling`).
 
 State that has no getter is written instead of read: glibc's malloc parameters (mallopt) are set
 back before every call of either side to what the sandbox started the process with
@@ -43,6 +47,7 @@ import functools
 import gc
 import os
 import sys
+import threading
 import types
 
 import torch
@@ -241,6 +246,50 @@ def write_malloc_parameters() -> None:
         mallopt(parameter, value)
 
 
+SCHEDULING = "threads' scheduling (affinity, policy, nice)"
+
+
+def _threads() -> list[int]:
+    try:
+        return sorted(int(tid) for tid in os.listdir("/proc/self/task"))
+    except OSError:
+        return [threading.get_native_id()]
+
+
+def _scheduling_read() -> dict[int, tuple]:
+    found = {}
+    for tid in _threads():
+        try:
+            found[tid] = (tuple(sorted(os.sched_getaffinity(tid))), os.sched_getscheduler(tid),
+                          os.getpriority(os.PRIO_PROCESS, tid))  # fmt: skip
+        except OSError:  # it ended meanwhile
+            continue
+    return found
+
+
+def _scheduling_write(target: dict[int, tuple]) -> None:
+    """Each thread that still exists back to its affinity, policy and nice value; raises when one
+    cannot be (a nice value lowered back needs a privilege the sandbox does not have)."""
+    for tid, (cpus, policy, nice) in target.items():
+        try:
+            if os.sched_getscheduler(tid) != policy:
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+            if os.getpriority(os.PRIO_PROCESS, tid) != nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            if tuple(sorted(os.sched_getaffinity(tid))) != cpus:
+                os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # it ended meanwhile
+            continue
+
+
+def refresh_scheduling(states: list[dict[str, object]]) -> None:
+    """Record the threads' scheduling now in effect in each of `states` (after the harness pinned
+    the process itself: the pin is every side's)."""
+    now = _scheduling_read()
+    for state in states:
+        state[SCHEDULING] = now
+
+
 def _environment_read() -> dict[str, str]:
     return dict(os.environ)
 
@@ -266,6 +315,7 @@ def entries() -> dict[str, tuple]:
             continue
         readable[name] = (read, write)
     readable[ENVIRONMENT] = (_environment_read, _environment_write)
+    readable[SCHEDULING] = (_scheduling_read, _scheduling_write)
     # last: a default device set or put back above is a function mode of its own
     readable["torch function modes"] = (_function_modes, _set_function_modes)
     readable["torch dispatch modes"] = (_dispatch_modes, _set_dispatch_modes)
