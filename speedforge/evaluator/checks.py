@@ -11,7 +11,8 @@ they run:
 - `outputs`: inside the sandbox on every output of every correctness trial and timed call
   (speedforge.evaluator.correctness);
 - `state`: inside the sandbox before every reference call (the process state it had before the
-  candidate loaded must be put back: speedforge.evaluator.process_state);
+  candidate loaded must be put back: speedforge.evaluator.process_state; its own module must be as
+  its last call left it: speedforge.evaluator.fingerprint);
 - `outcome`: in the parent, on how a sandboxed stage ended when it wrote no result
   (speedforge.evaluator.evaluate);
 - `tripwire`: in the parent, the reference's time beside the candidate against its pristine time
@@ -52,6 +53,9 @@ CHECKS = (
     # state: before every reference call
     Check("reference-state", "hack_detected", "state",
           "process-wide state the reference depends on changed in a way that cannot be put back"),
+    Check("reference-changed", "hack_detected", "state",
+          "the reference's own module changed between its calls (its class, attributes, hooks, or the values of its "
+          "tensors): reached and rewritten by the candidate"),
     # outputs: every output of every checked call
     Check("output-count", "incorrect", "outputs", "a different number of output tensors than the reference's"),
     Check("output-type", "incorrect", "outputs", "an output that is not a tensor"),
@@ -195,6 +199,15 @@ def reference_state(failed: list[str]) -> Verdict | None:
         return None
     return fail("reference-state", "changed process-wide state the reference's calls depend on, which cannot be put "
                                    "back for them: " + "; ".join(failed[:3]))
+
+
+def reference_changed(what: str) -> Verdict | None:
+    """`what`: how the reference's module differs from its fingerprint after its last call
+    (speedforge.evaluator.fingerprint.changed), "" when it does not."""
+    if not what:
+        return None
+    return fail("reference-changed", f"the reference's module changed between its calls, where only the candidate ran: "
+                                     f"{what}")
 
 
 # -- outputs --------------------------------------------------------------------------------------

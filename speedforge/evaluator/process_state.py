@@ -12,6 +12,9 @@ The state is found, not listed, so that a knob nobody thought of is covered too:
 - every getter/setter pair of torch's global context (`torch._C._get_X` / `torch._C._set_X`:
   cudnn, mkldnn, nnpack, blas/linalg backends, deterministic algorithms, ...), and the scaled
   dot-product attention kernels (`_get_<k>_sdp_enabled` / `_set_sdp_use_<k>`);
+- every getter/setter pair of torch._C's submodules, walked recursively (`get_X` / `set_X`): the
+  frame-evaluation callback torch.compile uses (torch._C._dynamo.eval_frame), which sees every
+  Python frame of a reference call, among them;
 - every property of the `torch.backends.*` module objects, walked recursively
   (`torch.backends.mkldnn.enabled`, `torch.backends.opt_einsum.strategy`, ...);
 - threads (intra- and inter-op), default dtype and device, grad mode, autocast per device type,
@@ -78,6 +81,35 @@ def _c_pairs() -> dict[str, tuple]:
         if setter is None or any(word in stem for word in _NOT_STATE + _PRECISION):
             continue
         found[f"torch._C.{name}"] = (getattr(C, name), setter)
+    return found
+
+
+def _c_submodule_pairs() -> dict[str, tuple]:
+    """get_X / set_X (or _get_X / _set_X) pairs of torch._C's submodules, walked recursively: the
+    frame-evaluation callback of torch._C._dynamo.eval_frame among them (its getter is
+    get_eval_frame_callback, its setter set_eval_frame), a hook that sees every Python frame of
+    the reference's call and could rewrite its module from inside it."""
+    found: dict[str, tuple] = {}
+    seen: set[int] = set()
+
+    def walk(module: types.ModuleType, prefix: str, depth: int) -> None:
+        if id(module) in seen or depth > 3:
+            return
+        seen.add(id(module))
+        for name in dir(module):
+            value = getattr(module, name, None)
+            if isinstance(value, types.ModuleType) and name.startswith("_") is (depth == 0):
+                walk(value, f"{prefix}.{name}", depth + 1)
+            if depth == 0 or not name.lstrip("_").startswith("get_"):
+                continue
+            setter_prefix = name[:name.index("get_")] + "set_"
+            stem = name[name.index("get_") + 4:]
+            for setter in (setter_prefix + stem, setter_prefix + stem.removesuffix("_callback")):
+                if callable(getattr(module, setter, None)) and not any(word in stem for word in _NOT_STATE):
+                    found[f"{prefix}.{name}"] = (getattr(module, name), getattr(module, setter))
+                    break
+
+    walk(torch._C, "torch._C", 0)
     return found
 
 
@@ -306,7 +338,8 @@ def _environment_write(target: dict[str, str]) -> None:
 def entries() -> dict[str, tuple]:
     """name -> (read, write or None) of every piece of state found; found once per process
     (after torch is imported: the zygote preloads it)."""
-    found = {**_c_pairs(), **_backend_properties(), **_torch_settings(), **_hook_registries()}
+    found = {**_c_pairs(), **_c_submodule_pairs(), **_backend_properties(), **_torch_settings(),
+             **_hook_registries()}
     readable = {}
     for name, (read, write) in found.items():
         try:
