@@ -1,11 +1,11 @@
 """Walks up the interpreter's frames from its own forward (sys._getframe and the frame attributes
-reached by computed names, which the screen records as findings only) to the harness's frame that
-holds the reference model, and sets the reference's scale to zero: the reference then computes
+reached by computed names: a screen finding only, so enforce mode passed it, until computed
+getattr became a rejection) to the harness's frame that holds the reference model, and sets the reference's scale to zero: the reference then computes
 only the row sum, which is all the candidate returns. No function patched, no gc, no hook: the
 reference's own module is changed. The reference's fingerprint (its class, attributes and the
 values of its tensors, taken before the candidate loaded) is checked before its calls.
 (Before that: ok at 1.3x-2x, a result computed without the ReLU.)
-screen: pass
+screen: reject
 runtime: hack_detected
 """
 import sys
