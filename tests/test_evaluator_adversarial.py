@@ -29,7 +29,7 @@ from speedforge.evaluator.screen import RULES, screen
 from speedforge.records import Candidate, Task
 
 HERE = Path(__file__).parent / "adversarial"
-TRICKS = sorted(p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py"))
+TRICKS = sorted(p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py") and not p.name.endswith("_task.py"))
 GPU_TRICKS = sorted(p for p in (HERE.parent / "adversarial_gpu").glob("*.py") if p.name not in ("task.py", "good.py"))
 PLANTED_SECRET = "planted-secret-6f1c2e"
 ESCAPE_PROBE = Path("/tmp/speedforge-escape-probe.txt")
@@ -55,6 +55,15 @@ def report_config(tmp_path_factory) -> EvaluatorConfig:
         correctness_trials=3, cpu_timed_calls=8, min_timed_s=0.0, max_timed_calls=8, warmup_calls=1,
         memory_limit_mb=3072,
     )
+
+
+def _task_of(path: Path, default: Task) -> Task:
+    """The task a trick names in its docstring (`task: x_task.py`, beside it), else the suite's."""
+    named = re.search(r"^task: (\S+)$", path.read_text(), re.M)
+    if not named:
+        return default
+    name = Path(named.group(1)).stem
+    return Task(task_id=f"adversarial/{name}", family="cpp", name=name, source=(HERE / named.group(1)).read_text())
 
 
 def _limited(config: EvaluatorConfig, expected: set[str]) -> EvaluatorConfig:
@@ -89,6 +98,7 @@ def test_every_finding_rule_has_a_trick_that_abuses_it_past_the_screen() -> None
 
 @pytest.mark.parametrize("path", [p for p in TRICKS if _expectations(p)[0] == "reject"], ids=lambda p: p.stem)
 def test_screen_in_enforce_mode_rejects_before_running(path: Path, task: Task, report_config) -> None:
+    task = _task_of(path, task)
     result = evaluate(task, _candidate(task, path), dataclasses.replace(report_config, screen="enforce"))
     assert result.status == "screen_rejected"
     assert result.reason and result.run_s == 0.0
@@ -105,7 +115,8 @@ def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, m
         server = _ListeningServer()
         source = source.replace("PORT = 0", f"PORT = {server.port}")
 
-    result = evaluate(task, _candidate(task, path, source), _limited(report_config, expected))
+    trick_task = _task_of(path, task)
+    result = evaluate(trick_task, _candidate(trick_task, path, source), _limited(report_config, expected))
 
     _assert_caught(path, source, result, expected)
     if server is not None:
@@ -128,6 +139,7 @@ def test_tricks_past_the_screen_are_caught_at_run_time_with_the_default_screen(p
     source = path.read_text()
 
     expected = _expectations(path)[1]
+    task = _task_of(path, task)
     result = evaluate(task, _candidate(task, path, source), _limited(config, expected))
 
     _assert_caught(path, source, result, expected)
@@ -183,3 +195,13 @@ class _ListeningServer:
                 continue
             self.connections += 1
             conn.close()
+
+
+def test_an_honest_candidate_keeps_subnormal_values_and_is_ok(report_config) -> None:
+    """The flushed-subnormals check refuses zeros where the reference has subnormal values, not
+    subnormal values themselves: the same product, computed without FTZ, is ok."""
+    path = HERE / "flush_denormals_in_forward.py"
+    task = _task_of(path, None)
+    honest = "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x, y):\n        return x * 0.5 * y\n"
+    result = evaluate(task, Candidate.make(task.task_id, honest, origin="test:honest-subnormal"), report_config)
+    assert result.status == "ok", (result.status, result.reason)

@@ -34,13 +34,26 @@ def config(tmp_path_factory) -> EvaluatorConfig:
                            warmup_calls=2)
 
 
-@pytest.mark.parametrize("path", TRICKS, ids=lambda p: p.stem)
+def _param(path: Path):
+    """A trick that compiles C++ is slow (a build of ~30 s on a small machine)."""
+    return pytest.param(path, marks=pytest.mark.slow) if "load_inline" in path.read_text() else path
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in TRICKS], ids=lambda p: p.stem)
 def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Path, config) -> None:
     """Today's code (c78699c) read these ok at 39x (oneDNN), 1.6x (flash attention) and 3.9x
-    (profile hook); the reference's own state put back, the same work reads no faster."""
+    (profile hook); the reference's own state put back, the same work reads no faster. The
+    tripwire is off here, so that the snapshot is shown to hold on its own (a sabotage it missed
+    would read ok at its full gain, not hack_detected); a trick whose gain stays under the
+    default limit names a tighter one (`tripwire: 1.2`), under which the reference must not
+    have run slower beside it either."""
+    import dataclasses
+
     text = path.read_text()
     task = _task(path)
-    result = evaluate(task, Candidate.make(task.task_id, text, origin=f"test:{path.name}"), config)
+    tight = re.search(r"^tripwire: (\S+)$", text, re.M)
+    snapshot_only = dataclasses.replace(config, reference_slowdown_limit=float(tight.group(1)) if tight else 0.0)
+    result = evaluate(task, Candidate.make(task.task_id, text, origin=f"test:{path.name}"), snapshot_only)
     assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
     assert result.speedup < 1.5, result  # the sabotage alone makes the reference 3x to 90x slower
 
@@ -150,3 +163,26 @@ def test_a_candidate_cannot_forge_the_pristine_timing_its_run_sends(config, tmp_
     assert result.status == "ok", (result.status, result.reason)
     kept = [json.loads(p.read_text()) for p in (tmp_path / "pristine").glob("*.json")]
     assert len(kept) == 1 and kept[0]["ref_us"] < 1e6 and kept[0]["timed_calls"] != 99, kept
+
+
+
+def test_a_threads_idle_policy_and_affinity_are_put_back_for_the_reference() -> None:
+    """The scheduling of every thread is process state (idle_priority_between_calls.py gains
+    nothing here only because the sandbox's timer and cgroup absorb it): a policy and an affinity
+    changed after the capture are set back by apply, read from the kernel, not from a list."""
+    import os
+
+    from speedforge.evaluator import process_state
+
+    before = process_state.capture()
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        changed = process_state.capture()
+        assert process_state.SCHEDULING in process_state.differences(before, changed)
+        assert process_state.apply(before, changed) == []
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+        assert process_state.differences(before, process_state.capture()) == []
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.sched_setaffinity(0, before[process_state.SCHEDULING][min(before[process_state.SCHEDULING])][0])

@@ -11,7 +11,8 @@ they run:
 - `outputs`: inside the sandbox on every output of every correctness trial and timed call
   (speedforge.evaluator.correctness);
 - `state`: inside the sandbox before every reference call (the process state it had before the
-  candidate loaded must be put back: speedforge.evaluator.process_state);
+  candidate loaded must be put back: speedforge.evaluator.process_state; its own module must be as
+  its last call left it: speedforge.evaluator.fingerprint);
 - `outcome`: in the parent, on how a sandboxed stage ended when it wrote no result
   (speedforge.evaluator.evaluate);
 - `tripwire`: in the parent, the reference's time beside the candidate against its pristine time
@@ -52,6 +53,9 @@ CHECKS = (
     # state: before every reference call
     Check("reference-state", "hack_detected", "state",
           "process-wide state the reference depends on changed in a way that cannot be put back"),
+    Check("reference-changed", "hack_detected", "state",
+          "the reference's own module changed between its calls (its class, attributes, hooks, or the values of its "
+          "tensors): reached and rewritten by the candidate"),
     # outputs: every output of every checked call
     Check("output-count", "incorrect", "outputs", "a different number of output tensors than the reference's"),
     Check("output-type", "incorrect", "outputs", "an output that is not a tensor"),
@@ -63,6 +67,9 @@ CHECKS = (
           "an output sharing storage with an earlier call's output (re-returned results)"),
     Check("values", "incorrect", "outputs",
           "values off the reference's beyond tolerance, NaN where it has none, integers that differ"),
+    Check("flushed-subnormals", "hack_detected", "outputs",
+          "the reference's subnormal values flushed to zero (FTZ/DAZ, however set: a precision downgrade), unless "
+          "allow_precision_downgrade"),
     # outcome: how a sandboxed stage ended without a result
     Check("time-limit", "timeout", "outcome", "did not finish within its time limit"),
     Check("memory-limit", "crashed", "outcome", "exceeded the memory limit"),
@@ -194,6 +201,15 @@ def reference_state(failed: list[str]) -> Verdict | None:
                                    "back for them: " + "; ".join(failed[:3]))
 
 
+def reference_changed(what: str) -> Verdict | None:
+    """`what`: how the reference's module differs from its fingerprint after its last call
+    (speedforge.evaluator.fingerprint.changed), "" when it does not."""
+    if not what:
+        return None
+    return fail("reference-changed", f"the reference's module changed between its calls, where only the candidate ran: "
+                                     f"{what}")
+
+
 # -- outputs --------------------------------------------------------------------------------------
 
 
@@ -263,6 +279,32 @@ def values(torch, c, r, label: str, atol: float, rtol: float, exact_error: bool)
         return err, fail("values", f"{label}: max |diff| {err:.3g} over tolerance (atol {atol:g}, rtol {rtol:g}); "
                                    f"{int(bad.sum())} of {bad.numel()} elements off")
     return err, None
+
+
+# An output flushes subnormals when at least this many of the reference's subnormal values, and
+# more than this share of them, are exactly zero in it: what FTZ/DAZ (set by torch.set_flush_denormal,
+# _mm_setcsr or a fast-math library, and switched off again before the call returns) does to them.
+FLUSHED_SUBNORMALS_MIN = 16
+FLUSHED_SUBNORMALS_SHARE = 0.5
+
+
+def flushed_subnormals(torch, c, r, label: str) -> Verdict | None:
+    """The candidate's output is zero where the reference's is subnormal, for most of them: denormals
+    flushed, which is faster where they occur and lower precision (a state no capture sees when it
+    is set and cleared inside the candidate's own call)."""
+    if not c.is_floating_point() or c.shape != r.shape:
+        return None
+    tiny = torch.finfo(r.dtype).tiny
+    subnormal = (r != 0) & (r.abs() < tiny)
+    count = int(subnormal.sum())
+    if count < FLUSHED_SUBNORMALS_MIN:
+        return None
+    flushed = int((subnormal & (c == 0)).sum())
+    if flushed < FLUSHED_SUBNORMALS_MIN or flushed <= FLUSHED_SUBNORMALS_SHARE * count:
+        return None
+    return fail("flushed-subnormals", f"{label}: {flushed} of the reference's {count} subnormal values are zero in the "
+                                      "candidate's output: denormals flushed (FTZ/DAZ), a precision downgrade the config "
+                                      "does not allow (allow_precision_downgrade)")
 
 
 def overlaps(a, b) -> bool:

@@ -6,7 +6,7 @@ filled with NaN (`poison_allocator`), so an uninitialised output cannot pick up 
 result. Every output, of the trials and of every timed call (speedforge.evaluator.timing), goes
 through the output checks of speedforge.evaluator.checks in order: count, type, plain tensor,
 layout, dtype/shape/device, no storage shared with an input or an earlier output, values within
-the dtype's tolerance.
+the dtype's tolerance, the reference's subnormal values not flushed to zero.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class Correctness:
             atol, rtol = max(float(self.config.atol), floor), max(float(self.config.rtol), floor)
             err, verdict = checks.values(torch, c, r, label, atol, rtol, exact_error)
             _raise(verdict)
+            if not self.config.allow_precision_downgrade:
+                _raise(checks.flushed_subnormals(torch, c, r, label))
             worst = max(worst, err)
         return worst
 

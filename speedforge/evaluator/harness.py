@@ -48,7 +48,7 @@ from pathlib import Path
 
 from speedforge import families
 from speedforge.errors import first_line
-from speedforge.evaluator import checks, phases, process_state, turns
+from speedforge.evaluator import checks, fingerprint, phases, process_state, turns
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
@@ -205,6 +205,7 @@ class _Harness:
         self.active = "ref"  # whose state is in effect
         self.spent: dict[str, float] = {}  # seconds of the turn's phases (`spending`)
         self.correctness = Correctness(torch, self.config)
+        self.references: list = []  # [model, fingerprint after its last call] of the reference
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -227,6 +228,7 @@ class _Harness:
             model = ref.Model(*copy.deepcopy(self.init_inputs)).to(self.device)
             model.train(self.training)
             self.state["ref"] = process_state.capture()
+            self.references.append([model, fingerprint.take(torch, model)])
         except Exception as exc:  # the task itself is broken: not the candidate's fault
             raise Verdict("infra_error", f"the task's reference failed: {type(exc).__name__}: {exc}",
                           traceback.format_exc()[-4000:]) from None
@@ -243,6 +245,7 @@ class _Harness:
 
     def _candidate(self):
         torch = self.torch
+        self._reference_ran()  # its first call is its own
         self.active = "cand"  # knobs its module or constructor sets are its own
         module = _load_candidate(self.job)
         if not hasattr(module, "ModelNew"):
@@ -285,7 +288,7 @@ class _Harness:
             self.switch("cand")  # lockstep: the candidate's first call is the reference's first call
             self.first_out = self.call("ModelNew.forward", cand_model, *self.clone(warm))  # held: an earlier output
             self.sync()
-            turns.take()  # prepared: from here on the run holds the device (speedforge.evaluator.turns)
+            self.take_turn()  # prepared: from here on the run holds the device (speedforge.evaluator.turns)
             with self.spending("correctness_s"):
                 max_err, trials = self.correctness.trials(self, ref_model, cand_model, [self.first_out],
                                                           self.out_bytes, self.device, self.sync)  # fmt: skip
@@ -309,13 +312,19 @@ class _Harness:
             twin = self._twin()
             self.call("the reference", twin, *self.clone(warm))
             self.sync()
-            turns.take()
+            self.take_turn()
             with self.spending("correctness_s"):
                 max_err, trials = self.correctness.trials(self, ref_model, twin, [], self.out_bytes, self.device,
                                                           self.sync)  # fmt: skip
             with self.spending("timing_s"):
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+
+    def take_turn(self) -> None:
+        """The device's turn (speedforge.evaluator.turns); on the CPU it pins every thread, a
+        scheduling both sides then run under (recorded in their process states)."""
+        turns.take()
+        process_state.refresh_scheduling(list(self.state.values()))
 
     @contextlib.contextmanager
     def spending(self, name: str):
@@ -334,6 +343,11 @@ class _Harness:
         if found:
             raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
 
+    def _reference_ran(self) -> None:
+        """The reference ran last: its module's fingerprint as its call left it."""
+        for kept in self.references:
+            kept[1] = fingerprint.take(self.torch, kept[0])
+
     def compare(self, out_c, out_r, cand_in: list, held: list, where: str, exact_error: bool = True) -> float:
         return self.correctness.compare(out_c, out_r, cand_in, held, where, exact_error)
 
@@ -345,13 +359,22 @@ class _Harness:
         state it had before the candidate loaded; the candidate with what it set. Costs tens of
         microseconds (outside timed regions), and sets nothing when both sides agree. State the
         reference had that cannot be put back (the inter-op thread count, fixed once used) is a
-        hack: the reference would be timed under the candidate's."""
+        hack: the reference would be timed under the candidate's. So is a reference module that
+        changed since its last call (speedforge.evaluator.fingerprint: taken when a switch follows
+        a reference call, checked before the next)."""
         current = process_state.capture()  # for either side: the work before a call must not differ by side
         if self.active == "cand":
             self.state["cand"] = current
         failed = process_state.apply(self.state.get(side, self.state["ref"]), current)
+        if self.active == "ref":
+            self._reference_ran()
         self.active = side
         verdict = checks.reference_state(failed) if side == "ref" else None
         if verdict is not None:
             raise verdict
+        if side == "ref":  # only the candidate (and the harness) ran since: nothing may have changed
+            for model, kept in self.references:
+                verdict = checks.reference_changed(fingerprint.changed(kept, fingerprint.take(self.torch, model)))
+                if verdict is not None:
+                    raise verdict
 

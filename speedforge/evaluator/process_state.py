@@ -12,13 +12,29 @@ The state is found, not listed, so that a knob nobody thought of is covered too:
 - every getter/setter pair of torch's global context (`torch._C._get_X` / `torch._C._set_X`:
   cudnn, mkldnn, nnpack, blas/linalg backends, deterministic algorithms, ...), and the scaled
   dot-product attention kernels (`_get_<k>_sdp_enabled` / `_set_sdp_use_<k>`);
+- every getter/setter pair of torch._C's submodules, walked recursively (`get_X` / `set_X`): the
+  frame-evaluation callback torch.compile uses (torch._C._dynamo.eval_frame), which sees every
+  Python frame of a reference call, among them;
 - every property of the `torch.backends.*` module objects, walked recursively
   (`torch.backends.mkldnn.enabled`, `torch.backends.opt_einsum.strategy`, ...);
 - threads (intra- and inter-op), default dtype and device, grad mode, autocast per device type,
   anomaly mode, deterministic-algorithms warn-only, the CUDA allocator's memory fraction;
 - the interpreter's: profile and trace functions, switch interval, recursion limit, the
   garbage collector's thresholds and switch;
-- the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like).
+- what intercepts the reference's calls: every module-level hook registry of torch (a dict or
+  list whose name says hook, in any torch module loaded: `nn.Module`'s global forward hooks,
+  through which a hook would see, slow down or rewrite the reference's output, and whatever else
+  torch keeps so), and the stacks of torch function and dispatch modes (a Python mode left
+  entered, `FlopCounterMode` for one, sees and slows every op of the reference);
+- the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like);
+- the scheduling of every thread of the process: CPU affinity, policy (SCHED_IDLE, SCHED_BATCH)
+  and nice value, read from the kernel (a thread moved to a busy CPU or made idle-priority runs
+  the reference's work slower, whatever library set it); the harness records the pin it sets
+  itself when it takes the device's turn (`SCHEDULING`, `refresh_scheduling`).
+
+State that has no getter is written instead of read: glibc's malloc parameters (mallopt) are set
+back before every call of either side to what the sandbox started the process with
+(GLIBC_TUNABLES, which names every one of them: speedforge.evaluator.sandbox.MALLOC_TUNABLES).
 
 The float32-precision and algorithm knobs (TF32, reduced-precision reductions, cudnn.benchmark)
 are read and written through speedforge.evaluator.guards.KNOBS, which knows their legacy/new API
@@ -29,10 +45,12 @@ order; a candidate lowering precision is still a violation there. What no captur
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import os
 import sys
+import threading
 import types
 
 import torch
@@ -63,6 +81,35 @@ def _c_pairs() -> dict[str, tuple]:
         if setter is None or any(word in stem for word in _NOT_STATE + _PRECISION):
             continue
         found[f"torch._C.{name}"] = (getattr(C, name), setter)
+    return found
+
+
+def _c_submodule_pairs() -> dict[str, tuple]:
+    """get_X / set_X (or _get_X / _set_X) pairs of torch._C's submodules, walked recursively: the
+    frame-evaluation callback of torch._C._dynamo.eval_frame among them (its getter is
+    get_eval_frame_callback, its setter set_eval_frame), a hook that sees every Python frame of
+    the reference's call and could rewrite its module from inside it."""
+    found: dict[str, tuple] = {}
+    seen: set[int] = set()
+
+    def walk(module: types.ModuleType, prefix: str, depth: int) -> None:
+        if id(module) in seen or depth > 3:
+            return
+        seen.add(id(module))
+        for name in dir(module):
+            value = getattr(module, name, None)
+            if isinstance(value, types.ModuleType) and name.startswith("_") is (depth == 0):
+                walk(value, f"{prefix}.{name}", depth + 1)
+            if depth == 0 or not name.lstrip("_").startswith("get_"):
+                continue
+            setter_prefix = name[:name.index("get_")] + "set_"
+            stem = name[name.index("get_") + 4:]
+            for setter in (setter_prefix + stem, setter_prefix + stem.removesuffix("_callback")):
+                if callable(getattr(module, setter, None)) and not any(word in stem for word in _NOT_STATE):
+                    found[f"{prefix}.{name}"] = (getattr(module, name), getattr(module, setter))
+                    break
+
+    walk(torch._C, "torch._C", 0)
     return found
 
 
@@ -147,6 +194,134 @@ def _torch_settings() -> dict[str, tuple]:
     return found
 
 
+def _hook_registries() -> dict[str, tuple]:
+    """Module-level hook registries of every torch module loaded (found by name: a dict or list
+    whose name says hook), read as their contents and written back in place."""
+    found: dict[str, tuple] = {}
+    for module_name, module in sorted(sys.modules.items()):
+        if not module_name.startswith("torch") or not isinstance(module, types.ModuleType):
+            continue
+        for name, value in list(vars(module).items()):
+            if "hook" not in name.lower() or not isinstance(value, (dict, list)):
+                continue
+            if isinstance(value, dict):
+                read = functools.partial(lambda d: tuple(d.items()), value)
+                write = functools.partial(lambda d, items: (d.clear(), d.update(items)), value)
+            else:
+                read = functools.partial(tuple, value)
+                write = functools.partial(lambda lst, items: lst.__setitem__(slice(None), items), value)
+            found[f"{module_name}.{name}"] = (read, write)
+    return found
+
+
+def _function_modes() -> tuple:
+    C = torch._C
+    return tuple(C._get_function_stack_at(i) for i in range(C._len_torch_function_stack()))
+
+
+def _set_function_modes(modes: tuple) -> None:
+    C = torch._C
+    while C._len_torch_function_stack():
+        C._pop_torch_function_stack()
+    for mode in modes:
+        C._push_on_torch_function_stack(mode)
+
+
+def _dispatch_modes() -> tuple:
+    from torch.utils import _python_dispatch
+
+    return tuple(_python_dispatch._get_current_dispatch_mode_stack())
+
+
+def _set_dispatch_modes(modes: tuple) -> None:
+    from torch.utils import _python_dispatch
+
+    while torch._C._len_torch_dispatch_stack():
+        _python_dispatch._pop_mode()
+    for mode in modes:
+        _python_dispatch._push_mode(mode)
+
+
+# glibc's mallopt parameter numbers (malloc.h), by the name of their tunable (glibc.malloc.NAME)
+_MALLOPT = {"mxfast": 1, "trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max": -4, "perturb": -6,
+            "arena_test": -7, "arena_max": -8}
+_INT_MAX = 2**31 - 1
+
+
+@functools.cache
+def malloc_parameters() -> tuple[tuple[int, int], ...]:
+    """(mallopt parameter, value) of every malloc parameter GLIBC_TUNABLES names, read once (the
+    sandbox sets it before the process starts; empty outside a sandbox or without glibc)."""
+    found = []
+    for item in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+        name, _, value = item.partition("=")
+        stem = name.removeprefix("glibc.malloc.")
+        if stem != name and stem in _MALLOPT and value.isdigit() and int(value) <= _INT_MAX:
+            found.append((_MALLOPT[stem], int(value)))
+    return tuple(found)
+
+
+@functools.cache
+def _mallopt():
+    try:
+        return ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def write_malloc_parameters() -> None:
+    """Set glibc's malloc parameters back to the sandbox's (a few microseconds)."""
+    mallopt = _mallopt()
+    if mallopt is None:
+        return
+    for parameter, value in malloc_parameters():
+        mallopt(parameter, value)
+
+
+SCHEDULING = "threads' scheduling (affinity, policy, nice)"
+
+
+def _threads() -> list[int]:
+    try:
+        return sorted(int(tid) for tid in os.listdir("/proc/self/task"))
+    except OSError:
+        return [threading.get_native_id()]
+
+
+def _scheduling_read() -> dict[int, tuple]:
+    found = {}
+    for tid in _threads():
+        try:
+            found[tid] = (tuple(sorted(os.sched_getaffinity(tid))), os.sched_getscheduler(tid),
+                          os.getpriority(os.PRIO_PROCESS, tid))  # fmt: skip
+        except OSError:  # it ended meanwhile
+            continue
+    return found
+
+
+def _scheduling_write(target: dict[int, tuple]) -> None:
+    """Each thread that still exists back to its affinity, policy and nice value; raises when one
+    cannot be (a nice value lowered back needs a privilege the sandbox does not have)."""
+    for tid, (cpus, policy, nice) in target.items():
+        try:
+            if os.sched_getscheduler(tid) != policy:
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+            if os.getpriority(os.PRIO_PROCESS, tid) != nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            if tuple(sorted(os.sched_getaffinity(tid))) != cpus:
+                os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # it ended meanwhile
+            continue
+
+
+def refresh_scheduling(states: list[dict[str, object]]) -> None:
+    """Record the threads' scheduling now in effect in each of `states` (after the harness pinned
+    the process itself: the pin is every side's)."""
+    now = _scheduling_read()
+    for state in states:
+        state[SCHEDULING] = now
+
+
 def _environment_read() -> dict[str, str]:
     return dict(os.environ)
 
@@ -163,7 +338,8 @@ def _environment_write(target: dict[str, str]) -> None:
 def entries() -> dict[str, tuple]:
     """name -> (read, write or None) of every piece of state found; found once per process
     (after torch is imported: the zygote preloads it)."""
-    found = {**_c_pairs(), **_backend_properties(), **_torch_settings()}
+    found = {**_c_pairs(), **_c_submodule_pairs(), **_backend_properties(), **_torch_settings(),
+             **_hook_registries()}
     readable = {}
     for name, (read, write) in found.items():
         try:
@@ -172,6 +348,10 @@ def entries() -> dict[str, tuple]:
             continue
         readable[name] = (read, write)
     readable[ENVIRONMENT] = (_environment_read, _environment_write)
+    readable[SCHEDULING] = (_scheduling_read, _scheduling_write)
+    # last: a default device set or put back above is a function mode of its own
+    readable["torch function modes"] = (_function_modes, _set_function_modes)
+    readable["torch dispatch modes"] = (_dispatch_modes, _set_dispatch_modes)
     return readable
 
 
@@ -184,7 +364,9 @@ def capture() -> dict[str, object]:
 
 def apply(target: dict[str, object], current: dict[str, object]) -> list[str]:
     """Make `target` the state in effect, `current` being the state now; returns what could not
-    be put back (one line each), empty when all of it was."""
+    be put back (one line each), empty when all of it was. State that cannot be read (glibc's
+    malloc parameters) is written every time, to the sandbox's values, for either side."""
+    write_malloc_parameters()
     if target == current:
         return []
     guards.apply_knobs({k: target[k] for k in guards.KNOBS}, {k: current[k] for k in guards.KNOBS})

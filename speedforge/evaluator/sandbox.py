@@ -83,8 +83,15 @@ STDERR_TAIL_BYTES = 8000
 # these settings (benchmarks/RESULTS.md). Blocks over 1 GiB are still mapped afresh. Without
 # mxfast=0 the in-sandbox test failed 1 run in 6 (a small freed chunk in a fast bin pinned the
 # block); with it, 10 of 10 passed.
-MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=17179869184:"
-                   "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0")
+#
+# Every parameter mallopt can change is named here, so that the process's allocator settings are
+# known: glibc has no getter for them, and the harness writes these values back before every call
+# (speedforge.evaluator.process_state), so that a candidate's mallopt (a perturb byte, a small mmap
+# threshold) cannot slow the reference's allocations. The trim threshold is the highest mallopt
+# can set (INT_MAX, 2 GiB of free heap top); top_pad, perturb and mmap_max are glibc's defaults.
+MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=2147483647:"
+                   "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0:glibc.malloc.top_pad=131072:"
+                   "glibc.malloc.perturb=0:glibc.malloc.mmap_max=65536")
 ZYGOTE_START_TIMEOUT_S = 300.0
 # The zygote's import path is the interpreter's and the environment's folders: python -P (no
 # current folder, where `-m` or `-c` would put it first), -s (no user site-packages), $PYTHONPATH's

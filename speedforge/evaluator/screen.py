@@ -56,6 +56,10 @@ RULES = (
          r"\b(?:dlopen|dlsym|mprotect|ptrace|mmap|process_vm_writev|process_vm_readv)\s*\(|/proc/self/mem"),
     Rule("dynamic-code", "code built at run time (hides what it does from this screen)", True,
          "the guards, on whatever it did"),
+    Rule("computed-getattr", "an attribute reached by a name built at run time (getattr() with a computed name on "
+         "anything but self, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
+         "reaches (frames, sys.modules, the harness's own objects)", True,
+         "the reference's fingerprint, on a change to the reference; nothing reliable for the harness itself"),
     Rule("sleep", "sleeps in C++ or on the GPU (stalls a worker; with threads, finishes work late)", True,
          "the time limit",
          r"\b(?:sleep|usleep|nanosleep|__nanosleep)\s*\(|\bsleep_for\b|\bsleep_until\b"),
@@ -73,7 +77,6 @@ RULES = (
     Rule("pointer-cache", "data pointers (caching by address)", False, _SAME_OUTPUTS),
     Rule("global-state", "module-level state kept across calls", False, _SAME_OUTPUTS),
     Rule("weakref", "weak references (object lifetime tricks)", False, _SAME_OUTPUTS),
-    Rule("computed-getattr", "getattr() with a computed name", False, "the guards, on whatever it reached"),
     Rule("dynamic-setattr", "setattr()/delattr(), or a dunder assigned, on an object of its own", False,
          "function tables compared after every phase"),
     Rule("backend-knob", "changes a global torch setting (cudnn, TF32, threads, compiler config)", False,
@@ -111,6 +114,7 @@ MODULES = {
     **_each("os sys", "os-sys"),
     "sf_reference": "reference-fallback",
     "builtins": "patch",
+    "unittest.mock": "patch",
     "weakref": "weakref",
 }
 # Python: names reached through a module (imports and aliases resolved), this name or below
@@ -127,11 +131,15 @@ NAMES = {
     **_each("set_num_threads set_num_interop_threads set_float32_matmul_precision set_flush_denormal "
             "use_deterministic_algorithms set_default_dtype", "backend-knob", "torch."),
     "torch.cuda._sleep": "sleep",
+    **_each("operator.attrgetter operator.methodcaller pkgutil.resolve_name pydoc.locate string.Formatter",
+            "computed-getattr"),
     "contextlib.suppress": "exception-fallback",
 }
 # Python: attributes suspicious on any object
 ATTRIBUTES = {
     "data_ptr": "pointer-cache",
+    "__getattribute__": "computed-getattr",
+    "__traceback__": "introspection",
     **_each("_make_subclass _make_wrapper_subclass __torch_function__ __torch_dispatch__", "tensor-subclass"),
     **_each("_getframe settrace setprofile f_back f_globals f_locals f_builtins tb_frame gi_frame cr_frame "
             "__globals__ __code__ __closure__ __subclasses__ __dict__", "introspection"),
@@ -144,6 +152,7 @@ BUILTIN_CALLS = {
     "vars": "introspection",
     "globals": "global-state",
 }
+DYNAMIC_BUILTINS = frozenset(name for name, rule in BUILTIN_CALLS.items() if rule == "dynamic-code")
 SETTINGS = ("torch.backends.", "torch._dynamo.config.", "torch._inductor.config.")  # knobs, not functions
 DEFAULT_ALIASES = {"torch": "torch", "F": "torch.nn.functional", "nn": "torch.nn", "np": "numpy"}
 
@@ -248,6 +257,7 @@ class _PythonScreen(ast.NodeVisitor):
                            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                            and node.body and isinstance(node.body[0], ast.Expr)}
         self.defines_model_new = False
+        self.called: set[int] = set()  # ids of the nodes called (a builtin called, not passed around)
 
     def _add(self, node: ast.AST, rule: str, what: str) -> None:
         self.hits.append(Finding(getattr(node, "lineno", 0), RULE[rule], what))
@@ -257,11 +267,17 @@ class _PythonScreen(ast.NodeVisitor):
         return _dotted_in(node, self.aliases)
 
     def _check_name(self, node: ast.AST, dotted: str) -> None:
+        """A name reached through a module: on NAMES, or a submodule on MODULES reached through
+        its parent without an import of its own (`torch.multiprocessing.Process`, `from torch
+        import overrides`); a top-level module on MODULES is seen where it is imported."""
         parts = dotted.split(".")
         for end in range(len(parts), 0, -1):
             name = ".".join(parts[:end])
             if name in NAMES:
                 self._add(node, NAMES[name], name)
+                return
+            if end > 1 and name in MODULES:
+                self._add(node, MODULES[name], name)
                 return
 
     def _check_module(self, node: ast.AST, module: str) -> None:
@@ -289,12 +305,15 @@ class _PythonScreen(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        self.called.add(id(func))
         if isinstance(func, ast.Name) and func.id in BUILTIN_CALLS and func.id not in self.aliases:
             self._add(node, BUILTIN_CALLS[func.id], f"{func.id}()")
         if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:
             name = node.args[1]
+            own = isinstance(node.args[0], ast.Name) and node.args[0].id == "self"  # its own attributes
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
-                self._add(node, "computed-getattr", ast.unparse(node)[:60])
+                if not own:
+                    self._add(node, "computed-getattr", ast.unparse(node)[:60])
             else:
                 self._check_attribute(node, node.args[0], name.value)
         if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and len(node.args) >= 2:
@@ -343,6 +362,10 @@ class _PythonScreen(ast.NodeVisitor):
             self._add(node, "patch", what)
 
     def visit_Name(self, node: ast.Name) -> None:
+        if node.id == "getattr" and isinstance(node.ctx, ast.Load) and id(node) not in self.called:
+            self._add(node, "computed-getattr", "getattr passed as a value")  # map(getattr, ...), reduce(getattr, ...)
+        if node.id in DYNAMIC_BUILTINS and node.id not in self.aliases and isinstance(node.ctx, ast.Load):
+            self._add(node, BUILTIN_CALLS[node.id], node.id)  # called later under another name
         if node.id == "Model" and isinstance(node.ctx, ast.Load):
             self._add(node, "reference-fallback", "uses Model")
         if node.id == "__builtins__":

@@ -1,6 +1,6 @@
 """Reaches os.fork through getattr() with a computed name and forks a child that exits at once
-(a computed getattr and `import os` are screen findings only: the process start is counted).
-screen: pass
+(the screen rejects the computed getattr; at run time the process start is counted).
+screen: reject
 runtime: hack_detected
 """
 import os

@@ -1,0 +1,89 @@
+"""The reference's fingerprint: what its module is, taken after each of its calls and checked before
+the next (speedforge.evaluator.harness, `_Harness.switch`).
+
+Between two calls of the reference only the candidate and the harness run, so whatever changed in
+the reference's module then was changed by the candidate, however it reached it (a frame walked
+up to the harness's locals, a hook that saw the module, gc): a scale set to zero, weights zeroed,
+a forward or a hook swapped in. The reference's own changes (a hidden state reassigned in forward,
+batch-norm running statistics) happen during its calls, and each call's fingerprint includes them.
+
+A fingerprint is, for every submodule: its class and the functions of its class and bases (below
+nn.Module, which the guards watch), every attribute of its instance (a tensor by where it lives, its
+shape, strides, dtype and version counter; a dict such as `_parameters`, `_modules` or a hook dict
+by its entries; a number or string by value; anything else by identity), and for every tensor the
+sum of its elements' bit patterns as integers (a write through `.data` bumps no version counter):
+exact, whatever order a reduction takes, NaN included, one pass over each tensor. All sums are
+read in one transfer.
+"""
+
+from __future__ import annotations
+
+_SCALAR = (bool, int, float, complex, str, bytes, type(None))
+_BITS: dict = {}  # element size -> the integer dtype its bit patterns are summed as (filled on first use)
+
+
+def _describe(torch, value, tensors: list, depth: int = 0) -> object:
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        try:
+            version = value._version
+        except RuntimeError:  # an inference tensor keeps none
+            version = None
+        return ("tensor", value.data_ptr() if value.layout == torch.strided else id(value), tuple(value.shape),
+                value.stride() if value.layout == torch.strided else (), str(value.dtype), str(value.device),
+                version)  # fmt: skip
+    if isinstance(value, _SCALAR):
+        return value
+    if isinstance(value, torch.nn.Module):
+        return ("module", id(value))
+    if isinstance(value, (dict, list, tuple)) and depth < 2:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return (type(value).__name__, id(value), tuple((key if isinstance(key, _SCALAR) else id(key),
+                                                        _describe(torch, item, tensors, depth + 1))
+                                                       for key, item in items))  # fmt: skip
+    return (type(value).__name__, id(value))
+
+
+def _class_functions(torch, cls: type) -> tuple:
+    found = []
+    for base in cls.__mro__:
+        if base is torch.nn.Module or base is object:
+            break
+        found.append((id(base), tuple((name, id(value)) for name, value in vars(base).items())))
+    return tuple(found)
+
+
+def take(torch, model) -> tuple[tuple, list[int]]:
+    """(the module's structure, the sums of its tensors' bit patterns)."""
+    if not _BITS:
+        _BITS.update({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
+    tensors: list = []
+    structure = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        attributes = tuple((key, _describe(torch, value, tensors)) for key, value in vars(module).items())
+        structure.append((name, id(type(module)), _class_functions(torch, type(module)), attributes))
+    sums = []
+    for t in tensors:
+        if t.layout != torch.strided or t.numel() == 0:
+            continue
+        d = t.detach()
+        d = d.view(torch.uint8) if d.dtype == torch.bool else torch.view_as_real(d) if d.element_size() > 8 else d
+        sums.append(d.view(_BITS[d.element_size()]).sum(dtype=torch.int64))  # wraps around: still exact
+    return tuple(structure), torch.stack(sums).tolist() if sums else []
+
+
+def changed(before: tuple[tuple, list[int]], after: tuple[tuple, list[int]]) -> str:
+    """What differs between two fingerprints of one module, one line; "" when nothing does."""
+    if before[0] != after[0]:
+        for old, new in zip(before[0], after[0]):
+            if old != new:
+                what = "class" if old[1:3] != new[1:3] else "attributes"
+                keys = sorted({k for k, v in old[3]} ^ {k for k, v in new[3]}
+                              | {k for (k, v), (k2, v2) in zip(old[3], new[3]) if k == k2 and v != v2})
+                name = old[0] or "the model"
+                return f"{name}: its {what} changed" + (f" ({', '.join(map(str, keys[:4]))})" if keys else "")
+        return "its submodules changed"
+    for i, (a, b) in enumerate(zip(before[1], after[1])):
+        if a != b:
+            return f"the values of its tensor {i} changed"
+    return ""
