@@ -2,7 +2,9 @@
 
 The task is relu(2x + y) on two 512x1024 float32 inputs; the candidate makes the reference's
 own torch calls, written out (`torch.relu(torch.add(torch.mul(x, 2), y))`), so it does the same
-work with the same temporaries. It is evaluated in --sandboxes fresh sandboxes on a quiet
+work with the same temporaries (`--task weights`: addmm with a 1024x1024 weight, the candidate
+the reference's own module renamed, so that reads of the reference's parameters between calls
+would show). It is evaluated in --sandboxes fresh sandboxes on a quiet
 machine, then in as many again beside --busy-loops busy loops that this script starts (one
 Python `while True: pass` process each, unpinned, ended when the measurement ends). Each
 result's ratio is printed with its interval and unstable mark, then per condition the median,
@@ -13,6 +15,7 @@ EvaluatorConfig and its sandbox), with no Ray, on any Linux machine with torch:
 
     python benchmarks/bench_identical_cpu.py                       # 10 quiet, 10 beside 2 busy loops
     python benchmarks/bench_identical_cpu.py --sandboxes 4 --busy-loops 0
+    python benchmarks/bench_identical_cpu.py --task weights --sandboxes 5 --busy-loops 0
     python benchmarks/bench_identical_cpu.py --held-temporaries    # a, b = 2x, a + y held to the end
 
 --held-temporaries writes the calls as three statements whose temporaries stay alive until
@@ -75,16 +78,47 @@ class ModelNew(nn.Module):
         b = torch.add(a, y)
         return torch.relu(b)
 '''
+# --task weights: a reference with parameters (a 1024x1024 weight, 4 MB, read by every call), where
+# whatever the harness does with the reference's module between calls (its fingerprint) could warm
+# or cool the caches for one side
+WEIGHTS_TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)
+        self.bias = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x, self.weight)
+
+
+def get_inputs():
+    return [torch.randn(16, 1024)]
+
+
+def get_init_inputs():
+    return [1024]
+'''
+WEIGHTS_IDENTICAL = WEIGHTS_TASK.split("def get_inputs")[0].replace("class Model(", "class ModelNew(")
+TASKS = {"relu": ("relu_2x_plus_y", TASK, IDENTICAL, "relu(2x + y), 512x1024"),
+         "weights": ("addmm_weights", WEIGHTS_TASK, WEIGHTS_IDENTICAL, "addmm(bias, x, W), x 16x1024, W 1024x1024")}
 EVERY = (0.90, 1.10)  # every sandbox's ratio
 MEDIAN = (0.95, 1.05)  # the median over the sandboxes
 
 
-def task() -> Task:
-    return Task(task_id="calibration/relu_2x_plus_y", family="cpp", name="relu_2x_plus_y", source=TASK)
+def task(name: str = "relu") -> Task:
+    stem, source, _, _ = TASKS[name]
+    return Task(task_id=f"calibration/{stem}", family="cpp", name=stem, source=source)
 
 
-def candidate(held_temporaries: bool = False) -> Candidate:
-    return Candidate.make(task().task_id, HELD if held_temporaries else IDENTICAL, origin="identical-work")
+def candidate(held_temporaries: bool = False, name: str = "relu") -> Candidate:
+    if held_temporaries and name != "relu":
+        raise ValueError("--held-temporaries is a variant of the relu task's candidate")
+    return Candidate.make(task(name).task_id, HELD if held_temporaries else TASKS[name][2], origin="identical-work")
 
 
 @contextlib.contextmanager
@@ -101,11 +135,13 @@ def busy_loops(count: int):
             loop.wait()
 
 
-def measure(sandboxes: int, config: EvaluatorConfig, held_temporaries: bool = False, progress=None) -> list[EvalResult]:
-    """The identical-work candidate evaluated in `sandboxes` fresh sandboxes, one after another."""
+def measure(sandboxes: int, config: EvaluatorConfig, held_temporaries: bool = False, progress=None,
+            name: str = "relu") -> list[EvalResult]:
+    """The identical-work candidate of task `name` evaluated in `sandboxes` fresh sandboxes, one
+    after another."""
     results = []
     for i in range(sandboxes):
-        result = evaluate(task(), candidate(held_temporaries), config)
+        result = evaluate(task(name), candidate(held_temporaries, name), config)
         results.append(result)
         if progress:
             progress(i, result)
@@ -151,16 +187,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="busy loops beside the second condition (default 2; 0: the quiet condition only)")
     parser.add_argument("--held-temporaries", action="store_true",
                         help="the calls as three statements holding their temporaries (not identical memory use)")
+    parser.add_argument("--task", choices=sorted(TASKS), default="relu",
+                        help="relu: relu(2x + y), no parameters (default); weights: addmm with a 4 MB weight")
     parser.add_argument("--cache-dir", default="", help="evaluator cache (default: a fresh temporary folder)")
     args = parser.parse_args(argv)
     if args.sandboxes < 1 or args.busy_loops < 0:
         parser.error("--sandboxes must be at least 1 and --busy-loops at least 0")
+    if args.held_temporaries and args.task != "relu":
+        parser.error("--held-temporaries goes with --task relu")
     import torch
 
     config = EvaluatorConfig(cache_dir=args.cache_dir or tempfile.mkdtemp(prefix="sf-identical-"))
     print(f"{platform.node()}: {os.cpu_count()} CPUs ({_cpu_model()}), torch {torch.__version__}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)  # fmt: skip
-    print(f"task relu(2x + y), 512x1024; candidate: {'held temporaries' if args.held_temporaries else 'identical'}; "
+    print(f"task {TASKS[args.task][3]}; candidate: {'held temporaries' if args.held_temporaries else 'identical'}; "
           f"default evaluator config (cpu_threads {config.cpu_threads}, quantile {config.cpu_time_quantile})")
     conditions = [("quiet", 0)] + ([(f"beside {args.busy_loops} busy loops", args.busy_loops)] if args.busy_loops else [])
     summaries = {}
@@ -168,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}:", flush=True)
         with busy_loops(loops):
             results = measure(args.sandboxes, config, args.held_temporaries,
-                              lambda i, r: print(_line(i, args.sandboxes, r), flush=True))
+                              lambda i, r: print(_line(i, args.sandboxes, r), flush=True), args.task)
         summaries[name] = s = summary(results)
         if not s["n"]:
             print(f"  no ok result of {len(results)}")
