@@ -117,6 +117,11 @@ MODULES = {
     "unittest.mock": "patch",
     "weakref": "weakref",
 }
+# top-level modules on MODULES (and os, sys): also judged where another module hands one on as an
+# attribute (torch re-exports sys, os, inspect and ctypes as globals of its own)
+_TOP_MODULES = {name for name in MODULES if "." not in name}
+# a library's own submodule named like one of them: not that module
+NAMESAKES = {"torch.signal"}
 # Python: names reached through a module (imports and aliases resolved), this name or below
 NAMES = {
     **_each("fork forkpty system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle "
@@ -269,7 +274,9 @@ class _PythonScreen(ast.NodeVisitor):
     def _check_name(self, node: ast.AST, dotted: str) -> None:
         """A name reached through a module: on NAMES, or a submodule on MODULES reached through
         its parent without an import of its own (`torch.multiprocessing.Process`, `from torch
-        import overrides`); a top-level module on MODULES is seen where it is imported."""
+        import overrides`); a top-level module on MODULES is seen where it is imported, or where
+        another module hands it on as an attribute (`torch.sys.modules`, `torch.ctypes`: a module
+        that imported it keeps it as a global), judged from there as if imported."""
         parts = dotted.split(".")
         for end in range(len(parts), 0, -1):
             name = ".".join(parts[:end])
@@ -278,6 +285,10 @@ class _PythonScreen(ast.NodeVisitor):
                 return
             if end > 1 and name in MODULES:
                 self._add(node, MODULES[name], name)
+                return
+        for start in range(1, len(parts)):
+            if parts[start] in _TOP_MODULES and ".".join(parts[:start + 1]) not in NAMESAKES:
+                self._check_module(node, ".".join(parts[start:]))
                 return
 
     def _check_module(self, node: ast.AST, module: str) -> None:
