@@ -88,6 +88,8 @@ CASES = [
     ("global-state", "def f():\n    global CACHE\n    CACHE = 1", "def f():\n    cache = 1"),
     ("weakref", "import weakref", "import functools"),
     ("computed-getattr", "fn = getattr(torch, 'rel' + 'u')", "fn = getattr(torch, 'relu')"),
+    ("computed-getattr", "layer = getattr(nn, 'Lin' + 'ear')",
+     "class Stack(nn.Module):\n    def forward(self, x):\n        return getattr(self.blocks, f'b{len(x)}')(x)"),
     ("computed-getattr", "from functools import reduce\nf = reduce(getattr, ['a'], torch)",
      "def f(self, name):\n    return getattr(self, name)"),
     ("computed-getattr", "import operator\nget = operator.attrgetter('_get' + 'frame')", "import operator\nadd = operator.add"),

@@ -57,7 +57,7 @@ RULES = (
     Rule("dynamic-code", "code built at run time (hides what it does from this screen)", True,
          "the guards, on whatever it did"),
     Rule("computed-getattr", "an attribute reached by a name built at run time (getattr() with a computed name on "
-         "anything but self, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
+         "anything but self and its attributes, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
          "reaches (frames, sys.modules, the harness's own objects)", True,
          "the reference's fingerprint, on a change to the reference; nothing reliable for the harness itself"),
     Rule("sleep", "sleeps in C++ or on the GPU (stalls a worker; with threads, finishes work late)", True,
@@ -321,7 +321,7 @@ class _PythonScreen(ast.NodeVisitor):
             self._add(node, BUILTIN_CALLS[func.id], f"{func.id}()")
         if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:
             name = node.args[1]
-            own = isinstance(node.args[0], ast.Name) and node.args[0].id == "self"  # its own attributes
+            own = _root(node.args[0]) == "self"  # its own attributes, or its submodules' (getattr(self.blocks, f"b{i}"))
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 if not own:
                     self._add(node, "computed-getattr", ast.unparse(node)[:60])
