@@ -195,7 +195,9 @@ class EvaluatorConfig(Checked):
     # unstable, naming the drift or the two modes (0: not checked; speedforge.evaluator.timing)
     drift_limit: float = setting(0.03, number(0.0, high=1.0))
     pin_cpus: bool = True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
-    memory_limit_mb: int = setting(8192, AT_LEAST_1)  # address-space limit of the sandbox on CPU; RSS watchdog on GPU
+    # the sandbox's memory: resident (the parent's watchdog); on CPU also its address space beyond what
+    # was mapped before the candidate (torch's libraries: a CUDA build maps gigabytes a CPU job never uses)
+    memory_limit_mb: int = setting(8192, AT_LEAST_1)
     disk_limit_mb: int = setting(2048, AT_LEAST_1)  # what one sandboxed stage may write in all (scratch folder, build folder); killed past it
     max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
     cpu_time_limit_s: float = setting(0.0, AT_LEAST_0)  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads
