@@ -39,7 +39,8 @@ class Check:
 CHECKS = (
     # guards: after every phase, against the baseline
     Check("patched-functions", "hack_detected", "guards",
-          "a function of time, torch, torch.Tensor, nn.Module, torch.cuda.Event replaced or shadowed"),
+          "a function of time, torch, torch.Tensor, nn.Module, torch.cuda.Event, or of the evaluator's own modules and "
+          "classes (the timer's clock, its methods), replaced or shadowed"),
     Check("global-settings", "hack_detected", "guards",
           "a process-wide torch setting changed (threads, grad mode, default dtype, deterministic algorithms)"),
     Check("started-from-python", "hack_detected", "guards", "a thread or process started from Python (audit hook)"),

@@ -1,5 +1,5 @@
 """Runtime guards, taken inside the sandbox before the candidate is imported and checked after
-each phase: timer and torch functions unchanged, global torch settings unchanged, no new
+each phase: timer, torch and the evaluator's own functions unchanged, global torch settings unchanged, no new
 threads, no child processes, no switched CUDA stream.
 
 What torch itself does is not the candidate's: its intra-op (OpenMP) pool is warmed to full
@@ -47,11 +47,33 @@ def _watched_objects() -> dict[str, object]:
 WATCHED_CLASSES = frozenset(name for name, obj in _watched_objects().items() if isinstance(obj, type))
 
 
+HARNESS = "speedforge.evaluator"
+
+
+def _harness_objects() -> dict[str, object]:
+    """The evaluator's own modules loaded in this process, and the classes they define: a candidate
+    that reached one (through sys.modules, which torch hands on as torch.sys) could swap the
+    clock the timer reads or a method of the timer, and the measurement would be its."""
+    found: dict[str, object] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == HARNESS or name.startswith(HARNESS + ".")):
+            continue
+        found[name] = module
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, type) and value.__module__ == name:
+                found[f"{name}.{attr}"] = value
+    return found
+
+
 def function_table() -> dict[str, int]:
-    """id() of every callable attribute of the watched modules and classes."""
+    """id() of every callable attribute of the watched modules and classes, and of the evaluator's
+    own modules and classes."""
     table: dict[str, int] = {}
-    for prefix, obj in _watched_objects().items():
-        namespace = vars(obj) if isinstance(obj, type) else {n: getattr(obj, n, None) for n in dir(obj)}
+    for prefix, obj in {**_watched_objects(), **_harness_objects()}.items():
+        if isinstance(obj, type) or prefix.startswith(HARNESS):
+            namespace = dict(vars(obj))
+        else:
+            namespace = {n: getattr(obj, n, None) for n in dir(obj)}
         for name, value in namespace.items():
             if callable(value) and not isinstance(value, types.ModuleType):
                 table[f"{prefix}.{name}"] = id(value)

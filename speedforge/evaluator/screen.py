@@ -57,7 +57,7 @@ RULES = (
     Rule("dynamic-code", "code built at run time (hides what it does from this screen)", True,
          "the guards, on whatever it did"),
     Rule("computed-getattr", "an attribute reached by a name built at run time (getattr() with a computed name on "
-         "anything but self and its attributes, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
+         "anything but self, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
          "reaches (frames, sys.modules, the harness's own objects)", True,
          "the reference's fingerprint, on a change to the reference; nothing reliable for the harness itself"),
     Rule("sleep", "sleeps in C++ or on the GPU (stalls a worker; with threads, finishes work late)", True,
@@ -122,6 +122,12 @@ MODULES = {
 _TOP_MODULES = {name for name in MODULES if "." not in name}
 # a library's own submodule named like one of them: not that module
 NAMESAKES = {"torch.signal"}
+# reached as an attribute of anything (a module kept on self, `self.t.sys.modules`; a module's
+# global): judged as that module, a path through it as a path through the module. Names an honest
+# object's attribute would not have; the rest of _TOP_MODULES (time, io, code, signal, ...) only
+# through a module.
+ANY_OBJECT_MODULES = frozenset("sys os ctypes _ctypes inspect gc importlib builtins subprocess multiprocessing "
+                               "threading _thread socket pickle marshal".split())
 # Python: names reached through a module (imports and aliases resolved), this name or below
 NAMES = {
     **_each("fork forkpty system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle "
@@ -321,7 +327,7 @@ class _PythonScreen(ast.NodeVisitor):
             self._add(node, BUILTIN_CALLS[func.id], f"{func.id}()")
         if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:
             name = node.args[1]
-            own = _root(node.args[0]) == "self"  # its own attributes, or its submodules' (getattr(self.blocks, f"b{i}"))
+            own = isinstance(node.args[0], ast.Name) and node.args[0].id == "self"  # its own attributes
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 if not own:
                     self._add(node, "computed-getattr", ast.unparse(node)[:60])
@@ -348,6 +354,8 @@ class _PythonScreen(ast.NodeVisitor):
         base = self._dotted(obj)
         if base:
             self._check_name(node, f"{base}.{attr}")
+        elif attr in ANY_OBJECT_MODULES:  # a module held by an object the screen cannot follow
+            self._check_module(node, attr)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -454,5 +462,7 @@ def _dotted_in(node: ast.AST, aliases: dict[str, str]) -> str:
         return aliases.get(node.id, "")
     if isinstance(node, ast.Attribute):
         base = _dotted_in(node.value, aliases)
+        if not base and node.attr in ANY_OBJECT_MODULES:  # `self.t.sys`: sys, whatever holds it
+            return node.attr
         return f"{base}.{node.attr}" if base else ""
     return ""
