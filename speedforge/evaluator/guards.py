@@ -65,6 +65,31 @@ def _harness_objects() -> dict[str, object]:
     return found
 
 
+class _SealedModule(types.ModuleType):
+    """A module of speedforge's in a sandbox once the candidate loads: its attributes cannot be set
+    or deleted (a submodule imported later may still be bound)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and name not in vars(self):
+            return super().__setattr__(name, value)
+        raise AttributeError(f"{self.__name__}.{name} is the evaluator's and cannot be set from the sandbox")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{self.__name__}.{name} is the evaluator's and cannot be deleted from the sandbox")
+
+
+def seal_harness() -> None:
+    """Seal speedforge's modules in this process (`_SealedModule`), before the candidate loads: a
+    candidate that reached one (sys.modules, which torch hands on as torch.sys) cannot swap the
+    timer's clock or a function the harness calls, even for one call and back. What is left to it
+    (object.__setattr__ on the module, its __dict__) the screen names; a class's methods are in
+    the function table (`function_table`), checked after every phase."""
+    for name, module in list(sys.modules.items()):
+        if module is not None and type(module) is types.ModuleType and (name == "speedforge"
+                                                                         or name.startswith("speedforge.")):
+            module.__class__ = _SealedModule
+
+
 def function_table() -> dict[str, int]:
     """id() of every callable attribute of the watched modules and classes, and of the evaluator's
     own modules and classes."""

@@ -250,6 +250,7 @@ class _Harness:
         torch = self.torch
         self._reference_ran()  # its first call is its own
         self.active = "cand"  # knobs its module or constructor sets are its own
+        self.guards.seal_harness()  # speedforge's modules, from here on not the candidate's to change
         module = _load_candidate(self.job)
         if not hasattr(module, "ModelNew"):
             raise Verdict("runtime_error", "the candidate defines no ModelNew")
