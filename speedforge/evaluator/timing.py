@@ -23,6 +23,7 @@ import random
 import resource
 import statistics
 import time
+import types
 from typing import Protocol
 
 from speedforge import stats
@@ -52,15 +53,29 @@ class Sides(Protocol):
     Event: type | None  # torch.cuda.Event on the GPU
 
 
+def _pinned(obj, names: tuple[str, ...]):
+    """`obj` with its methods `names` bound now and kept as its own attributes: a method swapped
+    on the class later (by a candidate that reached it, even for one call and back) is not the one
+    the timer calls. A timer is made after the correctness trials' guards found every class as it
+    was."""
+    for name in names:
+        setattr(obj, name, getattr(obj, name))
+    return obj
+
+
 class Timer:
     def __init__(self, torch, config, device, rng: random.Random, sides: Sides) -> None:
-        self.torch, self.config, self.device, self.rng, self.sides = torch, config, device, rng, sides
+        self.torch, self.config, self.device, self.rng = torch, config, device, rng
+        # the harness's calls, bound now (`_pinned`)
+        self.sides = types.SimpleNamespace(**{name: getattr(sides, name) for name in
+                                              ("fresh_inputs", "clone", "switch", "call", "compare")})
         self.is_cuda = device.type == "cuda"
         self.sync, self.Event = sides.sync, sides.Event  # the harness's, captured before the candidate loaded
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
-        self.scheduler = SchedulerMarks()
-        self.rotation = Rotation(torch, config, self.is_cuda)
+        self.scheduler = _pinned(SchedulerMarks(), ("read", "waited_s", "disturbed"))
+        self.rotation = _pinned(Rotation(torch, config, self.is_cuda), ("keep", "filling"))
+        _pinned(self, ("measure", "_timed_round", "_timed_call"))
 
     def measure(self, ref_model, cand_model) -> dict:
         """Paired timing that stops once the answer is decided.
