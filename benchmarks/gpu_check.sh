@@ -65,6 +65,10 @@ if want tests; then
   files=${GPU_TEST_FILES:-$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')}
   $PY -m pytest -m gpu -p no:cacheprovider -q $files ${GPU_TEST_ARGS:-} >"$OUT/gpu_tests.txt" 2>&1
   note tests "$(tail -1 "$OUT/gpu_tests.txt")"
+  # the CPU tricks under the CUDA build of torch (its libraries' address space once failed them)
+  $PY -m pytest -p no:cacheprovider -q -n ${CPU_TEST_WORKERS:-8} tests/test_evaluator_sabotage.py \
+    tests/test_evaluator_adversarial.py tests/test_sandbox_address_space.py >"$OUT/cpu_tricks.txt" 2>&1
+  note cpu-tricks "$(tail -1 "$OUT/cpu_tricks.txt")"
 fi
 
 if want fidelity; then  # issue 10: CUDA-L1's published kernels, its harness vs speedforge (needs ../shared/data or FIDELITY_ARGS)
