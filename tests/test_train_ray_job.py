@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("ray", reason="the Ray head needs the 'cluster' extra")
 pytest.importorskip("trl", reason="training needs the 'train' extra")
 
-from speedforge.cluster.ray_head import RayHead  # noqa: E402
+from speedforge.cluster.ray_head import WORKER_PORTS, RayHead, worker_range  # noqa: E402
 from speedforge.config import CPU_POOL_RESOURCE, GPU_BENCH_RESOURCE, StoreConfig  # noqa: E402
 from speedforge.recipes.training_job import TrainingJob, run_training_job  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
@@ -104,3 +104,12 @@ def test_a_grpo_step_submitted_through_the_job_submission_api_trains_and_its_che
     store = open_store(s3_uri)
     saved = store.list("runs/ray-job/grpo/final/")
     assert "runs/ray-job/grpo/final/config.json" in saved and any(k.endswith(".safetensors") for k in saved)
+
+
+def test_the_local_heads_worker_ports_hold_none_of_its_components_ports() -> None:
+    """Ray refuses to start a head whose worker range holds a component's port (a suite run failed so:
+    the dashboard agent's 38343 in the workers' 38317-38517)."""
+    taken = [38343, 38600, 20150]
+    low = worker_range(18317, taken)
+    assert not any(low <= port <= low + WORKER_PORTS for port in taken), low
+    assert worker_range(5000, taken) == 25000  # a range clear of them is kept as it is

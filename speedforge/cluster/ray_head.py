@@ -32,6 +32,18 @@ from speedforge.store.s3server import free_ports
 HOST = "127.0.0.1"
 
 
+WORKER_PORTS = 200  # the head's worker port range: [low, low + WORKER_PORTS]
+
+
+def worker_range(seed: int, taken: list[int]) -> int:
+    """The low end of a worker port range in 20000-39999 that holds none of the `taken` ports (Ray
+    refuses to start when a component's port lies in the workers' range)."""
+    low = 20000 + seed % 20000
+    while any(low <= port <= low + WORKER_PORTS for port in taken):
+        low = 20000 + (low - 20000 + WORKER_PORTS + 1) % 20000
+    return low
+
+
 class RayHead:
     """`ray start --head` for the body of a `with` (see the module docstring)."""
 
@@ -52,7 +64,7 @@ class RayHead:
         gcs, dashboard, client, node, objects, metrics, agent, agent_grpc, runtime_env, workers = free_ports(10)
         self.gcs, self.dashboard = f"{HOST}:{gcs}", f"http://{HOST}:{dashboard}"
         self.temp_dir = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
-        low = 20000 + (workers % 20000)
+        low = worker_range(workers, [gcs, dashboard, client, node, objects, metrics, agent, agent_grpc, runtime_env])
         ray = Path(sys.executable).parent / "ray"
         ray = str(ray) if ray.exists() else (shutil.which("ray") or "ray")
         command = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--node-ip-address={HOST}",
@@ -61,7 +73,7 @@ class RayHead:
                    f"--node-manager-port={node}", f"--object-manager-port={objects}", f"--metrics-export-port={metrics}",
                    f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
                    f"--runtime-env-agent-port={runtime_env}", f"--min-worker-port={low}",
-                   f"--max-worker-port={low + 200}", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.num_cpus}",
+                   f"--max-worker-port={low + WORKER_PORTS}", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.num_cpus}",
                    f"--resources={json.dumps(self.resources)}"]  # fmt: skip
         # no token authentication unless `env` asks for it: Ray turns it on by itself when it finds a token in
         # ~/.ray/auth_token (left there by any earlier Ray use of this account), and a KubeRay cluster has none
