@@ -114,16 +114,25 @@ def init_signature(source: str) -> str:
     held-out samples (benchmarks/RESULTS.md, issue 26)."""
     import ast
 
+    arguments = init_arguments(source, "Model")
+    return ast.unparse(arguments) if arguments is not None else ""
+
+
+def init_arguments(source: str, cls: str):
+    """The `ast.arguments` of class `cls`'s own `__init__` in `source` (a top-level class), or None
+    when there is none or the source does not parse."""
+    import ast
+
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return ""
+        return None
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Model":
+        if isinstance(node, ast.ClassDef) and node.name == cls:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                    return ast.unparse(item.args)
-    return ""
+                    return item.args
+    return None
 
 
 def _squeeze_blank_lines(text: str) -> str:

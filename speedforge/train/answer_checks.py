@@ -20,6 +20,7 @@ import ast
 
 from speedforge.evaluator.screen import screen
 from speedforge.policy.parser import candidate_from
+from speedforge.policy.prompts import init_arguments
 from speedforge.records import Task
 
 
@@ -82,20 +83,7 @@ def takes_reference_arguments(reference: str, code: str, name: str = "ModelNew")
     """Whether `name`'s constructor in `code` takes every positional call that the reference's
     `Model` constructor takes (the evaluator calls both with `*get_init_inputs()`); True when
     either has none written out (an inherited constructor, a family without `Model`)."""
-
-    def init_args(source: str, cls: str) -> ast.arguments | None:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            return None
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name == cls:
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                        return item.args
-        return None
-
-    mine, theirs = init_args(code, name), init_args(reference, "Model")
+    mine, theirs = init_arguments(code, name), init_arguments(reference, "Model")
     if mine is None or theirs is None:
         return True
     positional = lambda a: len(a.posonlyargs) + len(a.args) - 1  # noqa: E731 (less self)
