@@ -22,6 +22,8 @@ import sysconfig
 import tempfile
 import traceback
 
+import psutil
+
 from speedforge import families
 from speedforge.evaluator import phases, turns
 from speedforge.evaluator.job import Job
@@ -158,7 +160,7 @@ def lock_down(job: Job) -> list[str]:
     _limit(resource.RLIMIT_NPROC, config.max_processes + 64 if job.kind == "build" else config.max_processes)
     if job.device == "cpu":  # over what is mapped already (torch, the interpreter): a CUDA build maps
         # gigabytes of libraries a CPU job never touches, which a fixed limit would count against it
-        _limit(resource.RLIMIT_AS, _mapped_bytes() + (config.memory_limit_mb << 20))
+        _limit(resource.RLIMIT_AS, psutil.Process().memory_info().vms + (config.memory_limit_mb << 20))
     if config.landlock:
         from speedforge.evaluator import landlock, namespaces
 
@@ -182,18 +184,6 @@ def readable_paths() -> list[str]:
     paths += site.getsitepackages()
     paths.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the speedforge package
     return sorted({p for p in paths if p})
-
-
-def _mapped_bytes() -> int:
-    """This process's address space now (VmSize), 0 where /proc does not say."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _limit(which: int, value: int) -> None:

@@ -105,7 +105,13 @@ def changed(before: tuple[tuple, dict | None], after: tuple[tuple, dict | None])
         return "its submodules changed"
     if before[1] is None or after[1] is None:  # a structure alone
         return ""
-    for i, (key, value) in enumerate(before[1].items()):
-        if after[1].get(key) != value:
+    return moved(before[1], after[1])
+
+
+def moved(values: dict, now: dict) -> str:
+    """"the values of its tensor i changed" for the first tensor of `values` that `now` holds
+    with another sum, "" for none (a tensor `now` lacks left the structure, which says so)."""
+    for i, (key, value) in enumerate(values.items()):
+        if key in now and now[key] != value:
             return f"the values of its tensor {i} changed"
     return ""

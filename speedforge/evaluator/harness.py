@@ -371,10 +371,8 @@ class _Harness:
         finally:
             self.values_between_calls = True
         for model, _, steady in self.references:
-            now = fingerprint.take(self.torch, model)[1]
-            moved = [i for i, (key, value) in enumerate(steady.items()) if key in now and now[key] != value]
-            verdict = checks.reference_changed(f"the values of its tensor {moved[0]} changed during the timed calls"
-                                               if moved else "")
+            what = fingerprint.moved(steady, fingerprint.take(self.torch, model)[1])
+            verdict = checks.reference_changed(what and f"{what} during the timed calls")
             if verdict is not None:
                 raise verdict
 
