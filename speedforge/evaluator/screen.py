@@ -36,7 +36,8 @@ RULES = (
     Rule("no-model-new", "defines no ModelNew (class or name): nothing to evaluate", True, "runtime_error: no ModelNew"),
     Rule("reference-fallback", "falls back to the reference Model", True, "it is timed as the reference: no speedup"),
     Rule("patch", "patches a module's functions (the timer or the check would lie)", True,
-         "function tables of time, torch and torch.cuda.Event compared after every phase",
+         "function tables of time, torch, torch.cuda.Event and the evaluator's own modules and classes compared after "
+         "every phase; speedforge's modules sealed",
          r"\b(?:cudaError_t|CUresult)\s+(?:\w+\s+)?(?:cudaEvent\w*|cuEvent\w*|cudaStreamSynchronize"
          r"|cudaDeviceSynchronize|cuStreamSynchronize|cuCtxSynchronize)\s*\("),
     Rule("threads", "threads (work can finish after the timer stops)", True,
@@ -59,7 +60,8 @@ RULES = (
     Rule("computed-getattr", "an attribute reached by a name built at run time (getattr() with a computed name on "
          "anything but self, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
          "reaches (frames, sys.modules, the harness's own objects)", True,
-         "the reference's fingerprint, on a change to the reference; nothing reliable for the harness itself"),
+         "the reference's fingerprint, on a change to the reference; for the harness, its sealed modules, the timer's "
+         "bound methods and the function tables, not its live objects"),
     Rule("sleep", "sleeps in C++ or on the GPU (stalls a worker; with threads, finishes work late)", True,
          "the time limit",
          r"\b(?:sleep|usleep|nanosleep|__nanosleep)\s*\(|\bsleep_for\b|\bsleep_until\b"),
