@@ -29,6 +29,8 @@
 #   TRAIN_EVALUATION (local | service)  TRAIN_RUN (run name, default train-check)  TRAIN_RESUME (1: grpo goes on)
 #   TRAIN_BUILD_WORKERS (half the cores, at most 8)  TRAIN_BENCH_RUNS (3: bench_generation.py runs after GRPO)
 #   TRAIN_OVERLAP (0; 1: each held-out check runs beside the next stage, see below)  TRAIN_GRPO_LR (1.0e-6)
+#   TRAIN_GENERATE_ONLY (labels, e.g. "grpo": those checks only generate, to heldout-LABEL-generated.jsonl; the
+#     `evaluate` phase, here or on another GPU machine with the file, evaluates them: a machine whose time runs out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -53,12 +55,12 @@ case $corpus in
      tasks_uri="cuda-l1:$corpus"; sources="[\"cuda-l1:$corpus\"]"; trust=true ;;
 esac
 
-phases=" ${TRAIN_PHASES:-before sft grpo after bench summary} "
+phases=" ${TRAIN_PHASES:-before sft grpo after evaluate bench summary} "
 phase() { [[ $phases == *" $1 "* ]]; }
 if phase before; then  # a fresh run (the build cache in SPEEDFORGE_CACHE is kept)
   rm -rf "$dir/store" "$dir/work" "$dir/times.txt" "$dir/failed.txt" "$dir"/heldout-*.json "$dir"/heldout-*.jsonl "$dir"/*.log
 elif phase sft; then
-  rm -rf "$dir/store" "$dir/work" "$dir/heldout-sft.json" "$dir/heldout-grpo.json" "$dir"/heldout-{sft,grpo}-samples.jsonl "$dir/sft.log" "$dir/grpo.log"
+  rm -rf "$dir/store" "$dir/work" "$dir/heldout-sft.json" "$dir/heldout-grpo.json" "$dir"/heldout-{sft,grpo}-{samples,generated}.jsonl "$dir/sft.log" "$dir/grpo.log"
 fi
 cat >"$dir/config.yaml" <<EOF
 policy:
@@ -99,6 +101,11 @@ step() {  # step NAME SECONDS COMMAND...: run it with its own time limit, log to
 }
 heldout_check() {  # heldout_check LABEL [MODEL]
   [ "$samples" -gt 0 ] || return 0
+  if [[ " ${TRAIN_GENERATE_ONLY:-} " == *" $1 "* ]]; then  # generate here, evaluate in the `evaluate` phase
+    step "generate-$1" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --samples "$samples" ${2:+--model "$2"} \
+      --generate-only --samples-out "$dir/heldout-$1-generated.jsonl"
+    return
+  fi
   step "heldout-$1" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --samples "$samples" --json ${2:+--model "$2"} \
     --samples-out "$dir/heldout-$1-samples.jsonl" \
     && sed -n '/^{/,$p' "$dir/heldout-$1.log" >"$dir/heldout-$1.json"
@@ -130,6 +137,16 @@ fi
 if phase after; then
   grpo_model=$([ -f "$dir/grpo.log" ] && final grpo)
   [ -n "$grpo_model" ] && heldout_check grpo "$grpo_model"
+fi
+if phase evaluate; then  # held-out samples generated with TRAIN_GENERATE_ONLY (here or on another machine), evaluated
+  for generated in "$dir"/heldout-*-generated.jsonl; do
+    [ -e "$generated" ] || continue
+    label=${generated#"$dir"/heldout-}; label=${label%-generated.jsonl}
+    [ -s "$dir/heldout-$label.json" ] && continue
+    step "heldout-$label" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --json --samples-in "$generated" \
+      --samples-out "$dir/heldout-$label-samples.jsonl" \
+      && sed -n '/^{/,$p' "$dir/heldout-$label.log" >"$dir/heldout-$label.json"
+  done
 fi
 if phase bench; then  # the plain batched figure for GRPO's model, batch (prompts x generations), tokens and device
   timeout "${TRAIN_BENCH_TIMEOUT:-240}" $PY benchmarks/bench_generation.py ${TRAIN_MODEL:+--model "$TRAIN_MODEL"} --device "$device" --batch $(( ${TRAIN_PROMPTS:-2} * ${TRAIN_GENERATIONS:-8} )) \

@@ -53,6 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     heldout.add_argument("--json", action="store_true", help="print the report as JSON")
     heldout.add_argument("--samples-out", metavar="PATH",
                          help="also write every sample (its text, how it ended, its result) to this JSONL file")
+    heldout.add_argument("--generate-only", action="store_true",
+                         help="write the samples (--samples-out) and evaluate none: a machine whose time is short "
+                         "generates, another evaluates them with --samples-in")  # fmt: skip
+    heldout.add_argument("--samples-in", metavar="PATH",
+                         help="evaluate the samples in this JSONL file (written by --samples-out) instead of "
+                         "generating: no model is loaded, the model's name and --samples come from the file")  # fmt: skip
     heldout.set_defaults(func=_heldout)
     board = sub.add_parser("tensorboard", help="fetch a run's TensorBoard files from its store and view them",
                            description="Download the TensorBoard event files every stage of a run copied to its "
@@ -140,12 +146,23 @@ def _heldout(args: argparse.Namespace) -> int:
 
     if args.samples < 1:
         raise UserError(f"--samples must be at least 1, got {args.samples}")
+    if args.generate_only and (not args.samples_out or args.samples_in):
+        raise UserError("--generate-only writes the samples to --samples-out (and takes no --samples-in)")
+    if args.samples_in and args.model:
+        raise UserError("--samples-in evaluates samples already generated: leave out --model")
     report = evaluate_heldout(load_train_config(getattr(args, "config", None)), args.model, args.samples,
-                              args.batch_tasks, args.samples_out)
+                              args.batch_tasks, args.samples_out, args.samples_in, args.generate_only)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0
-    print(f"model {report.model} on {len(report.tasks)} held-out task(s), {args.samples} sample(s) each, pool {report.pool}")
+    if args.generate_only:
+        print(f"model {report.model}: {report.samples} sample(s) of {len(report.tasks)} held-out task(s), "
+              f"{report.generated_tokens} tokens in {report.generation_s:.0f} s, {report.truncated_fraction:.0%} cut at "
+              f"max_new_tokens; written to {args.samples_out} (evaluate them: train heldout --samples-in "
+              f"{args.samples_out})")  # fmt: skip
+        return 0
+    print(f"model {report.model} on {len(report.tasks)} held-out task(s), {report.samples // max(len(report.tasks), 1)} "
+          f"sample(s) each, pool {report.pool}")  # fmt: skip
     print_table(["task", "samples", "compiled", "correct", "best speedup", "statuses"],
                 [[t["task_id"], t["samples"], f"{t['compiled_fraction']:.0%}", f"{t['valid_fraction']:.0%}",
                   t["best_speedup"], ", ".join(f"{k} {v}" for k, v in t["statuses"].items())] for t in report.tasks])  # fmt: skip

@@ -479,14 +479,44 @@ class HeldoutReport:
         return dataclasses.asdict(self)
 
 
+def read_heldout_samples(path: str, heldout: Sequence[Task]) -> tuple[str, dict[str, list]]:
+    """The samples a held-out check wrote with `samples_out` (generated elsewhere, for example on a
+    machine whose time ran out before it could evaluate them): the model's name and each held-out
+    task's generations in sample order. Every held-out task must have the same number of samples."""
+    import json
+
+    from speedforge.policy.backends import Generation
+
+    try:
+        lines = [json.loads(line) for line in open(path) if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read held-out samples from {path}: {exc}") from None
+    by_task: dict[str, list] = {}
+    for line in sorted(lines, key=lambda x: (x["task_id"], x["sample"])):
+        by_task.setdefault(line["task_id"], []).append(
+            Generation(line["text"], int(line.get("completion_tokens", 0)),
+                       finish_reason=line.get("finish_reason", "stop")))  # fmt: skip
+    missing = [t.task_id for t in heldout if t.task_id not in by_task]
+    if missing:
+        raise UserError(f"{path} has no samples of held-out task(s) {', '.join(missing)} (another split or config?)")
+    counts = {len(by_task[t.task_id]) for t in heldout}
+    if len(counts) != 1:
+        raise UserError(f"{path}: the held-out tasks have different numbers of samples ({sorted(counts)})")
+    models = {line.get("model", "") for line in lines}
+    return (models.pop() if len(models) == 1 else "") or path, {t.task_id: by_task[t.task_id] for t in heldout}
+
+
 def evaluate_heldout(config: Config, model: str | None, samples: int, batch_tasks: int = 16,
-                     samples_out: str | None = None) -> HeldoutReport:  # fmt: skip
+                     samples_out: str | None = None, samples_in: str | None = None,
+                     generate_only: bool = False) -> HeldoutReport:  # fmt: skip
     """Sample `model` (default policy.model) `samples` times on each held-out task, with the plain
     prompt (no exemplars: the held-out tasks' variants are never shown), `batch_tasks` tasks'
     prompts x samples in one batched generate call, and evaluate every sample (one batch per
     generate call). `samples_out`: a JSONL file that gets every sample's text, how it ended and
     its result, one line each (what the fractions cannot say: where cut answers stop, what a
-    failing constructor looks like)."""
+    failing constructor looks like). `generate_only`: write the samples (status "not_evaluated")
+    and evaluate none; `samples_in`: evaluate the samples such a file holds instead of generating
+    (no model is loaded; `model` and `samples` come from the file)."""
     import collections
     import contextlib
     import json
@@ -503,11 +533,19 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
     split = split_tasks(read_tasks(config), config.train)
     if not split.heldout:
         raise UserError("no held-out tasks: set train.heldout or train.heldout_count")
-    backend = make_backend(dataclasses.replace(config.policy, backend="hf", model=model or config.policy.model))
+    if generate_only and not samples_out:
+        raise UserError("generating held-out samples without evaluating them needs a file to write them to (samples_out)")
+    given: dict[str, list] = {}
+    if samples_in:
+        model_name, given = read_heldout_samples(samples_in, split.heldout)
+        samples = len(next(iter(given.values())))
+    else:
+        backend = make_backend(dataclasses.replace(config.policy, backend="hf", model=model or config.policy.model))
+        model_name = backend.model_name
     pool = config.train.pool or default_pool(split.heldout[0], "cpu")
     tasks = {t.task_id: t for t in split.heldout}
     session = contextlib.nullcontext()
-    if config.train.evaluation == "service":
+    if config.train.evaluation == "service" and not generate_only:
         from speedforge.cluster.session import ray_session
 
         session = ray_session(config.train.ray.address or None, config.service)
@@ -515,26 +553,39 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
     generation_s = 0.0
     heldout = list(split.heldout)
     written = open(samples_out, "w") if samples_out else contextlib.nullcontext()
-    with written as out, session, open_evaluation(config.train.evaluation, config, tasks, pool,
-                                                  build_workers=config.train.build_workers) as evaluate:  # fmt: skip
+    evaluation = contextlib.nullcontext() if generate_only else open_evaluation(
+        config.train.evaluation, config, tasks, pool, build_workers=config.train.build_workers)  # fmt: skip
+    with written as out, session, evaluation as evaluate:
         for first in range(0, len(heldout), max(1, batch_tasks)):
             chunk = heldout[first:first + max(1, batch_tasks)]
             began = time.perf_counter()
             conversations = [render_prompt(task).messages() for task in chunk]
-            if hasattr(backend, "generate_batch"):
+            if given:
+                generated = [given[task.task_id] for task in chunk]
+            elif hasattr(backend, "generate_batch"):
                 generated = backend.generate_batch(conversations, samples, seed=config.train.seed + first)
             else:
                 generated = [backend.generate(m, samples, seed=config.train.seed + first + i)
                              for i, m in enumerate(conversations)]  # fmt: skip
             generation_s += time.perf_counter() - began
-            candidates = [candidate_from(task, g.text, f"model:{backend.model_name}@heldout")[0]
+            candidates = [candidate_from(task, g.text, f"model:{model_name}@heldout")[0]
                           for task, gens in zip(chunk, generated) for g in gens]  # fmt: skip
+            if generate_only:  # the samples only, for `samples_in` elsewhere
+                for task, gens in zip(chunk, generated):
+                    generations_all += gens
+                    rows.append({"task_id": task.task_id, "samples": len(gens)})
+                    out.writelines(json.dumps({"model": model_name, "task_id": task.task_id, "sample": sample,
+                                               "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens,
+                                               "status": None, "text": g.text}) + "\n"
+                                   for sample, g in enumerate(gens))  # fmt: skip
+                continue
             results = evaluate(candidates)
             for index, task in enumerate(chunk):
                 mine_results = results[index * samples:(index + 1) * samples]
                 generations_all += generated[index]
                 for sample, (g, r) in enumerate(zip(generated[index], mine_results) if out is not None else ()):
-                    out.write(json.dumps({"task_id": task.task_id, "sample": sample, "finish_reason": g.finish_reason,
+                    out.write(json.dumps({"model": model_name, "task_id": task.task_id, "sample": sample,
+                                          "finish_reason": g.finish_reason,
                                           "completion_tokens": g.completion_tokens, "status": r.status,
                                           "reason": r.reason, "speedup": r.speedup if r.ok else None,
                                           "text": g.text}) + "\n")  # fmt: skip
@@ -547,6 +598,13 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
                              "statuses": {s: mine.count(s) for s in sorted(set(mine))},
                              "results": [[r.status, r.speedup if r.ok else None] for r in mine_results],  # per sample, in order
                              "reasons": common_reasons((r.status, r.reason) for r in mine_results)})  # fmt: skip
+    truncated = sum(g.finish_reason == "length" for g in generations_all) / len(generations_all)
+    tokens = sum(g.completion_tokens for g in generations_all)
+    if generate_only:
+        return HeldoutReport(model_name, pool, rows, 0.0, 0.0, None, samples=len(generations_all),
+                             truncated_fraction=truncated, top_failure="not evaluated: the samples are in "
+                             f"{samples_out} (evaluate them with samples_in)", generation_s=generation_s,
+                             generated_tokens=tokens)  # fmt: skip
     statuses = [r.status for r in results_all]
     speedups = [r.speedup for r in results_all if r.ok and r.speedup is not None]
     failing = collections.Counter(s for s in statuses if s != "ok")
@@ -556,10 +614,9 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
         reason = common_reasons((r.status, r.reason) for r in results_all if r.status == status).get(status, "")
         top = f"{status} ({failing[status]} of {len(statuses)}): {reason}"
     best = [r["best_speedup"] for r in rows if r["best_speedup"] is not None]
-    return HeldoutReport(backend.model_name, pool, rows, sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
+    return HeldoutReport(model_name, pool, rows, sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
                          statuses.count("ok") / len(statuses), max(best, default=None),
                          faster_fraction=sum(s > 1.0 for s in speedups) / len(statuses),
                          median_speedup=statistics.median(speedups) if speedups else None, samples=len(statuses),
-                         truncated_fraction=sum(g.finish_reason == "length" for g in generations_all) / len(statuses),
-                         statuses=dict(collections.Counter(statuses)), top_failure=top, generation_s=generation_s,
-                         generated_tokens=sum(g.completion_tokens for g in generations_all))  # fmt: skip
+                         truncated_fraction=truncated, statuses=dict(collections.Counter(statuses)), top_failure=top,
+                         generation_s=generation_s, generated_tokens=tokens)  # fmt: skip
