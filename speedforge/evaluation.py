@@ -112,11 +112,13 @@ def build_then_run(builders, tasks: list[Task], candidates: list[Candidate], con
                    pool: str) -> list[EvalResult]:  # fmt: skip
     """Every build of the batch in `builders` (each into the content-hash cache), then the runs
     here, `config.overlap_runs` at once: each prepares while another holds the device's turn to
-    time (speedforge.evaluator.turns). One result per candidate, in order; a build process that
+    time (speedforge.evaluator.turns); one that ran out of device memory beside another runs again
+    alone (speedforge.evaluator.overlap). One result per candidate, in order; a build process that
     died is that candidate's infra_error (retried by the caller)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from speedforge.evaluator import build_candidate, run_candidate
+    from speedforge.evaluator.overlap import run_overlapped
 
     device = pool_device(pool)
     futures = [builders.submit(build_candidate, t, c, config, device) for t, c in zip(tasks, candidates)]
@@ -128,7 +130,7 @@ def build_then_run(builders, tasks: list[Task], candidates: list[Candidate], con
         except Exception as exc:  # the process pool broke (a build process was killed): not the candidate's fault
             return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=pool,
                               status="infra_error", reason=f"build process failed: {type(exc).__name__}: {exc}")  # fmt: skip
-        result = run_candidate(task, candidate, build, config, device, pool)
+        result = run_overlapped(lambda: run_candidate(task, candidate, build, config, device, pool))
         return dataclasses.replace(result, wall_s=build.build_s + result.wall_s)
 
     with ThreadPoolExecutor(max_workers=config.overlap_runs, thread_name_prefix="speedforge-run") as runs:

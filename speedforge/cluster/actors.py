@@ -20,6 +20,7 @@ from typing import Any
 from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.errors import first_line
+from speedforge.evaluator.overlap import run_overlapped
 from speedforge.records import Candidate, EvalResult, Task
 
 # (task, candidate, config, device) -> Build
@@ -107,7 +108,8 @@ class BenchWorker:
     """Runs built candidates of one pool in the evaluator's sandbox: the items of a call one after
     another, and up to `evaluator.overlap_runs` calls at once (the service gives its actor that
     max_concurrency, the sweep sends it that many calls), so that one run prepares while another
-    holds the device's turn to time (speedforge.evaluator.turns); nothing here is shared between calls."""
+    holds the device's turn to time (speedforge.evaluator.turns); a run that ran out of device memory
+    beside another runs again alone (speedforge.evaluator.overlap); nothing else is shared between calls."""
 
     def __init__(self, run_fn: RunFn, pool: str, device: str, build_fn: BuildFn | None = None) -> None:
         self.run_fn = run_fn
@@ -124,7 +126,7 @@ class BenchWorker:
         for task, candidate, build in items:
             try:
                 build = self._local(task, candidate, build, config)
-                result = self.run_fn(task, candidate, build, config, self.device, self.pool)
+                result = run_overlapped(lambda: self.run_fn(task, candidate, build, config, self.device, self.pool))
                 if not isinstance(result, EvalResult):
                     raise TypeError(f"run function returned {type(result).__name__}, not EvalResult")
                 if result.pool != self.pool:
