@@ -25,6 +25,15 @@ ANSWERS = [
 ]
 
 
+def heldout_config(tmp_path) -> Config:
+    """The cpp family, TASK held out, few timed calls (the verdicts are what these tests read)."""
+    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), cpu_timed_calls=5, max_timed_calls=10,
+                                min_timed_s=0.0, warmup_calls=1)  # fmt: skip
+    return Config(evaluator=evaluator, policy=PolicyConfig(device="cpu"),
+                  train=TrainConfig(family="cpp", tasks=(TASK, "cpp/silu_scale"), heldout=(TASK,),
+                                    store=str(tmp_path / "store"), work_dir=str(tmp_path / "work")))  # fmt: skip
+
+
 class Answers:
     """A backend whose samples are ANSWERS, in order, for every prompt."""
 
@@ -37,11 +46,7 @@ class Answers:
 
 def test_a_correct_program_is_scored_correct_whatever_surrounds_it(tmp_path, monkeypatch):
     monkeypatch.setattr("speedforge.policy.backends.make_backend", lambda config: Answers())
-    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), cpu_timed_calls=5, max_timed_calls=10,
-                                min_timed_s=0.0, warmup_calls=1)  # fmt: skip
-    config = Config(evaluator=evaluator, policy=PolicyConfig(device="cpu"),
-                    train=TrainConfig(family="cpp", tasks=(TASK, "cpp/silu_scale"), heldout=(TASK,),
-                                      store=str(tmp_path / "store"), work_dir=str(tmp_path / "work")))  # fmt: skip
+    config = heldout_config(tmp_path)
     samples = tmp_path / "samples.jsonl"
     report = evaluate_heldout(config, None, len(ANSWERS), samples_out=str(samples))
     [row] = report.tasks
@@ -59,11 +64,7 @@ def test_samples_generated_on_one_machine_are_evaluated_on_another(tmp_path, mon
     """--generate-only writes the samples and evaluates none; --samples-in evaluates that file
     without loading a model, with the same verdicts as the check in one go."""
     monkeypatch.setattr("speedforge.policy.backends.make_backend", lambda config: Answers())
-    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), cpu_timed_calls=5, max_timed_calls=10,
-                                min_timed_s=0.0, warmup_calls=1)  # fmt: skip
-    config = Config(evaluator=evaluator, policy=PolicyConfig(device="cpu"),
-                    train=TrainConfig(family="cpp", tasks=(TASK, "cpp/silu_scale"), heldout=(TASK,),
-                                      store=str(tmp_path / "store"), work_dir=str(tmp_path / "work")))  # fmt: skip
+    config = heldout_config(tmp_path)
     generated = tmp_path / "generated.jsonl"
     report = evaluate_heldout(config, None, len(ANSWERS), samples_out=str(generated), generate_only=True)
     assert report.samples == len(ANSWERS) and report.statuses == {} and "not evaluated" in report.top_failure
@@ -87,9 +88,7 @@ def test_samples_generated_on_one_machine_are_evaluated_on_another(tmp_path, mon
 def test_samples_of_another_split_are_refused(tmp_path):
     from speedforge.errors import UserError
 
-    config = Config(policy=PolicyConfig(device="cpu"),
-                    train=TrainConfig(family="cpp", tasks=(TASK, "cpp/silu_scale"), heldout=(TASK,),
-                                      store=str(tmp_path / "store"), work_dir=str(tmp_path / "work")))  # fmt: skip
+    config = heldout_config(tmp_path)
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"task_id": "cpp/silu_scale", "sample": 0, "text": "x"}) + "\n")
     with pytest.raises(UserError, match="no samples of held-out task"):
