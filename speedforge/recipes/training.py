@@ -568,8 +568,6 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
                 generated = [backend.generate(m, samples, seed=config.train.seed + first + i)
                              for i, m in enumerate(conversations)]  # fmt: skip
             generation_s += time.perf_counter() - began
-            candidates = [candidate_from(task, g.text, f"model:{model_name}@heldout")[0]
-                          for task, gens in zip(chunk, generated) for g in gens]  # fmt: skip
             if generate_only:  # the samples only, for `samples_in` elsewhere
                 for task, gens in zip(chunk, generated):
                     generations_all += gens
@@ -579,6 +577,8 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
                                                "status": None, "text": g.text}) + "\n"
                                    for sample, g in enumerate(gens))  # fmt: skip
                 continue
+            candidates = [candidate_from(task, g.text, f"model:{model_name}@heldout")[0]
+                          for task, gens in zip(chunk, generated) for g in gens]  # fmt: skip
             results = evaluate(candidates)
             for index, task in enumerate(chunk):
                 mine_results = results[index * samples:(index + 1) * samples]
