@@ -30,6 +30,8 @@ def write_config(tmp_path):
     return str(path)
 
 
+# slow (~1.5 min on 2 cores): CI keeps the evaluate command's test that joins a cluster
+@pytest.mark.slow
 def test_evaluate_command_records_results_and_a_rerun_skips_them(tmp_path, capsys):
     if ray.is_initialized():  # the command must start (and stop) its own local Ray
         ray.shutdown()

@@ -117,6 +117,8 @@ def test_a_streamed_candidate_of_an_unknown_task_gets_a_result_that_is_not_recor
     assert store.read_records("results", EvalResult) == []  # a rerun with the right tasks evaluates it
 
 
+# slow (~4 min on 2 cores): waits out a killed actor's restart; CI keeps the hung-call retry test
+@pytest.mark.slow
 def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_path):
     task = fx.task()
     candidates = [fx.plain_candidate(task, i) for i in range(6)]
@@ -155,6 +157,8 @@ def test_hung_call_is_killed_after_its_time_limit_and_retried(tmp_path):
     assert result.status == "ok" and progress[-1].pools[0].retries == 1  # killed at its limit, then run again
 
 
+# slow (~2.5 min on 2 cores): two sweeps; CI keeps tests/test_sweep_reliability.py
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_without_redoing_recorded_pairs(tmp_path):
     task = fx.task()
     candidates = [fx.plain_candidate(task, i) for i in range(4)]

@@ -169,6 +169,8 @@ def test_each_candidate_is_built_once_per_architecture_and_measured_on_every_poo
 # -- end to end ---------------------------------------------------------------------------------
 
 
+# slow (~4 min on 2 cores): two full portability runs; CI keeps the one-run test of this file
+@pytest.mark.slow
 def test_two_runs_on_two_pools_merge_into_one_report(tmp_path, local_ray, capsys):
     """Real evaluations in the sandbox: a plain-PyTorch variant (nothing to compile), the first task's."""
     pytest.importorskip("matplotlib", reason="the report needs the 'reports' extra")
