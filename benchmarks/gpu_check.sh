@@ -3,7 +3,9 @@
 # machine:  bash benchmarks/gpu_check.sh [env] [evaluator] [tests] [fidelity] [service] [benchbound] [generation] [ann]
 #           [portability] [train] [ann-scale] [multigpu]
 # (no arguments: all but ann-scale, which takes an hour or more, and multigpu, for a 2-GPU host: name them). It installs what the machine lacks from wheels/ (carried with the tree),
-# runs the gpu-marked tests and the benchmarks, and prints a short table at the end.
+# runs the gpu-marked tests and the benchmarks, and prints a short table at the end. The training and
+# multigpu stages need more than wheels/ carries in one call: install with benchmarks/device/install.sh
+# over several calls first, then `export PYTHONPATH=/tmp/site` before this script.
 # Full logs and JSON figures go to $OUT (default /tmp/gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
