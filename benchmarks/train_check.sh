@@ -106,9 +106,13 @@ heldout_check() {  # heldout_check LABEL [MODEL]
       --generate-only --samples-out "$dir/heldout-$1-generated.jsonl"
     return
   fi
-  step "heldout-$1" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --samples "$samples" --json ${2:+--model "$2"} \
-    --samples-out "$dir/heldout-$1-samples.jsonl" \
-    && sed -n '/^{/,$p' "$dir/heldout-$1.log" >"$dir/heldout-$1.json"
+  heldout_step "$1" --samples "$samples" ${2:+--model "$2"}
+}
+heldout_step() {  # heldout_step LABEL ARGS...: `train heldout ARGS` evaluated, its report in heldout-LABEL.json
+  local label=$1; shift
+  step "heldout-$label" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --json "$@" \
+    --samples-out "$dir/heldout-$label-samples.jsonl" \
+    && sed -n '/^{/,$p' "$dir/heldout-$label.log" >"$dir/heldout-$label.json"
 }
 final() { sed -n 's/^ *"final_checkpoint": "\(.*\)",*$/\1/p' "$dir/$1.log" | head -1; }
 
@@ -143,9 +147,7 @@ if phase evaluate; then  # held-out samples generated with TRAIN_GENERATE_ONLY (
     [ -e "$generated" ] || continue
     label=${generated#"$dir"/heldout-}; label=${label%-generated.jsonl}
     [ -s "$dir/heldout-$label.json" ] && continue
-    step "heldout-$label" "${TRAIN_HELDOUT_TIMEOUT:-300}" "${sf[@]}" train heldout --json --samples-in "$generated" \
-      --samples-out "$dir/heldout-$label-samples.jsonl" \
-      && sed -n '/^{/,$p' "$dir/heldout-$label.log" >"$dir/heldout-$label.json"
+    heldout_step "$label" --samples-in "$generated"
   done
 fi
 if phase bench; then  # the plain batched figure for GRPO's model, batch (prompts x generations), tokens and device

@@ -35,7 +35,7 @@ from speedforge import families
 from speedforge.config import Config, TrainConfig, load_config
 from speedforge.errors import UserError
 from speedforge.extras import require
-from speedforge.records import Candidate, Task
+from speedforge.records import Candidate, EvalResult, Task
 from speedforge.train.data import TaskSplit, split_tasks
 
 __all__ = ["TrainConfig", "TrainOutcome", "evaluate_heldout", "load_train_config", "run_training", "train_status",
@@ -479,6 +479,18 @@ class HeldoutReport:
         return dataclasses.asdict(self)
 
 
+def sample_line(model: str, task_id: str, sample: int, generation, result: EvalResult | None = None) -> str:
+    """One line of a held-out check's samples file (`samples_out`, read back by read_heldout_samples):
+    the sample's text, how it ended and, once evaluated, its result (status null before)."""
+    import json
+
+    line = {"model": model, "task_id": task_id, "sample": sample, "finish_reason": generation.finish_reason,
+            "completion_tokens": generation.completion_tokens, "status": result.status if result else None}
+    if result is not None:
+        line.update(reason=result.reason, speedup=result.speedup if result.ok else None)
+    return json.dumps({**line, "text": generation.text}) + "\n"
+
+
 def read_heldout_samples(path: str, heldout: Sequence[Task]) -> tuple[str, dict[str, list]]:
     """The samples a held-out check wrote with `samples_out` (generated elsewhere, for example on a
     machine whose time ran out before it could evaluate them): the model's name and each held-out
@@ -519,7 +531,6 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
     (no model is loaded; `model` and `samples` come from the file)."""
     import collections
     import contextlib
-    import json
     import statistics
     import time
 
@@ -572,10 +583,7 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
                 for task, gens in zip(chunk, generated):
                     generations_all += gens
                     rows.append({"task_id": task.task_id, "samples": len(gens)})
-                    out.writelines(json.dumps({"model": model_name, "task_id": task.task_id, "sample": sample,
-                                               "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens,
-                                               "status": None, "text": g.text}) + "\n"
-                                   for sample, g in enumerate(gens))  # fmt: skip
+                    out.writelines(sample_line(model_name, task.task_id, sample, g) for sample, g in enumerate(gens))
                 continue
             candidates = [candidate_from(task, g.text, f"model:{model_name}@heldout")[0]
                           for task, gens in zip(chunk, generated) for g in gens]  # fmt: skip
@@ -584,11 +592,7 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
                 mine_results = results[index * samples:(index + 1) * samples]
                 generations_all += generated[index]
                 for sample, (g, r) in enumerate(zip(generated[index], mine_results) if out is not None else ()):
-                    out.write(json.dumps({"model": model_name, "task_id": task.task_id, "sample": sample,
-                                          "finish_reason": g.finish_reason,
-                                          "completion_tokens": g.completion_tokens, "status": r.status,
-                                          "reason": r.reason, "speedup": r.speedup if r.ok else None,
-                                          "text": g.text}) + "\n")  # fmt: skip
+                    out.write(sample_line(model_name, task.task_id, sample, g, r))
                 results_all += mine_results
                 mine = [r.status for r in mine_results]
                 speedups = [r.speedup for r in mine_results if r.ok and r.speedup is not None]
