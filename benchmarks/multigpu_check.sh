@@ -31,6 +31,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PY:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# NVLink multicast off in NCCL, PyTorch and NVSHMEM, for the Ray workers too (a shared host's GPUs)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 dir=$OUT/multigpu
 mkdir -p "$dir"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')

@@ -60,6 +60,18 @@ def test_what_a_candidate_keeps_in_dev_shm_counts_against_its_memory_limit(tmp_p
     assert "memory limit" in result.reason
 
 
+def test_nvlink_multicast_stays_off_in_the_sandbox_whatever_the_parent_says(tmp_path, monkeypatch):
+    # a program that uses NVLink multicast can put a shared host's GPUs out of service for days
+    for name in sandbox.NO_MULTICAST:
+        monkeypatch.setenv(name, "1" if name == "NCCL_NVLS_ENABLE" else "0")
+    expected = dict(sandbox.NO_MULTICAST)
+    result = probe("no_multicast", f"""
+        seen = {{name: os.environ.get(name) for name in {sorted(expected)!r}}}
+        return torch.ones(1) if seen == {expected!r} else torch.zeros(1)
+""", str(tmp_path))
+    assert result.status == "ok", (result.reason, result.log[-2000:])
+
+
 @pytest.mark.skipif(landlock.abi_version() < 1, reason="Landlock is not available in this kernel")
 def test_the_rest_of_dev_is_read_only_but_dev_null_is_writable(tmp_path):
     name = _shm_name()

@@ -70,6 +70,9 @@ ENV_ALLOW = (
     "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "VIRTUAL_ENV",
     "SPEEDFORGE_PHASE_LOG",  # a diagnostic switch (speedforge.evaluator.phases), no secret
 )
+# NVLink multicast stays off in every candidate process, whatever the parent's environment says:
+# a program that uses it can put a host's GPUs, which others share, out of service for days.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 STDERR_TAIL_BYTES = 8000
 # glibc's heap, set once for the zygote and every job: memory a tensor frees is reused by the
 # next tensor of the same size instead of being faulted in afresh. By default glibc serves large
@@ -150,6 +153,7 @@ def scrubbed_env() -> dict[str, str]:
         PYTHONNOUSERSITE="1",
         PYTHONSAFEPATH="1",
         GLIBC_TUNABLES=MALLOC_TUNABLES,
+        **NO_MULTICAST,
     )
     folders = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
     if folders:
