@@ -28,7 +28,14 @@ packages=(ray==2.60.0 transformers==5.24.0 trl==1.16.0 datasets==5.2.0 gguf==0.1
           pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
 python3 -m pip download -q "${plat[@]}" -d "$work/dl" "${packages[@]}"
 # Ray: a trimmed tree, xz-compressed (79 MB wheel -> ~31 MB)
-mkdir "$work/ray" && (cd "$work/ray" && python3 -m zipfile -e "$work"/dl/ray-*.whl . && rm -rf ray/jars ray/rllib ray/serve ray/llm \
+# (extracted keeping each file's mode: gcs_server and raylet must stay executable)
+extract() { python3 -c 'import os, sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+for info in wheel.infolist():
+    path, mode = wheel.extract(info), (info.external_attr >> 16) & 0o777
+    if mode & 0o111:
+        os.chmod(path, mode)' "$1"; }
+mkdir "$work/ray" && (cd "$work/ray" && extract "$work"/dl/ray-*.whl && rm -rf ray/jars ray/rllib ray/serve ray/llm \
   && tar cf - ray ray-*.dist-info | xz -T0 -6 >"$work/ray-2.60.0-trimmed.tar.xz") && rm "$work"/dl/ray-*.whl
 # the model wheel in pieces that fit a folder
 limit=$(( ${PACK_MB:-58} * 1000 * 1000 ))

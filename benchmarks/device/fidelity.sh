@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# There: one 10-minute call (timeout_s 600) of issue 25's GPU figures, bench_fidelity.py --help's plan
+# in two calls on one-GPU machines. Carry .fid (here: `bash benchmarks/device/fidelity.sh pack`),
+# which holds Ray (trimmed), the wheels it needs, CUDA-L1's a100.jsonl and eval_cuda.py, and the
+# result files of earlier calls (copy each call's returned fid-*.tgz contents into .fid/results/).
+#   fidelity.sh pack       here: .fid from the carry folders of benchmarks/device/pack.sh
+#   fidelity.sh 1          speedforge cold; CUDA-L1 cold on the kernels speedforge accepted until
+#                          470 s; CUDA-L1 again on those both accepted until 550 s (both on one machine)
+#   fidelity.sh 2          CUDA-L1's run 1 on the rest until REST_UNTIL (250 s); the repeat step (GPU CV,
+#                          REPEATS sandboxes, 5) until 500 s; the report
+# FID_EVERY (9: every 9th kernel of levels 1-3, 25 kernels). Results: $OUT/fid-N.tgz and report.txt.
+set -u
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = pack ]; then
+  rm -rf .fid && mkdir -p .fid/results
+  for f in ray-*-trimmed.tar.xz msgpack-*.whl pydantic-*.whl pydantic_core-*.whl annotated_types-*.whl \
+           typing_inspection-*.whl jsonschema-*.whl jsonschema_specifications-*.whl referencing-*.whl rpds_py-*.whl \
+           attrs-*.whl a100.jsonl eval_cuda.py; do
+    cp .carry[0-9]*/$f .fid/ 2>/dev/null || { echo "pack: $f not in .carry*/ (run benchmarks/device/pack.sh)"; exit 1; }
+  done
+  grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
+  du -sh .fid; exit 0
+fi
+call=${1:?usage: fidelity.sh pack|1|2}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site
+if [ ! -d /tmp/site/ray ]; then
+  mkdir -p /tmp/site && xz -dc .fid/ray-*-trimmed.tar.xz | tar xf - -C /tmp/site \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .fid/*.whl \
+    && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/build.log 2>&1 \
+    || { echo "install failed"; tail /tmp/build.log; exit 1; }
+fi
+python3 -c 'import ray; print("ray", ray.__version__)' || exit 1
+fid=/tmp/fid; mkdir -p $fid; cp -n .fid/results/* $fid/ 2>/dev/null
+F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}")
+L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
+save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
+left() { echo $(( $1 - SECONDS )); }
+if [ "$call" = 1 ]; then
+  [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
+  b=$(left 470); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
+  b=$(left 550); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted; save
+else
+  b=$(left "${REST_UNTIL:-250}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b"; save
+  b=$(left 500); [ "$b" -gt 30 ] && "${F[@]}" repeat --repeats "${REPEATS:-5}" --budget-s "$b"; save
+fi
+"${F[@]}" report >"${OUT:-/tmp}/report.txt" 2>&1; tail -n 40 "${OUT:-/tmp}/report.txt"
