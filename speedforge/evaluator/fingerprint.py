@@ -19,7 +19,7 @@ shape, strides, dtype and version counter; a dict such as `_parameters`, `_modul
 by its entries; a number or string by value; anything else by identity), and for every tensor the
 sum of its elements' bit patterns as integers (a write through `.data` bumps no version counter):
 exact, whatever order a reduction takes, NaN included, one pass over each tensor. All sums are
-read in one transfer.
+read in one transfer per device.
 """
 
 from __future__ import annotations
@@ -50,12 +50,20 @@ def _describe(torch, value, tensors: list, depth: int = 0) -> object:
     return (type(value).__name__, id(value))
 
 
+# Entries Python creates in a class's namespace when they are first read, which behaviour never
+# depends on: reading `cls.__annotations__` (torch.jit.script does, for every submodule's class)
+# adds an empty dict to a class that had none, so an honest candidate that scripts its own
+# nn.Conv2d layers would otherwise read as having changed the reference's nn.Conv2d.
+_LAZY_CLASS_ENTRIES = frozenset({"__annotations__", "__annotate__", "__annotate_func__", "__annotations_cache__"})
+
+
 def _class_functions(torch, cls: type) -> tuple:
     found = []
     for base in cls.__mro__:
         if base is torch.nn.Module or base is object:
             break
-        found.append((id(base), tuple((name, id(value)) for name, value in vars(base).items())))
+        found.append((id(base), tuple((name, id(value)) for name, value in vars(base).items()
+                                      if name not in _LAZY_CLASS_ENTRIES)))  # fmt: skip
     return tuple(found)
 
 
@@ -72,7 +80,8 @@ def take(torch, model, values: bool = True) -> tuple[tuple, dict | None]:
         structure.append((name, id(type(module)), _class_functions(torch, type(module)), attributes))
     if not values:
         return tuple(structure), None
-    keys, sums, seen = [], [], set()
+    by_device: dict = {}  # device -> ([keys], [sums]): a model may keep tensors on several (a CPU h0 beside CUDA weights)
+    seen = set()
     for t in tensors:
         if t.layout != torch.strided or t.numel() == 0:
             continue
@@ -82,9 +91,13 @@ def take(torch, model, values: bool = True) -> tuple[tuple, dict | None]:
         seen.add(key)
         d = t.detach()
         d = d.view(torch.uint8) if d.dtype == torch.bool else torch.view_as_real(d) if d.element_size() > 8 else d
+        keys, sums = by_device.setdefault(t.device, ([], []))
         keys.append(key)
         sums.append(d.view(_BITS[d.element_size()]).sum(dtype=torch.int64))  # wraps around: still exact
-    return tuple(structure), dict(zip(keys, torch.stack(sums).tolist() if sums else []))
+    found: dict = {}
+    for keys, sums in by_device.values():  # one transfer per device
+        found.update(zip(keys, torch.stack(sums).tolist()))
+    return tuple(structure), found
 
 
 def unchanged(values: dict, now: dict) -> dict:

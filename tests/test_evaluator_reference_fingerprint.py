@@ -1,0 +1,120 @@
+"""The reference's fingerprint (speedforge.evaluator.fingerprint) against honest candidates the
+field writes: CUDA-L1's published level-3 kernels read `hack_detected` ("features.0: its class
+changed") on an H100 because their constructors run torch.jit.script, which reads
+`nn.Conv2d.__annotations__` and so adds an empty dict to the class's namespace; and its level3/41
+GRU reference (a CPU `h0` beside CUDA weights) read `infra_error`, the fingerprint's sums stacked
+across devices. The check itself must still see a method swapped on the reference's class."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator import evaluate, fingerprint
+from speedforge.records import Candidate, Task
+
+TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+        self.classifier = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 16, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+SCRIPTED = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+        self.classifier = nn.Linear(8 * 8 * 8, 10)
+        self.features = torch.jit.script(self.features)  # as CUDA-L1's level3/11 and level3/20 do
+        self.classifier = torch.jit.script(self.classifier)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+"""
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> EvaluatorConfig:
+    return EvaluatorConfig(screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=120.0,
+                           correctness_trials=3, cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5,
+                           warmup_calls=2)  # fmt: skip
+
+
+def test_a_candidate_that_scripts_its_own_layers_is_ok(config) -> None:
+    task = Task(task_id="test/scripted_layers", family="cpp", name="scripted_layers", source=TASK)
+    result = evaluate(task, Candidate.make(task.task_id, SCRIPTED), config)
+    assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
+
+
+class _Fresh(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def test_reading_a_class_annotations_leaves_the_fingerprint_as_it_was() -> None:
+    class Layer(nn.Linear):
+        pass
+
+    model = nn.Sequential(Layer(4, 4))
+    before = fingerprint.take(torch, model)
+    assert "__annotations__" not in vars(Layer)
+    Layer.__annotations__  # noqa: B018 -- Python adds an empty dict to the class on first read
+    assert "__annotations__" in vars(Layer)  # what torch.jit.script's read leaves behind
+    assert fingerprint.changed(before, fingerprint.take(torch, model)) == ""
+
+
+def test_a_method_swapped_on_the_reference_class_still_changes_the_fingerprint() -> None:
+    class Reference(_Fresh):
+        pass
+
+    model = Reference()
+    before = fingerprint.take(torch, model)
+    Reference.forward = lambda self, x: x * 0  # a candidate's sabotage of the reference's class
+    assert fingerprint.changed(before, fingerprint.take(torch, model)) == "the model: its class changed"
+
+
+def test_tensors_kept_beside_the_parameters_are_summed_with_them() -> None:
+    """A plain tensor attribute (level3/41's `h0`, which `.to(device)` does not move) is in the
+    fingerprint, and a write to it through `.data` is seen."""
+    model = _Fresh()
+    model.h0 = torch.randn(2, 4)
+    before = fingerprint.take(torch, model)
+    assert len(before[1]) == 3  # weight, bias, h0
+    model.h0.data.mul_(0)
+    assert fingerprint.changed(before, fingerprint.take(torch, model)).startswith("the values of its tensor")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_model_with_tensors_on_two_devices_has_a_fingerprint() -> None:
+    model = _Fresh().cuda()
+    model.h0 = torch.randn(2, 4)  # on the CPU, beside CUDA weights
+    taken = fingerprint.take(torch, model)
+    assert len(taken[1]) == 3
