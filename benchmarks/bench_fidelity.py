@@ -449,6 +449,7 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
             break
         runs = [evaluate(tasks[cand.task_id], cand, config, device="cuda") for _ in range(args.repeats)]
         record = {"key": cand.task_id, "statuses": [r.status for r in runs], "speedups": [r.speedup for r in runs],
+                  "reasons": [r.reason[:300] for r in runs],
                   "unstable": [r.unstable for r in runs],
                   "overhead_s": [r.wall_s - r.build_s - r.timed_s for r in runs],
                   "wall_s": [r.wall_s for r in runs], "timed_calls": [r.timed_calls for r in runs]}  # fmt: skip
@@ -545,6 +546,11 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
               f"CV median {statistics.median(cvs):.2%}, max {max(cvs):.2%}; harness overhead "
               f"(wall - build - timed) median {statistics.median(overhead):.2f} s, "
               f"p90 {sorted(overhead)[int(0.9 * len(overhead))]:.2f} s (n={len(overhead)})")  # fmt: skip
+        for kernel, r in repeats.items():  # a verdict that changed between sandboxes: an honest kernel must not flip
+            if len(set(r["statuses"])) > 1:
+                other = [f"{st}: {why}" for st, why in zip(r["statuses"], r.get("reasons") or [""] * len(r["statuses"]))
+                         if st != "ok"]  # fmt: skip
+                print(f"  {kernel}: verdicts {', '.join(r['statuses'])}; " + "; ".join(other)[:400])
         for kernel, r in repeats.items():  # the target: no kernel above 5% without an `unstable` mark
             ok = [s for s in r["speedups"] if s]
             if len(ok) >= 2 and _cv(ok) > 0.05:

@@ -177,6 +177,11 @@ def test_docstrings_and_cpp_comments_are_not_screened_as_cpp() -> None:
 
 def test_unparsable_source_and_a_missing_model_new_are_rejected() -> None:
     assert screen("def f(:\n", "cuda").rejected_by == {"not-python"}
+    # parsed, but the import would raise (a GRPO sample's `Conv2d(3, 8, padding=1, padding=0)`)
+    repeated = "import torch.nn as nn\nclass ModelNew(nn.Module):\n    def f(self):\n        return nn.Conv2d(3, 8, 3, padding=1, padding=0)\n"
+    assert screen(repeated, "cuda").rejected_by == {"not-python"}
+    assert "keyword argument repeated" in screen(repeated, "cuda").findings[0]
+    assert screen("def f(x, x):\n    pass\nModelNew = f\n", "cuda").rejected_by == {"not-python"}
     assert screen("import torch\nclass Other:\n    pass\n", "cuda").rejected_by == {"no-model-new"}
     assert screen("import torch\nclass Other:\n    pass\nModelNew = Other\n", "cuda").passed
 

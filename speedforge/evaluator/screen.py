@@ -212,8 +212,11 @@ def screen(source: str, family: str = "cpp") -> ScreenReport:
         return _report(_screen_cpp(source, 1))
     try:
         tree = ast.parse(source)
-    except SyntaxError as exc:
-        return _report([Finding(exc.lineno or 0, RULE["not-python"], exc.msg)])
+        # errors the parser lets through and the compiler raises at import (a keyword argument
+        # repeated, a duplicate parameter, `return` outside a function): compiled, never run
+        compile(tree, "<candidate>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # ValueError: a null byte in the source
+        return _report([Finding(getattr(exc, "lineno", 0) or 0, RULE["not-python"], getattr(exc, "msg", str(exc)))])
     visitor = _PythonScreen(tree)
     visitor.visit(tree)
     hits = visitor.hits
