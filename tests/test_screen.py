@@ -182,6 +182,10 @@ def test_unparsable_source_and_a_missing_model_new_are_rejected() -> None:
     assert screen(repeated, "cuda").rejected_by == {"not-python"}
     assert "keyword argument repeated" in screen(repeated, "cuda").findings[0]
     assert screen("def f(x, x):\n    pass\nModelNew = f\n", "cuda").rejected_by == {"not-python"}
+    # too deep for the parser (MemoryError) or for the AST's construction (RecursionError): a
+    # verdict, not an exception out of the screen (the evaluator's infra_error, a crash in SFT's checks)
+    for deep in ("x = " + "-" * 50000 + "1", "x = " + "+".join(["a"] * 100000)):
+        assert screen(deep + "\nclass ModelNew:\n    pass\n", "cuda").rejected_by == {"not-python"}
     assert screen("import torch\nclass Other:\n    pass\n", "cuda").rejected_by == {"no-model-new"}
     assert screen("import torch\nclass Other:\n    pass\nModelNew = Other\n", "cuda").passed
 

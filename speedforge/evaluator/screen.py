@@ -215,10 +215,12 @@ def screen(source: str, family: str = "cpp") -> ScreenReport:
         # errors the parser lets through and the compiler raises at import (a keyword argument
         # repeated, a duplicate parameter, `return` outside a function): compiled, never run
         compile(tree, "<candidate>", "exec", dont_inherit=True)
+        visitor = _PythonScreen(tree)
+        visitor.visit(tree)
     except (SyntaxError, ValueError) as exc:  # ValueError: a null byte in the source
         return _report([Finding(getattr(exc, "lineno", 0) or 0, RULE["not-python"], getattr(exc, "msg", str(exc)))])
-    visitor = _PythonScreen(tree)
-    visitor.visit(tree)
+    except (RecursionError, MemoryError):  # `x = ------...1` or `a+a+...+a` by the ten thousand
+        return _report([Finding(0, RULE["not-python"], "nested too deeply for the parser or the compiler")])
     hits = visitor.hits
     if not visitor.defines_model_new:
         hits.append(Finding(0, RULE["no-model-new"], "the source"))
