@@ -8,6 +8,8 @@
 #                          470 s; CUDA-L1 again on those both accepted until 550 s (both on one machine)
 #   fidelity.sh 2          CUDA-L1's run 1 on the rest until REST_UNTIL (250 s); the repeat step (GPU CV,
 #                          REPEATS sandboxes, 5) until 500 s; the report
+#   fidelity.sh l2off      speedforge cold again with evaluator.l2_flush_mb: 0 (CUDA-L1 flushes no L2),
+#                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
 # FID_EVERY (9: every 9th kernel of levels 1-3, 25 kernels). Results: $OUT/fid-N.tgz and report.txt.
 set -u
 cd "$(dirname "$0")/../.."
@@ -21,7 +23,7 @@ if [ "${1:-}" = pack ]; then
   grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
   du -sh .fid; exit 0
 fi
-call=${1:?usage: fidelity.sh pack|1|2}
+call=${1:?usage: fidelity.sh pack|1|2|l2off}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site
 if [ ! -d /tmp/site/ray ]; then
   mkdir -p /tmp/site && xz -dc .fid/ray-*-trimmed.tar.xz | tar xf - -C /tmp/site \
@@ -35,7 +37,13 @@ F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --har
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
 save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
-if [ "$call" = 1 ]; then
+if [ "$call" = l2off ]; then
+  mkdir -p /tmp/fid-l2off && cp -n $fid/cuda_l1*.jsonl /tmp/fid-l2off/ 2>/dev/null
+  printf 'evaluator:\n  l2_flush_mb: 0\n' >/tmp/fid-l2off.yaml
+  F=(python3 benchmarks/bench_fidelity.py --out /tmp/fid-l2off --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}")
+  fid=/tmp/fid-l2off
+  [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-l2off.yaml; save
+elif [ "$call" = 1 ]; then
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
   b=$(left 470); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
   b=$(left 550); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted; save
