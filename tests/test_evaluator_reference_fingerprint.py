@@ -38,22 +38,13 @@ def get_init_inputs():
     return []
 """
 
-SCRIPTED = """
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
-        self.classifier = nn.Linear(8 * 8 * 8, 10)
-        self.features = torch.jit.script(self.features)  # as CUDA-L1's level3/11 and level3/20 do
-        self.classifier = torch.jit.script(self.classifier)
-
-    def forward(self, x):
-        return self.classifier(torch.flatten(self.features(x), 1))
-"""
+# the reference's own code as ModelNew, its layers scripted in the constructor as CUDA-L1's
+# level3/11 and level3/20 do
+SCRIPTED = TASK.replace("class Model(", "class ModelNew(").replace(
+    "        self.classifier = nn.Linear(8 * 8 * 8, 10)\n",
+    "        self.classifier = nn.Linear(8 * 8 * 8, 10)\n"
+    "        self.features = torch.jit.script(self.features)\n"
+    "        self.classifier = torch.jit.script(self.classifier)\n")
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +55,7 @@ def config(tmp_path_factory) -> EvaluatorConfig:
 
 
 def test_a_candidate_that_scripts_its_own_layers_is_ok(config) -> None:
+    assert "torch.jit.script(self.features)" in SCRIPTED
     task = Task(task_id="test/scripted_layers", family="cpp", name="scripted_layers", source=TASK)
     result = evaluate(task, Candidate.make(task.task_id, SCRIPTED), config)
     assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
