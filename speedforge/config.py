@@ -202,6 +202,11 @@ class EvaluatorConfig(Checked):
     max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
     cpu_time_limit_s: float = setting(0.0, AT_LEAST_0)  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads
     l2_flush_mb: int = setting(256, AT_LEAST_0)  # bytes written between GPU timed calls to flush L2
+    # Calls shorter than this (microseconds, the warm-up's estimate) get an untimed call of the same
+    # side just before each timed call, on inputs of their own, so that the host's caches hold the
+    # call's code as in a loop: the harness's work between calls left a 17 us CPU call (4 ops on
+    # 128 x 10) at 35-51 us, which compresses a small kernel's speedup towards 1 (0: never)
+    host_warm_below_us: float = setting(2000.0, AT_LEAST_0)
     network_isolation: bool = True  # run the sandbox in its own network namespace
     landlock: bool = True  # restrict file writes (and reads) of the sandbox with Landlock
     allow_precision_downgrade: bool = False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)

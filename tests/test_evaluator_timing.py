@@ -221,6 +221,8 @@ def test_the_rotation_keeps_as_many_pairs_as_its_memory_budget_fits(config):
     for _ in range(5):
         rotation.keep(list(pair))
     assert len(rotation.kept) == 2 and not rotation.filling()
+    rotation.keep(pair + [torch.empty(128, 1024)])  # a larger pair (a timed pair with the untimed calls' inputs)
+    assert rotation.kept.maxlen == 1 and len(rotation.kept) == 1  # 1.5 MiB: one fits in 2 MiB
     rotation = Rotation(torch, dataclasses.replace(config, cpu_rotation_pairs=3, cpu_rotation_mb=512), is_cuda=False)
     rotation.keep(pair)
     assert rotation.kept.maxlen == 3  # the pair count binds before the budget
@@ -256,7 +258,7 @@ def test_timing_stops_early_once_the_interval_lies_wholly_below_the_bound(task, 
     assert stopped.status == "ok" and stopped.stopped_early and not stopped.unstable
     assert stopped.timed_calls < 40 and stopped.speedup_hi < config.early_stop_below
     full = evaluate(task, candidate, dataclasses.replace(config, early_stop_below=0.0))
-    assert full.status == "ok" and not full.stopped_early and full.timed_calls == 40
+    assert full.status == "ok" and not full.stopped_early and full.timed_calls == 40, full.reason
 
 
 # -- contention ---------------------------------------------------------------------------------
@@ -378,3 +380,67 @@ def test_too_few_pairs_or_no_limit_check_nothing():
     assert EvaluatorConfig().drift_limit == 0.03
     with pytest.raises(FieldError, match="drift_limit"):
         EvaluatorConfig(drift_limit=-0.1)
+
+
+# -- untimed calls before short timed calls (host_warm_below_us) --------------------------------
+
+COUNTING = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 12:
+            raise RuntimeError("call 12")
+        return torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
+'''
+
+
+def test_a_short_call_gets_an_untimed_call_of_its_side_before_each_timed_call(task, config):
+    # one round of 6 pairs (any interval is narrow enough), one warm-up pair, no rotation: the
+    # candidate is called 1 (lockstep) + 1 (trial) + 1 (warm-up) + 6 times, and 6 more untimed
+    config = dataclasses.replace(config, ci_target=10.0, cpu_timed_calls=6, max_timed_calls=6, cpu_rotation_pairs=0,
+                                 warmup_calls=1, correctness_trials=1, screen="report")  # fmt: skip
+    candidate = Candidate.make(task.task_id, COUNTING)
+    warmed = evaluate(task, candidate, config)
+    assert warmed.status == "runtime_error" and "call 12" in warmed.reason, warmed.reason
+    cold = evaluate(task, candidate, dataclasses.replace(config, host_warm_below_us=0.0))
+    assert cold.status == "ok" and cold.timed_calls == 6, cold.reason
+
+
+MEMO_POISON = '''
+import torch
+import torch.nn as nn
+
+SEEN = set()
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        key = x.numpy().tobytes()
+        out = torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
+        if key in SEEN:  # inputs it was called on before: a content cache would answer here
+            return out + 1.0
+        SEEN.add(key)
+        return out
+'''
+
+
+def test_the_untimed_calls_never_run_on_a_timed_calls_inputs(task, config):
+    """A timed call on the values an untimed call just saw would let an answer cached by content
+    look fast; this candidate answers wrongly whenever it sees values again, and stays correct."""
+    config = dataclasses.replace(config, screen="report")
+    result = evaluate(task, Candidate.make(task.task_id, MEMO_POISON), config)
+    assert result.status == "ok", result.reason
+    assert result.timed_calls >= 6

@@ -6,8 +6,8 @@ sets, pages), and a process that frees and reallocates the same sizes gets the s
 on every call: each sandbox then measured the one placement it happened to get. The same cpp
 kernel gave 1.14x-1.45x over 10 processes, each steady within itself; with 8 pairs kept alive,
 so that each call runs on other blocks than the last 8 did, 1.25x-1.31x with the same mean
-(benchmarks/RESULTS.md, issue 10). The rotation's size is set by the first pair: as many pairs
-as fit in cpu_rotation_mb. The GPU keeps nothing.
+(benchmarks/RESULTS.md, issue 10). The rotation's size is set by the largest pair so far: as many
+pairs as fit in cpu_rotation_mb. The GPU keeps nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ class Rotation:
     def __init__(self, torch, config, is_cuda: bool) -> None:
         self.torch, self.config, self.is_cuda = torch, config, is_cuda
         self.kept: collections.deque | None = None
+        self.pair_bytes = 0
 
     def keep(self, pair: list) -> None:
         """Keep a pair's tensors (nested lists and tuples of them) alive; the oldest pair goes once
@@ -28,10 +29,11 @@ class Rotation:
         if self.is_cuda:
             return
         tensors = [t.detach() for t in flatten(self.torch, pair)]  # the memory only, not an autograd graph
-        if self.kept is None:
-            nbytes = sum(t.untyped_storage().nbytes() for t in tensors)
+        nbytes = sum(t.untyped_storage().nbytes() for t in tensors)
+        if self.kept is None or nbytes > self.pair_bytes:  # sized on the largest pair so far (a timed pair
+            self.pair_bytes = nbytes  # with untimed calls' inputs is larger than a warm-up pair)
             fits = (int(self.config.cpu_rotation_mb) << 20) // max(nbytes, 1)
-            self.kept = collections.deque(maxlen=min(int(self.config.cpu_rotation_pairs), fits))
+            self.kept = collections.deque(self.kept or (), maxlen=min(int(self.config.cpu_rotation_pairs), fits))
         self.kept.append(tensors)
 
     def filling(self) -> bool:

@@ -2,7 +2,10 @@
 families: speedforge.evaluator.harness).
 
 Warm-up, then pairs in random order, each side timing its own copy of the pair's inputs made just
-before its call; on GPU, L2 flushed before each call, outside the timed region, and a device-wide
+before its call; a short call (under host_warm_below_us) is preceded by an untimed call of the
+same side on the pair's other inputs (the same for both sides, so a stateful reference stays in
+lockstep; never the timed inputs, so an answer cached by content gains nothing), so that the host
+runs the timed call with its code in cache, as a loop would; on GPU, L2 flushed before each call, outside the timed region, and a device-wide
 synchronize before the end event, so side-stream work counts; every timed output checked against
 its pair's reference output. Pairs are taken until the speedup's 95% interval is narrow enough
 (`speedup_interval`), or lies wholly below early_stop_below (early stop), or the timing phase
@@ -70,6 +73,7 @@ class Timer:
         self.sides = types.SimpleNamespace(**{name: getattr(sides, name) for name in
                                               ("fresh_inputs", "clone", "switch", "call", "compare")})
         self.is_cuda = device.type == "cuda"
+        self.warm_host = False  # set by `measure` from the warm-up's estimate of a call (host_warm_below_us)
         self.sync, self.Event = sides.sync, sides.Event  # the harness's, captured before the candidate loaded
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
@@ -106,6 +110,10 @@ class Timer:
             del pair, out
             i += 1
         per_call = max(max(est.values()), 1e-6)
+        # decided by the reference's call alone: its pristine run (beside its twin) and its run beside
+        # a candidate then time it the same way, as the tripwire compares them; both sides follow,
+        # so that a stateful reference and the candidate still get the same calls
+        self.warm_host = est["ref"] * 1e6 < float(config.host_warm_below_us)
         base = int(config.timed_calls if self.is_cuda else config.cpu_timed_calls)
         most = int(config.max_timed_calls)
         least = min(max(base, math.ceil(float(config.min_timed_s) / per_call)), most)
@@ -169,22 +177,27 @@ class Timer:
         steal = _steal_ticks()
         for i in range(most):
             inputs = self.sides.fresh_inputs(first_index + i)
+            # the untimed calls' inputs: negative indices below the first call's -1, which no
+            # timed pair, warm-up call or correctness trial draws
+            warm = self.sides.fresh_inputs(-2 - first_index - i) if self.warm_host else None
             order = [("ref", ref_model), ("cand", cand_model)]
             self.rng.shuffle(order)
-            outs, args, hit = {}, {}, False
+            outs, args, warmed, hit = {}, {}, {}, False
             for side, model in order:
                 # each side its own copy, made just before its call: the same work before either
                 # side's call, whichever runs first (the reference once ran on the fresh inputs
                 # and the candidate on a copy made after them, which read 0.8x for identical work)
                 args[side] = self.sides.clone(inputs)
-                outs[side], seconds, preempted = self._timed_call(model, args[side], flush, side)
+                if warm is not None:  # kept with the pair below: the untimed call too runs on memory of its own
+                    warmed[side] = self.sides.clone(warm)
+                outs[side], seconds, preempted = self._timed_call(model, args[side], flush, side, warmed.get(side))
                 times[side].append(seconds * 1e6)
                 hit = hit or preempted
             del inputs
             disturbed += hit
             self.sides.compare(outs["cand"], outs["ref"], [], [], f"timed call {i + 1}", exact_error=False)
-            self.rotation.keep([args["ref"], args["cand"], outs["ref"], outs["cand"]])
-            del outs, args
+            self.rotation.keep([args["ref"], args["cand"], outs["ref"], outs["cand"], *warmed.values()])
+            del outs, args, warmed
             n = i + 1
             if n >= floor and n < most and _perf_counter() >= deadline:  # the budget: the interval it has
                 lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
@@ -207,9 +220,11 @@ class Timer:
         return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
                 "steal_s": steal / _CLOCK_TICKS, "out_of_time": out_of_time}
 
-    def _timed_call(self, model, args: list, flush, side: str):
+    def _timed_call(self, model, args: list, flush, side: str, warm: list | None = None):
         what = "ModelNew.forward" if side == "cand" else "the reference"
         self.sides.switch(side)  # the side's backend knobs, set outside the timed region
+        if warm is not None:  # untimed, on this side's copy of the pair's other inputs: the host's caches warm
+            self.sides.call(what, model, *warm)
         if self.is_cuda:
             if flush is not None:
                 flush.zero_()  # evicts L2, outside the timed region
