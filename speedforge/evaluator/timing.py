@@ -5,7 +5,8 @@ Warm-up, then pairs in random order, each side timing its own copy of the pair's
 before its call; a short call (under host_warm_below_us) is preceded by an untimed call of the
 same side on the pair's other inputs (the same for both sides, so a stateful reference stays in
 lockstep; never the timed inputs, so an answer cached by content gains nothing), so that the host
-runs the timed call with its code in cache, as a loop would; on GPU, L2 flushed before each call, outside the timed region, and a device-wide
+runs the timed call with its code in cache, as a loop would; on GPU, L2 flushed before each call,
+outside the timed region, and a device-wide
 synchronize before the end event, so side-stream work counts; every timed output checked against
 its pair's reference output. Pairs are taken until the speedup's 95% interval is narrow enough
 (`speedup_interval`), or lies wholly below early_stop_below (early stop), or the timing phase
