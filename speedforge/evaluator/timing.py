@@ -3,8 +3,8 @@ families: speedforge.evaluator.harness).
 
 Warm-up, then pairs in random order, each side timing its own copy of the pair's inputs made just
 before its call; a short call (under host_warm_below_us) is preceded by an untimed call of the
-same side on the pair's other inputs (the same for both sides, so a stateful reference stays in
-lockstep; never the timed inputs, so an answer cached by content gains nothing), so that the host
+same side on inputs of its own (a copy of the same for both sides, so a stateful reference stays
+in lockstep; never a timed call's, so an answer cached by content gains nothing), so that the host
 runs the timed call with its code in cache, as a loop would; on GPU, L2 flushed before each call,
 outside the timed region, and a device-wide
 synchronize before the end event, so side-stream work counts; every timed output checked against
@@ -176,11 +176,11 @@ class Timer:
         out_of_time = False
         disturbed = 0
         steal = _steal_ticks()
+        # the untimed calls' inputs, one set a round, copied for every call: a negative index below
+        # the first call's -1, which no timed pair, warm-up call or correctness trial draws
+        warm = self.sides.fresh_inputs(-2 - first_index) if self.warm_host else None
         for i in range(most):
             inputs = self.sides.fresh_inputs(first_index + i)
-            # the untimed calls' inputs: negative indices below the first call's -1, which no
-            # timed pair, warm-up call or correctness trial draws
-            warm = self.sides.fresh_inputs(-2 - first_index - i) if self.warm_host else None
             order = [("ref", ref_model), ("cand", cand_model)]
             self.rng.shuffle(order)
             outs, args, warmed, hit = {}, {}, {}, False
@@ -224,7 +224,7 @@ class Timer:
     def _timed_call(self, model, args: list, flush, side: str, warm: list | None = None):
         what = "ModelNew.forward" if side == "cand" else "the reference"
         self.sides.switch(side)  # the side's backend knobs, set outside the timed region
-        if warm is not None:  # untimed, on this side's copy of the pair's other inputs: the host's caches warm
+        if warm is not None:  # untimed, on this side's copy of the untimed inputs: the host's caches warm
             self.sides.call(what, model, *warm)
         if self.is_cuda:
             if flush is not None:
