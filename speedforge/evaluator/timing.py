@@ -74,7 +74,6 @@ class Timer:
         self.sides = types.SimpleNamespace(**{name: getattr(sides, name) for name in
                                               ("fresh_inputs", "clone", "switch", "call", "compare")})
         self.is_cuda = device.type == "cuda"
-        self.warm_host = False  # set by `measure` from the warm-up's estimate of a call (host_warm_below_us)
         self.sync, self.Event = sides.sync, sides.Event  # the harness's, captured before the candidate loaded
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
@@ -114,7 +113,7 @@ class Timer:
         # decided by the reference's call alone: its pristine run (beside its twin) and its run beside
         # a candidate then time it the same way, as the tripwire compares them; both sides follow,
         # so that a stateful reference and the candidate still get the same calls
-        self.warm_host = est["ref"] * 1e6 < float(config.host_warm_below_us)
+        warm_host = est["ref"] * 1e6 < float(config.host_warm_below_us)
         base = int(config.timed_calls if self.is_cuda else config.cpu_timed_calls)
         most = int(config.max_timed_calls)
         least = min(max(base, math.ceil(float(config.min_timed_s) / per_call)), most)
@@ -122,7 +121,7 @@ class Timer:
         rounds = []
         for attempt in range(2):
             rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt,
-                                            deadline))  # fmt: skip
+                                            deadline, warm_host))  # fmt: skip
             if rounds[-1]["width"] <= wide or rounds[-1]["stopped_early"]:
                 break
             if _perf_counter() >= deadline:  # undecided, and no time left to measure again
@@ -160,12 +159,13 @@ class Timer:
         }
 
     def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int,
-                     deadline: float = math.inf) -> dict:  # fmt: skip
+                     deadline: float = math.inf, warm_host: bool = False) -> dict:  # fmt: skip
         """Pairs until the interval is within +-ci_target (checked every few pairs past `least`),
         or lies wholly below early_stop_below (checked every EARLY_CHECK_EVERY pairs from
         EARLY_CHECK_FROM on), or `most` pairs, or `deadline` (perf_counter) has passed once it has
-        min(least, BUDGET_MIN_PAIRS) pairs; returns the times (us), the interval (lo, hi, relative
-        half-width), whether it stopped early and whether it ran out of time."""
+        min(least, BUDGET_MIN_PAIRS) pairs, each call after an untimed one when `warm_host`;
+        returns the times (us), the interval (lo, hi, relative half-width), whether it stopped
+        early and whether it ran out of time."""
         target = float(self.config.ci_target)
         bound = float(self.config.early_stop_below)
         times: dict[str, list[float]] = {"ref": [], "cand": []}
@@ -178,7 +178,7 @@ class Timer:
         steal = _steal_ticks()
         # the untimed calls' inputs, one set a round, copied for every call: a negative index below
         # the first call's -1, which no timed pair, warm-up call or correctness trial draws
-        warm = self.sides.fresh_inputs(-2 - first_index) if self.warm_host else None
+        warm = self.sides.fresh_inputs(-2 - first_index) if warm_host else None
         for i in range(most):
             inputs = self.sides.fresh_inputs(first_index + i)
             order = [("ref", ref_model), ("cand", cand_model)]
