@@ -33,15 +33,16 @@ if [ ! -d /tmp/site/ray ]; then
 fi
 python3 -c 'import ray; print("ray", ray.__version__)' || exit 1
 fid=/tmp/fid; mkdir -p $fid; cp -n .fid/results/* $fid/ 2>/dev/null
+if [ "$call" = l2off ]; then  # a folder of its own, with the CUDA-L1 runs so far
+  mkdir -p /tmp/fid-l2off && cp -n $fid/cuda_l1*.jsonl /tmp/fid-l2off/ 2>/dev/null
+  fid=/tmp/fid-l2off
+fi
 F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}")
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
 save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
 if [ "$call" = l2off ]; then
-  mkdir -p /tmp/fid-l2off && cp -n $fid/cuda_l1*.jsonl /tmp/fid-l2off/ 2>/dev/null
   printf 'evaluator:\n  l2_flush_mb: 0\n' >/tmp/fid-l2off.yaml
-  F=(python3 benchmarks/bench_fidelity.py --out /tmp/fid-l2off --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}")
-  fid=/tmp/fid-l2off
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-l2off.yaml; save
 elif [ "$call" = 1 ]; then
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save

@@ -12,6 +12,6 @@ pgrep -f '[t]rain_check.sh' >/dev/null && echo "train_check.sh: still running" |
 [ -s $dir/failed.txt ] && echo "failed: $(paste -sd' ' $dir/failed.txt)"
 [ -d $dir ] || exit 0
 for stage in sft grpo; do for f in $dir/work/*/$stage/metrics.jsonl; do [ -f "$f" ] && cp "$f" $dir/metrics-$stage.jsonl; done; done
-cp /tmp/gc/train.txt $dir/ 2>/dev/null
+cp /tmp/gc/train.log $dir/ 2>/dev/null
 (cd /tmp/gc && tar czf "${OUT:-/tmp}/train.tgz" --exclude=train/store --exclude=train/work train)
 tail -n 3 $dir/*.log 2>/dev/null | cut -c1-300 | tail -n 40
