@@ -1,0 +1,153 @@
+"""Where a launch-bound kernel's time goes: one CUDA-L1 pair timed the ways two harnesses time it
+(issue 25: level2/14 read 2.25x in speedforge against 3.0-3.2x in CUDA-L1's harness).
+
+In one plain process on the GPU (no sandbox), the reference and the candidate of one corpus entry
+are timed, pair after pair in alternating order, under each of these regimes (each changes one
+thing from the one above it, so a difference between neighbouring rows is that one thing's share):
+
+    cuda-l1        start event, the call, end event, synchronize (CUDA-L1's eval_cuda.py)
+    sync-before    a synchronize before the start event too
+    end-after-sync the end event after a device-wide synchronize (speedforge's timed region)
+    l2-flush       256 MB zeroed before each call, outside the region (speedforge's flush)
+    host-gap       ~N us of Python work between calls (speedforge's checks between calls)
+    warm-call      an untimed call of the same side before each timed call (host_warm_below_us)
+    loop           the reference of throughput: 200 calls back to back between two events, / 200
+
+It prints each regime's median reference and candidate times (us), the speedup (ratio of
+medians), and the spread of the speedup over the repeats. No timing is asserted; the figures
+explain, they do not judge.
+
+    python benchmarks/bench_short_call.py --kernel level2/14 --jsonl ../shared/data/cuda-l1/a100.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+REGIMES = ["cuda-l1", "sync-before", "end-after-sync", "l2-flush", "host-gap", "warm-call", "loop"]
+
+
+def load_pair(jsonl: Path, kernel: str) -> tuple[str, str]:
+    level, task = kernel.removeprefix("level").split("/")
+    for line in jsonl.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("level_id") == int(level) and row.get("task_id") == int(task):
+            return row["ref_code"], row["custom_code"]
+    sys.exit(f"{kernel} is not in {jsonl}")
+
+
+def build(torch, ref_code: str, cand_code: str, seed: int):
+    ref, cand = types.ModuleType("probe_ref"), types.ModuleType("probe_cand")
+    exec(compile(ref_code, "<reference>", "exec"), ref.__dict__)
+    exec(compile(cand_code, "<candidate>", "exec"), cand.__dict__)
+    torch.manual_seed(seed)
+    init = ref.get_init_inputs()
+    torch.manual_seed(seed)
+    model_ref = ref.Model(*init).cuda().eval()
+    torch.manual_seed(seed)
+    model_cand = cand.ModelNew(*init).cuda().eval()
+    torch.manual_seed(seed + 1)
+    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ref.get_inputs()]
+    return model_ref, model_cand, inputs
+
+
+def host_work(us: float) -> None:
+    """Python work of about `us` microseconds touching fresh objects, as a harness's checks do."""
+    end = time.perf_counter() + us / 1e6
+    junk = []
+    while time.perf_counter() < end:
+        junk.append({str(i): i for i in range(64)})
+
+
+def time_call(torch, regime: str, model, inputs, flush, gap_us: float) -> float:
+    """One timed call of `model` under `regime`, in microseconds."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if regime == "loop":
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(200):
+            model(*inputs)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / 200
+    if regime in ("host-gap", "warm-call"):
+        host_work(gap_us)
+    if regime == "warm-call":
+        model(*inputs)
+    if regime in ("l2-flush", "host-gap", "warm-call"):
+        flush.zero_()
+    if regime != "cuda-l1":
+        torch.cuda.synchronize()
+    start.record()
+    model(*inputs)
+    if regime == "cuda-l1" or regime == "sync-before":
+        end.record()
+        torch.cuda.synchronize()
+    else:
+        torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    here = Path(__file__).resolve().parent
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--jsonl", type=Path, default=here.parent.parent / "shared/data/cuda-l1/a100.jsonl",
+                   help="CUDA-L1's corpus (default ../shared/data/cuda-l1/a100.jsonl)")
+    p.add_argument("--kernel", action="append", help="levelL/T, repeatable (default level2/14)")
+    p.add_argument("--pairs", type=int, default=100, help="timed pairs per regime and repeat (100)")
+    p.add_argument("--repeats", type=int, default=5, help="repeats of every regime, interleaved (5)")
+    p.add_argument("--gap-us", type=float, default=300.0, help="host work between calls in host-gap (300 us)")
+    p.add_argument("--flush-mb", type=int, default=256, help="L2 flush size (256, speedforge's default)")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_short_call: no GPU here; this probe times CUDA calls only")
+        return 2
+    if not args.jsonl.is_file():
+        print(f"bench_short_call: {args.jsonl} is absent (CUDA-L1's corpus; see ../shared/data/README)")
+        return 2
+    flush = torch.empty(args.flush_mb << 20, dtype=torch.uint8, device="cuda")
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.pairs} pairs x {args.repeats} repeats")
+    for kernel in args.kernel or ["level2/14"]:
+        ref_code, cand_code = load_pair(args.jsonl, kernel)
+        model_ref, model_cand, inputs = build(torch, ref_code, cand_code, 42)
+        with torch.no_grad():
+            for _ in range(20):
+                model_ref(*inputs), model_cand(*inputs)
+            torch.cuda.synchronize()
+            got = {r: {"ref": [], "cand": [], "speedup": []} for r in REGIMES}
+            for rep in range(args.repeats):
+                for regime in REGIMES:
+                    times = {"ref": [], "cand": []}
+                    pairs = args.pairs if regime != "loop" else max(3, args.pairs // 20)
+                    for i in range(pairs):
+                        order = ("ref", "cand") if (i + rep) % 2 == 0 else ("cand", "ref")
+                        for side in order:
+                            model = model_ref if side == "ref" else model_cand
+                            times[side].append(time_call(torch, regime, model, inputs, flush, args.gap_us))
+                    r, c = statistics.median(times["ref"]), statistics.median(times["cand"])
+                    got[regime]["ref"].append(r)
+                    got[regime]["cand"].append(c)
+                    got[regime]["speedup"].append(r / c)
+        print(f"\n{kernel}: median over {args.repeats} repeats (each the median of its calls)")
+        print(f"  {'regime':15s} {'ref us':>9s} {'cand us':>9s} {'speedup':>8s}  {'min-max':>13s}")
+        for regime in REGIMES:
+            g = got[regime]
+            s = g["speedup"]
+            print(f"  {regime:15s} {statistics.median(g['ref']):9.1f} {statistics.median(g['cand']):9.1f} "
+                  f"{statistics.median(s):8.3f}  {min(s):6.3f}-{max(s):6.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
