@@ -11,6 +11,8 @@ thing from the one above it, so a difference between neighbouring rows is that o
     l2-flush       256 MB zeroed before each call, outside the region (speedforge's flush)
     host-gap       ~N us of Python work between calls (speedforge's checks between calls)
     warm-call      an untimed call of the same side before each timed call (host_warm_below_us)
+    gap-off        the synchronize's own round trip (an idle call's, median) taken off, never below
+                   the current stream's end event (speedforge since 2026-11-26: gpu_call_seconds)
     loop           the reference of throughput: 200 calls back to back between two events, / 200
 
 It prints each regime's median reference and candidate times (us), the speedup (ratio of
@@ -30,7 +32,7 @@ import time
 import types
 from pathlib import Path
 
-REGIMES = ["cuda-l1", "sync-before", "end-after-sync", "l2-flush", "host-gap", "warm-call", "loop"]
+REGIMES = ["cuda-l1", "sync-before", "end-after-sync", "l2-flush", "host-gap", "warm-call", "gap-off", "loop"]
 
 
 def load_pair(jsonl: Path, kernel: str) -> tuple[str, str]:
@@ -65,9 +67,24 @@ def host_work(us: float) -> None:
         junk.append({str(i): i for i in range(64)})
 
 
-def time_call(torch, regime: str, model, inputs, flush, gap_us: float) -> float:
+def sync_gap_us(torch, samples: int = 33) -> float:
+    """The median round trip a device-wide synchronize adds after an idle stream's event."""
+    gaps = []
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        done, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        done.record()
+        torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        gaps.append(done.elapsed_time(end) * 1e3)
+    return statistics.median(gaps)
+
+
+def time_call(torch, regime: str, model, inputs, flush, gap_us: float, sync_gap: float = 0.0) -> float:
     """One timed call of `model` under `regime`, in microseconds."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    done = torch.cuda.Event(enable_timing=True)
     if regime == "loop":
         torch.cuda.synchronize()
         start.record()
@@ -76,11 +93,11 @@ def time_call(torch, regime: str, model, inputs, flush, gap_us: float) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) * 1e3 / 200
-    if regime in ("host-gap", "warm-call"):
+    if regime in ("host-gap", "warm-call", "gap-off"):
         host_work(gap_us)
-    if regime == "warm-call":
+    if regime in ("warm-call", "gap-off"):
         model(*inputs)
-    if regime in ("l2-flush", "host-gap", "warm-call"):
+    if regime in ("l2-flush", "host-gap", "warm-call", "gap-off"):
         flush.zero_()
     if regime != "cuda-l1":
         torch.cuda.synchronize()
@@ -90,9 +107,12 @@ def time_call(torch, regime: str, model, inputs, flush, gap_us: float) -> float:
         end.record()
         torch.cuda.synchronize()
     else:
+        done.record()
         torch.cuda.synchronize()
         end.record()
         end.synchronize()
+        if regime == "gap-off":
+            return max(start.elapsed_time(done) * 1e3, start.elapsed_time(end) * 1e3 - sync_gap)
     return start.elapsed_time(end) * 1e3
 
 
@@ -125,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(20):
                 model_ref(*inputs), model_cand(*inputs)
             torch.cuda.synchronize()
+            gap = sync_gap_us(torch)
+            print(f"{kernel}: the synchronize's round trip after an idle stream, median {gap:.1f} us")
             got = {r: {"ref": [], "cand": [], "speedup": []} for r in REGIMES}
             for rep in range(args.repeats):
                 for regime in REGIMES:
@@ -134,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                         order = ("ref", "cand") if (i + rep) % 2 == 0 else ("cand", "ref")
                         for side in order:
                             model = model_ref if side == "ref" else model_cand
-                            times[side].append(time_call(torch, regime, model, inputs, flush, args.gap_us))
+                            times[side].append(time_call(torch, regime, model, inputs, flush, args.gap_us, gap))
                     r, c = statistics.median(times["ref"]), statistics.median(times["cand"])
                     got[regime]["ref"].append(r)
                     got[regime]["cand"].append(c)

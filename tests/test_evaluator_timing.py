@@ -444,3 +444,78 @@ def test_the_untimed_calls_never_run_on_a_timed_calls_inputs(task, config):
     result = evaluate(task, Candidate.make(task.task_id, MEMO_POISON), config)
     assert result.status == "ok", result.reason
     assert result.timed_calls >= 6
+
+
+# -- a GPU call's end: the synchronize's round trip is not the call's ------------------------------
+
+
+class _Timeline:
+    """A fake device clock for Timer._timed_call's GPU path: the current stream's work ends when
+    the host returns from the call, other streams' work later; a synchronize waits for all of it
+    and then costs `gap` of its own before the next event."""
+
+    def __init__(self, gap: float) -> None:
+        self.now, self.pending, self.gap = 0.0, 0.0, gap
+
+    def sync(self) -> None:
+        self.now += self.pending + self.gap
+        self.pending = 0.0
+
+    def event(self, enable_timing: bool = True):
+        line = self
+
+        class Event:
+            def record(self):
+                self.at = line.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return (other.at - self.at) * 1e3  # ms, as torch.cuda.Event's
+
+        return Event()
+
+
+def _gpu_timer(config, line: _Timeline):
+    from speedforge.evaluator.timing import Timer
+    import random
+    import types
+
+    sides = types.SimpleNamespace(fresh_inputs=None, clone=None, switch=lambda side: None,
+                                  call=lambda what, fn, *args: fn(*args), compare=None, sync=line.sync,
+                                  Event=line.event)  # fmt: skip
+    timer = Timer(torch, dataclasses.replace(config, l2_flush_mb=0), torch.device("cpu"), random.Random(0), sides)
+    timer.is_cuda = True
+    return timer
+
+
+def test_a_gpu_calls_time_leaves_out_the_synchronizes_round_trip_but_not_side_stream_work(config):
+    line = _Timeline(gap=9e-6)
+    timer = _gpu_timer(config, line)
+    timer.sync_gap_s = timer._sync_gap()  # idle calls: the round trip alone
+    assert timer.sync_gap_s == pytest.approx(9e-6)
+
+    def on_stream(seconds):
+        def call():
+            line.now += seconds
+        return call
+
+    def side_stream(own, left):
+        def call():
+            line.now += own
+            line.pending += left  # still running on another stream when the call returns
+        return call
+
+    _, seconds, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
+    assert seconds == pytest.approx(30e-6)  # without the fix: 39 us, the round trip counted
+    _, seconds, _ = timer._timed_call(side_stream(5e-6, 40e-6), [], None, "cand")
+    assert seconds == pytest.approx(45e-6)  # the other stream's 40 us counted in full
+    # work a candidate left queued before the round trip is measured does not inflate it (which
+    # would hide that much side-stream work in every call): each sample starts on a drained device
+    line.pending = 1e-3
+    assert timer._sync_gap() == pytest.approx(9e-6)
+    # and however measured, a call is never read shorter than its own stream's work
+    timer.sync_gap_s = 1.0
+    _, seconds, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
+    assert seconds == pytest.approx(30e-6)

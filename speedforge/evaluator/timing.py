@@ -6,8 +6,8 @@ before its call; a short call (under host_warm_below_us) is preceded by an untim
 same side on inputs of its own (a copy of the same for both sides, so a stateful reference stays
 in lockstep; never a timed call's, so an answer cached by content gains nothing), so that the host
 runs the timed call with its code in cache, as a loop would; on GPU, L2 flushed before each call,
-outside the timed region, and a device-wide
-synchronize before the end event, so side-stream work counts; every timed output checked against
+outside the timed region, and a device-wide synchronize before the end event, so side-stream work
+counts, less the synchronize's own round trip (`gpu_call_seconds`); every timed output checked against
 its pair's reference output. Pairs are taken until the speedup's 95% interval is narrow enough
 (`speedup_interval`), or lies wholly below early_stop_below (early stop), or the timing phase
 has lasted max_timed_s (the budget: a slow reference holds the device's turn no longer; the
@@ -77,9 +77,10 @@ class Timer:
         self.sync, self.Event = sides.sync, sides.Event  # the harness's, captured before the candidate loaded
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
+        self.sync_gap_s = 0.0  # the synchronize's own share of an idle call's end (`_sync_gap`), once measured
         self.scheduler = _pinned(SchedulerMarks(), ("read", "waited_s", "disturbed"))
         self.rotation = _pinned(Rotation(torch, config, self.is_cuda), ("keep", "filling"))
-        _pinned(self, ("measure", "_timed_round", "_timed_call"))
+        _pinned(self, ("measure", "_timed_round", "_timed_call", "_sync_gap"))
 
     def measure(self, ref_model, cand_model) -> dict:
         """Paired timing that stops once the answer is decided.
@@ -97,6 +98,8 @@ class Timer:
         flush = None
         if self.is_cuda and int(config.l2_flush_mb) > 0:
             flush = self.torch.empty(int(config.l2_flush_mb) << 20, dtype=self.torch.int8, device=self.device)
+        if self.is_cuda:
+            self.sync_gap_s = self._sync_gap()
         est = {"ref": 0.0, "cand": 0.0}
         fastest_ref = math.inf  # the reference's fastest warm-up call
         i = 0
@@ -225,6 +228,22 @@ class Timer:
         return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
                 "steal_s": steal / _CLOCK_TICKS, "out_of_time": out_of_time}
 
+    def _sync_gap(self) -> float:
+        """The median, over SYNC_GAP_SAMPLES calls that launch nothing, of the seconds from an event
+        on the idle current stream to one recorded after the device-wide synchronize: what the
+        synchronize adds to every GPU call's end, not the call's own time (`gpu_call_seconds`).
+        Each sample starts on a drained device, so work a candidate left queued cannot inflate it."""
+        gaps = []
+        for _ in range(SYNC_GAP_SAMPLES):
+            self.sync()
+            done, end = self.Event(enable_timing=True), self.Event(enable_timing=True)
+            done.record()
+            self.sync()
+            end.record()
+            end.synchronize()
+            gaps.append(done.elapsed_time(end) / 1e3)
+        return statistics.median(gaps)
+
     def _timed_call(self, model, args: list, flush, side: str, warm: list | None = None):
         what = "ModelNew.forward" if side == "cand" else "the reference"
         self.sides.switch(side)  # the side's backend knobs, set outside the timed region
@@ -234,13 +253,15 @@ class Timer:
             if flush is not None:
                 flush.zero_()  # evicts L2, outside the timed region
             self.sync()
-            start, end = self.Event(enable_timing=True), self.Event(enable_timing=True)
+            start, done, end = (self.Event(enable_timing=True) for _ in range(3))
             start.record()
             out = self.sides.call(what, model, *args)
+            done.record()  # the current stream's end of the call
             self.sync()  # device-wide: work on any stream is inside the timed region
             end.record()
             end.synchronize()
-            return out, start.elapsed_time(end) / 1e3, False
+            return out, gpu_call_seconds(start.elapsed_time(done) / 1e3, start.elapsed_time(end) / 1e3,
+                                         self.sync_gap_s), False  # fmt: skip
         marks = self.scheduler
         before = marks.read()
         t0 = _perf_counter()
@@ -251,6 +272,22 @@ class Timer:
             seconds -= marks.waited_s(before, after, seconds)  # a neighbour's time slice is not the call's
         return out, seconds, marks.disturbed(before, after)
 
+
+
+SYNC_GAP_SAMPLES = 33
+
+
+def gpu_call_seconds(on_stream: float, overall: float, sync_gap: float) -> float:
+    """A GPU call's time from its events: `on_stream`, start to an event recorded on the current
+    stream right after the call (CUDA-L1's and KernelBench's end); `overall`, start to an event
+    recorded after a device-wide synchronize, so work left on any other stream is inside it.
+
+    The synchronize adds its own round trip to `overall` (about 8-10 us on an H100), the same on
+    both sides, which pulled a short call's speedup towards 1 (a 2.8x pair read 2.4x). So the time
+    is `overall` less the round trip an idle call showed (`sync_gap`), never less than
+    `on_stream`: work on another stream that ended after the current stream's event still counts
+    in full beyond that round trip's median."""
+    return max(on_stream, overall - sync_gap)
 
 
 def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda: bool) -> list[str]:
