@@ -450,6 +450,8 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
         runs = [evaluate(tasks[cand.task_id], cand, config, device="cuda") for _ in range(args.repeats)]
         record = {"key": cand.task_id, "statuses": [r.status for r in runs], "speedups": [r.speedup for r in runs],
                   "reasons": [r.reason[:300] for r in runs],
+                  "warnings": [[w[:300] for w in r.warnings] for r in runs],
+                  "ref_us": [r.ref_us for r in runs], "cand_us": [r.cand_us for r in runs],
                   "unstable": [r.unstable for r in runs],
                   "overhead_s": [r.wall_s - r.build_s - r.timed_s for r in runs],
                   "wall_s": [r.wall_s for r in runs], "timed_calls": [r.timed_calls for r in runs]}  # fmt: skip

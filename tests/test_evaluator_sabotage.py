@@ -92,6 +92,70 @@ def test_tripwire_needs_both_intervals_apart_the_limit_passed_and_a_fresh_pristi
     assert _tripwire(_stage(200.0, 150.0, 250.0), measure, 1.5).ok
 
 
+def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_it_repeats_is_sabotage() -> None:
+    """One sandbox the host ran slowly (an H100 read an honest avg_pool1d kernel's reference at 2x
+    its pristine time in 1 of 5 sandboxes) is not sabotage; the candidate's run is made again in a
+    fresh sandbox, and only a trip it repeats is hack_detected."""
+    import dataclasses
+
+    pristine = {False: _stage(100.0, 95.0, 110.0), True: _stage(100.0, 96.0, 108.0)}
+    runs = []
+
+    def rerun_as(result: StageResult):
+        def rerun() -> StageResult:
+            runs.append(result)
+            return result
+        return rerun
+
+    fair = dataclasses.replace(_stage(101.0, 97.0, 106.0), speedup=1.3)
+    got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(fair))
+    assert got.ok and got.speedup == 1.3 and got.ref_us == 101.0  # the second run's figures
+    assert any(w.startswith("tripwire: in a first sandbox the reference ran slower") for w in got.warnings), got.warnings
+    got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(_stage(210.0, 160.0, 260.0)))
+    assert got.status == "hack_detected" and got.speedup is None and "two sandboxes" in got.reason
+    wrong = StageResult("incorrect", reason="timed call 3: values")
+    assert _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(wrong)) is wrong
+    assert len(runs) == 3
+    assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 3  # no trip, no rerun
+
+
+def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_reported(config, tmp_path,
+                                                                                     monkeypatch) -> None:  # fmt: skip
+    """Through evaluate(): the first run's sandbox reads the reference 3x slower (its figures
+    scaled, as a slow host would), the second is left as it ran: ok, two run jobs, the first
+    trip named in the warnings. Every run scaled: hack_detected."""
+    import dataclasses
+    import importlib
+
+    evaluate_module = importlib.import_module("speedforge.evaluator.evaluate")
+    config = dataclasses.replace(config, cache_dir=str(tmp_path))
+    task = _task(HERE / "mkldnn_off_at_import.py")
+    honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
+    assert evaluate(task, honest, config).status == "ok"  # the pristine reference kept
+    run_pinned = evaluate_module._run_pinned
+    jobs, slow = [], {"runs": 1}
+
+    def slowed(cache, job, *args):
+        outcome = run_pinned(cache, job, *args)
+        if job.kind == "run":
+            jobs.append(job.kind)
+            if len(jobs) <= slow["runs"] and outcome.result and outcome.result.get("status") == "ok":
+                result = {**outcome.result, **{k: outcome.result[k] * 3 for k in ("ref_us", "ref_lo_us", "ref_hi_us")}}
+                outcome = dataclasses.replace(outcome, result=result)
+        return outcome
+
+    monkeypatch.setattr(evaluate_module, "_run_pinned", slowed)
+    result = evaluate(task, honest, config)
+    assert result.status == "ok", (result.status, result.reason)
+    assert jobs == ["run", "run"]
+    assert any("did not repeat it" in w for w in result.warnings), result.warnings
+    jobs.clear()
+    slow["runs"] = 2
+    result = evaluate(task, honest, config)
+    assert result.status == "hack_detected" and "two sandboxes" in result.reason, (result.status, result.reason)
+    assert jobs == ["run", "run"]
+
+
 def test_pristine_reference_is_timed_once_per_task_and_cached(config, tmp_path) -> None:
     import dataclasses
 

@@ -275,6 +275,9 @@ class Timer:
 
 
 SYNC_GAP_SAMPLES = 33
+# what a pristine reference's cached timing was measured with (speedforge.evaluator.evaluate's key):
+# 2, a GPU call's end less the synchronize's round trip (`gpu_call_seconds`)
+TIMING_VERSION = "2"
 
 
 def gpu_call_seconds(on_stream: float, overall: float, sync_gap: float) -> float:
