@@ -14,6 +14,11 @@ thing from the one above it, so a difference between neighbouring rows is that o
     gap-off        the synchronize's own round trip (an idle call's, median) taken off, never below
                    the current stream's end event (speedforge since 2026-11-26: gpu_call_seconds)
     loop           the reference of throughput: 200 calls back to back between two events, / 200
+    l1-trial       CUDA-L1's trial as a whole (opt-in, --regimes): new inputs from get_inputs() on the
+                   host and .cuda() before each pair, its scan of dir(model) for streams, events
+                   around the call, a synchronize after it; --train times both models in train
+                   mode, as CUDA-L1's performance step builds them (it calls .eval() only in its
+                   correctness step)
 
 It prints each regime's median reference and candidate times (us), the speedup (ratio of
 medians), and the spread of the speedup over the repeats. No timing is asserted; the figures
@@ -33,6 +38,20 @@ import types
 from pathlib import Path
 
 REGIMES = ["cuda-l1", "sync-before", "end-after-sync", "l2-flush", "host-gap", "warm-call", "gap-off", "loop"]
+EXTRA = ["l1-trial"]
+
+
+def scan_streams(torch, model) -> list:
+    """CUDA-L1's find_model_streams: every attribute of the model, looking for CUDA streams."""
+    found = []
+    for name in dir(model):
+        try:
+            value = getattr(model, name)
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(value, torch.cuda.Stream):
+            found.append(value)
+    return found
 
 
 def load_pair(jsonl: Path, kernel: str) -> tuple[str, str]:
@@ -44,19 +63,19 @@ def load_pair(jsonl: Path, kernel: str) -> tuple[str, str]:
     sys.exit(f"{kernel} is not in {jsonl}")
 
 
-def build(torch, ref_code: str, cand_code: str, seed: int):
+def build(torch, ref_code: str, cand_code: str, seed: int, train: bool = False):
     ref, cand = types.ModuleType("probe_ref"), types.ModuleType("probe_cand")
     exec(compile(ref_code, "<reference>", "exec"), ref.__dict__)
     exec(compile(cand_code, "<candidate>", "exec"), cand.__dict__)
     torch.manual_seed(seed)
     init = ref.get_init_inputs()
     torch.manual_seed(seed)
-    model_ref = ref.Model(*init).cuda().eval()
+    model_ref = ref.Model(*init).cuda().train(train)
     torch.manual_seed(seed)
-    model_cand = cand.ModelNew(*init).cuda().eval()
+    model_cand = cand.ModelNew(*init).cuda().train(train)
     torch.manual_seed(seed + 1)
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ref.get_inputs()]
-    return model_ref, model_cand, inputs
+    return model_ref, model_cand, inputs, ref.get_inputs
 
 
 def host_work(us: float) -> None:
@@ -99,11 +118,11 @@ def time_call(torch, regime: str, model, inputs, flush, gap_us: float, sync_gap:
         model(*inputs)
     if regime in ("l2-flush", "host-gap", "warm-call", "gap-off"):
         flush.zero_()
-    if regime != "cuda-l1":
+    if regime not in ("cuda-l1", "l1-trial"):
         torch.cuda.synchronize()
     start.record()
     model(*inputs)
-    if regime == "cuda-l1" or regime == "sync-before":
+    if regime in ("cuda-l1", "sync-before", "l1-trial"):
         end.record()
         torch.cuda.synchronize()
     else:
@@ -127,7 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="repeats of every regime, interleaved (5)")
     p.add_argument("--gap-us", type=float, default=300.0, help="host work between calls in host-gap (300 us)")
     p.add_argument("--flush-mb", type=int, default=256, help="L2 flush size (256, speedforge's default)")
+    p.add_argument("--regimes", default=",".join(REGIMES),
+                   help=f"comma-separated, from {', '.join(REGIMES + EXTRA)} (default all but {', '.join(EXTRA)})")
+    p.add_argument("--train", action="store_true", help="both models in train mode (CUDA-L1's performance step)")
     args = p.parse_args(argv)
+    regimes = [r for r in args.regimes.split(",") if r]
+    unknown = sorted(set(regimes) - set(REGIMES + EXTRA))
+    if unknown:
+        p.error(f"unknown regimes {unknown}; choose from {REGIMES + EXTRA}")
     import torch
 
     if not torch.cuda.is_available():
@@ -140,20 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.pairs} pairs x {args.repeats} repeats")
     for kernel in args.kernel or ["level2/14"]:
         ref_code, cand_code = load_pair(args.jsonl, kernel)
-        model_ref, model_cand, inputs = build(torch, ref_code, cand_code, 42)
+        model_ref, model_cand, inputs, get_inputs = build(torch, ref_code, cand_code, 42, args.train)
         with torch.no_grad():
             for _ in range(20):
                 model_ref(*inputs), model_cand(*inputs)
             torch.cuda.synchronize()
             gap = sync_gap_us(torch)
             print(f"{kernel}: the synchronize's round trip after an idle stream, median {gap:.1f} us")
-            got = {r: {"ref": [], "cand": [], "speedup": []} for r in REGIMES}
+            got = {r: {"ref": [], "cand": [], "speedup": []} for r in regimes}
             for rep in range(args.repeats):
-                for regime in REGIMES:
+                for regime in regimes:
                     times = {"ref": [], "cand": []}
                     pairs = args.pairs if regime != "loop" else max(3, args.pairs // 20)
                     for i in range(pairs):
                         order = ("ref", "cand") if (i + rep) % 2 == 0 else ("cand", "ref")
+                        if regime == "l1-trial":  # CUDA-L1: new host inputs, copied, the stream scan
+                            inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in get_inputs()]
+                            scan_streams(torch, model_ref), scan_streams(torch, model_cand)
                         for side in order:
                             model = model_ref if side == "ref" else model_cand
                             times[side].append(time_call(torch, regime, model, inputs, flush, args.gap_us, gap))
@@ -161,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                     got[regime]["ref"].append(r)
                     got[regime]["cand"].append(c)
                     got[regime]["speedup"].append(r / c)
-        print(f"\n{kernel}: median over {args.repeats} repeats (each the median of its calls)")
+        mode = "train" if args.train else "eval"
+        print(f"\n{kernel} ({mode} mode): median over {args.repeats} repeats (each the median of its calls)")
         print(f"  {'regime':15s} {'ref us':>9s} {'cand us':>9s} {'speedup':>8s}  {'min-max':>13s}")
-        for regime in REGIMES:
+        for regime in regimes:
             g = got[regime]
             s = g["speedup"]
             print(f"  {regime:15s} {statistics.median(g['ref']):9.1f} {statistics.median(g['cand']):9.1f} "
