@@ -198,6 +198,24 @@ def test_a_cold_run_times_the_pristine_reference_before_its_candidate_in_its_own
     assert jobs == [("run", True), ("run", False)]
 
 
+def test_the_pristine_reference_is_timed_to_the_unstable_bound_not_the_runs_target(config, tmp_path) -> None:
+    """The tripwire needs the reference's time to a few percent against a 1.5x limit: a pristine
+    run stops once its interval is within +-unstable_ci, where the run itself goes on to
+    +-ci_target. With a target no interval meets, the run takes every pair it may and the
+    pristine reference (timed in the same sandbox, before the candidate) only the least."""
+    import dataclasses
+    import json
+
+    config = dataclasses.replace(config, cache_dir=str(tmp_path), cpu_timed_calls=16, max_timed_calls=48,
+                                 min_timed_s=0.0, ci_target=0.0, unstable_ci=1.0)  # fmt: skip
+    task = _task(HERE / "mkldnn_off_at_import.py")
+    honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
+    result = evaluate(task, honest, config)
+    assert result.status == "ok" and result.timed_calls == 48, (result.status, result.reason, result.timed_calls)
+    (kept,) = (tmp_path / "pristine").glob("*.json")
+    assert StageResult.from_dict(json.loads(kept.read_text())).timed_calls == 16
+
+
 FORGER = '''
 import os, stat
 import torch.nn as nn

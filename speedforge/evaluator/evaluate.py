@@ -24,7 +24,7 @@ from speedforge.evaluator import checks, phases
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
-from speedforge.evaluator.timing import TIMING_VERSION
+from speedforge.evaluator.timing import TIMING_VERSION, pristine_settings
 from speedforge.evaluator.zygote import remove_tree
 from speedforge.evaluator.screen import screen
 from speedforge.records import Candidate, EvalResult, Task, content_id
@@ -196,7 +196,7 @@ def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: 
     reference = Candidate.make(task.task_id, task.source, origin="pristine")
     seed = config.seed if config.seed is not None else secrets.randbits(30)
     job = Job(kind="pristine", task=task, candidate=reference, device=device, seed=seed, workdir="", build_dir="",
-              config=dataclasses.replace(config, early_stop_below=0.0))  # fmt: skip
+              config=pristine_settings(config))  # fmt: skip
     result = _stage_result(_run_pinned(cache, job, task, config, device, zygote), "pristine reference run")
     _keep_pristine(task, config, device, pool, result)
     return result

@@ -52,7 +52,7 @@ from speedforge.evaluator import checks, fingerprint, phases, process_state, tur
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
-from speedforge.evaluator.timing import Timer
+from speedforge.evaluator.timing import Timer, pristine_settings
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
 
@@ -169,7 +169,7 @@ def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -
 
     from speedforge.evaluator import child
 
-    pristine = dataclasses.replace(job, config=dataclasses.replace(job.config, early_stop_below=0.0))
+    pristine = dataclasses.replace(job, config=pristine_settings(job.config))
     try:
         harness = _Harness(torch, guards, pristine, device, seed)
         child.send_first({**metrics, "status": "ok", **harness.measure_pristine(), **harness.spent})
