@@ -81,6 +81,10 @@ if want fidelity; then  # issue 10: CUDA-L1's published kernels, its harness vs 
       || { note fidelity "$step failed (fidelity.txt)"; break; }
   done
   note fidelity "$(grep -m1 'kernels: accepted by both' "$OUT/fidelity.txt" || echo 'no report')"
+  # where a launch-bound kernel's time goes under each harness's regime (issue 25's short-call outliers);
+  # SHORT_CALL_ARGS e.g. "--jsonl .fid/a100.jsonl --kernel level2/14 --kernel level1/44"
+  $PY benchmarks/bench_short_call.py ${SHORT_CALL_ARGS:-} >"$OUT/short_call.txt" 2>&1
+  note short-call "exit $? (short_call.txt)"
 fi
 
 if want service && [ -f benchmarks/bench_service.py ]; then
