@@ -119,16 +119,26 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
     assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 3  # no trip, no rerun
 
 
+# The tests below that evaluate an honest candidate on a machine that may be loaded (a 2-core box
+# under `pytest -n 2` read an honest reference at 1.57x its pristine time in two sandboxes in a
+# row): the tripwire stays on, at a limit such noise does not reach, since what they check is which
+# jobs run and what is kept or reported, not the limit (the sabotage tests above check that).
+NOISE_PROOF_LIMIT = 3.0
+
+
 def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_reported(config, tmp_path,
                                                                                      monkeypatch) -> None:  # fmt: skip
-    """Through evaluate(): the first run's sandbox reads the reference 3x slower (its figures
+    """Through evaluate(): the first run's sandbox reads the reference 20x slower (its figures
     scaled, as a slow host would), the second is left as it ran: ok, two run jobs, the first
-    trip named in the warnings. Every run scaled: hack_detected."""
+    trip named in the warnings. Every run scaled: hack_detected. The limit is 3x here, so that
+    a loaded 2-core machine's own noise (an honest reference has read 1.6-2x its pristine time
+    under `-n 2`) cannot trip the unscaled run, and the scale is far beyond what load does to the
+    fresh pristine run that confirms a trip."""
     import dataclasses
     import importlib
 
     evaluate_module = importlib.import_module("speedforge.evaluator.evaluate")
-    config = dataclasses.replace(config, cache_dir=str(tmp_path))
+    config = dataclasses.replace(config, cache_dir=str(tmp_path), reference_slowdown_limit=NOISE_PROOF_LIMIT)
     task = _task(HERE / "mkldnn_off_at_import.py")
     honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
     assert evaluate(task, honest, config).status == "ok"  # the pristine reference kept
@@ -140,7 +150,7 @@ def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_repo
         if job.kind == "run":
             jobs.append(job.kind)
             if len(jobs) <= slow["runs"] and outcome.result and outcome.result.get("status") == "ok":
-                result = {**outcome.result, **{k: outcome.result[k] * 3 for k in ("ref_us", "ref_lo_us", "ref_hi_us")}}
+                result = {**outcome.result, **{k: outcome.result[k] * 20 for k in ("ref_us", "ref_lo_us", "ref_hi_us")}}
                 outcome = dataclasses.replace(outcome, result=result)
         return outcome
 
@@ -159,7 +169,7 @@ def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_repo
 def test_pristine_reference_is_timed_once_per_task_and_cached(config, tmp_path) -> None:
     import dataclasses
 
-    config = dataclasses.replace(config, cache_dir=str(tmp_path))
+    config = dataclasses.replace(config, cache_dir=str(tmp_path), reference_slowdown_limit=NOISE_PROOF_LIMIT)
     task = _task(HERE / "mkldnn_off_at_import.py")
     honest = (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew(")
     for _ in range(2):
@@ -178,7 +188,7 @@ def test_a_cold_run_times_the_pristine_reference_before_its_candidate_in_its_own
 
     evaluate_module = importlib.import_module("speedforge.evaluator.evaluate")  # the module, not the function
 
-    config = dataclasses.replace(config, cache_dir=str(tmp_path))
+    config = dataclasses.replace(config, cache_dir=str(tmp_path), reference_slowdown_limit=NOISE_PROOF_LIMIT)
     task = _task(HERE / "mkldnn_off_at_import.py")
     honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
     jobs = []
@@ -207,7 +217,8 @@ def test_the_pristine_reference_is_timed_to_the_unstable_bound_not_the_runs_targ
     import json
 
     config = dataclasses.replace(config, cache_dir=str(tmp_path), cpu_timed_calls=16, max_timed_calls=48,
-                                 min_timed_s=0.0, ci_target=0.0, unstable_ci=1.0)  # fmt: skip
+                                 min_timed_s=0.0, ci_target=0.0, unstable_ci=1.0,
+                                 reference_slowdown_limit=NOISE_PROOF_LIMIT)  # fmt: skip
     task = _task(HERE / "mkldnn_off_at_import.py")
     honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
     result = evaluate(task, honest, config)
