@@ -113,10 +113,14 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
     assert any(w.startswith("tripwire: in a first sandbox the reference ran slower") for w in got.warnings), got.warnings
     got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(_stage(210.0, 160.0, 260.0)))
     assert got.status == "hack_detected" and got.speedup is None and "two sandboxes" in got.reason
+    # a second run under the trip's test (interval overlapping the pristine one) but 1.3x by its
+    # median does not clear it: the bound for clearing is sqrt(1.5) = 1.22x
+    got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(_stage(130.0, 100.0, 190.0)))
+    assert got.status == "hack_detected" and "again in a fresh sandbox 130.0 us, 1.30x" in got.reason, got.reason
     wrong = StageResult("incorrect", reason="timed call 3: values")
     assert _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(wrong)) is wrong
-    assert len(runs) == 3
-    assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 3  # no trip, no rerun
+    assert len(runs) == 4
+    assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 4  # no trip, no rerun
 
 
 # The tests below that evaluate an honest candidate on a machine that may be loaded (a 2-core box

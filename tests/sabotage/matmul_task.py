@@ -13,8 +13,8 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(256, 512)]
+    return [torch.randn(512, 1024)]
 
 
 def get_init_inputs():
-    return [512]
+    return [1024]
