@@ -92,6 +92,25 @@ def test_tripwire_needs_both_intervals_apart_the_limit_passed_and_a_fresh_pristi
     assert _tripwire(_stage(200.0, 150.0, 250.0), measure, 1.5).ok
 
 
+def test_a_cpu_run_the_scheduler_kept_interrupting_is_judged_by_its_reference_median() -> None:
+    """Work left on the timed CPU widens the reference's interval over the pristine one (it then
+    read ok at up to 1.5x for identical work): a run marked unstable for contention, in the
+    words the timer writes, trips on its median alone; the same run without that mark does not."""
+    import dataclasses
+
+    from speedforge.evaluator.timing import unstable_reasons
+
+    pristine = {False: _stage(100.0, 95.0, 110.0), True: _stage(100.0, 96.0, 108.0)}
+    config = EvaluatorConfig()
+    chosen = {"stopped_early": False, "width": 0.4, "times": {"ref": [1.0] * 16}, "disturbed": 15, "steal_s": 0.0}
+    lines = [f"unstable: {why}" for why in unstable_reasons(chosen, 0.05, 1.0, config, is_cuda=False)]
+    assert any(line.startswith("unstable: contention:") for line in lines), lines
+    wide = _stage(190.0, 90.0, 260.0)  # 1.9x by the median, the interval down over the pristine one
+    assert _tripwire(wide, pristine.get, 1.5).ok
+    tripped = _tripwire(dataclasses.replace(wide, unstable=True, warnings=tuple(lines)), pristine.get, 1.5)
+    assert tripped.status == "hack_detected" and "1.90x" in tripped.reason
+
+
 def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_it_repeats_is_sabotage() -> None:
     """One sandbox the host ran slowly (an H100 read an honest avg_pool1d kernel's reference at 2x
     its pristine time in 1 of 5 sandboxes) is not sabotage; the candidate's run is made again in a
@@ -125,19 +144,20 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
 
 # The tests below that evaluate an honest candidate on a machine that may be loaded (a 2-core box
 # under `pytest -n 2` read an honest reference at 1.57x its pristine time in two sandboxes in a
-# row): the tripwire stays on, at a limit such noise does not reach, since what they check is which
+# row, and a second run at 1.85x the faster pristine time): the tripwire stays on, at a limit such
+# noise does not reach (9x, so that a second run clears within 3x), since what they check is which
 # jobs run and what is kept or reported, not the limit (the sabotage tests above check that).
-NOISE_PROOF_LIMIT = 3.0
+NOISE_PROOF_LIMIT = 9.0
 
 
 def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_reported(config, tmp_path,
                                                                                      monkeypatch) -> None:  # fmt: skip
-    """Through evaluate(): the first run's sandbox reads the reference 20x slower (its figures
+    """Through evaluate(): the first run's sandbox reads the reference 40x slower (its figures
     scaled, as a slow host would), the second is left as it ran: ok, two run jobs, the first
-    trip named in the warnings. Every run scaled: hack_detected. The limit is 3x here, so that
-    a loaded 2-core machine's own noise (an honest reference has read 1.6-2x its pristine time
-    under `-n 2`) cannot trip the unscaled run, and the scale is far beyond what load does to the
-    fresh pristine run that confirms a trip."""
+    trip named in the warnings. Every run scaled: hack_detected. The limit is NOISE_PROOF_LIMIT
+    here, so that a loaded 2-core machine's own noise (an honest reference has read 1.6-2x its
+    pristine time under `-n 2`) neither trips the unscaled run nor keeps it from clearing, and the
+    scale is far beyond what load does to the fresh pristine run that confirms a trip."""
     import dataclasses
     import importlib
 
@@ -154,7 +174,7 @@ def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_repo
         if job.kind == "run":
             jobs.append(job.kind)
             if len(jobs) <= slow["runs"] and outcome.result and outcome.result.get("status") == "ok":
-                result = {**outcome.result, **{k: outcome.result[k] * 20 for k in ("ref_us", "ref_lo_us", "ref_hi_us")}}
+                result = {**outcome.result, **{k: outcome.result[k] * 40 for k in ("ref_us", "ref_lo_us", "ref_hi_us")}}
                 outcome = dataclasses.replace(outcome, result=result)
         return outcome
 
