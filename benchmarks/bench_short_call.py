@@ -137,7 +137,8 @@ def time_call(torch, regime: str, model, inputs, flush, gap_us: float, sync_gap:
 
 def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--jsonl", type=Path, default=here.parent.parent / "shared/data/cuda-l1/a100.jsonl",
                    help="CUDA-L1's corpus (default ../shared/data/cuda-l1/a100.jsonl)")
@@ -163,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_short_call: {args.jsonl} is absent (CUDA-L1's corpus; see ../shared/data/README)")
         return 2
     flush = torch.empty(args.flush_mb << 20, dtype=torch.uint8, device="cuda")
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.pairs} pairs x {args.repeats} repeats")
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{args.pairs} pairs x {args.repeats} repeats")
     for kernel in args.kernel or ["level2/14"]:
         ref_code, cand_code = load_pair(args.jsonl, kernel)
         model_ref, model_cand, inputs, get_inputs = build(torch, ref_code, cand_code, 42, args.train)

@@ -139,7 +139,8 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
     wrong = StageResult("incorrect", reason="timed call 3: values")
     assert _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(wrong)) is wrong
     assert len(runs) == 4
-    assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 4  # no trip, no rerun
+    # no trip, no rerun
+    assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 4
 
 
 # The tests below that evaluate an honest candidate on a machine that may be loaded (a 2-core box

@@ -21,6 +21,7 @@ speedforge.evaluator.rotation.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -275,6 +276,10 @@ class Timer:
 
 
 SYNC_GAP_SAMPLES = 33
+# what a pristine reference's cached timing was measured with (speedforge.evaluator.evaluate's key):
+# 2, a GPU call's end less the synchronize's round trip (`gpu_call_seconds`); 3, a pristine reference
+# timed to +-unstable_ci (`pristine_settings`)
+TIMING_VERSION = "3"
 
 
 def pristine_settings(config):
@@ -284,14 +289,8 @@ def pristine_settings(config):
     against a limit of 1.5x; timing it to +-1% against its twin made pristine turns 52 of the 83 s
     a 25-kernel cold run held an H200 (benchmarks/RESULTS.md). A wider pristine interval only
     makes a trip harder to reach."""
-    import dataclasses
-
     return dataclasses.replace(config, early_stop_below=0.0,
                                ci_target=max(float(config.ci_target), float(config.unstable_ci)))
-# what a pristine reference's cached timing was measured with (speedforge.evaluator.evaluate's key):
-# 2, a GPU call's end less the synchronize's round trip (`gpu_call_seconds`); 3, a pristine reference
-# timed to +-unstable_ci (`pristine_settings`)
-TIMING_VERSION = "3"
 
 
 def gpu_call_seconds(on_stream: float, overall: float, sync_gap: float) -> float:
