@@ -43,7 +43,8 @@
 # 60 MiB; its IndexHNSWFlat is hnswlib's algorithm), diskann (no Python 3.12 wheel or sdist),
 # ngt-qg (no package builds it).
 #
-# Knobs: ANN_QUICK_N (1000000), ANN_QUICK_S (900), ANN_QUICK_GRACE_S, ANN_QUICK_THREADS (nproc),
+# Knobs: ANN_QUICK_SHAPE (sift; glove or gist: bench_ann.py's --shapes, one a window), ANN_QUICK_N
+# (1000000; a GIST-shaped million is 3.8 GB of vectors), ANN_QUICK_S (900), ANN_QUICK_GRACE_S, ANN_QUICK_THREADS (nproc),
 # ANN_QUICK_STAGES (name:libraries:least seconds left, e.g. "core:sfann,glass:0 ngt:ngt-onng:600"),
 # ANN_QUICK_DIR, ANN_QUICK_SITE (/tmp/site), ANN_QUICK_CARRY (.ann), PY (python3; `pack`: .venv/bin/python).
 set -u
@@ -134,20 +135,20 @@ EOF
 }
 
 run() {  # the detached part: the stages, while the window lasts
-  local py=${PY:-python3} end=$(( $(date +%s) + ${ANN_QUICK_S:-900} )) status=0
+  local py=${PY:-python3} end=$(( $(date +%s) + ${ANN_QUICK_S:-900} )) status=0 shape=${ANN_QUICK_SHAPE:-sift}
   export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
   mkdir -p "$dir"
   stage() {  # $1: stage name, $2: --libs; --budget-s is the time left in the window
     local left=$(( end - $(date +%s) ))
     echo "== $1 ($2): $left s of the window left, $(date -u +%H:%M:%S) UTC"
     # the tables to .txt; the progress (stderr) to .log and to this run's log, which `wait` shows
-    timeout $(( left + ${ANN_QUICK_GRACE_S:-120} )) "$py" benchmarks/bench_ann.py --shapes sift --data clustered \
+    timeout $(( left + ${ANN_QUICK_GRACE_S:-120} )) "$py" benchmarks/bench_ann.py --shapes "$shape" --data clustered \
       --n "${ANN_QUICK_N:-1000000}" --queries 1000 --repeats 3 --threads "${ANN_QUICK_THREADS:-$(nproc)}" --libs "$2" --budget-s "$left" \
-      --json "$dir/ann_quick_$1.json" 2>&1 >"$dir/ann_quick_$1.txt" | tee "$dir/ann_quick_$1.log"
+      --json "$dir/ann_quick_${shape}_$1.json" 2>&1 >"$dir/ann_quick_${shape}_$1.txt" | tee "$dir/ann_quick_${shape}_$1.log"
     local rc=${PIPESTATUS[0]}
     echo "== $1: exit $rc$( [ "$rc" = 124 ] && echo ' (stopped at the end of the window; no JSON)')"
-    grep '^# note' "$dir/ann_quick_$1.txt"
-    sed -n '/^# all data sets/,/^$/p' "$dir/ann_quick_$1.txt"
+    grep '^# note' "$dir/ann_quick_${shape}_$1.txt"
+    sed -n '/^# all data sets/,/^$/p' "$dir/ann_quick_${shape}_$1.txt"
     return $rc
   }
   # name:libraries:the least time left (s) to start it (estimates at 1M on 16 threads in the header)
