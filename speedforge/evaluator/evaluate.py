@@ -115,7 +115,7 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         return dataclasses.replace(build.failure, **common, wall_s=time.perf_counter() - start)
     try:
         cache = BuildCache(config.cache_dir)
-        seed = config.seed if config.seed is not None else secrets.randbits(30)
+        seed = _seed(config)
         # the architectures the build targeted: torch names the same flags, and a replayed
         # extension finds its build up to date instead of compiling in the run stage
         config = dataclasses.replace(config, cuda_arch_list=build_arch(families.get(task.family).device,
@@ -136,8 +136,7 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
             reruns = []
 
             def rerun() -> StageResult:  # the same job in a fresh sandbox, its pristine reference kept by now
-                again = dataclasses.replace(job, pristine_first=False,
-                                            seed=config.seed if config.seed is not None else secrets.randbits(30))
+                again = dataclasses.replace(job, pristine_first=False, seed=_seed(config))
                 reruns.append(_run_pinned(cache, again, task, config, device, zygote))
                 return _stage_result(reruns[-1], "run")
 
@@ -160,6 +159,11 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
     except Exception as exc:
         return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
                        log=traceback.format_exc()[-4000:], **common)
+
+
+def _seed(config: EvaluatorConfig) -> int:
+    """A run's seed: the configured one, else a fresh secret one per sandboxed job."""
+    return config.seed if config.seed is not None else secrets.randbits(30)
 
 
 def _run_pinned(cache: BuildCache, job: Job, task: Task, config: EvaluatorConfig, device: str,
@@ -195,7 +199,7 @@ def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: 
         if kept is not None:
             return kept
     reference = Candidate.make(task.task_id, task.source, origin="pristine")
-    seed = config.seed if config.seed is not None else secrets.randbits(30)
+    seed = _seed(config)
     job = Job(kind="pristine", task=task, candidate=reference, device=device, seed=seed, workdir="", build_dir="",
               config=pristine_settings(config))  # fmt: skip
     result = _stage_result(_run_pinned(cache, job, task, config, device, zygote), "pristine reference run")
