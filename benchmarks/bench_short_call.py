@@ -19,6 +19,12 @@ thing from the one above it, so a difference between neighbouring rows is that o
                    around the call, a synchronize after it; --train times both models in train
                    mode, as CUDA-L1's performance step builds them (it calls .eval() only in its
                    correctness step)
+    ref-pristine   gap-off, with each side timed under its own process-wide state (opt-in): the
+                   reference under the state captured before the candidate was imported, the
+                   candidate under the state it left (speedforge's snapshot and restore; a
+                   candidate that sets torch.backends.cudnn.benchmark keeps it for itself only,
+                   while in CUDA-L1's harness and in every other regime here the reference runs
+                   under it too)
 
 It prints each regime's median reference and candidate times (us), the speedup (ratio of
 medians), and the spread of the speedup over the repeats. No timing is asserted; the figures
@@ -38,7 +44,7 @@ import types
 from pathlib import Path
 
 REGIMES = ["cuda-l1", "sync-before", "end-after-sync", "l2-flush", "host-gap", "warm-call", "gap-off", "loop"]
-EXTRA = ["l1-trial"]
+EXTRA = ["l1-trial", "ref-pristine"]
 
 
 def scan_streams(torch, model) -> list:
@@ -64,18 +70,25 @@ def load_pair(jsonl: Path, kernel: str) -> tuple[str, str]:
 
 
 def build(torch, ref_code: str, cand_code: str, seed: int, train: bool = False):
+    """Both models and one set of inputs on the device, and the process-wide state each side
+    runs under in speedforge: `states["ref"]` captured before the candidate's code ran,
+    `states["cand"]` what the candidate left (speedforge.evaluator.process_state)."""
+    from speedforge.evaluator import process_state
+
     ref, cand = types.ModuleType("probe_ref"), types.ModuleType("probe_cand")
     exec(compile(ref_code, "<reference>", "exec"), ref.__dict__)
-    exec(compile(cand_code, "<candidate>", "exec"), cand.__dict__)
     torch.manual_seed(seed)
     init = ref.get_init_inputs()
     torch.manual_seed(seed)
     model_ref = ref.Model(*init).cuda().train(train)
+    states = {"ref": process_state.capture()}
+    exec(compile(cand_code, "<candidate>", "exec"), cand.__dict__)
     torch.manual_seed(seed)
     model_cand = cand.ModelNew(*init).cuda().train(train)
+    states["cand"] = process_state.capture()
     torch.manual_seed(seed + 1)
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ref.get_inputs()]
-    return model_ref, model_cand, inputs, ref.get_inputs
+    return model_ref, model_cand, inputs, ref.get_inputs, states
 
 
 def host_work(us: float) -> None:
@@ -112,11 +125,11 @@ def time_call(torch, regime: str, model, inputs, flush, gap_us: float, sync_gap:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) * 1e3 / 200
-    if regime in ("host-gap", "warm-call", "gap-off"):
+    if regime in ("host-gap", "warm-call", "gap-off", "ref-pristine"):
         host_work(gap_us)
-    if regime in ("warm-call", "gap-off"):
+    if regime in ("warm-call", "gap-off", "ref-pristine"):
         model(*inputs)
-    if regime in ("l2-flush", "host-gap", "warm-call", "gap-off"):
+    if regime in ("l2-flush", "host-gap", "warm-call", "gap-off", "ref-pristine"):
         flush.zero_()
     if regime not in ("cuda-l1", "l1-trial"):
         torch.cuda.synchronize()
@@ -130,7 +143,7 @@ def time_call(torch, regime: str, model, inputs, flush, gap_us: float, sync_gap:
         torch.cuda.synchronize()
         end.record()
         end.synchronize()
-        if regime == "gap-off":
+        if regime in ("gap-off", "ref-pristine"):
             return max(start.elapsed_time(done) * 1e3, start.elapsed_time(end) * 1e3 - sync_gap)
     return start.elapsed_time(end) * 1e3
 
@@ -157,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown regimes {unknown}; choose from {REGIMES + EXTRA}")
     import torch
 
+    from speedforge.evaluator import process_state
+
     if not torch.cuda.is_available():
         print("bench_short_call: no GPU here; this probe times CUDA calls only")
         return 2
@@ -168,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.pairs} pairs x {args.repeats} repeats")
     for kernel in args.kernel or ["level2/14"]:
         ref_code, cand_code = load_pair(args.jsonl, kernel)
-        model_ref, model_cand, inputs, get_inputs = build(torch, ref_code, cand_code, 42, args.train)
+        model_ref, model_cand, inputs, get_inputs, states = build(torch, ref_code, cand_code, 42, args.train)
+        changed = process_state.differences(states["ref"], states["cand"])
+        print(f"{kernel}: process-wide state the candidate changed: {', '.join(changed) or 'none'}")
         with torch.no_grad():
             for _ in range(20):
                 model_ref(*inputs), model_cand(*inputs)
@@ -187,7 +204,11 @@ def main(argv: list[str] | None = None) -> int:
                             scan_streams(torch, model_ref), scan_streams(torch, model_cand)
                         for side in order:
                             model = model_ref if side == "ref" else model_cand
+                            if regime == "ref-pristine":
+                                process_state.apply(states[side], process_state.capture())
                             times[side].append(time_call(torch, regime, model, inputs, flush, args.gap_us, gap))
+                    if regime == "ref-pristine":  # the other regimes share the candidate's state
+                        process_state.apply(states["cand"], process_state.capture())
                     r, c = statistics.median(times["ref"]), statistics.median(times["cand"])
                     got[regime]["ref"].append(r)
                     got[regime]["cand"].append(c)

@@ -7,7 +7,7 @@
 #   fidelity.sh 1          speedforge cold; CUDA-L1 cold on the kernels speedforge accepted until
 #                          470 s; CUDA-L1 again on those both accepted until 550 s (both on one machine)
 #   fidelity.sh 2          CUDA-L1's run 1 on the rest until REST_UNTIL (250 s); the repeat step (GPU CV,
-#                          REPEATS sandboxes, 5) until 500 s; the report
+#                          REPEATS sandboxes, 5) until REPEAT_UNTIL (500 s); the report
 #   fidelity.sh l2off      speedforge cold again with evaluator.l2_flush_mb: 0 (CUDA-L1 flushes no L2),
 #                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
 # FID_EVERY (9: every 9th kernel of levels 1-3, 25 kernels). Results: $OUT/fid-N.tgz and report.txt.
@@ -50,6 +50,6 @@ elif [ "$call" = 1 ]; then
   b=$(left 550); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted; save
 else
   b=$(left "${REST_UNTIL:-250}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b"; save
-  b=$(left 500); [ "$b" -gt 30 ] && "${F[@]}" repeat --repeats "${REPEATS:-5}" --budget-s "$b"; save
+  b=$(left "${REPEAT_UNTIL:-500}"); [ "$b" -gt 30 ] && "${F[@]}" repeat --repeats "${REPEATS:-5}" --budget-s "$b"; save
 fi
 "${F[@]}" report >"${OUT:-/tmp}/report.txt" 2>&1; tail -n 40 "${OUT:-/tmp}/report.txt"
