@@ -181,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     flush = torch.empty(args.flush_mb << 20, dtype=torch.uint8, device="cuda")
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{args.pairs} pairs x {args.repeats} repeats")
+    start = process_state.capture()
     for kernel in args.kernel or ["level2/14"]:
+        # each kernel from the process's own state: an earlier candidate's knobs (cudnn.benchmark)
+        # would otherwise be the next reference's "pristine" state
+        process_state.apply(start, process_state.capture())
         ref_code, cand_code = load_pair(args.jsonl, kernel)
         model_ref, model_cand, inputs, get_inputs, states = build(torch, ref_code, cand_code, 42, args.train)
         changed = process_state.differences(states["ref"], states["cand"])

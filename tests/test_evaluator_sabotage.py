@@ -133,14 +133,45 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
     got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(_stage(210.0, 160.0, 260.0)))
     assert got.status == "hack_detected" and got.speedup is None and "two sandboxes" in got.reason
     # a second run under the trip's test (interval overlapping the pristine one) but 1.3x by its
-    # median does not clear it: the bound for clearing is sqrt(1.5) = 1.22x
-    got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(_stage(130.0, 100.0, 190.0)))
+    # median does not clear it where the first run's slowdown raised its speedup (2.0x against
+    # 1.3x: the candidate did not slow with its reference): the bound for clearing is sqrt(1.5)
+    sabotaged = dataclasses.replace(_stage(130.0, 100.0, 190.0), speedup=1.3)
+    got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(sabotaged))
     assert got.status == "hack_detected" and "again in a fresh sandbox 130.0 us, 1.30x" in got.reason, got.reason
+    assert "within 1.22x" in got.reason, got.reason
     wrong = StageResult("incorrect", reason="timed call 3: values")
     assert _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(wrong)) is wrong
     assert len(runs) == 4
     # no trip, no rerun
     assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 4
+
+
+def test_a_first_sandbox_slow_for_both_sides_is_cleared_by_a_second_run_within_the_limit() -> None:
+    """An H100 read an honest SwinV2 kernel (level3/30) at reference 28.9 ms and candidate 31.7 ms
+    in one sandbox (0.91x, as in the others), against 14.5 ms pristine (12.6 ms in the fresh
+    pristine run that confirmed the trip); its second run read its reference at 15.7 ms, 1.24x
+    the faster pristine time, which the sqrt(1.5) bound called sabotage. The candidate slowed
+    with its reference, so the second run is held to the limit itself: ok. Above the limit, or
+    with a first speedup the slowdown raised, it is still hack_detected."""
+    import dataclasses
+
+    pristine = {False: _stage(14464.0, 13583.0, 15345.0), True: _stage(12626.0, 11900.0, 13400.0)}
+
+    def run(first_speedup: float, ref_us: float, speedup: float, width: float = 0.07) -> StageResult:
+        first = dataclasses.replace(_stage(28935.0, 27274.0, 30596.0), speedup=first_speedup)
+        again = dataclasses.replace(_stage(ref_us, ref_us * (1 - width), ref_us * (1 + width)), speedup=speedup)
+        return _tripwire(first, pristine.get, 1.5, lambda: again)
+
+    got = run(0.913, 15657.0, 0.88)
+    assert got.ok and got.speedup == 0.88 and got.ref_us == 15657.0, got.reason
+    assert any(w.startswith("tripwire: in a first sandbox") for w in got.warnings), got.warnings
+    # the same second run after a first run whose speedup the slowdown raised (ref only): sabotage
+    got = run(1.8, 15657.0, 0.88)
+    assert got.status == "hack_detected" and "within 1.22x: the first run's slowdown raised" in got.reason, got.reason
+    # slow for both sides, but the second run beyond the limit by its median (its interval wide
+    # enough to overlap the pristine one, so the trip's own test does not repeat): not cleared
+    got = run(0.913, 19500.0, 0.88, width=0.4)
+    assert got.status == "hack_detected" and "within 1.50x: the first sandbox slowed the candidate" in got.reason, got.reason
 
 
 # The tests below that evaluate an honest candidate on a machine that may be loaded (a 2-core box

@@ -251,7 +251,17 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
     faster of the two pristine times by its median (the fresh one can itself be slowed by load).
     A candidate leaving work on a 2-core box's one timed CPU slowed the reference 2.2x in a first
     sandbox, then 1.49x with an interval wide enough to overlap the pristine one in the second,
-    which cleared it: ok at 1.35x and 1.49x in 2 of 3 evaluations."""
+    which cleared it: ok at 1.35x and 1.49x in 2 of 3 evaluations.
+
+    That tighter bound is for a first run whose slowdown raised its speedup. Where the candidate
+    ran slower by as much as the reference did (the first run's speedup within sqrt(limit) of the
+    second's), the first sandbox was slow for both sides, the host's doing, which sabotage of the
+    reference is not: the second run is then held to `limit` alone, as any first run is. Seen on
+    an H100: an honest level-3 kernel (SwinV2, launch-bound, its reference 13.9-16.0 ms in
+    three sandboxes) read reference 28.9 ms and candidate 31.7 ms in one (0.91x, as in the
+    others), then 1.24x the pristine time in the second run, which the tighter bound called
+    sabotage. What the relaxed bound allows a candidate is what a first run that trips nothing
+    is allowed: a reference slowed by less than `limit`."""
     def slower(beside: StageResult, clean: StageResult) -> str | None:
         if not clean.ok or clean.timed_calls < TRIPWIRE_MIN_CALLS or beside.timed_calls < TRIPWIRE_MIN_CALLS:
             return None
@@ -272,7 +282,7 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
             return again
         timed = [c for c in (kept, clean) if c.ok and c.ref_us is not None]
         fastest = min(timed, key=lambda c: c.ref_us, default=clean)
-        repeated = slower(again, clean) or _not_clear(again, fastest, limit, reason)
+        repeated = slower(again, clean) or _not_clear(again, stage, fastest, limit, reason)
         if not repeated:
             note = f"tripwire: in a first sandbox {reason}; a second run in a fresh sandbox did not repeat it"
             return dataclasses.replace(again, warnings=(*again.warnings, note))
@@ -281,14 +291,21 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
                                speedup_lo=None, speedup_hi=None)  # fmt: skip
 
 
-def _not_clear(again: StageResult, clean: StageResult, limit: float, first: str) -> str | None:
-    """The reason when a second run's reference, by its median, is beyond sqrt(limit) times the
-    pristine time (it does not clear the first run's trip); None when it is within."""
-    bound = math.sqrt(limit)
-    if again.ref_us is None or clean.ref_us is None or again.ref_us <= bound * clean.ref_us:
+def _not_clear(again: StageResult, first: StageResult, clean: StageResult, limit: float, reason: str) -> str | None:
+    """The reason when a second run's reference, by its median, is beyond the bound for clearing
+    the first run's trip (`_tripwire`): sqrt(limit) times the pristine time, or `limit` where the
+    first run's speedup was no higher than sqrt(limit) times the second's (the candidate slowed
+    with the reference). None when it is within."""
+    if again.ref_us is None or clean.ref_us is None:
         return None
-    return (f"{first}; again in a fresh sandbox {again.ref_us:.1f} us, {again.ref_us / clean.ref_us:.2f}x "
-            f"(a second run clears a trip within {bound:.2f}x)")
+    shared = first.speedup is not None and again.speedup is not None and first.speedup <= math.sqrt(limit) * again.speedup
+    bound = limit if shared else math.sqrt(limit)
+    if again.ref_us <= bound * clean.ref_us:
+        return None
+    why = ("the first sandbox slowed the candidate as much" if shared else
+           "the first run's slowdown raised its speedup")  # fmt: skip
+    return (f"{reason}; again in a fresh sandbox {again.ref_us:.1f} us, {again.ref_us / clean.ref_us:.2f}x "
+            f"(a second run clears a trip within {bound:.2f}x: {why})")
 
 
 def needs_build(task: Task, candidate: Candidate) -> bool:
