@@ -48,8 +48,16 @@ def figures(steps: list[dict]) -> dict:
 
 def rank_lines(steps: list[dict]) -> list[str]:
     return [f"  step {m['step']}: " + "; ".join(f"rank {r['rank']} {r['samples']} samples, {r['generated_tokens']} tokens "
-                                                 f"in {r['generation_s']:.2f} s" for r in m.get("ranks", []))
+                                                 f"in {r['generation_s']:.2f} s" + (f" on {r['device']}" if r.get("device") else "")
+                                                 for r in m.get("ranks", []))
             for m in steps]  # fmt: skip
+
+
+def shares_a_gpu(ranks: list[dict]) -> bool:
+    """Whether two ranks of a step report the same GPU (`device`: cuda:N and the GPU's UUID, as
+    the training writes it; lines without it, or CPU workers, share nothing)."""
+    gpus = [r["device"].split("(")[-1] for r in ranks if str(r.get("device", "")).startswith("cuda")]
+    return len(gpus) != len(set(gpus))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                or not all(r["samples"] > 0 for r in m.get("ranks", []))]  # fmt: skip
     if missing:
         print(f"steps where a rank is missing or contributed no sample: {missing}")
+        ok = False
+    shared = [m["step"] for m in two if shares_a_gpu(m.get("ranks", []))]
+    if shared:
+        print(f"steps where two ranks ran on the same GPU: {shared}")
         ok = False
     if args.resumed:
         after = [m for m in steps_of(args.resumed) if m["step"] == args.resumed_step]

@@ -45,3 +45,30 @@ def test_a_step_without_every_rank_or_a_missing_resumed_step_fails(tmp_path, cap
     assert "resume: no metrics line for step 2" in capsys.readouterr().out
     assert bench.main(["--one", one, "--two", whole, "--resumed", whole, "--resumed-step", "1"]) == 0
     assert "resume: step 1 ran after the checkpoint, on ranks [0, 1]" in capsys.readouterr().out
+
+
+def test_two_ranks_on_one_gpu_fail_the_check(tmp_path, capsys):
+    """Each rank's line names its model's GPU; two workers of one host on the same GPU would
+    halve each one's share of it and read as poor scaling, so the run fails instead."""
+    one = write(tmp_path / "one.jsonl", [(1, 5.0, [(0, 4, 400, 2.0)]), (2, 5.0, [(0, 4, 400, 2.0)])])
+    two = write(tmp_path / "two.jsonl", [(1, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)]),
+                                         (2, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)])])  # fmt: skip
+    apart = [{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:1 (GPU-a111)"}]
+    assert not bench.shares_a_gpu(apart) and not bench.shares_a_gpu([{"device": "cpu"}, {"device": "cpu"}])
+    assert bench.shares_a_gpu([{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:0 (GPU-16bd)"}])
+    # the same UUID under two indices (each worker seeing one GPU as its cuda:0 is fine; one GPU twice is not)
+    assert bench.shares_a_gpu([{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:1 (GPU-16bd)"}])
+    assert not bench.shares_a_gpu([{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:0 (GPU-a111)"}])
+    lines = [line for line in open(two)]
+    import json
+
+    shared = []
+    for line in lines:
+        m = json.loads(line)
+        for r in m["ranks"]:
+            r["device"] = "cuda:0 (GPU-16bd)"
+        shared.append(json.dumps(m))
+    (tmp_path / "two-shared.jsonl").write_text("\n".join(shared) + "\n")
+    assert bench.main(["--one", one, "--two", str(tmp_path / "two-shared.jsonl")]) == 1
+    out = capsys.readouterr().out
+    assert "steps where two ranks ran on the same GPU: [1, 2]" in out and "on cuda:0 (GPU-16bd)" in out

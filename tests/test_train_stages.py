@@ -170,6 +170,7 @@ def test_grpo_runs_its_steps_with_rewards_measured_by_the_evaluator(grpo_uninter
         assert 2 <= line["generated_tokens"] <= 2 * 16 and line["generation_tokens_per_s"] > 0  # one batched call
         (rank,) = line["ranks"]  # one worker: its own line of what it did
         assert rank["rank"] == 0 and rank["samples"] == 2 and rank["generated_tokens"] == line["generated_tokens"]
+        assert rank["device"] == "cpu"  # where the trainer put the model (on a GPU host: cuda:N and the GPU's UUID)
 
 
 def dies_after(steps: int):
@@ -236,6 +237,7 @@ def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
     assert line["samples"] == 2 and "loss" in line  # both workers' samples in rank 0's metrics line
     assert [(r["rank"], r["samples"]) for r in line["ranks"]] == [(0, 1), (1, 1)]  # each rank's own share, logged
     assert all(r["generated_tokens"] >= 1 and r["generation_s"] > 0 for r in line["ranks"])
+    assert [r["device"] for r in line["ranks"]] == ["cpu", "cpu"]
 
 
 @pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)

@@ -298,6 +298,17 @@ def callbacks(worker: Worker, clock: "StepClock", offset: int = 0, fields: Calla
     return [StoreCheckpoints(), StepMetrics(), TimeLimit()]
 
 
+def model_device(model) -> str:
+    """Where a model's weights are, as the trainer placed them: `cpu`, or `cuda:N` and the GPU's
+    UUID (two workers on one host must report two different GPUs)."""
+    import torch
+
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return str(device)
+    return f"{device} ({str(torch.cuda.get_device_properties(device).uuid)[:8]})"
+
+
 class StepClock:
     """Times a step: generation and evaluation are added by whoever does them, the step's wall
     time by the callbacks; rollouts of the step are kept for its metrics line."""
@@ -308,6 +319,7 @@ class StepClock:
         self.rollouts: list = []
         self.began = time.perf_counter()
         self.pending: dict | None = None
+        self.device = ""  # where this worker's model ran (`model_device`), in each rank's part of a line
 
     def start(self) -> None:
         self.times, self.rollouts, self.began = StepTimes(), [], time.perf_counter()
@@ -329,6 +341,8 @@ class StepClock:
         record = {**self.pending, **extra}
         mine = {"rank": worker.rank, "samples": len(self.rollouts), "generated_tokens": self.times.generated_tokens,
                 "generation_s": self.times.generation_s, "step_s": self.times.step_s}  # fmt: skip
+        if self.device:
+            mine["device"] = self.device
         parts = worker.gather((mine, self.rollouts))
         record["ranks"] = [rank for rank, _ in parts]  # what each worker did this step: all ranks in rank 0's line
         gathered = [r for _, part in parts for r in part]
@@ -606,5 +620,6 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             generate_under_autocast(model, worker.device)  # the step's one generate call in bf16, as it trains
         trainer = GRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
+        clock.device = model_device(trainer.model)
         trainer.train(resume_from_checkpoint=local_checkpoint(worker, output_dir, done) if done else None)
     save_final(worker, trainer, trainer.model, tokenizer)
