@@ -212,7 +212,13 @@ class EvaluatorConfig(Checked):
     allow_precision_downgrade: bool = False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
     seed: int | None = None  # None: a fresh secret seed per evaluation
     cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
-    build_jobs: int = setting(0, AT_LEAST_0)  # parallel compile jobs per build; 0 = min(cores, 8)
+    build_jobs: int = setting(0, AT_LEAST_0)  # parallel compile jobs per build; 0 = min(cores it may use, 8)
+    # the highest-numbered CPUs that candidate builds leave to timed runs, so that a compiler on
+    # every core does not slow a launch-bound reference beside it (an H100 host read one at 1.62x
+    # its pristine time in two sandboxes of a cold run); the CPU family's runs claim CPUs from the
+    # top, and a GPU run, unpinned, finds them idle. -1 = 2 (or cpu_threads, if more) where the
+    # host allows a build at least 4 times that many, else none; 0 = none (speedforge.evaluator.cpus)
+    build_spare_cpus: int = setting(-1, number(-1))
     # run sandboxes at once per device where runs go in turn (a service bench worker; the local
     # batch path): each prepares (loads, constructs, compiles, captures graphs, first calls)
     # without the device and holds it only for correctness and timing, one run at a time per

@@ -31,6 +31,7 @@ TYPOS = [  # (YAML, what the one-line error must say after "<file>: ")
     ("evaluator:\n  correctness_trials: 0\n", "evaluator.correctness_trials: expected a number >= 1, got 0"),
     ("evaluator:\n  timed_calls: 0\n", "evaluator.timed_calls: expected a number >= 1, got 0"),
     ("evaluator:\n  build_jobs: -2\n", "evaluator.build_jobs: expected a number >= 0, got -2"),
+    ("evaluator:\n  build_spare_cpus: -2\n", "evaluator.build_spare_cpus: expected a number >= -1, got -2"),
     ("evaluator:\n  atol: -0.1\n", "evaluator.atol: expected a number >= 0, got -0.1"),
     ("evaluator:\n  correctness_trials: three\n", "evaluator.correctness_trials: expected int, got 'three'"),
     ("evaluator:\n  scren: report\n", "evaluator: unknown key(s) 'scren'; known: screen, cache_dir"),

@@ -25,6 +25,7 @@ import traceback
 import psutil
 
 from speedforge import families
+from speedforge.evaluator import cpus as cpu_claims
 from speedforge.evaluator import phases, turns
 from speedforge.evaluator.job import Job
 
@@ -98,6 +99,8 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
             from speedforge.evaluator import correctness, guards, process_state, rotation, timing
 
             phases.instrument(module, correctness, timing, rotation, guards, process_state)
+        if job.kind == "build":
+            cpu_claims.keep_build_off_spare_cpus(job.config.build_spare_cpus, job.config.cpu_threads)
         result = module.build(job) if job.kind == "build" else module.run(job)
     except BaseException as exc:  # a bug in the harness, not in the candidate
         result = {

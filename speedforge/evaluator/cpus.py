@@ -10,6 +10,12 @@ housekeeping), and the sandbox pins itself to them. A claim is an exclusive `flo
 per CPU in a host-wide folder, so concurrent evaluations (threads of one process, Ray actors,
 other users of the same build cache host) never share a CPU; it ends with the job, or with the
 process that held it. When fewer CPUs are free than asked for, the run goes unpinned, as before.
+
+Candidate builds keep off the highest-numbered CPUs (`build_cpus`, evaluator.build_spare_cpus):
+a cold run builds extensions while other candidates are timed, and a compiler on every core slowed
+a launch-bound GPU reference to 1.62x its pristine time in two sandboxes in a row on a 16-core
+H100 host, which the tripwire reads as sabotage. Timed runs claim from the top (CPU family), or,
+unpinned (GPU), find those CPUs idle.
 """
 
 from __future__ import annotations
@@ -43,6 +49,35 @@ def lock_dir() -> Path:
 
 def allowed() -> list[int]:
     return sorted(os.sched_getaffinity(0))
+
+
+def spare_count(setting: int, cpu_threads: int, cpus: int) -> int:
+    """How many CPUs builds leave to timed runs: `setting` where it is 0 or more (never all of
+    them); for -1, max(2, cpu_threads) where `cpus` is at least 5 times that (the build keeps 4
+    times as many), else 0."""
+    if setting >= 0:
+        return min(setting, cpus - 1) if cpus > 1 else 0
+    spare = max(2, cpu_threads)
+    return spare if cpus >= 5 * spare else 0
+
+
+def build_cpus(allowed_cpus: list[int], setting: int, cpu_threads: int) -> list[int]:
+    """The CPUs a build may use: `allowed_cpus` less the highest-numbered spare ones."""
+    cpus = sorted(allowed_cpus)
+    spare = spare_count(setting, cpu_threads, len(cpus))
+    return cpus[: len(cpus) - spare]
+
+
+def keep_build_off_spare_cpus(setting: int, cpu_threads: int) -> list[int]:
+    """Pin this process (a build sandbox, and the compilers it starts) to `build_cpus`; returns
+    them. Where the kernel refuses, the build runs where it was (and says nothing: a build's
+    speed is not measured)."""
+    cpus = build_cpus(allowed(), setting, cpu_threads)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return allowed()
+    return cpus
 
 
 @contextlib.contextmanager

@@ -95,7 +95,7 @@ def _prepare_environment(job: Job) -> None:
     # torch.compile's caches in the job's own folder (the zygote's import of inductor set /tmp's)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(job.workdir, "torchinductor")
     os.environ["TRITON_CACHE_DIR"] = os.path.join(job.workdir, "triton")
-    os.environ.setdefault("MAX_JOBS", str(job.config.build_jobs or min(os.cpu_count() or 1, 8)))
+    os.environ.setdefault("MAX_JOBS", str(job.config.build_jobs or min(len(os.sched_getaffinity(0)), 8)))
     if job.cuda_arch_list:
         os.environ["TORCH_CUDA_ARCH_LIST"] = job.cuda_arch_list
 
