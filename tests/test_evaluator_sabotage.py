@@ -94,20 +94,21 @@ def test_tripwire_needs_both_intervals_apart_the_limit_passed_and_a_fresh_pristi
 
 def test_a_cpu_run_the_scheduler_kept_interrupting_is_judged_by_its_reference_median() -> None:
     """Work left on the timed CPU widens the reference's interval over the pristine one (it then
-    read ok at up to 1.5x for identical work): a run marked unstable for contention, in the
-    words the timer writes, trips on its median alone; the same run without that mark does not."""
+    read ok at up to 1.5x for identical work): a run the timer marks `contended` trips on its
+    median alone; the same run without that mark does not."""
     import dataclasses
 
-    from speedforge.evaluator.timing import unstable_reasons
+    from speedforge.evaluator.timing import contention_reasons, unstable_reasons
 
     pristine = {False: _stage(100.0, 95.0, 110.0), True: _stage(100.0, 96.0, 108.0)}
     config = EvaluatorConfig()
     chosen = {"stopped_early": False, "width": 0.4, "times": {"ref": [1.0] * 16}, "disturbed": 15, "steal_s": 0.0}
-    lines = [f"unstable: {why}" for why in unstable_reasons(chosen, 0.05, 1.0, config, is_cuda=False)]
-    assert any(line.startswith("unstable: contention:") for line in lines), lines
+    assert contention_reasons(chosen, 1.0, config)[0].startswith("contention: in 15 of 16 timed pairs")
+    assert contention_reasons(chosen, 1.0, config)[0] in unstable_reasons(chosen, 0.05, 1.0, config, is_cuda=False)
+    assert contention_reasons(dict(chosen, disturbed=8), 1.0, config) == []  # half the pairs: not most
     wide = _stage(190.0, 90.0, 260.0)  # 1.9x by the median, the interval down over the pristine one
     assert _tripwire(wide, pristine.get, 1.5).ok
-    tripped = _tripwire(dataclasses.replace(wide, unstable=True, warnings=tuple(lines)), pristine.get, 1.5)
+    tripped = _tripwire(dataclasses.replace(wide, unstable=True, contended=True), pristine.get, 1.5)
     assert tripped.status == "hack_detected" and "1.90x" in tripped.reason
 
 

@@ -352,15 +352,6 @@ def outcome(result: object | None, timed_out: bool, for_memory: bool, for_disk: 
 # -- tripwire -------------------------------------------------------------------------------------
 
 
-def contended(result) -> bool:
-    """Whether a CPU run was marked unstable because the scheduler took its CPU during most timed
-    calls (speedforge.evaluator.timing.unstable_reasons' contention lines)."""
-    return any(w.startswith(CONTENDED) for w in getattr(result, "warnings", ()))
-
-
-CONTENDED = "unstable: contention:"
-
-
 def reference_slowdown(beside, clean, limit: float) -> str | None:
     """The reason when the reference's time beside the candidate (`beside`) lies wholly above its
     pristine interval (`clean`) and beyond `limit` times its pristine time; None otherwise. A CPU
@@ -371,7 +362,7 @@ def reference_slowdown(beside, clean, limit: float) -> str | None:
     the second sandbox (speedforge.evaluator.evaluate) keep load alone from tripping it."""
     if None in (beside.ref_lo_us, beside.ref_us, clean.ref_hi_us, clean.ref_us):
         return None
-    apart = beside.ref_lo_us > clean.ref_hi_us or contended(beside)
+    apart = beside.ref_lo_us > clean.ref_hi_us or beside.contended
     if not (apart and beside.ref_us > limit * clean.ref_us):
         return None
     return named("reference-slowdown",

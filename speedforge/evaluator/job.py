@@ -135,6 +135,7 @@ class StageResult:
     speedup_lo: float | None = None
     speedup_hi: float | None = None
     unstable: bool = False
+    contended: bool = False  # run, CPU: the machine took the CPU during most timed calls (timing.contention_reasons)
     ref_us: float | None = None
     cand_us: float | None = None
     ref_iqr_us: float | None = None

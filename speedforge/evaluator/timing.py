@@ -137,8 +137,10 @@ class Timer:
                 break
         chosen = rounds[-1] if rounds[-1]["stopped_early"] else min(rounds, key=lambda r: r["width"])
         times = chosen["times"]
-        unstable = unstable_reasons(chosen, wide, sum(sum(chosen["times"][side]) for side in chosen["times"]) / 1e6,
-                                    self.config, self.is_cuda)
+        chosen_s = sum(sum(chosen["times"][side]) for side in chosen["times"]) / 1e6
+        unstable = unstable_reasons(chosen, wide, chosen_s, self.config, self.is_cuda)
+        contended = not self.is_cuda and not chosen["stopped_early"] and bool(
+            contention_reasons(chosen, chosen_s, self.config))
         if not chosen["stopped_early"]:  # one steady state measured, not a drifting or switching one
             unstable += drift_reasons(times["ref"], times["cand"], self.rng.getrandbits(31), self.torch,
                                       float(config.drift_limit), self.quantile)
@@ -161,6 +163,7 @@ class Timer:
             "speedup_lo": chosen["lo"],
             "speedup_hi": chosen["hi"],
             "unstable": bool(unstable),
+            "contended": contended,
             "warnings": warnings,
             "timed_calls": len(times["ref"]),
             "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
@@ -324,6 +327,14 @@ def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda:
         found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} {after} (+-{chosen['width']:.1%})")
     if is_cuda:
         return found
+    return found + contention_reasons(chosen, timed_s, config)
+
+
+def contention_reasons(chosen: dict, timed_s: float, config) -> list[str]:
+    """On the CPU, why the machine took the CPU away during the chosen round's timing, one line
+    each (each begins "contention:"); empty when it did not. A run with any is `contended`
+    (StageResult), which the tripwire judges by its reference's median alone."""
+    found = []
     limit = float(config.contention_limit)
     pairs = len(chosen["times"]["ref"])
     if pairs and chosen["disturbed"] / pairs > limit:
