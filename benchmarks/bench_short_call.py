@@ -75,6 +75,11 @@ def build(torch, ref_code: str, cand_code: str, seed: int, train: bool = False):
     `states["cand"]` what the candidate left (speedforge.evaluator.process_state)."""
     from speedforge.evaluator import process_state
 
+    import os
+
+    # published kernels pass load_inline a build_directory of their own (~/.cache/torch_extensions),
+    # which torch does not create: without it the extension fails and a fallback path is timed
+    os.makedirs(os.path.expanduser(os.path.join("~", ".cache", "torch_extensions")), exist_ok=True)
     ref, cand = types.ModuleType("probe_ref"), types.ModuleType("probe_cand")
     exec(compile(ref_code, "<reference>", "exec"), ref.__dict__)
     torch.manual_seed(seed)
