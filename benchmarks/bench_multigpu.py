@@ -48,15 +48,21 @@ def figures(steps: list[dict]) -> dict:
 
 def rank_lines(steps: list[dict]) -> list[str]:
     return [f"  step {m['step']}: " + "; ".join(f"rank {r['rank']} {r['samples']} samples, {r['generated_tokens']} tokens "
-                                                 f"in {r['generation_s']:.2f} s" + (f" on {r['device']}" if r.get("device") else "")
-                                                 for r in m.get("ranks", []))
+                                                 f"in {r['generation_s']:.2f} s" + where(r) for r in m.get("ranks", []))
             for m in steps]  # fmt: skip
 
 
+def where(rank: dict) -> str:
+    """" on cuda:N (GPU)" from a rank's `device` and `gpu` (speedforge.train.stages.model_device), if any."""
+    if not rank.get("device"):
+        return ""
+    return f" on {rank['device']}" + (f" ({rank['gpu']})" if rank.get("gpu") else "")
+
+
 def shares_a_gpu(ranks: list[dict]) -> bool:
-    """Whether two ranks of a step report the same GPU (`device`: cuda:N and the GPU's UUID, as
-    the training writes it; lines without it, or CPU workers, share nothing)."""
-    gpus = [r["device"].split("(")[-1] for r in ranks if str(r.get("device", "")).startswith("cuda")]
+    """Whether two ranks of a step report the same GPU (`gpu`, as the training writes it; lines
+    without it, or CPU workers, share nothing)."""
+    gpus = [r["gpu"] for r in ranks if r.get("gpu")]
     return len(gpus) != len(set(gpus))
 
 

@@ -53,12 +53,12 @@ def test_two_ranks_on_one_gpu_fail_the_check(tmp_path, capsys):
     one = write(tmp_path / "one.jsonl", [(1, 5.0, [(0, 4, 400, 2.0)]), (2, 5.0, [(0, 4, 400, 2.0)])])
     two = write(tmp_path / "two.jsonl", [(1, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)]),
                                          (2, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)])])  # fmt: skip
-    apart = [{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:1 (GPU-a111)"}]
+    apart = [{"device": "cuda:0", "gpu": "GPU-16bd"}, {"device": "cuda:1", "gpu": "GPU-a111"}]
     assert not bench.shares_a_gpu(apart) and not bench.shares_a_gpu([{"device": "cpu"}, {"device": "cpu"}])
-    assert bench.shares_a_gpu([{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:0 (GPU-16bd)"}])
+    assert bench.shares_a_gpu([{"device": "cuda:0", "gpu": "GPU-16bd"}, {"device": "cuda:0", "gpu": "GPU-16bd"}])
     # the same UUID under two indices (each worker seeing one GPU as its cuda:0 is fine; one GPU twice is not)
-    assert bench.shares_a_gpu([{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:1 (GPU-16bd)"}])
-    assert not bench.shares_a_gpu([{"device": "cuda:0 (GPU-16bd)"}, {"device": "cuda:0 (GPU-a111)"}])
+    assert bench.shares_a_gpu([{"device": "cuda:0", "gpu": "GPU-16bd"}, {"device": "cuda:1", "gpu": "GPU-16bd"}])
+    assert not bench.shares_a_gpu([{"device": "cuda:0", "gpu": "GPU-16bd"}, {"device": "cuda:0", "gpu": "GPU-a111"}])
     lines = [line for line in open(two)]
     import json
 
@@ -66,7 +66,7 @@ def test_two_ranks_on_one_gpu_fail_the_check(tmp_path, capsys):
     for line in lines:
         m = json.loads(line)
         for r in m["ranks"]:
-            r["device"] = "cuda:0 (GPU-16bd)"
+            r.update(device="cuda:0", gpu="GPU-16bd")
         shared.append(json.dumps(m))
     (tmp_path / "two-shared.jsonl").write_text("\n".join(shared) + "\n")
     assert bench.main(["--one", one, "--two", str(tmp_path / "two-shared.jsonl")]) == 1

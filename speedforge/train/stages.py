@@ -298,15 +298,15 @@ def callbacks(worker: Worker, clock: "StepClock", offset: int = 0, fields: Calla
     return [StoreCheckpoints(), StepMetrics(), TimeLimit()]
 
 
-def model_device(model) -> str:
-    """Where a model's weights are, as the trainer placed them: `cpu`, or `cuda:N` and the GPU's
-    UUID (two workers on one host must report two different GPUs)."""
+def model_device(model) -> dict[str, str]:
+    """Where a model's weights are, as the trainer placed them: `device` (`cpu`, `cuda:N`) and, on
+    a GPU, `gpu`, its UUID's first characters (two workers on one host must report two GPUs)."""
     import torch
 
     device = next(model.parameters()).device
     if device.type != "cuda":
-        return str(device)
-    return f"{device} ({str(torch.cuda.get_device_properties(device).uuid)[:8]})"
+        return {"device": str(device)}
+    return {"device": str(device), "gpu": str(torch.cuda.get_device_properties(device).uuid)[:8]}
 
 
 class StepClock:
@@ -319,7 +319,7 @@ class StepClock:
         self.rollouts: list = []
         self.began = time.perf_counter()
         self.pending: dict | None = None
-        self.device = ""  # where this worker's model ran (`model_device`), in each rank's part of a line
+        self.device: dict[str, str] = {}  # where this worker's model ran (`model_device`), in each rank's part of a line
 
     def start(self) -> None:
         self.times, self.rollouts, self.began = StepTimes(), [], time.perf_counter()
@@ -340,9 +340,7 @@ class StepClock:
             return
         record = {**self.pending, **extra}
         mine = {"rank": worker.rank, "samples": len(self.rollouts), "generated_tokens": self.times.generated_tokens,
-                "generation_s": self.times.generation_s, "step_s": self.times.step_s}  # fmt: skip
-        if self.device:
-            mine["device"] = self.device
+                "generation_s": self.times.generation_s, "step_s": self.times.step_s, **self.device}  # fmt: skip
         parts = worker.gather((mine, self.rollouts))
         record["ranks"] = [rank for rank, _ in parts]  # what each worker did this step: all ranks in rank 0's line
         gathered = [r for _, part in parts for r in part]
