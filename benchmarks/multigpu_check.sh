@@ -26,6 +26,10 @@
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)
 #   PORTABILITY_LIMIT (the first N tasks; cuda 0 = all, cpu 4)
 # Everything goes to $OUT/multigpu (default OUT=/tmp/gpu_check): grpo-w{1,2}/, *.log, *.txt, portability/.
+# On cuda, gpu-samples-w1.txt, -w2.txt and -w2-resume.txt: nvidia-smi every 2 s during each GRPO run, which
+#   process is on which GPU (pid, gpu_uuid, used_memory) and each GPU's load (index, uuid, utilization.gpu,
+#   clocks.sm, power.draw); after each run a line per GPU: its UUID's first 8 characters (as a rank's `gpu`),
+#   the PIDs seen on it and its median utilization.gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -84,6 +88,48 @@ state_step() {  # the step of the latest checkpoint in run store $1 (0: none yet
 try: print(json.load(open(sys.argv[1])).get("step", 0))
 except Exception: print(0)' "$1/runs/multigpu/grpo/state.json"
 }
+sampler=  # the GPU sampler's process group while a GRPO run goes ("": none)
+gpu_sampler_start() {  # gpu_sampler_start FILE: on cuda, nvidia-smi every 2 s into FILE, each line after a timestamp
+  sampler=
+  [ "$device" = cuda ] && command -v nvidia-smi >/dev/null 2>&1 || return 0
+  : >"$1"
+  # its own process group (setsid, as the 2-worker run), so that one kill ends the loop, nvidia-smi and sleep;
+  # timeout --foreground keeps a hung nvidia-smi in that group; $ts is the loop's own
+  # shellcheck disable=SC2016
+  setsid bash -c 'while :; do
+      ts=$(date +%FT%T)
+      timeout --foreground -k 5 10 nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader 2>&1 | sed "s/^/$ts app, /"
+      timeout --foreground -k 5 10 nvidia-smi --query-gpu=index,uuid,utilization.gpu,clocks.sm,power.draw --format=csv,noheader 2>&1 | sed "s/^/$ts gpu, /"
+      sleep 2
+    done' >>"$1" 2>&1 </dev/null &
+  sampler=$!
+}
+gpu_sampler_stop() {  # gpu_sampler_stop FILE: ends the sampler, then prints a line per GPU seen in FILE
+  [ -n "$sampler" ] || return 0
+  kill -KILL -- -"$sampler" "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  sampler=
+  # a GPU as a rank's `gpu` names it (model_device: torch's UUID string, without nvidia-smi's "GPU-", [:8])
+  $PY -c 'import statistics, sys
+index, pids, util = {}, {}, {}
+try: lines = open(sys.argv[1], errors="replace").readlines()
+except OSError: lines = []
+for line in lines:
+    f = [x.strip() for x in line.split(",")]
+    kind = f[0].split()[-1:]
+    if len(f) < 3 or not f[2].startswith("GPU-"): continue
+    gpu = f[2][4:12].lower(); pids.setdefault(gpu, set()); util.setdefault(gpu, [])
+    if kind == ["app"]: pids[gpu].add(f[1])
+    elif kind == ["gpu"]:
+        index[gpu] = f[1]
+        try: util[gpu].append(float(f[3].split()[0]))
+        except (IndexError, ValueError): pass
+for gpu in sorted(pids, key=lambda g: (len(index.get(g, g)), index.get(g, g))):
+    u, seen = util[gpu], " ".join(sorted(pids[gpu], key=lambda p: (len(p), p))) or "none"
+    load = f"median utilization.gpu {statistics.median(u):.0f}% over {len(u)} samples" if u else "no utilization samples"
+    print(f"   gpu {index.get(gpu, chr(63))} ({gpu}): pids {seen}; {load}")
+if not pids: print("   gpu samples: none in", sys.argv[1])' "$1"
+}
+trap '[ -n "$sampler" ] && kill -KILL -- -"$sampler" "$sampler" 2>/dev/null' EXIT  # never leave a sampler behind
 
 if part grpo; then
   for w in 1 2; do
@@ -97,8 +143,11 @@ if part grpo; then
     echo "== grpo on $w worker(s), $steps steps: ${sf[*]}"
     t0=$SECONDS
     if [ "$w" = 1 ]; then
+      gpu_sampler_start "$dir/gpu-samples-w1.txt"
       timeout --kill-after=15 "$grpo_limit" "${sf[@]}" >"$dir/grpo-w1.log" 2>&1 || failed+=("grpo-w1 (exit $?)")
+      gpu_sampler_stop "$dir/gpu-samples-w1.txt"
     else
+      gpu_sampler_start "$dir/gpu-samples-w2.txt"
       setsid "${sf[@]}" >"$dir/grpo-w2.log" 2>&1 &
       pid=$!
       while kill -0 "$pid" 2>/dev/null && [ "$(state_step "$dir/grpo-w2/store")" -lt "$steps" ] \
@@ -108,10 +157,13 @@ if part grpo; then
         kill -TERM -- -"$pid"; sleep 10; kill -KILL -- -"$pid" 2>/dev/null
       fi
       wait "$pid" 2>/dev/null
+      gpu_sampler_stop "$dir/gpu-samples-w2.txt"
       cp "$dir/grpo-w2/work/multigpu/grpo/metrics.jsonl" "$dir/grpo-w2/metrics-before-resume.jsonl" 2>/dev/null
       [ "$(state_step "$dir/grpo-w2/store")" -ge "$steps" ] || failed+=("grpo-w2 (no checkpoint of step $steps)")
       echo "== grpo on 2 workers, resumed (--resume) for step $(( steps + 1 ))"
+      gpu_sampler_start "$dir/gpu-samples-w2-resume.txt"
       timeout --kill-after=15 "$grpo_limit" "${sf[@]}" --resume >"$dir/grpo-w2-resume.log" 2>&1 || failed+=("grpo-w2-resume (exit $?)")
+      gpu_sampler_stop "$dir/gpu-samples-w2-resume.txt"
     fi
     echo "   exit after $(( SECONDS - t0 )) s; log $dir/grpo-w$w.log"
   done
