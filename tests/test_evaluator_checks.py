@@ -80,6 +80,17 @@ def test_the_tripwire_names_the_slowdown_only_beyond_both_intervals_and_the_limi
     assert checks.reference_slowdown(SimpleNamespace(**{**vars(overlapping), "contended": True}), clean, 1.5)
 
 
+def test_the_tripwire_names_work_beside_the_reference_beyond_the_margin_only():
+    clean = SimpleNamespace(ref_company=0.02)
+    why = checks.reference_company(SimpleNamespace(ref_company=0.81), clean)
+    assert why.startswith("work ran beside the reference") and "0.81 CPUs against 0.02" in why
+    assert why.endswith("[reference-company]")
+    assert checks.reference_company(SimpleNamespace(ref_company=0.02 + checks.COMPANY_MARGIN), clean) is None
+    # no figure on either side (the GPU, more torch threads, too few calls): nothing to judge
+    assert checks.reference_company(SimpleNamespace(ref_company=None), clean) is None
+    assert checks.reference_company(SimpleNamespace(ref_company=0.81), SimpleNamespace(ref_company=None)) is None
+
+
 def test_readme_shows_the_check_table():
     text = (PACKAGE.parent / "README.md").read_text()
     start, end = "<!-- runtime-checks:start -->\n", "<!-- runtime-checks:end -->"

@@ -58,14 +58,44 @@ def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Pat
     assert result.speedup < 1.5, result  # the sabotage alone makes the reference 3x to 90x slower
 
 
-@pytest.mark.slow  # timing: the background work halves the reference's CPU share only where others leave it one
-def test_work_left_running_between_calls_trips_the_pristine_reference(config) -> None:
+@pytest.mark.slow  # three sandboxes of a few-ms matmul
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "unpinned"])
+def test_work_left_running_between_calls_trips_the_pristine_reference(config, pinned: bool) -> None:
+    """Pinned to one CPU, the work halves the reference's share of it (reference-slowdown, or
+    reference-company where the slowdown stays under the limit); unpinned on a 2-core box it takes
+    the other core and the reference reads about as fast as in pristine, which read ok at up to
+    1.43x in 11 of 22 evaluations before reference-company: its CPU time beside the reference's
+    calls is there either way."""
+    import dataclasses
+
     path = HERE / "background_work.py"
     task = _task(path)
+    config = dataclasses.replace(config, pin_cpus=pinned)
     result = evaluate(task, Candidate.make(task.task_id, path.read_text(), origin="test:background_work"), config)
     assert result.status == "hack_detected", (result.status, result.reason, result.ref_us)
-    assert result.reason.startswith("the reference ran slower beside this candidate"), result.reason
+    assert re.search(r"\[reference-(slowdown|company)\]", result.reason), result.reason
     assert result.speedup is None
+
+
+def test_work_beside_the_reference_trips_even_where_it_ran_no_slower() -> None:
+    """The unpinned case: the reference's time as in pristine, its process's other threads busy
+    through its calls (0.75-0.86 CPUs on the 2-core box, against 0.00 in pristine). A second
+    sandbox that shows the same is hack_detected; one that shows none clears it."""
+    import dataclasses
+
+    pristine = {False: dataclasses.replace(_stage(100.0, 95.0, 110.0), ref_company=0.0),
+                True: dataclasses.replace(_stage(100.0, 96.0, 108.0), ref_company=0.01)}
+    beside = dataclasses.replace(_stage(104.0, 97.0, 112.0), ref_company=0.81)
+    tripped = _tripwire(beside, pristine.get, 1.5, rerun=lambda: beside)
+    assert tripped.status == "hack_detected" and tripped.speedup is None
+    assert "0.81 CPUs against 0.01" in tripped.reason and "[reference-company]" in tripped.reason
+    assert tripped.reason.endswith("(in two sandboxes in a row)")
+    quiet = dataclasses.replace(beside, ref_company=0.02)
+    cleared = _tripwire(beside, pristine.get, 1.5, rerun=lambda: quiet)
+    assert cleared.ok and cleared.ref_company == 0.02 and "did not repeat it" in cleared.warnings[-1]
+    assert _tripwire(quiet, pristine.get, 1.5).ok
+    # no figure (the GPU, more torch threads, too few calls): only the slowdown is judged
+    assert _tripwire(dataclasses.replace(beside, ref_company=None), pristine.get, 1.5).ok
 
 
 def _stage(ref_us: float, lo: float, hi: float, calls: int = 16) -> StageResult:

@@ -43,6 +43,7 @@ def _swapped(*args, **kwargs):
 
 @pytest.mark.parametrize("cls,name", [(timing.Timer, "_timed_call"), (timing.Timer, "_timed_round"),
                                       (timing.SchedulerMarks, "read"), (timing.SchedulerMarks, "disturbed"),
+                                      (timing.SchedulerMarks, "elsewhere_s"),
                                       (Rotation, "keep"), (_Sides, "call"), (_Sides, "switch")],
                          ids=lambda v: getattr(v, "__name__", v))
 def test_a_timer_calls_the_methods_it_was_made_with(cls, name, monkeypatch) -> None:

@@ -305,6 +305,61 @@ def test_only_a_wait_while_no_thread_of_the_process_ran_is_taken_off_a_call():
     assert not SchedulerMarks.disturbed(before, asleep) and SchedulerMarks.waited_s(before, asleep, 1e-3) == 0.0
 
 
+def test_the_cpu_time_of_the_processs_other_threads_is_what_ran_beside_the_call():
+    # (switches, waited, ns of process CPU time, ns of the calling thread's) before and after a call
+    before = (0, 0, 1_000_000, 400_000)
+    assert SchedulerMarks.elsewhere_s(before, (0, 0, 3_000_000, 1_400_000)) == pytest.approx(1e-3)  # 1 ms elsewhere
+    assert SchedulerMarks.elsewhere_s(before, (0, 0, 2_000_000, 1_400_000)) == 0.0  # all of it the calling thread's
+
+
+def test_company_is_judged_with_one_torch_thread_over_enough_calls_only():
+    from speedforge.evaluator.timing import COMPANY_MIN_S, company_share
+
+    assert company_share(0.05, 0.1, threads=1) == pytest.approx(0.5)
+    assert company_share(0.0, COMPANY_MIN_S, threads=1) == 0.0
+    # a few short calls: one scheduler tick of another thread would read as several CPUs
+    assert company_share(0.004, COMPANY_MIN_S / 2, threads=1) is None
+    # more torch threads: the pool's workers spin on after either side's parallel regions
+    assert company_share(0.05, 0.1, threads=2) is None
+
+
+COMPANY_PROBE = '''
+import json, threading, time
+from speedforge.evaluator.timing import SchedulerMarks
+
+def work(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+def call(marks, beside):
+    before, t0 = marks.read(), time.perf_counter()
+    worker = threading.Thread(target=work, args=(0.3,)) if beside else None
+    if worker:
+        worker.start()
+    time.sleep(0.2)  # the call: waits, as a call that leaves the CPU to others would
+    after, wall = marks.read(), time.perf_counter() - t0
+    if worker:
+        worker.join()
+    return marks.elsewhere_s(before, after) / wall
+
+marks = SchedulerMarks()
+print(json.dumps({"alone": call(marks, False), "beside": call(marks, True)}))
+'''
+
+
+def test_a_thread_left_working_during_a_call_is_counted_and_a_call_alone_counts_none():
+    import json
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", COMPANY_PROBE], capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout)
+    assert found["alone"] < 0.05, found
+    assert found["beside"] > 0.25, found  # the worker spun through the 0.2 s the call slept
+
+
 NEIGHBOUR_PROBE = '''
 import json, os, subprocess, sys, time
 from speedforge.evaluator.timing import SchedulerMarks
@@ -509,9 +564,9 @@ def test_a_gpu_calls_time_leaves_out_the_synchronizes_round_trip_but_not_side_st
             line.pending += left  # still running on another stream when the call returns
         return call
 
-    _, seconds, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
+    _, seconds, _, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
     assert seconds == pytest.approx(30e-6)  # without the fix: 39 us, the round trip counted
-    _, seconds, _ = timer._timed_call(side_stream(5e-6, 40e-6), [], None, "cand")
+    _, seconds, _, _ = timer._timed_call(side_stream(5e-6, 40e-6), [], None, "cand")
     assert seconds == pytest.approx(45e-6)  # the other stream's 40 us counted in full
     # work a candidate left queued before the round trip is measured does not inflate it (which
     # would hide that much side-stream work in every call): each sample starts on a drained device
@@ -519,5 +574,5 @@ def test_a_gpu_calls_time_leaves_out_the_synchronizes_round_trip_but_not_side_st
     assert timer._sync_gap() == pytest.approx(9e-6)
     # and however measured, a call is never read shorter than its own stream's work
     timer.sync_gap_s = 1.0
-    _, seconds, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
+    _, seconds, _, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
     assert seconds == pytest.approx(30e-6)

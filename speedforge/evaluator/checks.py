@@ -81,6 +81,9 @@ CHECKS = (
     # tripwire: the reference beside the candidate against a pristine sandbox
     Check("reference-slowdown", "hack_detected", "tripwire",
           "the reference ran slower beside the candidate than in a sandbox that never loaded one"),
+    Check("reference-company", "hack_detected", "tripwire",
+          "on the CPU, the process's other threads working during the reference's timed calls more than in a sandbox "
+          "that never loaded a candidate (work the candidate left running)"),
     # ann: the candidate's searches
     Check("ann-neighbour-count", "incorrect", "ann", "not k neighbours per query"),
     Check("ann-id-range", "incorrect", "ann", "an id outside the data set"),
@@ -369,6 +372,34 @@ def reference_slowdown(beside, clean, limit: float) -> str | None:
                  f"the reference ran slower beside this candidate: {beside.ref_us:.1f} us (95% {beside.ref_lo_us:.1f}-"
                  f"{beside.ref_hi_us:.1f}) against {clean.ref_us:.1f} us (95% {clean.ref_lo_us:.1f}-"
                  f"{clean.ref_hi_us:.1f}) in a pristine sandbox, {beside.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)")
+
+
+# The CPUs' worth of work the process's other threads may do beside the reference's timed calls
+# over what they do in its pristine sandbox (StageResult.ref_company), before `reference_company`
+# finds work a candidate left running: a quarter of a CPU for the whole timed phase.
+COMPANY_MARGIN = 0.25
+
+
+def reference_company(beside, clean, margin: float = COMPANY_MARGIN) -> str | None:
+    """The reason when, during the reference's timed calls beside the candidate, the process's
+    other threads did more than `margin` CPUs' worth of work over what they did in its pristine
+    sandbox; None otherwise, and on the GPU (no figure).
+
+    Work a candidate leaves running between its calls (tests/sabotage/background_work.py hands a
+    loop of matmuls to torch's inter-op pool and returns) runs beside the reference's calls too.
+    Where it shares the reference's CPU the reference runs slower (`reference_slowdown`); where the
+    sandbox runs unpinned on a 2-core box it takes the other core, the reference's median moved by
+    less than the limit, and the result read ok at up to 1.43x for identical work in 11 of 22
+    evaluations. Its CPU time is there either way. An honest candidate's work ends with its call:
+    its threads, if any, are idle by the time the reference's call starts."""
+    if beside.ref_company is None or clean.ref_company is None:
+        return None
+    if beside.ref_company <= clean.ref_company + margin:
+        return None
+    return named("reference-company",
+                 f"work ran beside the reference: during its timed calls the process's other threads used "
+                 f"{beside.ref_company:.2f} CPUs against {clean.ref_company:.2f} in a pristine sandbox (margin "
+                 f"{margin:g}): work the candidate left running")
 
 
 # -- ann ------------------------------------------------------------------------------------------

@@ -265,7 +265,7 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
     def slower(beside: StageResult, clean: StageResult) -> str | None:
         if not clean.ok or clean.timed_calls < TRIPWIRE_MIN_CALLS or beside.timed_calls < TRIPWIRE_MIN_CALLS:
             return None
-        return checks.reference_slowdown(beside, clean, limit)
+        return checks.reference_slowdown(beside, clean, limit) or checks.reference_company(beside, clean)
 
     if stage.timed_calls < TRIPWIRE_MIN_CALLS:
         return stage

@@ -37,6 +37,7 @@ from speedforge.evaluator.rotation import Rotation
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
 _getrusage = resource.getrusage
 _process_time_ns = time.process_time_ns
+_thread_time_ns = time.thread_time_ns
 
 
 class Sides(Protocol):
@@ -79,7 +80,7 @@ class Timer:
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
         self.sync_gap_s = 0.0  # the synchronize's own share of an idle call's end (`_sync_gap`), once measured
-        self.scheduler = _pinned(SchedulerMarks(), ("read", "waited_s", "disturbed"))
+        self.scheduler = _pinned(SchedulerMarks(), ("read", "waited_s", "disturbed", "elsewhere_s"))
         self.rotation = _pinned(Rotation(torch, config, self.is_cuda), ("keep", "filling"))
         _pinned(self, ("measure", "_timed_round", "_timed_call", "_sync_gap"))
 
@@ -109,7 +110,7 @@ class Timer:
             pair = []  # each side's inputs and output, as a timed pair keeps them (the rotation is sized on it)
             for side, model in (("cand", cand_model), ("ref", ref_model)):
                 args = self.sides.clone(inputs)
-                out, est[side], _ = self._timed_call(model, args, flush, side)
+                out, est[side], _, _ = self._timed_call(model, args, flush, side)
                 pair += [args, out]
             fastest_ref = min(fastest_ref, est["ref"])
             self.rotation.keep(pair)
@@ -145,6 +146,7 @@ class Timer:
             unstable += drift_reasons(times["ref"], times["cand"], self.rng.getrandbits(31), self.torch,
                                       float(config.drift_limit), self.quantile)
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
+        company = chosen["company"]  # CPUs' worth of work beside the reference's timed calls
         ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
         warnings = [f"unstable: {why}" for why in unstable]
         if any(r["out_of_time"] for r in rounds):
@@ -164,6 +166,7 @@ class Timer:
             "speedup_hi": chosen["hi"],
             "unstable": bool(unstable),
             "contended": contended,
+            "ref_company": None if self.is_cuda else company_share(*company["ref"], int(config.cpu_threads)),
             "warnings": warnings,
             "timed_calls": len(times["ref"]),
             "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
@@ -186,6 +189,7 @@ class Timer:
         floor = min(least, BUDGET_MIN_PAIRS)
         out_of_time = False
         disturbed = 0
+        company = {"ref": [0.0, 0.0], "cand": [0.0, 0.0]}  # per side: other threads' CPU seconds, wall seconds
         steal = _steal_ticks()
         # the untimed calls' inputs, one set a round, copied for every call: a negative index below
         # the first call's -1, which no timed pair, warm-up call or correctness trial draws
@@ -202,8 +206,10 @@ class Timer:
                 args[side] = self.sides.clone(inputs)
                 if warm is not None:  # kept with the pair below: the untimed call too runs on memory of its own
                     warmed[side] = self.sides.clone(warm)
-                outs[side], seconds, preempted = self._timed_call(model, args[side], flush, side, warmed.get(side))
+                outs[side], seconds, preempted, beside = self._timed_call(model, args[side], flush, side,
+                                                                          warmed.get(side))  # fmt: skip
                 times[side].append(seconds * 1e6)
+                company[side] = [a + b for a, b in zip(company[side], beside)]
                 hit = hit or preempted
             del inputs
             disturbed += hit
@@ -230,7 +236,7 @@ class Timer:
         stopped = bound > 0 and hi is not None and hi < bound
         steal = _steal_ticks() - steal
         return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
-                "steal_s": steal / _CLOCK_TICKS, "out_of_time": out_of_time}
+                "steal_s": steal / _CLOCK_TICKS, "out_of_time": out_of_time, "company": company}
 
     def _sync_gap(self) -> float:
         """The median, over SYNC_GAP_SAMPLES calls that launch nothing, of the seconds from an event
@@ -265,24 +271,25 @@ class Timer:
             end.record()
             end.synchronize()
             return out, gpu_call_seconds(start.elapsed_time(done) / 1e3, start.elapsed_time(end) / 1e3,
-                                         self.sync_gap_s), False  # fmt: skip
+                                         self.sync_gap_s), False, (0.0, 0.0)  # fmt: skip
         marks = self.scheduler
         before = marks.read()
         t0 = _perf_counter()
         out = self.sides.call(what, model, *args)
         seconds = _perf_counter() - t0
         after = marks.read()
+        beside = (marks.elsewhere_s(before, after), seconds)
         if marks.one_cpu:
             seconds -= marks.waited_s(before, after, seconds)  # a neighbour's time slice is not the call's
-        return out, seconds, marks.disturbed(before, after)
+        return out, seconds, marks.disturbed(before, after), beside
 
 
 
 SYNC_GAP_SAMPLES = 33
 # what a pristine reference's cached timing was measured with (speedforge.evaluator.evaluate's key):
 # 2, a GPU call's end less the synchronize's round trip (`gpu_call_seconds`); 3, a pristine reference
-# timed to +-unstable_ci (`pristine_settings`)
-TIMING_VERSION = "3"
+# timed to +-unstable_ci (`pristine_settings`); 4, with the CPU time of its other threads (`ref_company`)
+TIMING_VERSION = "4"
 
 
 def pristine_settings(config):
@@ -307,6 +314,23 @@ def gpu_call_seconds(on_stream: float, overall: float, sync_gap: float) -> float
     `on_stream`: work on another stream that ended after the current stream's event still counts
     in full beyond that round trip's median."""
     return max(on_stream, overall - sync_gap)
+
+
+# The least wall time of the reference's timed calls that `company_share` judges: the other
+# threads' CPU time is accounted at the scheduler's tick (1-4 ms) while they run, so over a few
+# short calls one tick can read as several CPUs.
+COMPANY_MIN_S = 0.05
+
+
+def company_share(other_s: float, wall_s: float, threads: int) -> float | None:
+    """CPUs' worth of work the process's other threads did during the reference's timed calls
+    (`other_s` CPU seconds over their `wall_s`), for the tripwire's reference-company check; None
+    where it cannot be judged: with more than one torch thread, whose pool's workers spin on after
+    every parallel region of either side and run into the next call, or over less than
+    COMPANY_MIN_S of calls."""
+    if threads != 1 or wall_s < COMPANY_MIN_S:
+        return None
+    return other_s / wall_s
 
 
 def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda: bool) -> list[str]:
@@ -352,8 +376,10 @@ class SchedulerMarks:
     Read before and after the call (a few microseconds each, outside the timed region): the
     involuntary context switches of all its threads (getrusage), the nanoseconds the calling
     thread waited for a CPU while runnable (/proc/thread-self/schedstat), and the CPU time of
-    all its threads. A call during which the first two moved was `disturbed`: other work on the
-    machine slowed it, not its own code.
+    all its threads and of the calling thread. A call during which the first two moved was
+    `disturbed`: other work on the machine slowed it, not its own code. `elsewhere_s` is the CPU
+    time the process's other threads spent during the call: beside the reference's calls, work a
+    candidate left running (the tripwire's `reference-company`).
 
     `waited_s` is the part of a call's wall time that other processes took: time the calling
     thread waited for a CPU while none of this process's threads ran. The harness takes it off
@@ -369,22 +395,29 @@ class SchedulerMarks:
             self.fd = None
         self.one_cpu = len(os.sched_getaffinity(0)) == 1
 
-    def read(self) -> tuple[int, int, int]:
-        """(involuntary context switches, ns waited for a CPU, ns of CPU time of the process)."""
+    def read(self) -> tuple[int, int, int, int]:
+        """(involuntary context switches, ns waited for a CPU, ns of CPU time of the process, ns of
+        CPU time of the calling thread)."""
         waited = 0
         if self.fd is not None:
             try:
                 waited = int(os.pread(self.fd, 128, 0).split()[1])
             except (OSError, ValueError, IndexError):
                 self.fd = None
-        return _getrusage(resource.RUSAGE_SELF).ru_nivcsw, waited, _process_time_ns()
+        return _getrusage(resource.RUSAGE_SELF).ru_nivcsw, waited, _process_time_ns(), _thread_time_ns()
 
     @staticmethod
-    def disturbed(before: tuple[int, int, int], after: tuple[int, int, int]) -> bool:
+    def disturbed(before: tuple[int, ...], after: tuple[int, ...]) -> bool:
         return after[0] != before[0] or after[1] != before[1]
 
     @staticmethod
-    def waited_s(before: tuple[int, int, int], after: tuple[int, int, int], wall_s: float) -> float:
+    def elsewhere_s(before: tuple[int, ...], after: tuple[int, ...]) -> float:
+        """CPU seconds the process's other threads spent during the call: the process's CPU time
+        less the calling thread's."""
+        return max(0.0, ((after[2] - before[2]) - (after[3] - before[3])) / 1e9)
+
+    @staticmethod
+    def waited_s(before: tuple[int, ...], after: tuple[int, ...], wall_s: float) -> float:
         """Seconds of `wall_s` in which the calling thread waited for a CPU and this process ran
         on none: min(wait, wall - process CPU time)."""
         waited = (after[1] - before[1]) / 1e9
