@@ -120,6 +120,75 @@ def test_a_lazy_load_is_built_by_the_build_stage_and_never_compiled_in_the_run_s
 
 
 
+# Writes its sources (a header beside them) to a fresh temp folder in every process and builds
+# them with `load`, under a name unique per process: as published CUDA-L1 kernels do.
+TEMP_SOURCES = r'''
+import os
+import tempfile
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load
+
+folder = tempfile.mkdtemp()
+with open(os.path.join(folder, "scale.h"), "w") as f:
+    f.write("inline double shift() { return 0.01; }\n")
+with open(os.path.join(folder, "ext.cpp"), "w") as f:
+    f.write("""
+#include <torch/extension.h>
+#include "scale.h"
+torch::Tensor f(torch::Tensor x, double s) { return torch::relu(x) * s + x.sum(1, true) * shift(); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }
+""")
+ext = load(name=f"ext_{os.getpid()}", sources=[os.path.join(folder, "ext.cpp")])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return ext.f(x, self.scale)
+'''
+
+
+@pytest.mark.slow  # a C++ build (~30 s on 2 cores) and two run stages; the copy itself is tested below
+def test_a_load_of_sources_in_a_fresh_temp_folder_is_built_once_for_every_run(config) -> None:
+    candidate = Candidate.make(TASK.task_id, TEMP_SOURCES)
+    build = build_candidate(TASK, candidate, config)
+    assert build.ok, build.failure
+    built = _compiles(build.build_dir)
+    assert len(built) == 1, built
+    for _ in range(2):  # two run sandboxes, each with a temp folder of its own
+        result = run_candidate(TASK, candidate, build, config)
+        assert result.status == "ok", (result.reason, result.log[-3000:])
+        assert _compiles(build.build_dir) == built, "a run stage compiled the sources again"
+
+
+def test_load_sources_are_copied_by_content_with_the_files_beside_them(tmp_path) -> None:
+    build_dir = tmp_path / "build"
+    paths = []
+    for run in ("a", "b"):  # the same files in two folders
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "k.h").write_text("#define K 1\n")
+        (tmp_path / run / "k.cu").write_text("// kernel\n")
+        args, kwargs = ["name", [str(tmp_path / run / "k.cu")]], {}
+        extensions.stable_sources(str(build_dir), args, kwargs)
+        paths.append(args[1][0])
+    assert paths[0] == paths[1] and paths[0].startswith(str(build_dir / extensions.SOURCES_DIR))
+    assert (Path(paths[0]).parent / "k.h").read_text() == "#define K 1\n"
+    # another header beside the same source: another folder
+    (tmp_path / "a" / "k.h").write_text("#define K 2\n")
+    kwargs = {"sources": str(tmp_path / "a" / "k.cu")}
+    extensions.stable_sources(str(build_dir), [], kwargs)
+    assert kwargs["sources"] != paths[0] and Path(kwargs["sources"]).read_text() == "// kernel\n"
+    # a source that is not there keeps its path (the build reports it)
+    kwargs = {"sources": [str(tmp_path / "missing.cu")]}
+    extensions.stable_sources(str(build_dir), [], kwargs)
+    assert kwargs["sources"] == [str(tmp_path / "missing.cu")]
+
+
 # -- loads inside functions: evaluated ahead of time with the function's own string locals -------
 
 SCOPED = '''

@@ -27,7 +27,10 @@ nothing) and only loads the library.
 
 Each extension is named by its content (`sf_<hash of sources and flags>`), not by the name the
 candidate gave: published kernels put `os.getpid()` in the name "to avoid conflicts", which
-made every process build anew. A `build_directory` the candidate names is dropped: builds live
+made every process build anew. For the same reason the source files a `load` names are copied
+into the build directory by content (`stable_sources`): published kernels write them to a fresh
+`tempfile.mkdtemp()` in every process, and a new path is a new ninja command, which compiled a
+level-2 kernel again in each run sandbox on an H100 (62-73 s each, after its 96 s build). A `build_directory` the candidate names is dropped: builds live
 in the job's build directory (TORCH_EXTENSIONS_DIR), the only place one may be written and kept.
 
 A load behind a GPU check in the constructor, on a build worker without one, is reached by
@@ -42,6 +45,8 @@ import json
 from pathlib import Path
 
 OUTCOMES_FILE = "speedforge_extensions.json"
+SOURCES_DIR = "sf_sources"  # `load`'s source folders, by content, in the build directory
+SOURCE_FOLDER_LIMIT = (64, 16 << 20)  # a source's folder copied whole up to this many files and bytes
 LOADERS = ("load_inline", "load")
 _IGNORED_ARGS = ("verbose", "build_directory", "name")  # none changes what is built
 
@@ -71,6 +76,8 @@ class Recorder:
         def wrapped(*args, **kwargs):
             args, kwargs = list(args), dict(kwargs)
             kwargs.pop("build_directory", None)  # builds live in the job's build dir only
+            if loader == "load":
+                stable_sources(self.build_dir, args, kwargs)
             key = call_key(loader, tuple(args[1:]), kwargs)
             name = f"sf_{key}"  # by content: a name with a PID in it builds once, not per process
             if args:
@@ -96,6 +103,57 @@ class Recorder:
         wrapped.__wrapped__ = original
         wrapped.__name__ = loader
         return wrapped
+
+
+def stable_sources(build_dir: str, args: list, kwargs: dict) -> None:
+    """Point a `load` call's sources (in place: `args`, `kwargs`) at copies in `build_dir` named by
+    content, so that the same sources give the same paths, the same key and the same ninja
+    commands in every process. Each source's folder is copied whole (the headers beside it), as
+    `SOURCES_DIR/<hash of the folder's files>/`; a source that cannot be read, or a folder over
+    SOURCE_FOLDER_LIMIT, keeps its own path."""
+    import os
+
+    if "sources" in kwargs:
+        sources = kwargs["sources"]
+    elif len(args) > 1:
+        sources = args[1]
+    else:
+        return
+    single = isinstance(sources, (str, os.PathLike))
+    try:
+        items = [sources] if single else list(sources)
+    except TypeError:
+        return
+    copied = [_copy_by_content(build_dir, item) for item in items]
+    value = copied[0] if single else copied
+    if "sources" in kwargs:
+        kwargs["sources"] = value
+    else:
+        args[1] = value
+
+
+def _copy_by_content(build_dir: str, source):
+    import os
+
+    try:
+        path = Path(os.fspath(source)).absolute()
+        folder = [f for f in sorted(path.parent.iterdir()) if f.is_file() and not f.is_symlink()]
+        if path not in folder or len(folder) > SOURCE_FOLDER_LIMIT[0]:
+            return source
+        if sum(f.stat().st_size for f in folder) > SOURCE_FOLDER_LIMIT[1]:
+            return source
+        files = {f.name: f.read_bytes() for f in folder}
+    except (OSError, TypeError, ValueError):
+        return source
+    digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:20]
+    target = Path(build_dir) / SOURCES_DIR / digest
+    if not (target / path.name).is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        for name, data in sorted(files.items(), key=lambda item: item[0] == path.name):  # the source last
+            part = target / f".{name}.{os.getpid()}.part"
+            part.write_bytes(data)
+            os.replace(part, target / name)
+    return str(target / path.name)
 
 
 def install(build_dir: str, replay: bool) -> Recorder:
