@@ -261,7 +261,12 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
     three sandboxes) read reference 28.9 ms and candidate 31.7 ms in one (0.91x, as in the
     others), then 1.24x the pristine time in the second run, which the tighter bound called
     sabotage. What the relaxed bound allows a candidate is what a first run that trips nothing
-    is allowed: a reference slowed by less than `limit`."""
+    is allowed: a reference slowed by less than `limit`.
+
+    On the CPU a trip is also the work the process's other threads did during the reference's
+    timed calls beyond the pristine sandbox's (`checks.reference_company`), confirmed the same way:
+    work a candidate left running on a core the reference does not use slows it too little to
+    trip the limit."""
     def slower(beside: StageResult, clean: StageResult) -> str | None:
         if not clean.ok or clean.timed_calls < TRIPWIRE_MIN_CALLS or beside.timed_calls < TRIPWIRE_MIN_CALLS:
             return None
