@@ -148,7 +148,7 @@ def test_tricks_past_the_screen_are_caught_at_run_time_with_the_default_screen(p
 
 def _assert_caught(path: Path, source: str, result, expected: set[str]) -> None:
     """The runtime verdict the trick names; never a faster-looking ok; nothing leaked or escaped."""
-    assert result.status in expected, (result.status, result.reason, result.log[-2000:])
+    assert result.status in expected, (result.status, result.reason, result.warnings, result.log[-2000:])
     if result.status == "ok":  # only tricks that may end honest: they must not look faster
         assert "honest_speed: true" in source and result.speedup < 1.2, result
     else:

@@ -83,7 +83,7 @@ def test_the_tripwire_names_the_slowdown_only_beyond_both_intervals_and_the_limi
 def test_the_tripwire_names_work_beside_the_reference_beyond_the_margin_only():
     clean = SimpleNamespace(ref_company=0.02)
     why = checks.reference_company(SimpleNamespace(ref_company=0.81), clean)
-    assert why.startswith("work ran beside the reference") and "0.81 CPUs against 0.02" in why
+    assert why.startswith("work ran beside the reference") and "worked 0.81 s for each second" in why and "against 0.02 in a pristine" in why
     assert why.endswith("[reference-company]")
     assert checks.reference_company(SimpleNamespace(ref_company=0.02 + checks.COMPANY_MARGIN), clean) is None
     # no figure on either side (the GPU, more torch threads, too few calls): nothing to judge

@@ -61,11 +61,11 @@ def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Pat
 @pytest.mark.slow  # three sandboxes of a few-ms matmul
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "unpinned"])
 def test_work_left_running_between_calls_trips_the_pristine_reference(config, pinned: bool) -> None:
-    """Pinned to one CPU, the work halves the reference's share of it (reference-slowdown, or
-    reference-company where the slowdown stays under the limit); unpinned on a 2-core box it takes
-    the other core and the reference reads about as fast as in pristine, which read ok at up to
-    1.43x in 11 of 22 evaluations before reference-company: its CPU time beside the reference's
-    calls is there either way."""
+    """Pinned to one CPU, the work halves the reference's share of it (reference-slowdown); unpinned
+    on a 2-core box it takes the other core and the reference reads about as fast as in pristine,
+    which read ok at up to 1.43x in 11 of 22 evaluations before the company checks: its CPU time
+    beside the calls is there either way (reference-company against pristine, candidate-company
+    where it ran beside the candidate's calls more than beside the reference's)."""
     import dataclasses
 
     path = HERE / "background_work.py"
@@ -73,7 +73,8 @@ def test_work_left_running_between_calls_trips_the_pristine_reference(config, pi
     config = dataclasses.replace(config, pin_cpus=pinned)
     result = evaluate(task, Candidate.make(task.task_id, path.read_text(), origin="test:background_work"), config)
     assert result.status == "hack_detected", (result.status, result.reason, result.ref_us)
-    assert re.search(r"\[reference-(slowdown|company)\]", result.reason), result.reason
+    # the work runs beside both sides' calls: whichever of the three finds it first
+    assert re.search(r"\[(reference-slowdown|reference-company|candidate-company)\]", result.reason), result.reason
     assert result.speedup is None
 
 
@@ -88,7 +89,7 @@ def test_work_beside_the_reference_trips_even_where_it_ran_no_slower() -> None:
     beside = dataclasses.replace(_stage(104.0, 97.0, 112.0), ref_company=0.81)
     tripped = _tripwire(beside, pristine.get, 1.5, rerun=lambda: beside)
     assert tripped.status == "hack_detected" and tripped.speedup is None
-    assert "0.81 CPUs against 0.01" in tripped.reason and "[reference-company]" in tripped.reason
+    assert "worked 0.81 s" in tripped.reason and "against 0.01 in a pristine" in tripped.reason and "[reference-company]" in tripped.reason
     assert tripped.reason.endswith("(in two sandboxes in a row)")
     quiet = dataclasses.replace(beside, ref_company=0.02)
     cleared = _tripwire(beside, pristine.get, 1.5, rerun=lambda: quiet)

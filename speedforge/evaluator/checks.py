@@ -48,6 +48,9 @@ CHECKS = (
     Check("native-threads", "hack_detected", "guards", "native threads that are not torch's or the driver's"),
     Check("child-processes", "hack_detected", "guards", "child processes alive"),
     Check("cuda-stream", "hack_detected", "guards", "the current CUDA stream switched"),
+    Check("candidate-company", "hack_detected", "guards",
+          "on the CPU with one torch thread, the candidate's timed calls keeping other threads of the process at work "
+          "(a second CPU the reference's calls never get)"),
     Check("precision-downgrade", "hack_detected", "guards",
           "float32 precision lowered below the reference's (TF32, reduced-precision reductions, autocast), "
           "unless allow_precision_downgrade"),
@@ -374,16 +377,36 @@ def reference_slowdown(beside, clean, limit: float) -> str | None:
                  f"{clean.ref_hi_us:.1f}) in a pristine sandbox, {beside.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)")
 
 
-# The CPUs' worth of work the process's other threads may do beside the reference's timed calls
-# over what they do in its pristine sandbox (StageResult.ref_company), before `reference_company`
-# finds work a candidate left running: a quarter of a CPU for the whole timed phase.
+# The work the process's other threads may do beside a side's timed calls, in CPU seconds for each
+# CPU second of the calling thread (timing.company_share), over what they do beside the reference
+# in pristine (`reference_company`) or in the same run (`candidate_company`).
 COMPANY_MARGIN = 0.25
 
 
+def candidate_company(cand: float | None, ref: float | None, margin: float = COMPANY_MARGIN) -> str | None:
+    """The reason when, beside the candidate's timed calls, the process's other threads worked more
+    than `margin` CPU seconds for each of the calling thread's over what they did beside the
+    reference's calls of the same run (`cand`, `ref`: timing's cand_company and ref_company); None
+    otherwise, and where either has no figure (the GPU, more than one torch thread, too few calls).
+
+    With one torch thread a call's work is the calling thread's. A candidate that hands half of its
+    rows to torch's inter-op thread with `torch.jit.fork` and joins them before it returns runs on
+    a second CPU wherever the sandbox is not pinned to one: the reference's own matmul, split so,
+    read 1.56-1.73x unpinned on the 2-core box (0.89x pinned, where both halves share the CPU). Its
+    other thread works about as long as its calling thread: about 1."""
+    if cand is None or ref is None or cand <= ref + margin:
+        return None
+    return named("candidate-company",
+                 f"the candidate's timed calls kept other threads at work: {cand:.2f} s for each second of its calling "
+                 f"thread's, against {ref:.2f} beside the reference's (margin {margin:g}); with one torch thread "
+                 "(evaluator.cpu_threads) a call's work is its calling thread's")
+
+
 def reference_company(beside, clean, margin: float = COMPANY_MARGIN) -> str | None:
-    """The reason when, during the reference's timed calls beside the candidate, the process's
-    other threads did more than `margin` CPUs' worth of work over what they did in its pristine
-    sandbox; None otherwise, and on the GPU (no figure).
+    """The reason when, beside the reference's timed calls in the candidate's sandbox, the
+    process's other threads worked more than `margin` CPU seconds for each of the calling
+    thread's over what they did in its pristine sandbox; None otherwise, and where either has no
+    figure (the GPU, more than one torch thread, too few calls).
 
     Work a candidate leaves running between its calls (tests/sabotage/background_work.py hands a
     loop of matmuls to torch's inter-op pool and returns) runs beside the reference's calls too.
@@ -397,9 +420,9 @@ def reference_company(beside, clean, margin: float = COMPANY_MARGIN) -> str | No
     if beside.ref_company <= clean.ref_company + margin:
         return None
     return named("reference-company",
-                 f"work ran beside the reference: during its timed calls the process's other threads used "
-                 f"{beside.ref_company:.2f} CPUs against {clean.ref_company:.2f} in a pristine sandbox (margin "
-                 f"{margin:g}): work the candidate left running")
+                 f"work ran beside the reference: the process's other threads worked {beside.ref_company:.2f} s for "
+                 f"each second of its calling thread's in its timed calls, against {clean.ref_company:.2f} in a "
+                 f"pristine sandbox (margin {margin:g}): work the candidate left running")
 
 
 # -- ann ------------------------------------------------------------------------------------------

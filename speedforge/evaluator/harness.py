@@ -300,6 +300,9 @@ class _Harness:
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
             self._guard(baseline, "the timed calls")
+            elsewhere = checks.candidate_company(timing.pop("cand_company"), timing["ref_company"])
+            if elsewhere:
+                raise Verdict(checks.CHECK["candidate-company"].status, elsewhere)
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
 
     def measure_pristine(self) -> dict:
@@ -322,6 +325,7 @@ class _Harness:
                                                           self.sync)  # fmt: skip
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
+        timing.pop("cand_company")  # the twin's: the reference's own
         return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
 
     def take_turn(self) -> None:

@@ -136,8 +136,8 @@ class StageResult:
     speedup_hi: float | None = None
     unstable: bool = False
     contended: bool = False  # run, CPU: the machine took the CPU during most timed calls (timing.contention_reasons)
-    ref_company: float | None = None  # run, CPU: CPUs' worth of work the process's other threads did during the
-    # reference's timed calls (timing.SchedulerMarks.elsewhere_s), for the tripwire's reference-company check
+    ref_company: float | None = None  # run, CPU: the process's other threads' CPU seconds beside the reference's timed
+    # calls per second of the calling thread's (timing.company_share), for the tripwire's reference-company check
     ref_us: float | None = None
     cand_us: float | None = None
     ref_iqr_us: float | None = None

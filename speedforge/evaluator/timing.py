@@ -110,7 +110,7 @@ class Timer:
             pair = []  # each side's inputs and output, as a timed pair keeps them (the rotation is sized on it)
             for side, model in (("cand", cand_model), ("ref", ref_model)):
                 args = self.sides.clone(inputs)
-                out, est[side], _, _ = self._timed_call(model, args, flush, side)
+                out, est[side], _ = self._timed_call(model, args, flush, side)
                 pair += [args, out]
             fastest_ref = min(fastest_ref, est["ref"])
             self.rotation.keep(pair)
@@ -146,7 +146,6 @@ class Timer:
             unstable += drift_reasons(times["ref"], times["cand"], self.rng.getrandbits(31), self.torch,
                                       float(config.drift_limit), self.quantile)
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
-        company = chosen["company"]  # CPUs' worth of work beside the reference's timed calls
         ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
         warnings = [f"unstable: {why}" for why in unstable]
         if any(r["out_of_time"] for r in rounds):
@@ -166,7 +165,9 @@ class Timer:
             "speedup_hi": chosen["hi"],
             "unstable": bool(unstable),
             "contended": contended,
-            "ref_company": None if self.is_cuda else company_share(*company["ref"], int(config.cpu_threads)),
+            # the work the process's other threads did beside each side's timed calls, per second of its own
+            "ref_company": chosen["company"] and chosen["company"].share("ref", int(config.cpu_threads)),
+            "cand_company": chosen["company"] and chosen["company"].share("cand", int(config.cpu_threads)),
             "warnings": warnings,
             "timed_calls": len(times["ref"]),
             "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
@@ -189,7 +190,7 @@ class Timer:
         floor = min(least, BUDGET_MIN_PAIRS)
         out_of_time = False
         disturbed = 0
-        company = {"ref": [0.0, 0.0], "cand": [0.0, 0.0]}  # per side: other threads' CPU seconds, wall seconds
+        company = None if self.is_cuda else _pinned(Company(self.scheduler), ("open", "close", "share"))
         steal = _steal_ticks()
         # the untimed calls' inputs, one set a round, copied for every call: a negative index below
         # the first call's -1, which no timed pair, warm-up call or correctness trial draws
@@ -206,10 +207,9 @@ class Timer:
                 args[side] = self.sides.clone(inputs)
                 if warm is not None:  # kept with the pair below: the untimed call too runs on memory of its own
                     warmed[side] = self.sides.clone(warm)
-                outs[side], seconds, preempted, beside = self._timed_call(model, args[side], flush, side,
-                                                                          warmed.get(side))  # fmt: skip
+                outs[side], seconds, preempted = self._timed_call(model, args[side], flush, side, warmed.get(side),
+                                                                  company)  # fmt: skip
                 times[side].append(seconds * 1e6)
-                company[side] = [a + b for a, b in zip(company[side], beside)]
                 hit = hit or preempted
             del inputs
             disturbed += hit
@@ -235,6 +235,8 @@ class Timer:
                     break
         stopped = bound > 0 and hi is not None and hi < bound
         steal = _steal_ticks() - steal
+        if company is not None:
+            company.close()
         return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
                 "steal_s": steal / _CLOCK_TICKS, "out_of_time": out_of_time, "company": company}
 
@@ -254,10 +256,13 @@ class Timer:
             gaps.append(done.elapsed_time(end) / 1e3)
         return statistics.median(gaps)
 
-    def _timed_call(self, model, args: list, flush, side: str, warm: list | None = None):
+    def _timed_call(self, model, args: list, flush, side: str, warm: list | None = None,
+                    company: "Company | None" = None):  # fmt: skip
         what = "ModelNew.forward" if side == "cand" else "the reference"
         self.sides.switch(side)  # the side's backend knobs, set outside the timed region
         if warm is not None:  # untimed, on this side's copy of the untimed inputs: the host's caches warm
+            if company is not None:
+                company.close()  # the untimed call is no timed call's company
             self.sides.call(what, model, *warm)
         if self.is_cuda:
             if flush is not None:
@@ -271,17 +276,20 @@ class Timer:
             end.record()
             end.synchronize()
             return out, gpu_call_seconds(start.elapsed_time(done) / 1e3, start.elapsed_time(end) / 1e3,
-                                         self.sync_gap_s), False, (0.0, 0.0)  # fmt: skip
+                                         self.sync_gap_s), False  # fmt: skip
         marks = self.scheduler
         before = marks.read()
+        if company is not None:
+            company.open(side, before)
         t0 = _perf_counter()
         out = self.sides.call(what, model, *args)
         seconds = _perf_counter() - t0
         after = marks.read()
-        beside = (marks.elsewhere_s(before, after), seconds)
+        if company is not None:
+            company.own[side] += (after[3] - before[3]) / 1e9
         if marks.one_cpu:
             seconds -= marks.waited_s(before, after, seconds)  # a neighbour's time slice is not the call's
-        return out, seconds, marks.disturbed(before, after), beside
+        return out, seconds, marks.disturbed(before, after)
 
 
 
@@ -316,21 +324,22 @@ def gpu_call_seconds(on_stream: float, overall: float, sync_gap: float) -> float
     return max(on_stream, overall - sync_gap)
 
 
-# The least wall time of the reference's timed calls that `company_share` judges: the other
-# threads' CPU time is accounted at the scheduler's tick (1-4 ms) while they run, so over a few
-# short calls one tick can read as several CPUs.
-COMPANY_MIN_S = 0.05
+# The least CPU time of one side's calling thread in its timed calls that `company_share` judges: a
+# call's reading is within about +-25 us (mean 0), so 8 calls' worst case is a tenth of 2 ms. The fork
+# trick's calling thread spends 8-12 ms in 8 calls on the 2-core box, which a 10 ms floor missed once.
+COMPANY_MIN_S = 0.002
 
 
-def company_share(other_s: float, wall_s: float, threads: int) -> float | None:
-    """CPUs' worth of work the process's other threads did during the reference's timed calls
-    (`other_s` CPU seconds over their `wall_s`), for the tripwire's reference-company check; None
-    where it cannot be judged: with more than one torch thread, whose pool's workers spin on after
-    every parallel region of either side and run into the next call, or over less than
-    COMPANY_MIN_S of calls."""
-    if threads != 1 or wall_s < COMPANY_MIN_S:
+def company_share(other_s: float, own_s: float, threads: int) -> float | None:
+    """The CPU seconds the process's other threads worked beside one side's timed calls for each
+    CPU second of the calling thread in them (`other_s` over `own_s`), for the reference-company
+    and candidate-company checks; None where it cannot be judged: with more than one torch
+    thread, whose pool's workers spin on after every parallel region of either side and run into
+    the next call (an honest candidate read 3 CPUs beside a 70 us reference with 2 threads), or
+    over less than COMPANY_MIN_S."""
+    if threads != 1 or own_s < COMPANY_MIN_S:
         return None
-    return other_s / wall_s
+    return max(0.0, other_s) / own_s
 
 
 def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda: bool) -> list[str]:
@@ -368,6 +377,37 @@ def contention_reasons(chosen: dict, timed_s: float, config) -> list[str]:
         found.append(f"contention: the hypervisor took {chosen['steal_s']:.2f} s of this CPU during "
                      f"{timed_s:.2f} s of timed calls (steal)")
     return found
+
+
+class Company:
+    """The work the process's other threads do beside each side's timed CPU calls: their CPU time
+    from the start of a side's timed call to the next boundary (the next call, timed or untimed,
+    or the round's end), against the calling thread's own CPU time in those calls. The window runs
+    past the call's return because another thread's CPU time is accounted when it blocks or at the
+    scheduler's tick: a thread that finished a forked half of a candidate's call was seen in one
+    window and missed in the next. Against CPU time, not wall time, because a busy neighbour on
+    the same CPU stretches the wall time and thinned the forked half to 0.26 of it. With one torch
+    thread an honest side's other threads are idle throughout; see `company_share`."""
+
+    def __init__(self, marks: "SchedulerMarks") -> None:
+        self.marks = marks
+        self.other = {"ref": 0.0, "cand": 0.0}  # CPU seconds of the other threads in each side's windows
+        self.own = {"ref": 0.0, "cand": 0.0}  # the calling thread's CPU seconds in the side's timed calls
+        self.side: str | None = None
+        self.start: tuple[int, ...] = ()
+
+    def open(self, side: str, now: tuple[int, ...]) -> None:
+        """Close the open window at `now` (SchedulerMarks.read) and open one for `side`."""
+        self.close(now)
+        self.side, self.start = side, now
+
+    def close(self, now: tuple[int, ...] | None = None) -> None:
+        if self.side is not None:
+            self.other[self.side] += self.marks.elsewhere_s(self.start, self.marks.read() if now is None else now)
+        self.side = None
+
+    def share(self, side: str, threads: int) -> float | None:
+        return company_share(self.other[side], self.own[side], threads)
 
 
 class SchedulerMarks:
@@ -413,8 +453,10 @@ class SchedulerMarks:
     @staticmethod
     def elsewhere_s(before: tuple[int, ...], after: tuple[int, ...]) -> float:
         """CPU seconds the process's other threads spent during the call: the process's CPU time
-        less the calling thread's."""
-        return max(0.0, ((after[2] - before[2]) - (after[3] - before[3])) / 1e9)
+        less the calling thread's. Signed: one call reads within about +-25 us of the truth either
+        way (2,000 calls on the 2-core box, mean 0.0 us), and clipping each at zero biased a sum
+        of short calls upwards (4 us a call, 0.04 CPU at 95 us calls); `company_share` clips the sum."""
+        return ((after[2] - before[2]) - (after[3] - before[3])) / 1e9
 
     @staticmethod
     def waited_s(before: tuple[int, ...], after: tuple[int, ...], wall_s: float) -> float:
