@@ -30,8 +30,9 @@ candidate gave: published kernels put `os.getpid()` in the name "to avoid confli
 made every process build anew. For the same reason the source files a `load` names are copied
 into the build directory by content (`stable_sources`): published kernels write them to a fresh
 `tempfile.mkdtemp()` in every process, and a new path is a new ninja command, which compiled a
-level-2 kernel again in each run sandbox on an H100 (62-73 s each, after its 96 s build). A `build_directory` the candidate names is dropped: builds live
-in the job's build directory (TORCH_EXTENSIONS_DIR), the only place one may be written and kept.
+level-2 kernel again in each run sandbox on an H100 (62-73 s each, after its 96 s build). A
+`build_directory` the candidate names is dropped: builds live in the job's build directory
+(TORCH_EXTENSIONS_DIR), the only place one may be written and kept.
 
 A load behind a GPU check in the constructor, on a build worker without one, is reached by
 step 3 (control flow is not followed: every load the source names is compiled).
