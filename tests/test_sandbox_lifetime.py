@@ -170,6 +170,7 @@ def test_sandbox_of_a_killed_bench_worker_dies_with_it(tmp_path):
         ray.shutdown()
 
 
+@pytest.mark.slow  # a C++ build stopped and run again (~51 s on 2 cores); the quick suite stops sandboxes mid-run elsewhere
 def test_build_interrupted_while_compiling_leaves_no_compiler_and_builds_again(tmp_path):
     candidate = tmp_path / "axpb.py"
     candidate.write_text((DATA / "cpp_add_fast.py").read_text() + f"\n# {tmp_path.name}\n")

@@ -142,6 +142,7 @@ def test_unsupported_uri_is_refused():
         open_store("gs://bucket/x")
 
 
+@pytest.mark.slow  # a server stopped and restarted (~33 s); tests/test_sweep_reliability.py restarts one under a sweep
 def test_server_stopped_and_restarted_mid_run_is_retried(tmp_path, monkeypatch):
     with SeaweedServer(tmp_path / "s3", bucket="flaky") as server:
         for name, value in server.env().items():

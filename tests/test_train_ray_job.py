@@ -46,6 +46,7 @@ def test_a_driver_with_ray_address_set_joins_that_cluster_as_it_is(s3_env):
     assert json.loads(child.stdout.strip().splitlines()[-1])[CPU_POOL_RESOURCE] == 3.0  # the head's, not local slots
 
 
+@pytest.mark.slow  # a `ray start` head and a local session beside it (~47 s on 2 cores); the quick suite joins and starts Ray elsewhere
 def test_a_local_session_starts_its_own_ray_beside_one_that_ray_start_left_running(tmp_path):
     """`ray.init()` with no address joins a cluster that `ray start` left on this machine (its address
     in <RAY_TMPDIR>/ray/ray_current_cluster) and then refuses the local bench slots: a local session
