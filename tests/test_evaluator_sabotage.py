@@ -58,7 +58,6 @@ def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Pat
     assert result.speedup < 1.5, result  # the sabotage alone makes the reference 3x to 90x slower
 
 
-@pytest.mark.slow  # three sandboxes of a few-ms matmul
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "unpinned"])
 def test_work_left_running_between_calls_trips_the_pristine_reference(config, pinned: bool) -> None:
     """Pinned to one CPU, the work halves the reference's share of it (reference-slowdown); unpinned
