@@ -43,6 +43,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 from pathlib import Path
 
 OUTCOMES_FILE = "speedforge_extensions.json"
@@ -112,8 +113,6 @@ def stable_sources(build_dir: str, args: list, kwargs: dict) -> None:
     commands in every process. Each source's folder is copied whole (the headers beside it), as
     `SOURCES_DIR/<hash of the folder's files>/`; a source that cannot be read, or a folder over
     SOURCE_FOLDER_LIMIT, keeps its own path."""
-    import os
-
     if "sources" in kwargs:
         sources = kwargs["sources"]
     elif len(args) > 1:
@@ -134,8 +133,6 @@ def stable_sources(build_dir: str, args: list, kwargs: dict) -> None:
 
 
 def _copy_by_content(build_dir: str, source):
-    import os
-
     try:
         path = Path(os.fspath(source)).absolute()
         folder = [f for f in sorted(path.parent.iterdir()) if f.is_file() and not f.is_symlink()]

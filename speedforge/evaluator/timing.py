@@ -80,7 +80,7 @@ class Timer:
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
         self.quantile = 0.5 if self.is_cuda else float(config.cpu_time_quantile)
         self.sync_gap_s = 0.0  # the synchronize's own share of an idle call's end (`_sync_gap`), once measured
-        self.scheduler = _pinned(SchedulerMarks(), ("read", "waited_s", "disturbed", "elsewhere_s"))
+        self.scheduler = _pinned(SchedulerMarks(), ("read", "waited_s", "disturbed", "elsewhere_s", "own_s"))
         self.rotation = _pinned(Rotation(torch, config, self.is_cuda), ("keep", "filling"))
         _pinned(self, ("measure", "_timed_round", "_timed_call", "_sync_gap"))
 
@@ -190,7 +190,7 @@ class Timer:
         floor = min(least, BUDGET_MIN_PAIRS)
         out_of_time = False
         disturbed = 0
-        company = None if self.is_cuda else _pinned(Company(self.scheduler), ("open", "close", "share"))
+        company = None if self.is_cuda else _pinned(Company(self.scheduler), ("open", "called", "close", "share"))
         steal = _steal_ticks()
         # the untimed calls' inputs, one set a round, copied for every call: a negative index below
         # the first call's -1, which no timed pair, warm-up call or correctness trial draws
@@ -286,7 +286,7 @@ class Timer:
         seconds = _perf_counter() - t0
         after = marks.read()
         if company is not None:
-            company.own[side] += (after[3] - before[3]) / 1e9
+            company.called(after)
         if marks.one_cpu:
             seconds -= marks.waited_s(before, after, seconds)  # a neighbour's time slice is not the call's
         return out, seconds, marks.disturbed(before, after)
@@ -401,6 +401,10 @@ class Company:
         self.close(now)
         self.side, self.start = side, now
 
+    def called(self, after: tuple[int, ...]) -> None:
+        """The open window's timed call returned at `after`: its calling thread's CPU time counts."""
+        self.own[self.side] += self.marks.own_s(self.start, after)
+
     def close(self, now: tuple[int, ...] | None = None) -> None:
         if self.side is not None:
             self.other[self.side] += self.marks.elsewhere_s(self.start, self.marks.read() if now is None else now)
@@ -457,6 +461,11 @@ class SchedulerMarks:
         way (2,000 calls on the 2-core box, mean 0.0 us), and clipping each at zero biased a sum
         of short calls upwards (4 us a call, 0.04 CPU at 95 us calls); `company_share` clips the sum."""
         return ((after[2] - before[2]) - (after[3] - before[3])) / 1e9
+
+    @staticmethod
+    def own_s(before: tuple[int, ...], after: tuple[int, ...]) -> float:
+        """CPU seconds of the calling thread between the two reads."""
+        return (after[3] - before[3]) / 1e9
 
     @staticmethod
     def waited_s(before: tuple[int, ...], after: tuple[int, ...], wall_s: float) -> float:
