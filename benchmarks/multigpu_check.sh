@@ -28,8 +28,8 @@
 # Everything goes to $OUT/multigpu (default OUT=/tmp/gpu_check): grpo-w{1,2}/, *.log, *.txt, portability/.
 # On cuda, gpu-samples-w1.txt, -w2.txt and -w2-resume.txt: nvidia-smi every 2 s during each GRPO run, which
 #   process is on which GPU (pid, gpu_uuid, used_memory) and each GPU's load (index, uuid, utilization.gpu,
-#   clocks.sm, power.draw); after each run a line per GPU: its UUID's first 8 characters (as a rank's `gpu`),
-#   the PIDs seen on it and its median utilization.gpu.
+#   clocks.sm, power.draw); after each run a line per GPU (benchmarks/gpu_samples.py): its UUID's first 8
+#   characters (as a rank's `gpu`), the PIDs seen on it and its utilization.gpu while the run held it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -108,26 +108,7 @@ gpu_sampler_stop() {  # gpu_sampler_stop FILE: ends the sampler, then prints a l
   [ -n "$sampler" ] || return 0
   kill -KILL -- -"$sampler" "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
   sampler=
-  # a GPU as a rank's `gpu` names it (model_device: torch's UUID string, without nvidia-smi's "GPU-", [:8])
-  $PY -c 'import statistics, sys
-index, pids, util = {}, {}, {}
-try: lines = open(sys.argv[1], errors="replace").readlines()
-except OSError: lines = []
-for line in lines:
-    f = [x.strip() for x in line.split(",")]
-    kind = f[0].split()[-1:]
-    if len(f) < 3 or not f[2].startswith("GPU-"): continue
-    gpu = f[2][4:12].lower(); pids.setdefault(gpu, set()); util.setdefault(gpu, [])
-    if kind == ["app"]: pids[gpu].add(f[1])
-    elif kind == ["gpu"]:
-        index[gpu] = f[1]
-        try: util[gpu].append(float(f[3].split()[0]))
-        except (IndexError, ValueError): pass
-for gpu in sorted(pids, key=lambda g: (len(index.get(g, g)), index.get(g, g))):
-    u, seen = util[gpu], " ".join(sorted(pids[gpu], key=lambda p: (len(p), p))) or "none"
-    load = f"median utilization.gpu {statistics.median(u):.0f}% over {len(u)} samples" if u else "no utilization samples"
-    print(f"   gpu {index.get(gpu, chr(63))} ({gpu}): pids {seen}; {load}")
-if not pids: print("   gpu samples: none in", sys.argv[1])' "$1"
+  $PY benchmarks/gpu_samples.py "$1" | sed 's/^/   /'  # named as a rank's `gpu`; utilization while the run held the GPU
 }
 trap '[ -n "$sampler" ] && kill -KILL -- -"$sampler" "$sampler" 2>/dev/null' EXIT  # never leave a sampler behind
 
