@@ -8,6 +8,7 @@ The screen runs in report mode throughout: these are the runtime layers' verdict
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,53 @@ def test_other_global_settings_stay_violations(relu_task, config):
     result = evaluate(relu_task, Candidate.make(relu_task.task_id, (ADVERSARIAL / "more_threads.py").read_text()), config)
     assert result.status == "hack_detected", _explain(result)
     assert "changed global torch settings: num_threads" in result.reason
+
+
+NUMPY_MATMUL = """import numpy as np
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)
+
+    def forward(self, x):
+        return torch.from_numpy(np.matmul(x.numpy(), self.weight.detach().numpy()))
+"""
+
+
+def test_a_numpy_candidate_gets_the_threads_torch_gets_and_is_not_rejected_for_blas_threads(config):
+    """numpy's OpenBLAS keeps a thread per CPU unless told otherwise: this honest candidate used to
+    start its worker threads and was hack_detected by native-threads. The harness now sets every
+    loaded BLAS library to cpu_threads (tests/adversarial/openblas_threads_raised.py raises it
+    again, and is caught)."""
+    task = _task("test/matmul", (ADVERSARIAL.parent / "sabotage" / "matmul_task.py").read_text())
+    result = evaluate(task, Candidate.make(task.task_id, NUMPY_MATMUL), config)
+    assert result.status == "ok", _explain(result)
+
+
+def test_blas_threads_are_limited_and_put_back_as_process_state():
+    from speedforge.evaluator import blas_threads, process_state
+
+    controls = blas_threads.controls()
+    if not controls:
+        pytest.skip("no BLAS library with a known thread API is loaded here (numpy without OpenBLAS)")
+    (name, (read, write)), = list(controls.items())[:1]
+    saved = dict(os.environ)
+    try:
+        before = blas_threads.limit(1)
+        assert read() == 1 and os.environ["OPENBLAS_NUM_THREADS"] == "1"
+        assert name in process_state.entries()
+        state = process_state.capture()
+        write(3)
+        process_state.apply(state, process_state.capture())
+        assert read() == 1
+    finally:
+        write(before[name])
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 # -- outputs are fresh tensors --------------------------------------------------------------------

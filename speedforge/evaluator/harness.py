@@ -129,7 +129,7 @@ def run(job: Job) -> dict:
     _prepare_environment(job)
     import torch
 
-    from speedforge.evaluator import extensions, guards
+    from speedforge.evaluator import blas_threads, extensions, guards
 
     if job.build_dir:
         extensions.install(job.build_dir, replay=True)  # what the build stage compiled is not compiled again
@@ -139,6 +139,7 @@ def run(job: Job) -> dict:
     if device.type == "cpu":
         torch.set_num_threads(job.config.cpu_threads)
         torch.set_num_interop_threads(1)
+        blas_threads.limit(job.config.cpu_threads)  # numpy's OpenBLAS too: a thread per CPU by default
     elif not torch.cuda.is_available():
         return {"status": "infra_error", "reason": "device cuda asked for, but torch sees no CUDA GPU"}
     run_start = _perf_counter()

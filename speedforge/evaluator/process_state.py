@@ -17,7 +17,8 @@ The state is found, not listed, so that a knob nobody thought of is covered too:
   Python frame of a reference call, among them;
 - every property of the `torch.backends.*` module objects, walked recursively
   (`torch.backends.mkldnn.enabled`, `torch.backends.opt_einsum.strategy`, ...);
-- threads (intra- and inter-op), default dtype and device, grad mode, autocast per device type,
+- threads (intra- and inter-op, and each loaded BLAS library's: speedforge.evaluator.blas_threads),
+  default dtype and device, grad mode, autocast per device type,
   anomaly mode, deterministic-algorithms warn-only, the CUDA allocator's memory fraction;
 - the interpreter's: profile and trace functions, switch interval, recursion limit, the
   garbage collector's thresholds and switch;
@@ -55,7 +56,7 @@ import types
 
 import torch
 
-from speedforge.evaluator import guards
+from speedforge.evaluator import blas_threads, guards
 
 # Getter/setter pairs of torch._C that are not settings, or are the precision knobs guards owns.
 _NOT_STATE = ("thread_name", "tracing_state", "torch_function_state", "dispatch_mode", "graph_exec_group",
@@ -339,7 +340,7 @@ def entries() -> dict[str, tuple]:
     """name -> (read, write or None) of every piece of state found; found once per process
     (after torch is imported: the zygote preloads it)."""
     found = {**_c_pairs(), **_c_submodule_pairs(), **_backend_properties(), **_torch_settings(),
-             **_hook_registries()}
+             **blas_threads.controls(), **_hook_registries()}
     readable = {}
     for name, (read, write) in found.items():
         try:

@@ -296,8 +296,9 @@ class Timer:
 SYNC_GAP_SAMPLES = 33
 # what a pristine reference's cached timing was measured with (speedforge.evaluator.evaluate's key):
 # 2, a GPU call's end less the synchronize's round trip (`gpu_call_seconds`); 3, a pristine reference
-# timed to +-unstable_ci (`pristine_settings`); 4, with the CPU time of its other threads (`ref_company`)
-TIMING_VERSION = "4"
+# timed to +-unstable_ci (`pristine_settings`); 4, with the CPU time of its other threads (`ref_company`);
+# 5, on the CPU with every loaded BLAS library at cpu_threads threads (speedforge.evaluator.blas_threads)
+TIMING_VERSION = "5"
 
 
 def pristine_settings(config):
