@@ -58,9 +58,11 @@ def _good(task: Task) -> Candidate:
 
 
 def test_a_decided_answer_stops_at_the_least_pairs(task, config):
-    result = evaluate(task, _good(task), dataclasses.replace(config, ci_target=1e9))
+    # unstable_ci as wide as ci_target: six pairs on a loaded 2-core box can read wider than the
+    # default +-5%, which marks the result unstable; whether it is measured again is what counts here
+    result = evaluate(task, _good(task), dataclasses.replace(config, ci_target=1e9, unstable_ci=1e9))
     assert result.status == "ok", result.reason
-    assert result.timed_calls == 6 and not result.unstable
+    assert result.timed_calls == 6
     assert result.speedup_lo <= result.speedup <= result.speedup_hi
 
 
