@@ -9,7 +9,9 @@ ways the same model can generate the same batch, so a gap has a named cause:
     fp32      float32 weights, eval mode, no autocast
     autocast  float32 weights, train mode, under torch.autocast(bf16): what the trainer's model sees
     grpo      GRPOTrainer.train() for --steps steps; per step, the time from the step's start to
-              the reward function's call (the one batched generate call and TRL's bookkeeping)
+              the reward function's call (the one batched generate call and TRL's bookkeeping);
+              --variants picks its settings: `static` is train.grpo.static_cache (a static KV cache,
+              its decode step compiled with CUDA graphs on a GPU; the first step compiles)
 
 Every sequence generates exactly --new-tokens tokens (EOS suppressed through min_new_tokens), so
 tokens/s compare like for like. --random-weights builds the model from its config with random
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -98,6 +101,9 @@ VARIANTS = {  # GRPO settings to compare, each a fresh trainer on the same weigh
     "autocast": {"autocast_generate": True},  # generate wrapped in torch.autocast(bf16)
     "nogc": {"gradient_checkpointing": False},
     "beta0": {"beta": 0.0},  # no KL reference model
+    # speedforge's train.grpo.static_cache: generate under autocast with a static KV cache, which
+    # transformers compiles the decode step for on a GPU (CUDA graphs); its first step compiles
+    "static": {"autocast_generate": True, "static_cache": True},
 }
 
 
@@ -108,9 +114,10 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from speedforge.train.stages import GRPO_SCALE_REWARDS, generate_under_autocast
+    from speedforge.train.stages import GRPO_SCALE_REWARDS, generate_under_autocast, generation_kwargs
 
-    settings = {"autocast_generate": False, "gradient_checkpointing": True, "beta": args.beta, **VARIANTS[variant]}
+    settings = {"autocast_generate": False, "gradient_checkpointing": True, "beta": args.beta, "static_cache": False,
+                **VARIANTS[variant]}  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     began: list[float] = []
     generation: list[float] = []
@@ -134,7 +141,8 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
                         use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True,
                         dataloader_num_workers=0, num_generations=args.generations, max_completion_length=args.new_tokens,
                         generation_batch_size=args.batch, use_vllm=False,
-                        generation_kwargs={"use_cache": True, "min_new_tokens": args.new_tokens},
+                        generation_kwargs={**generation_kwargs(SimpleNamespace(static_cache=settings["static_cache"])),
+                                           "min_new_tokens": args.new_tokens},
                         temperature=1.0, top_p=1.0, beta=settings["beta"], scale_rewards=GRPO_SCALE_REWARDS,
                         shuffle_dataset=False, gradient_checkpointing=settings["gradient_checkpointing"])  # fmt: skip
     if settings["autocast_generate"]:

@@ -53,10 +53,12 @@ def rank_lines(steps: list[dict]) -> list[str]:
 
 
 def where(rank: dict) -> str:
-    """" on cuda:N (GPU)" from a rank's `device` and `gpu` (speedforge.train.stages.model_device), if any."""
+    """" on cuda:N (GPU)" from a rank's `device` and `gpu` (speedforge.train.stages.model_device), if any,
+    and the static KV cache's length where the run decoded with one (train.grpo.static_cache)."""
     if not rank.get("device"):
         return ""
-    return f" on {rank['device']}" + (f" ({rank['gpu']})" if rank.get("gpu") else "")
+    cache = f", static KV cache of {rank['static_cache_len']}" if rank.get("static_cache_len") else ""
+    return f" on {rank['device']}" + (f" ({rank['gpu']})" if rank.get("gpu") else "") + cache
 
 
 def shares_a_gpu(ranks: list[dict]) -> bool:

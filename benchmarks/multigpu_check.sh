@@ -25,6 +25,7 @@
 #   MULTIGPU_CORPUS (builtin:cuda | builtin:cpp; or a CUDA-L1 .jsonl)  MULTIGPU_GRPO_TIMEOUT (cuda 1200, cpu 1500 s per run)
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)
 #   PORTABILITY_LIMIT (the first N tasks; cuda 0 = all, cpu 4)
+#   MULTIGPU_STATIC_CACHE (false | true: train.grpo.static_cache, the decode compiled with CUDA graphs on a GPU)
 # Everything goes to $OUT/multigpu (default OUT=/tmp/gpu_check): grpo-w{1,2}/, *.log, *.txt, portability/.
 # On cuda, gpu-samples-w1.txt, -w2.txt and -w2-resume.txt: nvidia-smi every 2 s during each GRPO run, which
 #   process is on which GPU (pid, gpu_uuid, used_memory) and each GPU's load (index, uuid, utilization.gpu,
@@ -80,7 +81,7 @@ train:
   max_stage_s: 0
   eval_retries: 1
   ray: {workers: $1, use_gpu: $use_gpu, cpus_per_worker: $cpus}
-  grpo: {steps: $2, prompts_per_step: $prompts, generations: $generations, max_new_tokens: $new_tokens, learning_rate: 1.0e-6, save_every: $steps}
+  grpo: {steps: $2, prompts_per_step: $prompts, generations: $generations, max_new_tokens: $new_tokens, learning_rate: 1.0e-6, save_every: $steps, static_cache: ${MULTIGPU_STATIC_CACHE:-false}}
 EOF
 }
 state_step() {  # the step of the latest checkpoint in run store $1 (0: none yet)

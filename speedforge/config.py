@@ -432,6 +432,9 @@ class GRPOStageConfig(Checked):
     contrastive: bool = True  # exemplars with measured speedups in the prompts (False: plain GRPO)
     max_prompt_tokens: int = setting(4096, number(64))  # a longer prompt shows fewer exemplars
     save_every: int = setting(1, AT_LEAST_1)
+    # decode with a static KV cache, for which transformers compiles the forward with CUDA graphs on a
+    # GPU (speedforge.train.stages.generation_kwargs): a token step no longer waits on the host's Python
+    static_cache: bool = False
 
 
 def default_train_dir() -> str:

@@ -72,3 +72,10 @@ def test_two_ranks_on_one_gpu_fail_the_check(tmp_path, capsys):
     assert bench.main(["--one", one, "--two", str(tmp_path / "two-shared.jsonl")]) == 1
     out = capsys.readouterr().out
     assert "steps where two ranks ran on the same GPU: [1, 2]" in out and "on cuda:0 (GPU-16bd)" in out
+
+
+def test_a_rank_line_names_its_gpu_and_the_static_cache_it_decoded_with():
+    assert bench.where({"device": "cuda:1", "gpu": "84d9e1f4"}) == " on cuda:1 (84d9e1f4)"
+    assert bench.where({"device": "cuda:0", "gpu": "85283b1f", "static_cache_len": 1100}) == \
+        " on cuda:0 (85283b1f), static KV cache of 1100"
+    assert bench.where({"samples": 2}) == ""

@@ -240,6 +240,30 @@ def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
     assert [r["device"] for r in line["ranks"]] == ["cpu", "cpu"]
 
 
+def test_grpo_decodes_with_a_static_kv_cache_when_asked(workspace, sft_run):
+    """train.grpo.static_cache: TRL's generate call gets transformers' static cache (compiled with
+    CUDA graphs on a GPU; on the CPU it is the same cache, uncompiled), and each rank's part of a
+    metrics line says how long the cache was."""
+    _, sft = sft_run
+    config = make_config(workspace, sft.final_checkpoint, "static", "store-static",
+                         grpo=GRPOStageConfig(steps=1, generations=2, max_new_tokens=8, learning_rate=1e-3,
+                                              static_cache=True))  # fmt: skip
+    seed_store(config)
+    outcome = run_training(config, "grpo")
+    assert outcome.steps == 1
+    (line,) = read_metrics(open(outcome.metrics_path))
+    (rank,) = line["ranks"]
+    assert rank["samples"] == 2 and rank["generated_tokens"] >= 1
+    assert rank["static_cache_len"] > 8  # the prompt's tokens and the 8 new ones
+
+
+def test_grpo_generation_kwargs_name_the_static_cache_only_when_asked():
+    from speedforge.train.stages import generation_kwargs
+
+    assert generation_kwargs(GRPOStageConfig()) == {"use_cache": True}
+    assert generation_kwargs(GRPOStageConfig(static_cache=True)) == {"use_cache": True, "cache_implementation": "static"}
+
+
 @pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)
 def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(workspace, tiny_model, ray_local):
     from speedforge.config import StoreConfig

@@ -180,6 +180,19 @@ def plain_weights(model, where: str):
     return model
 
 
+def generation_kwargs(settings) -> dict[str, Any]:
+    """TRL's `generation_kwargs` for GRPO's one generate call a step. With `static_cache`, the KV
+    cache is transformers' static one, for which it compiles the decode step's forward on a GPU
+    (torch.compile, mode reduce-overhead: CUDA graphs). A token step then costs the GPU's time, not
+    the host's Python and kernel launches, which bounded it at 50-86 ms whatever the batch on an
+    H100 (benchmarks/RESULTS.md, issue 30). The cache only grows: a prompt longer than any before
+    gives a longer cache and one more compile."""
+    kwargs: dict[str, Any] = {"use_cache": True}
+    if settings.static_cache:
+        kwargs["cache_implementation"] = "static"
+    return kwargs
+
+
 def generate_under_autocast(model, device: str):
     """`model` whose `generate` runs under torch.autocast(bfloat16) on a GPU. The trainers keep
     float32 master weights and train under bf16 autocast, but TRL's GRPOTrainer generates outside
@@ -598,6 +611,8 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
 
         def speedforge_reward(prompts, completions, task_id, row, parents, trainer_state, completion_ids=None, **_):
             clock.generated(sum(len(ids) for ids in completion_ids or ()))  # the trainer generated since the step began
+            if settings.static_cache:  # the static cache's length so far (transformers keeps it on the model)
+                clock.device["static_cache_len"] = getattr(model, "_previous_max_cache_length", None)
             step = trainer_state.global_step + 1
             samples = [Completion(t, p[-1]["content"], c[-1]["content"], group_id(worker.train.run, "grpo", step, r),
                                   tuple(parent))  # fmt: skip
@@ -611,7 +626,7 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
         args = GRPOConfig(**common_args(worker, output_dir, settings.steps, batch // worker.world, settings.learning_rate,
                                         settings.save_every),
                           num_generations=settings.generations, max_completion_length=settings.max_new_tokens,
-                          generation_batch_size=batch, use_vllm=False, generation_kwargs={"use_cache": True},
+                          generation_batch_size=batch, use_vllm=False, generation_kwargs=generation_kwargs(settings),
                           temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
                           scale_rewards=GRPO_SCALE_REWARDS, remove_unused_columns=False, shuffle_dataset=False)  # fmt: skip
         if args.bf16:
