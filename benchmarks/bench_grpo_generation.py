@@ -222,6 +222,9 @@ def main() -> None:
             spread(f"  generate() alone", generate_only[1:] or generate_only, tokens)
             if "plain" in rates:
                 print(f"  ratio plain / grpo {variant}: {rates['plain'] / rates[variant]:.2f}x (target <= 1.5x)", flush=True)
+            first = args.variants.split(",")[0]
+            if variant != first:  # the same run's first variant is the baseline (e.g. autocast,static)
+                print(f"  ratio grpo {variant} / grpo {first}: {rates[variant] / rates[first]:.2f}x tokens/s", flush=True)
 
 
 if __name__ == "__main__":
