@@ -193,28 +193,17 @@ def test_other_global_settings_stay_violations(relu_task, config):
     assert "changed global torch settings: num_threads" in result.reason
 
 
-NUMPY_MATMUL = """import numpy as np
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)
-
-    def forward(self, x):
-        return torch.from_numpy(np.matmul(x.numpy(), self.weight.detach().numpy()))
-"""
-
-
 def test_a_numpy_candidate_gets_the_threads_torch_gets_and_is_not_rejected_for_blas_threads(config):
-    """numpy's OpenBLAS keeps a thread per CPU unless told otherwise: this honest candidate used to
-    start its worker threads and was hack_detected by native-threads. The harness now sets every
-    loaded BLAS library to cpu_threads (tests/adversarial/openblas_threads_raised.py raises it
-    again, and is caught)."""
+    """numpy's OpenBLAS keeps a thread per CPU unless told otherwise: a candidate whose forward is a
+    numpy matmul used to start its worker threads and was hack_detected by native-threads. The
+    harness now sets every loaded BLAS library to cpu_threads. The candidate is the trick
+    tests/adversarial/openblas_threads_raised.py without its one line that raises the count again
+    (with it, it is caught)."""
+    trick = (ADVERSARIAL / "openblas_threads_raised.py").read_text()
+    assert "\n_raise_blas_threads(4)\n" in trick
+    honest = trick.replace("\n_raise_blas_threads(4)\n", "\n")  # the same numpy matmul, the count left as set
     task = _task("test/matmul", (ADVERSARIAL.parent / "sabotage" / "matmul_task.py").read_text())
-    result = evaluate(task, Candidate.make(task.task_id, NUMPY_MATMUL), config)
+    result = evaluate(task, Candidate.make(task.task_id, honest), config)
     assert result.status == "ok", _explain(result)
 
 
