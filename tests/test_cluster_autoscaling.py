@@ -28,26 +28,36 @@ from speedforge.config import CPU_POOL_RESOURCE  # noqa: E402
 from speedforge.records import EvalResult  # noqa: E402
 
 
+class LateNodes:
+    """Ray nodes started the way a worker pod starts one (`ray start --address ... --block`); the
+    `--block` process takes its node's processes down with it when it is stopped."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def __call__(self, address: str, resources: dict[str, float]) -> None:
+        ray_cli = Path(sys.executable).parent / "ray"
+        self.started.append(subprocess.Popen([str(ray_cli), "start", "--address", address, "--num-cpus", "1",
+                                              "--resources", json.dumps(resources), "--block", "--disable-usage-stats"],
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+
+    def stop(self) -> None:
+        """Before the head goes: a node whose head is gone took about 30 s to stop."""
+        for process in self.started:
+            process.terminate()
+        for process in self.started:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.started.clear()
+
+
 @pytest.fixture(scope="module")
 def late_nodes():
-    """Start Ray nodes the way a worker pod does; each is stopped when the module ends (the
-    `ray start --block` process takes its node's processes down with it)."""
-    started: list[subprocess.Popen] = []
-
-    def start(address: str, resources: dict[str, float]) -> None:
-        ray_cli = Path(sys.executable).parent / "ray"
-        started.append(subprocess.Popen([str(ray_cli), "start", "--address", address, "--num-cpus", "1",
-                                         "--resources", json.dumps(resources), "--block", "--disable-usage-stats"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
-
-    yield start
-    for process in started:
-        process.terminate()
-    for process in started:
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    nodes = LateNodes()
+    yield nodes
+    nodes.stop()  # whatever the cluster's teardown left
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +74,7 @@ def cluster(late_nodes):
         ray.init(address=head.address, logging_level="WARNING", log_to_driver=False)
         yield head
     finally:
+        late_nodes.stop()
         ray.shutdown()
         head.shutdown()
 
