@@ -135,6 +135,8 @@ def test_screen_passes_an_ordinary_cuda_candidate():
 # -- build cache (one real compile, plus one compile error) -------------------------------------
 
 
+@pytest.mark.slow  # one C++ build (~40 s on 2 shared cores); the quick suite's build-once checks are in
+# test_extensions_prebuilt.py (the same build cached, nothing compiled again) and test_cluster_service.py
 def test_build_is_cached_by_content_and_rebuild_costs_nothing(add_task, config):
     candidate = _cand(add_task, (DATA / "cpp_add_fast.py").read_text())
     first = build_candidate(add_task, candidate, config)
