@@ -118,6 +118,14 @@ def test_report_prints_every_section(bench, out, capsys):
     assert "CUDA-L1 run 1: unrecorded 5\nCUDA-L1 run 2: unrecorded 3\nspeedforge run 1: unrecorded 5" in text
     # throughput from run 1 (unchanged): 5 kernels in 10 s against CUDA-L1's 5 x 10 s
     assert "throughput: speedforge evaluate 5 kernels in 10 s (30.0/min, cold, H100); CUDA-L1 serially 5 in 50 s" in text
+    assert "CUDA-L1's pace is over 5 of the 5 kernels (level1 2, level2 3); its mean 10.0 s a kernel, its median 10.0 s" in text
+
+
+def test_cuda_l1_takes_the_levels_in_turn_so_a_cut_run_times_every_level(bench):
+    rows = [{"level_id": level, "task_id": task} for level, task in ((1, 1), (1, 2), (1, 3), (2, 4), (3, 5), (3, 6))]
+    assert [(r["level_id"], r["task_id"]) for r in bench.interleaved(rows)] == [(1, 1), (2, 4), (3, 5), (1, 2), (3, 6),
+                                                                                (1, 3)]  # fmt: skip
+    assert bench.interleaved([]) == []
 
 
 def test_only_accepted_and_named_kernels(bench, out):
