@@ -11,6 +11,8 @@
 #   fidelity.sh l2off      speedforge cold again with evaluator.l2_flush_mb: 0 (CUDA-L1 flushes no L2),
 #                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
 # FID_EVERY (9: every 9th kernel of levels 1-3, 25 kernels). Results: $OUT/fid-N.tgz and report.txt.
+# On a machine of more GPUs and cores, keep to one of each kind's: `CUDA_VISIBLE_DEVICES=0 taskset -c 0-15
+# bash benchmarks/device/fidelity.sh 1` (an install by install.sh serves: .fid needs only a100.jsonl and eval_cuda.py).
 set -u
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = pack ]; then
