@@ -39,9 +39,10 @@
 #                                                              with the default 900 s window it is not run
 # so the run ends after ~11-12 min (the window's 900 s at most, + 120 s grace). Results in
 # ANN_QUICK_DIR (/tmp/ann-quick): ann_quick_<stage>.json, .txt (tables), .log (progress), and
-# ann_quick_report.txt (all stages merged). Not here: faiss (its 19 MB wheel would take .ann over
-# 60 MiB; its IndexHNSWFlat is hnswlib's algorithm), diskann (no Python 3.12 wheel or sdist),
-# ngt-qg (no package builds it).
+# ann_quick_report.txt (all stages merged). faiss's 19 MB wheel would take .ann over 60 MiB, so it
+# travels in a call of its own before `start` (`ann_quick.sh pack-faiss` here, then there
+# `ann_quick.sh stash .ann-faiss` with carry [".ann-faiss"]): `start` installs what is stashed in
+# /tmp/ann-stash too. Not here: diskann (no Python 3.12 wheel or sdist), ngt-qg (no package builds it).
 #
 # Knobs: ANN_QUICK_SHAPE (sift; glove or gist: bench_ann.py's --shapes, one a window), ANN_QUICK_N
 # (1000000; a GIST-shaped million is 3.8 GB of vectors), ANN_QUICK_S (900), ANN_QUICK_GRACE_S, ANN_QUICK_THREADS (nproc),
@@ -54,7 +55,7 @@ dir=${ANN_QUICK_DIR:-/tmp/ann-quick}
 site=${ANN_QUICK_SITE:-/tmp/site}
 name=ann-quick
 
-# pinned as pyproject's ann-bench extra (faiss left out, see above); usearch loads numkong's
+# pinned as pyproject's ann-bench extra (faiss travels apart, see above); usearch loads numkong's
 # library, ScaNN's protos need protobuf
 libs=(scann==1.4.2 usearch==2.26.6 numkong==7.8.6 pyglass-portable==2.1.0 ngt==2.8.0.post1 pyvsag==0.18.5
       protobuf==6.33.6)
@@ -89,6 +90,26 @@ pack() {
   echo "pack: $carry $(du -cb "$carry"/* | tail -1 | cut -f1) bytes"
 }
 
+faiss_pin=faiss-cpu==1.15.1
+stash_dir=/tmp/ann-stash
+
+pack_faiss() {  # here: .ann-faiss, faiss's wheel alone (its own call's carry)
+  local py=${PY:-.venv/bin/python}
+  [ -x "$py" ] || py=python3
+  rm -rf .ann-faiss && mkdir .ann-faiss
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 \
+    -d .ann-faiss "$faiss_pin" || return 1
+  grep -qx "/.ann-faiss/" .git/info/exclude 2>/dev/null || echo "/.ann-faiss/" >>.git/info/exclude
+  ls -l .ann-faiss
+}
+
+stash() {  # there: keep a carried folder's wheels for `start`, which installs them with .ann's
+  local from=${1:?usage: ann_quick.sh stash FOLDER}
+  ls "$from"/*.whl >/dev/null 2>&1 || { echo "stash: no wheel in $from (carry it on this call)"; return 1; }
+  mkdir -p "$stash_dir" && cp "$from"/*.whl "$stash_dir"/ && echo "stash: $(ls "$stash_dir" | xargs)"
+}
+
 start() {
   local py=${PY:-python3}
   [ -s "$carry/manifest.txt" ] || { echo "start: no $carry/manifest.txt: run \`ann_quick.sh pack\` here and carry $carry"; return 1; }
@@ -101,6 +122,7 @@ start() {
   if [ ! -f "$site/.ann-quick-installed" ]; then
     local t0=$SECONDS wheels=() spec mod
     for spec in "${always[@]}"; do wheels+=("$carry/$spec"-*.whl); done
+    for spec in "$stash_dir"/*.whl; do [ -f "$spec" ] && wheels+=("$spec"); done  # faiss, when stashed
     for spec in "${fillins[@]}"; do
       mod=${spec%%==*}
       "$py" -c "import $mod" 2>/dev/null || wheels+=("$carry/$mod"-*.whl)
@@ -122,7 +144,7 @@ start() {
   "$py" - <<'EOF' || return 1
 import importlib
 for mod in ("speedforge._annengine", "hnswlib", "glass", "usearch.index", "scann.scann_ops.py.scann_ops_pybind",
-            "ngtpy", "pyvsag", "psutil"):
+            "ngtpy", "pyvsag", "faiss", "psutil"):
     try:
         m = importlib.import_module(mod)
         print(f"  {mod}: {getattr(m, '__file__', '?')}")
@@ -177,6 +199,8 @@ report() {
 
 case ${1:-} in
   pack) pack ;;
+  pack-faiss) pack_faiss ;;
+  stash) stash "${2:-}" ;;
   start) start ;;
   run) run ;;
   wait)
@@ -184,5 +208,5 @@ case ${1:-} in
     if [ -f "/tmp/gc/$name.rc" ]; then report "$dir"; fi
     ;;
   report) report "${2:-}" ;;
-  *) echo "usage: ann_quick.sh pack | start | wait SECONDS | report [DIR]"; exit 2 ;;
+  *) echo "usage: ann_quick.sh pack | pack-faiss | stash FOLDER | start | wait SECONDS | report [DIR]"; exit 2 ;;
 esac
