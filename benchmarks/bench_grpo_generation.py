@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -141,7 +140,7 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
                         use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True,
                         dataloader_num_workers=0, num_generations=args.generations, max_completion_length=args.new_tokens,
                         generation_batch_size=args.batch, use_vllm=False,
-                        generation_kwargs={**generation_kwargs(SimpleNamespace(static_cache=settings["static_cache"])),
+                        generation_kwargs={**generation_kwargs(settings["static_cache"]),
                                            "min_new_tokens": args.new_tokens},
                         temperature=1.0, top_p=1.0, beta=settings["beta"], scale_rewards=GRPO_SCALE_REWARDS,
                         shuffle_dataset=False, gradient_checkpointing=settings["gradient_checkpointing"])  # fmt: skip

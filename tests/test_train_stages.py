@@ -252,8 +252,9 @@ def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
 def test_grpo_generation_kwargs_name_the_static_cache_only_when_asked():
     from speedforge.train.stages import generation_kwargs
 
-    assert generation_kwargs(GRPOStageConfig()) == {"use_cache": True}
-    assert generation_kwargs(GRPOStageConfig(static_cache=True)) == {"use_cache": True, "cache_implementation": "static"}
+    assert not GRPOStageConfig().static_cache  # off by default
+    assert generation_kwargs(False) == {"use_cache": True}
+    assert generation_kwargs(True) == {"use_cache": True, "cache_implementation": "static"}
 
 
 @pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)

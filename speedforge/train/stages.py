@@ -180,15 +180,15 @@ def plain_weights(model, where: str):
     return model
 
 
-def generation_kwargs(settings) -> dict[str, Any]:
-    """TRL's `generation_kwargs` for GRPO's one generate call a step. With `static_cache`, the KV
-    cache is transformers' static one, for which it compiles the decode step's forward on a GPU
-    (torch.compile, mode reduce-overhead: CUDA graphs). A token step then costs the GPU's time, not
-    the host's Python and kernel launches, which bounded it at 50-86 ms whatever the batch on an
-    H100 (benchmarks/RESULTS.md, issue 30). The cache only grows: a prompt longer than any before
-    gives a longer cache and one more compile."""
+def generation_kwargs(static_cache: bool) -> dict[str, Any]:
+    """TRL's `generation_kwargs` for GRPO's one generate call a step. With `static_cache`
+    (train.grpo.static_cache), the KV cache is transformers' static one, for which it compiles the
+    decode step's forward on a GPU (torch.compile, mode reduce-overhead: CUDA graphs). A token step
+    then costs the GPU's time, not the host's Python and kernel launches, which bounded it at
+    50-86 ms whatever the batch on an H100 (benchmarks/RESULTS.md, issue 30). The cache only grows:
+    a prompt longer than any before gives a longer cache and one more compile."""
     kwargs: dict[str, Any] = {"use_cache": True}
-    if settings.static_cache:
+    if static_cache:
         kwargs["cache_implementation"] = "static"
     return kwargs
 
@@ -626,7 +626,7 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
         args = GRPOConfig(**common_args(worker, output_dir, settings.steps, batch // worker.world, settings.learning_rate,
                                         settings.save_every),
                           num_generations=settings.generations, max_completion_length=settings.max_new_tokens,
-                          generation_batch_size=batch, use_vllm=False, generation_kwargs=generation_kwargs(settings),
+                          generation_batch_size=batch, use_vllm=False, generation_kwargs=generation_kwargs(settings.static_cache),
                           temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
                           scale_rewards=GRPO_SCALE_REWARDS, remove_unused_columns=False, shuffle_dataset=False)  # fmt: skip
         if args.bf16:
