@@ -145,7 +145,7 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
                         temperature=1.0, top_p=1.0, beta=settings["beta"], scale_rewards=GRPO_SCALE_REWARDS,
                         shuffle_dataset=False, gradient_checkpointing=settings["gradient_checkpointing"])  # fmt: skip
     if settings["autocast_generate"]:
-        generate_under_autocast(model, args.device)
+        generate_under_autocast(model, args.device, settings["static_cache"])
     inner = model.generate
 
     def timed_generate(*a, **k):

@@ -80,3 +80,44 @@ def test_gpu_generate_computes_in_bf16_with_float32_weights() -> None:
     generate_under_autocast(model, "cuda")
     assert linear_dtypes_during_generate(model, "cuda") == {torch.bfloat16}
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def decode_compile_requests(model, monkeypatch) -> list[bool]:
+    """`disable_compile` as transformers' generate sees it when it decides whether to compile the
+    decode step, for a call with TRL's generation config (compile disabled, a static cache)."""
+    from transformers import GenerationConfig
+
+    seen = []
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    model._valid_auto_compile_criteria = lambda kwargs, config: seen.append(config.disable_compile) and False
+    ids = torch.tensor([[1, 2, 3, 4]])
+    trl_config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation="static",
+                                  disable_compile=True)  # fmt: skip
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=trl_config)
+    assert out.shape == (1, 7)
+    assert trl_config.disable_compile  # the caller's config is left as it was
+    return seen
+
+
+def test_the_static_cache_decode_is_compiled_though_trl_disables_it(monkeypatch) -> None:
+    """train.grpo.static_cache: TRL's GRPOTrainer generates with `disable_compile=True`; the
+    wrapper lifts it for its own call, so transformers compiles the decode step on a GPU."""
+    assert decode_compile_requests(generate_under_autocast(tiny_model(), "cuda", compile_decode=True), monkeypatch) == [False]
+
+
+def test_without_the_static_cache_trls_disable_compile_stands(monkeypatch) -> None:
+    assert decode_compile_requests(generate_under_autocast(tiny_model(), "cuda"), monkeypatch) == [True]
+
+
+@pytest.mark.gpu
+def test_gpu_static_cache_decode_runs_compiled() -> None:
+    from transformers import GenerationConfig
+
+    model = generate_under_autocast(tiny_model().to("cuda"), "cuda", compile_decode=True)
+    ids = torch.tensor([[1, 2, 3, 4]], device="cuda")
+    config = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static",
+                              disable_compile=True)  # fmt: skip
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    assert out.shape == (1, 8) and hasattr(model, "_compiled_call")

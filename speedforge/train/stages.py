@@ -182,23 +182,29 @@ def plain_weights(model, where: str):
 
 def generation_kwargs(static_cache: bool) -> dict[str, Any]:
     """TRL's `generation_kwargs` for GRPO's one generate call a step. With `static_cache`
-    (train.grpo.static_cache), the KV cache is transformers' static one, for which it compiles the
-    decode step's forward on a GPU (torch.compile, mode reduce-overhead: CUDA graphs). A token step
-    then costs the GPU's time, not the host's Python and kernel launches, which bounded it at
-    50-86 ms whatever the batch on an H100 (benchmarks/RESULTS.md, issue 30). The cache only grows:
-    a prompt longer than any before gives a longer cache and one more compile."""
+    (train.grpo.static_cache), the KV cache is transformers' static one, which the compiled decode
+    step needs (`generate_under_autocast(..., compile_decode=True)`). The cache only grows: a
+    prompt longer than any before gives a longer cache and one more compile. It is not sized for
+    train.grpo.max_prompt_tokens up front: in the float32 of the master weights, 4,096 + 512
+    positions of a 128-sequence batch would take 27 GB for SmolLM2-135M (13.6 in bf16)."""
     kwargs: dict[str, Any] = {"use_cache": True}
     if static_cache:
         kwargs["cache_implementation"] = "static"
     return kwargs
 
 
-def generate_under_autocast(model, device: str):
+def generate_under_autocast(model, device: str, compile_decode: bool = False):
     """`model` whose `generate` runs under torch.autocast(bfloat16) on a GPU. The trainers keep
     float32 master weights and train under bf16 autocast, but TRL's GRPOTrainer generates outside
     the training step's autocast context, in the weights' float32 (benchmarks/bench_grpo_generation.py
     measures the difference). The wrapper is an attribute of this instance: the weights, their
-    dtype and what is saved stay as they are."""
+    dtype and what is saved stay as they are.
+
+    `compile_decode` (train.grpo.static_cache) lets transformers compile the decode step's forward
+    (torch.compile, mode reduce-overhead: CUDA graphs), which it does only with a static cache on a
+    GPU. TRL's generation config disables that compile, so the call overrides it. A token step then
+    costs the GPU's time, not the host's Python and kernel launches, which bounded it at 50-86 ms
+    whatever the batch on an H100 (benchmarks/RESULTS.md, issue 30)."""
     import functools
 
     import torch
@@ -209,6 +215,8 @@ def generate_under_autocast(model, device: str):
 
     @functools.wraps(inner)
     def generate(*args, **kwargs):
+        if compile_decode:
+            kwargs["disable_compile"] = False  # applied over the generation_config the caller passes
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return inner(*args, **kwargs)
 
@@ -626,11 +634,12 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
         args = GRPOConfig(**common_args(worker, output_dir, settings.steps, batch // worker.world, settings.learning_rate,
                                         settings.save_every),
                           num_generations=settings.generations, max_completion_length=settings.max_new_tokens,
-                          generation_batch_size=batch, use_vllm=False, generation_kwargs=generation_kwargs(settings.static_cache),
+                          generation_batch_size=batch, use_vllm=False,
+                          generation_kwargs=generation_kwargs(settings.static_cache),
                           temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
                           scale_rewards=GRPO_SCALE_REWARDS, remove_unused_columns=False, shuffle_dataset=False)  # fmt: skip
         if args.bf16:
-            generate_under_autocast(model, worker.device)  # the step's one generate call in bf16, as it trains
+            generate_under_autocast(model, worker.device, settings.static_cache)  # the step's generate call in bf16, as it trains
         trainer = GRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
         clock.device = model_device(trainer.model)
