@@ -104,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps where two ranks ran on the same GPU: {shared}")
         ok = False
     if args.resumed:
-        after = [m for m in steps_of(args.resumed) if m["step"] == args.resumed_step]
+        # a line the stopped run wrote before the stop (its steps can outrun the stop) is not the resume's
+        after = [m for m in steps_of(args.resumed) if m["step"] == args.resumed_step and m not in two]
         if not after:
-            print(f"resume: no metrics line for step {args.resumed_step}")
+            early = " (the step's line from before the stop does not count)" if any(
+                m["step"] == args.resumed_step for m in two) else ""  # fmt: skip
+            print(f"resume: no metrics line for step {args.resumed_step} from the resumed run{early}")
             ok = False
         else:
             print(f"resume: step {args.resumed_step} ran after the checkpoint, on ranks "

@@ -42,9 +42,21 @@ def test_a_step_without_every_rank_or_a_missing_resumed_step_fails(tmp_path, cap
     assert "a rank is missing or contributed no sample: [2]" in capsys.readouterr().out
     whole = write(tmp_path / "whole.jsonl", [(1, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)])])
     assert bench.main(["--one", one, "--two", whole, "--resumed", whole, "--resumed-step", "2"]) == 1
-    assert "resume: no metrics line for step 2" in capsys.readouterr().out
-    assert bench.main(["--one", one, "--two", whole, "--resumed", whole, "--resumed-step", "1"]) == 0
-    assert "resume: step 1 ran after the checkpoint, on ranks [0, 1]" in capsys.readouterr().out
+    assert "resume: no metrics line for step 2 from the resumed run\n" in capsys.readouterr().out
+    resumed = write(tmp_path / "resumed.jsonl", [(1, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)]),
+                                                 (2, 3.1, [(0, 2, 200, 1.1), (1, 2, 200, 1.2)])])  # fmt: skip
+    assert bench.main(["--one", one, "--two", whole, "--resumed", resumed, "--resumed-step", "2"]) == 0
+    assert "resume: step 2 ran after the checkpoint, on ranks [0, 1]" in capsys.readouterr().out
+
+
+def test_a_resumed_step_that_ran_before_the_stop_proves_no_resume(tmp_path, capsys):
+    """On two H100s with a compiled decode, the 2-worker run's last step (3 s) ran before the stop
+    took effect, and the resume then failed: its metrics file held the step all the same."""
+    one = write(tmp_path / "one.jsonl", [(1, 5.0, [(0, 4, 400, 2.0)])])
+    stopped_late = write(tmp_path / "two.jsonl", [(1, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)]),
+                                                  (2, 3.0, [(0, 2, 200, 1.0), (1, 2, 200, 1.0)])])  # fmt: skip
+    assert bench.main(["--one", one, "--two", stopped_late, "--resumed", stopped_late, "--resumed-step", "2"]) == 1
+    assert "step 2 from the resumed run (the step's line from before the stop does not count)" in capsys.readouterr().out
 
 
 def test_two_ranks_on_one_gpu_fail_the_check(tmp_path, capsys):

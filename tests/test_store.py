@@ -189,3 +189,40 @@ def test_write_if_absent_refuses_an_existing_key(store):
     assert store.get_bytes("once") == b"1"
     store.put_bytes("once", b"3")
     assert store.get_bytes("once") == b"3"
+
+
+def test_two_writers_downloading_one_folder_at_once_both_finish(tmp_path, monkeypatch):
+    """Ray Train workers of one host resume from one checkpoint into one folder at the same time
+    (found on two H100s: a shared `model.safetensors.part` was renamed by one rank, and the other's
+    rename failed). Both write their copy before either renames: each must rename its own."""
+    import pathlib
+
+    from speedforge.store.base import download_keys
+
+    store = open_store(tmp_path / "store")
+    store.put_bytes("ckpt/model.safetensors", b"weights" * 1000)
+    both_written = threading.Barrier(2, timeout=30)
+    write_bytes = pathlib.Path.write_bytes
+
+    def write_then_wait(self, data):
+        written = write_bytes(self, data)
+        both_written.wait()  # the other writer writes its copy before this one renames
+        return written
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", write_then_wait)
+    errors = []
+
+    def rank():
+        try:
+            download_keys(store, ["ckpt/model.safetensors"], tmp_path / "checkpoint-4", "ckpt/")
+        except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [p.name for p in (tmp_path / "checkpoint-4").iterdir()] == ["model.safetensors"]
+    assert (tmp_path / "checkpoint-4" / "model.safetensors").read_bytes() == b"weights" * 1000
