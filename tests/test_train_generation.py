@@ -9,7 +9,7 @@ import contextlib
 import pytest
 import torch
 
-from speedforge.train.stages import generate_under_autocast
+from speedforge.train.stages import STATIC_CACHE_BUCKET, generate_under_autocast, static_cache_length
 
 
 def tiny_model():
@@ -108,6 +108,30 @@ def test_the_static_cache_decode_is_compiled_though_trl_disables_it(monkeypatch)
 
 def test_without_the_static_cache_trls_disable_compile_stands(monkeypatch) -> None:
     assert decode_compile_requests(generate_under_autocast(tiny_model(), "cuda"), monkeypatch) == [True]
+
+
+def test_the_static_cache_length_is_a_bucket_that_covers_prompt_and_answer() -> None:
+    assert static_cache_length(1195, 256) == static_cache_length(1318 - 256, 256) == 3 * STATIC_CACHE_BUCKET
+    assert static_cache_length(STATIC_CACHE_BUCKET - 6, 6) == STATIC_CACHE_BUCKET
+    assert static_cache_length(STATIC_CACHE_BUCKET - 5, 6) == 2 * STATIC_CACHE_BUCKET
+
+
+def test_prompts_of_different_lengths_in_one_bucket_decode_with_one_cache(monkeypatch) -> None:
+    """A cache that grows recompiles the compiled decode step; prompts of 4 and 9 tokens share one."""
+    from transformers import GenerationConfig
+
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    model = generate_under_autocast(tiny_model(), "cuda", compile_decode=True)
+    config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation="static",
+                              disable_compile=True)  # fmt: skip
+    lengths = []
+    for prompt in (4, 9):
+        ids = torch.arange(1, prompt + 1).unsqueeze(0)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        assert out.shape == (1, prompt + 3)
+        lengths.append(model._previous_max_cache_length)
+    assert lengths == [STATIC_CACHE_BUCKET, STATIC_CACHE_BUCKET]
 
 
 @pytest.mark.gpu

@@ -183,14 +183,26 @@ def plain_weights(model, where: str):
 def generation_kwargs(static_cache: bool) -> dict[str, Any]:
     """TRL's `generation_kwargs` for GRPO's one generate call a step. With `static_cache`
     (train.grpo.static_cache), the KV cache is transformers' static one, which the compiled decode
-    step needs (`generate_under_autocast(..., compile_decode=True)`). The cache only grows: a
-    prompt longer than any before gives a longer cache and one more compile. It is not sized for
+    step needs (`generate_under_autocast(..., compile_decode=True)`, which sizes it). The cache only
+    grows: a prompt past its bucket gives a longer cache and one more compile. It is not sized for
     train.grpo.max_prompt_tokens up front: in the float32 of the master weights, 4,096 + 512
     positions of a 128-sequence batch would take 27 GB for SmolLM2-135M (13.6 in bf16)."""
     kwargs: dict[str, Any] = {"use_cache": True}
     if static_cache:
         kwargs["cache_implementation"] = "static"
     return kwargs
+
+
+STATIC_CACHE_BUCKET = 512  # positions: the static cache's length is a multiple of this
+
+
+def static_cache_length(prompt_tokens: int, new_tokens: int) -> int:
+    """The static KV cache's length for a prompt and answer of these lengths, rounded up to
+    STATIC_CACHE_BUCKET. A cache that grows recompiles the decode step (50-60 s on an H100), and
+    with Ray Train a rank that recompiles holds up the others at the next gradient sync: on two
+    H100s, one rank's prompts grew 1195 -> 1216 -> 1318 positions over three steps, and step 2
+    took 79 s instead of 4.4 s. Prompts of one run within a bucket share one cache length."""
+    return -(-(prompt_tokens + new_tokens) // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
 
 
 def generate_under_autocast(model, device: str, compile_decode: bool = False):
@@ -204,7 +216,9 @@ def generate_under_autocast(model, device: str, compile_decode: bool = False):
     (torch.compile, mode reduce-overhead: CUDA graphs), which it does only with a static cache on a
     GPU. TRL's generation config disables that compile, so the call overrides it. A token step then
     costs the GPU's time, not the host's Python and kernel launches, which bounded it at 50-86 ms
-    whatever the batch on an H100 (benchmarks/RESULTS.md, issue 30)."""
+    whatever the batch on an H100 (benchmarks/RESULTS.md, issue 30). Its cache is sized in buckets
+    (`static_cache_length`), so that a slightly longer prompt does not recompile."""
+    import copy
     import functools
 
     import torch
@@ -216,7 +230,12 @@ def generate_under_autocast(model, device: str, compile_decode: bool = False):
     @functools.wraps(inner)
     def generate(*args, **kwargs):
         if compile_decode:
-            kwargs["disable_compile"] = False  # applied over the generation_config the caller passes
+            config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+            config.disable_compile = False
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None and config.max_new_tokens:
+                config.max_cache_len = static_cache_length(ids.shape[-1], config.max_new_tokens)
+            kwargs["generation_config"] = config
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return inner(*args, **kwargs)
 
