@@ -10,7 +10,8 @@ PYTEST_ARGS ?=
 # Worker processes for `make test` (pytest-xdist); 0 runs the suite in this process. Each worker
 # starts its own S3 server, Ray and session fixtures. The slow and GPU suites run in one process.
 # --dist loadfile: a test file runs whole on one worker, in its own order, so a module's fixtures
-# (a Ray cluster, a trained run) are built once, as in a run in one process.
+# (a Ray cluster, a trained run) are built once, as in a run in one process. --no-loadscope-reorder:
+# files go out in collection order, which puts the longest first (tests/conftest.py: LONGEST_FIRST).
 PYTEST_WORKERS ?= 2
 
 .PHONY: run run-suite test test-slow test-gpu venv clean
@@ -40,7 +41,7 @@ run-suite: venv
 	$(BIN)/speedforge run
 
 test: venv
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-slow: venv
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

@@ -65,7 +65,12 @@ def test_ann_benchmarks_hdf5_is_read(tmp_path):
         read_hdf5(tmp_path / "bad.hdf5")
 
 
-@pytest.mark.parametrize("name,dim,metric", [("sift", 128, "l2"), ("glove", 25, "angular"), ("gist", 960, "l2")])
+@pytest.mark.parametrize("name,dim,metric", [
+    ("sift", 128, "l2"), ("glove", 25, "angular"),
+    # three 960-d worlds take ~40 s on 2 cores; the quick suite checks the gist shape's dimensions, seed
+    # and range in test_clustered_sets_keep_the_real_dimensions_and_are_seeded
+    pytest.param("gist", 960, "l2", marks=pytest.mark.slow),
+])  # fmt: skip
 def test_synthetic_sets_have_the_shape_of_the_real_ones_and_are_seeded(name, dim, metric):
     a = synthetic(name, 300, 20, seed=5)
     b = synthetic(name, 300, 20, seed=5)
@@ -127,6 +132,8 @@ def test_clustered_sets_keep_the_real_dimensions_and_are_seeded(name, dim):
     np.testing.assert_array_equal(a.queries, b.queries)
     assert not np.array_equal(a.base, u.base)
     assert a.name == f"{name}-400" and u.name == f"{name}-uniform-400"
+    if name == "gist":
+        assert 0.0 <= min(a.base.min(), u.base.min()) and max(a.base.max(), u.base.max()) <= 1.0
 
 
 def test_clustered_world_has_many_clusters_of_uneven_size():
