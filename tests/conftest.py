@@ -30,7 +30,16 @@ keeps a cold cache of its own.
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
+
+# Under `make test` each pytest-xdist worker is one of as many processes as the machine has cores, and
+# the tests start more (Ray, sandboxes, pipeline steps). A math library that starts a thread per core in
+# each of them oversubscribes the cores, and its threads spin while they wait. One thread each, unless
+# the caller says otherwise; the evaluator sets its sandboxes' threads itself (evaluator.cpu_threads).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import pytest
 

@@ -249,10 +249,11 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools(tmp_path, capsys
     check_training_run(run)
 
 
+@pytest.mark.slow  # ~5 min of the CI machine's 2 cores (2026-11-27): `make test` ran past its 20 minutes with it
 @needs_training
 def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(tmp_path, tiny_model, warm_cache,
                                                                                   capfd):  # fmt: skip
-    """The same run on what CI affords: the session's tiny model trained for one GRPO step, quick
+    """The same run on a tiny budget: the session's tiny model trained for one GRPO step, quick
     measurements, the one candidate measured already built (warm_cache). As on a cluster: each
     step in folders of its own, gone when it ends; the train step submitted to a Ray head of its
     own through the Job Submission API; the trained weights handed to the search as a store URI
