@@ -123,15 +123,14 @@ def warm_cache(tmp_path_factory) -> WarmCache:
     return WarmCache(cache_dir, candidate.task_id)
 
 
-# The modules that take longest under `make test` (seconds of work on the 2-core CI machine, 2026-11-27:
-# 284, 203, 192, 132, 90, 80, 73, 70, 68, 67, 65), handed out first. pytest-xdist gives a worker a file
-# at a time in collection order (the Makefile passes --no-loadscope-reorder, which otherwise orders files
-# by their number of tests and put the 284-s pipeline file 70th of 84); a long file handed out last keeps
-# one worker busy while the other has nothing left. Every other module keeps its place after these.
-LONGEST_FIRST = ("test_pipeline_local.py", "test_train_stages.py", "test_cluster_service.py", "test_evaluator.py",
-                 "test_sandbox_confinement.py", "test_evaluator_adversarial.py", "test_extensions_prebuilt.py",
-                 "test_sandbox_lifetime.py", "test_cluster_cli.py", "test_sweep_reliability.py",
-                 "test_evaluator_modes.py")  # fmt: skip
+# The modules that take longest under `make test` (seconds of work on a 2-core machine, 2026-11-27: 221,
+# 141, 96, 72, 67, 61, 60, 55, 52, 51, 49), handed out first. pytest-xdist gives a worker a file at a time
+# in collection order (the Makefile passes --no-loadscope-reorder; xdist otherwise orders files by their
+# number of tests, which put a 5-minute file 70th of 84); a long file handed out last keeps one worker busy
+# while the other has nothing left. Every other module keeps its place after these.
+LONGEST_FIRST = ("test_train_stages.py", "test_cluster_service.py", "test_evaluator.py", "test_sandbox_confinement.py",
+                 "test_sandbox_lifetime.py", "test_extensions_prebuilt.py", "test_evaluator_adversarial.py",
+                 "test_s3server.py", "test_evaluator_modes.py", "test_train_ray_job.py", "test_cluster_cli.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
