@@ -25,7 +25,8 @@
 #   MULTIGPU_CORPUS (builtin:cuda | builtin:cpp; or a CUDA-L1 .jsonl)  MULTIGPU_GRPO_TIMEOUT (cuda 1200, cpu 1500 s per run)
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)
 #   PORTABILITY_LIMIT (the first N tasks; cuda 0 = all, cpu 4)
-#   MULTIGPU_STATIC_CACHE (false | true: train.grpo.static_cache, the decode compiled with CUDA graphs on a GPU)
+#   MULTIGPU_STATIC_CACHE (cuda true, cpu false: train.grpo.static_cache, the decode compiled with CUDA graphs;
+#     2.3-3x the decode's tokens/s on an H100, benchmarks/RESULTS.md issue 30; false: the eager decode)
 # Everything goes to $OUT/multigpu (default OUT=/tmp/gpu_check): grpo-w{1,2}/, *.log, *.txt, portability/.
 # On cuda, gpu-samples-w1.txt, -w2.txt and -w2-resume.txt: nvidia-smi every 2 s during each GRPO run, which
 #   process is on which GPU (pid, gpu_uuid, used_memory) and each GPU's load (index, uuid, utilization.gpu,
@@ -49,14 +50,14 @@ if [ "$device" = cuda ]; then
   family=cuda; use_gpu=true; workers_max=$(( gpus >= 2 ? 2 : gpus ))
   steps=${MULTIGPU_STEPS:-8}; prompts=${MULTIGPU_PROMPTS:-2}; generations=${MULTIGPU_GENERATIONS:-8}
   new_tokens=${MULTIGPU_NEW_TOKENS:-512}; grpo_limit=${MULTIGPU_GRPO_TIMEOUT:-1200}
-  cpus=4
+  static_cache=${MULTIGPU_STATIC_CACHE:-true}; cpus=4
   echo "multigpu: $gpus GPU(s) here: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
   [ "$gpus" -ge 2 ] || echo "multigpu: fewer than 2 GPUs: only the 1-worker GRPO run and portability on one pool run (no bench-bound, no 2-worker run)"
 else
   family=cpp; use_gpu=false; workers_max=2
   steps=${MULTIGPU_STEPS:-2}; prompts=${MULTIGPU_PROMPTS:-1}; generations=${MULTIGPU_GENERATIONS:-2}
   new_tokens=${MULTIGPU_NEW_TOKENS:-16}; grpo_limit=${MULTIGPU_GRPO_TIMEOUT:-1500}
-  cpus=1
+  static_cache=${MULTIGPU_STATIC_CACHE:-false}; cpus=1
   echo "multigpu: CPU dry run ($gpus GPU(s) here, $(nproc) cores): gloo workers, CPU bench workers and CPU pools;" \
        "it proves the path, its figures are no measurement of the GPUs"
 fi
@@ -81,7 +82,7 @@ train:
   max_stage_s: 0
   eval_retries: 1
   ray: {workers: $1, use_gpu: $use_gpu, cpus_per_worker: $cpus}
-  grpo: {steps: $2, prompts_per_step: $prompts, generations: $generations, max_new_tokens: $new_tokens, learning_rate: 1.0e-6, save_every: $steps, static_cache: ${MULTIGPU_STATIC_CACHE:-false}}
+  grpo: {steps: $2, prompts_per_step: $prompts, generations: $generations, max_new_tokens: $new_tokens, learning_rate: 1.0e-6, save_every: $steps, static_cache: $static_cache}
 EOF
 }
 state_step() {  # the step of the latest checkpoint in run store $1 (0: none yet)
