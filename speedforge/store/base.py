@@ -241,10 +241,11 @@ def _check_table(table: str) -> None:
 def download_keys(store: "Store", keys: list[str], folder, base: str = "") -> None:
     """Each of `keys` (all under `base`) to `folder`/<key less base>; a file already there with the
     same bytes is left alone, and a new one appears whole (written beside it under a name of its
-    own, then renamed). Processes that download the same keys to one folder at once, as the Ray
-    Train workers of one host do when they resume from a checkpoint, each rename their own copy."""
+    process and thread, then renamed). Processes that download the same keys to one folder at once,
+    as the Ray Train workers of one host do when they resume from a checkpoint, each rename their
+    own copy."""
     import os
-    import tempfile
+    import threading
     from pathlib import Path
 
     for key in keys:
@@ -253,10 +254,7 @@ def download_keys(store: "Store", keys: list[str], folder, base: str = "") -> No
         if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-        os.fchmod(handle, 0o644)  # as a file written in place would be, not mkstemp's 0600
-        os.close(handle)
-        part = Path(name)
+        part = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.part")
         try:
             part.write_bytes(data)
             part.replace(target)
