@@ -25,6 +25,8 @@
 #   MULTIGPU_CORPUS (builtin:cuda | builtin:cpp; or a CUDA-L1 .jsonl)  MULTIGPU_GRPO_TIMEOUT (cuda 1200, cpu 1500 s per run)
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)
 #   PORTABILITY_LIMIT (the first N tasks; cuda 0 = all, cpu 4)
+#   MULTIGPU_RESUME (true: the 2-worker run is stopped at its checkpoint and resumed; false: it runs its steps to
+#     the end, for a run that measures steps/s alone)
 #   MULTIGPU_STATIC_CACHE (cuda true, cpu false: train.grpo.static_cache, the decode compiled with CUDA graphs;
 #     2.3-3x the decode's tokens/s on an H100, benchmarks/RESULTS.md issue 30; false: the eager decode)
 # Everything goes to $OUT/multigpu (default OUT=/tmp/gpu_check): grpo-w{1,2}/, *.log, *.txt, portability/.
@@ -61,6 +63,7 @@ else
   echo "multigpu: CPU dry run ($gpus GPU(s) here, $(nproc) cores): gloo workers, CPU bench workers and CPU pools;" \
        "it proves the path, its figures are no measurement of the GPUs"
 fi
+resume=${MULTIGPU_RESUME:-true}
 corpus=${MULTIGPU_CORPUS:-builtin:$family}
 case $corpus in
   builtin:*) tasks_uri=$corpus ;;
@@ -120,15 +123,16 @@ if part grpo; then
     rm -rf "$dir/grpo-w$w"; mkdir -p "$dir/grpo-w$w"
     # the 2-worker run is configured for one step more; it is stopped once step $steps's checkpoint
     # is in the store (as a machine's time limit stops a run), then resumed for that last step
-    total=$steps; [ "$w" = 2 ] && total=$(( steps + 1 ))
+    total=$steps; [ "$w" = 2 ] && [ "$resume" = true ] && total=$(( steps + 1 ))
     grpo_config "$w" "$total" >"$dir/grpo-w$w/config.yaml"
     sf=($PY -m speedforge.cli --config "$dir/grpo-w$w/config.yaml" train --stage grpo --json)
     echo "== grpo on $w worker(s), $steps steps: ${sf[*]}"
     t0=$SECONDS
-    if [ "$w" = 1 ]; then
-      gpu_sampler_start "$dir/gpu-samples-w1.txt"
-      timeout --kill-after=15 "$grpo_limit" "${sf[@]}" >"$dir/grpo-w1.log" 2>&1 || failed+=("grpo-w1 (exit $?)")
-      gpu_sampler_stop "$dir/gpu-samples-w1.txt"
+    if [ "$w" = 1 ] || [ "$resume" != true ]; then
+      gpu_sampler_start "$dir/gpu-samples-w$w.txt"
+      timeout --kill-after=15 "$grpo_limit" "${sf[@]}" >"$dir/grpo-w$w.log" 2>&1 || failed+=("grpo-w$w (exit $?)")
+      gpu_sampler_stop "$dir/gpu-samples-w$w.txt"
+      [ "$w" = 2 ] && cp "$dir/grpo-w2/work/multigpu/grpo/metrics.jsonl" "$dir/grpo-w2/metrics-before-resume.jsonl" 2>/dev/null
     else
       gpu_sampler_start "$dir/gpu-samples-w2.txt"
       setsid "${sf[@]}" >"$dir/grpo-w2.log" 2>&1 &
@@ -153,8 +157,9 @@ if part grpo; then
   m1=$dir/grpo-w1/work/multigpu/grpo/metrics.jsonl
   m2=$dir/grpo-w2/work/multigpu/grpo/metrics.jsonl
   if [ -f "$m1" ] && [ -f "$dir/grpo-w2/metrics-before-resume.jsonl" ]; then
-    $PY benchmarks/bench_multigpu.py --one "$m1" --two "$dir/grpo-w2/metrics-before-resume.jsonl" \
-      --resumed "$m2" --resumed-step $(( steps + 1 )) --target 1.7 | tee "$dir/grpo.txt" || failed+=("grpo ranks/resume")
+    resumed=(--resumed "$m2" --resumed-step $(( steps + 1 ))); [ "$resume" = true ] || resumed=()
+    $PY benchmarks/bench_multigpu.py --one "$m1" --two "$dir/grpo-w2/metrics-before-resume.jsonl" "${resumed[@]}" \
+      --target 1.7 | tee "$dir/grpo.txt" || failed+=("grpo ranks/resume")
   elif [ -f "$m1" ]; then
     echo "1 worker only: $(tail -n 1 "$m1" | cut -c1-300)" | tee "$dir/grpo.txt"
   else
