@@ -20,6 +20,14 @@ pass --model a folder holding config.json and the tokenizer.
 
     python benchmarks/bench_grpo_generation.py --device cuda --batch 16 --new-tokens 512
     python benchmarks/bench_grpo_generation.py --device cuda --model .helpers/smollm2 --random-weights
+
+--profile DIR runs one more GRPO step of each variant, its generate call under torch.profiler (left
+out of the timings), and
+writes DIR/<variant>-b<batch>.txt (operators by device time and by host time) and prints where a
+token step's time went: the wall time a token, the device's kernel time a token, and the rest, the
+time the device waited for the host (Python, launches, the per-token sync that ends the loop). On a
+GPU the kernel time is what a faster host could not remove; the profiler slows the host, so its
+share is an upper bound.
 """
 
 from __future__ import annotations
@@ -133,9 +141,10 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
         return [float(i % 2) for i in range(len(prompts))]
 
     prompts = args.batch // args.generations
-    data = datasets.Dataset.from_list([{"prompt": text} for _ in range(prompts * args.steps)])
+    steps = args.steps + (1 if args.profile else 0)
+    data = datasets.Dataset.from_list([{"prompt": text} for _ in range(prompts * steps)])
     on_gpu = args.device.startswith("cuda")
-    config = GRPOConfig(output_dir=f"{args.scratch}/grpo", max_steps=args.steps, per_device_train_batch_size=args.batch,
+    config = GRPOConfig(output_dir=f"{args.scratch}/grpo", max_steps=steps, per_device_train_batch_size=args.batch,
                         learning_rate=1e-6, logging_steps=1, save_strategy="no", report_to=[], seed=0,
                         use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True,
                         dataloader_num_workers=0, num_generations=args.generations, max_completion_length=args.new_tokens,
@@ -149,6 +158,8 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
     inner = model.generate
 
     def timed_generate(*a, **k):
+        if len(generate_only) == args.steps:  # the extra step of --profile
+            return profiled(lambda: inner(*a, **k), args, variant)
         sync(args.device)
         t0 = time.perf_counter()
         out = inner(*a, **k)
@@ -163,7 +174,41 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
     del trainer, model
     if on_gpu:
         torch.cuda.empty_cache()
-    return generation, generate_only
+    return generation[: args.steps], generate_only
+
+
+def profiled(call, args, variant: str):
+    """call() under torch.profiler; writes the operator tables to --profile and prints the token
+    step's split into device kernel time and the rest (see the module's help)."""
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        sync(args.device)
+        began = time.perf_counter()
+        out = call()
+        sync(args.device)
+        wall = time.perf_counter() - began
+    averages = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in averages) if on_gpu else 0.0
+    per_token_ms = wall / args.new_tokens * 1e3
+    kernel_ms = device_us / 1e3 / args.new_tokens
+    folder = Path(args.profile)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{variant}-b{args.batch}.txt"
+    tables = [f"generate(): batch {args.batch}, {args.new_tokens} new tokens, {wall:.2f} s under the profiler"]
+    if on_gpu:
+        tables.append(averages.table(sort_by="self_device_time_total", row_limit=30))
+    tables.append(averages.table(sort_by="self_cpu_time_total", row_limit=30))
+    path.write_text("\n\n".join(tables) + "\n")
+    split = (f"device kernels {kernel_ms:.2f} ms, the rest {per_token_ms - kernel_ms:.2f} ms (the host, an upper bound)"
+             if on_gpu else "all on the host (no device)")  # fmt: skip
+    print(f"  profile {variant}, batch {args.batch}: {per_token_ms:.2f} ms a token step under the profiler; {split}; "
+          f"tables in {path}", flush=True)  # fmt: skip
+    return out
 
 
 def spread(name: str, seconds: list[float], tokens: int) -> float:
@@ -192,6 +237,8 @@ def main() -> None:
                         help="as GRPOConfig defaults it")  # fmt: skip
     parser.add_argument("--modes", default="plain,fp32,autocast,grpo")
     parser.add_argument("--variants", default="default", help=f"GRPO variants, of {','.join(VARIANTS)}")
+    parser.add_argument("--profile", default="", metavar="DIR",
+                        help="one more GRPO step, its generate call profiled; tables in DIR")
     parser.add_argument("--scratch", default="/tmp/bench_grpo_generation", help="folder for the random model and TRL's output")
     args = parser.parse_args()
     modes = args.modes.split(",")
