@@ -11,7 +11,8 @@ ways the same model can generate the same batch, so a gap has a named cause:
     grpo      GRPOTrainer.train() for --steps steps; per step, the time from the step's start to
               the reward function's call (the one batched generate call and TRL's bookkeeping);
               --variants picks its settings: `static` is train.grpo.static_cache (a static KV cache,
-              its decode step compiled with CUDA graphs on a GPU; the first step compiles)
+              its decode step compiled with CUDA graphs on a GPU; the first step compiles);
+              `static_sync` is the same with the per-token stop check read at once, not deferred
 
 Every sequence generates exactly --new-tokens tokens (EOS suppressed through min_new_tokens), so
 tokens/s compare like for like. --random-weights builds the model from its config with random
@@ -111,6 +112,9 @@ VARIANTS = {  # GRPO settings to compare, each a fresh trainer on the same weigh
     # speedforge's train.grpo.static_cache: generate under autocast with a static KV cache, which
     # transformers compiles the decode step for on a GPU (CUDA graphs); its first step compiles
     "static": {"autocast_generate": True, "static_cache": True},
+    # the same without the deferred stop check (speedforge.train.stages.deferred_stop_check): the host
+    # reads after every token whether all sequences have finished, and waits for the device to do so
+    "static_sync": {"autocast_generate": True, "static_cache": True, "defer_stop": False},
 }
 
 
@@ -124,7 +128,7 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
     from speedforge.train.stages import GRPO_SCALE_REWARDS, generate_under_autocast, generation_kwargs
 
     settings = {"autocast_generate": False, "gradient_checkpointing": True, "beta": args.beta, "static_cache": False,
-                **VARIANTS[variant]}  # fmt: skip
+                "defer_stop": None, **VARIANTS[variant]}  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     began: list[float] = []
     generation: list[float] = []
@@ -154,7 +158,7 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
                         temperature=1.0, top_p=1.0, beta=settings["beta"], scale_rewards=GRPO_SCALE_REWARDS,
                         shuffle_dataset=False, gradient_checkpointing=settings["gradient_checkpointing"])  # fmt: skip
     if settings["autocast_generate"]:
-        generate_under_autocast(model, args.device, settings["static_cache"])
+        generate_under_autocast(model, args.device, settings["static_cache"], settings["defer_stop"])
     inner = model.generate
 
     def timed_generate(*a, **k):

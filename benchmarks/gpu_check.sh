@@ -114,12 +114,13 @@ if want generation && [ -f benchmarks/bench_generation.py ]; then
   # issue 30: GRPO's decode with train.grpo.static_cache (CUDA graphs) against speedforge's default
   # (autocast), at the multigpu stage's batch of 128 and at a rank's half of it; the eager decode
   # took as long a token step at 64 as at 128 (host-bound), so this says what a second GPU can give;
+  # static_sync: the same without the deferred stop check (the host waits for the device every token);
   # one more step each, profiled: a token step's device kernel time against the rest (generation-profile/)
   for batch in ${GRPO_STATIC_BATCHES-128 64}; do
     timeout 500 $PY benchmarks/bench_grpo_generation.py --device cuda --batch "$batch" --generations 8 --new-tokens 256 \
-      --prompt-tokens 800 --steps 4 --modes grpo --variants autocast,static --profile "$OUT/generation-profile" \
+      --prompt-tokens 800 --steps 4 --modes grpo --variants autocast,static_sync,static --profile "$OUT/generation-profile" \
       >"$OUT/bench_grpo_static_b$batch.txt" 2>&1
-    note generation "grpo batch $batch: $(grep -m1 'ratio grpo static / grpo autocast' "$OUT/bench_grpo_static_b$batch.txt" || echo "exit $? (bench_grpo_static_b$batch.txt)")"
+    note generation "grpo batch $batch: $(grep 'ratio grpo static' "$OUT/bench_grpo_static_b$batch.txt" | xargs || echo "exit $? (bench_grpo_static_b$batch.txt)")"
   done
   # issue 26: the weights' dtype at the training check's batch and length (bf16 read slower than
   # float32 there on an H100); GENERATION_LONG="32 3072" by default, "" skips it

@@ -145,3 +145,67 @@ def test_gpu_static_cache_decode_runs_compiled() -> None:
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
     assert out.shape == (1, 8) and hasattr(model, "_compiled_call")
+
+
+def cuda_stop_check_deferred() -> bool:
+    from transformers.generation.utils import DeferredStopCheck
+
+    return DeferredStopCheck.is_supported(torch.device("cuda"), None, False, False)
+
+
+def test_the_deferred_stop_check_is_on_for_cuda_only_within_its_context() -> None:
+    """transformers defers generate's per-token 'all finished?' read only on mps; the context turns
+    it on for CUDA under the same rule, and leaves it as it was after, also after an error."""
+    from transformers.generation.utils import DeferredStopCheck
+
+    from speedforge.train.stages import deferred_stop_check
+
+    assert not cuda_stop_check_deferred()
+    with deferred_stop_check("cuda:0"):
+        assert cuda_stop_check_deferred()
+        assert not DeferredStopCheck.is_supported(torch.device("cuda"), None, False, True)  # an assistant model: never
+        assert not DeferredStopCheck.is_supported(torch.device("cpu"), None, False, False)
+    assert not cuda_stop_check_deferred()
+    assert DeferredStopCheck.is_supported(torch.device("mps"), None, False, False)  # the library's own rule stands
+    with deferred_stop_check("cpu"):
+        assert not cuda_stop_check_deferred()
+    with pytest.raises(RuntimeError), deferred_stop_check("cuda"):
+        raise RuntimeError("a failing generate call")
+    assert not cuda_stop_check_deferred()
+
+
+def deferred_during_generate(model, monkeypatch) -> list[bool]:
+    """Whether the CUDA stop check is deferred while the model's forward runs inside generate."""
+    seen: list[bool] = []
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    model.register_forward_hook(lambda *_: seen.append(cuda_stop_check_deferred()))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert seen and not cuda_stop_check_deferred()
+    return sorted(set(seen))
+
+
+def test_the_compiled_decode_defers_the_stop_check_during_its_call(monkeypatch) -> None:
+    assert deferred_during_generate(generate_under_autocast(tiny_model(), "cuda", compile_decode=True), monkeypatch) == [True]
+    assert deferred_during_generate(generate_under_autocast(tiny_model(), "cuda"), monkeypatch) == [False]
+    model = generate_under_autocast(tiny_model(), "cuda", compile_decode=True, defer_stop=False)
+    assert deferred_during_generate(model, monkeypatch) == [False]
+
+
+@pytest.mark.gpu
+def test_gpu_deferred_stop_check_gives_the_same_tokens() -> None:
+    """On a GPU the deferred check runs one extra forward and drops its token: with the same seed,
+    sampled sequences (some ending early at EOS) are the same as with the per-token read."""
+    from transformers import GenerationConfig
+
+    outputs = []
+    for defer in (False, True):
+        model = generate_under_autocast(tiny_model().to("cuda"), "cuda", compile_decode=True, defer_stop=defer)
+        ids = torch.tensor([[1, 2, 3, 4]] * 8, device="cuda")
+        config = GenerationConfig(max_new_tokens=24, do_sample=True, top_k=0, pad_token_id=0, eos_token_id=5,
+                                  cache_implementation="static", disable_compile=True)  # fmt: skip
+        torch.manual_seed(3)
+        with torch.no_grad():
+            outputs.append(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config).cpu())
+    assert outputs[0].shape == outputs[1].shape and torch.equal(outputs[0], outputs[1])

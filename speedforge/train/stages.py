@@ -19,6 +19,7 @@ Only rank 0 writes metrics, state and final weights. Each stage is registered by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -205,7 +206,40 @@ def static_cache_length(prompt_tokens: int, new_tokens: int) -> int:
     return -(-(prompt_tokens + new_tokens) // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
 
 
-def generate_under_autocast(model, device: str, compile_decode: bool = False):
+@contextlib.contextmanager
+def deferred_stop_check(device: str):
+    """transformers' generate asks after every token whether all sequences have finished
+    (`unfinished_sequences.max() == 0`), which makes the host wait for the device each token step:
+    it cannot queue step n+1 while the device runs step n. transformers can read that answer one
+    step late instead (DeferredStopCheck: one extra forward at the end, whose token it drops), but
+    turns it on only for Apple's mps. Within this context it is on for CUDA too, under the
+    library's own rule for mps (no assistant model; a cache it can roll back, or one not
+    returned). Elsewhere, or where transformers has no such check, nothing changes."""
+    try:
+        from transformers.generation import utils as generation_utils
+
+        check = generation_utils.DeferredStopCheck
+        library_rule = check.__dict__["is_supported"].__func__
+    except (ImportError, AttributeError, KeyError):
+        yield
+        return
+    if not device.startswith("cuda"):
+        yield
+        return
+    import torch
+
+    def is_supported(dev, cache, cache_is_returned, is_assistant):
+        dev = torch.device("mps") if torch.device(dev).type == "cuda" else dev  # the rule transformers keeps for mps
+        return library_rule(dev, cache, cache_is_returned, is_assistant)
+
+    check.is_supported = staticmethod(is_supported)
+    try:
+        yield
+    finally:
+        check.is_supported = staticmethod(library_rule)
+
+
+def generate_under_autocast(model, device: str, compile_decode: bool = False, defer_stop: bool | None = None):
     """`model` whose `generate` runs under torch.autocast(bfloat16) on a GPU. The trainers keep
     float32 master weights and train under bf16 autocast, but TRL's GRPOTrainer generates outside
     the training step's autocast context, in the weights' float32 (benchmarks/bench_grpo_generation.py
@@ -217,7 +251,10 @@ def generate_under_autocast(model, device: str, compile_decode: bool = False):
     GPU. TRL's generation config disables that compile, so the call overrides it. A token step then
     costs the GPU's time, not the host's Python and kernel launches, which bounded it at 50-86 ms
     whatever the batch on an H100 (benchmarks/RESULTS.md, issue 30). Its cache is sized in buckets
-    (`static_cache_length`), so that a slightly longer prompt does not recompile."""
+    (`static_cache_length`), so that a slightly longer prompt does not recompile.
+
+    `defer_stop` (default: as `compile_decode`) runs the call under `deferred_stop_check`, so that
+    the host queues the next token step while the device runs this one."""
     import copy
     import functools
 
@@ -226,6 +263,7 @@ def generate_under_autocast(model, device: str, compile_decode: bool = False):
     if not device.startswith("cuda"):
         return model
     inner = model.generate
+    defer = compile_decode if defer_stop is None else defer_stop
 
     @functools.wraps(inner)
     def generate(*args, **kwargs):
@@ -236,7 +274,8 @@ def generate_under_autocast(model, device: str, compile_decode: bool = False):
             if ids is not None and config.max_new_tokens:
                 config.max_cache_len = static_cache_length(ids.shape[-1], config.max_new_tokens)
             kwargs["generation_config"] = config
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        stop_check = deferred_stop_check(device) if defer else contextlib.nullcontext()
+        with torch.autocast("cuda", dtype=torch.bfloat16), stop_check:
             return inner(*args, **kwargs)
 
     model.generate = generate
