@@ -24,6 +24,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from speedforge.files import write_whole
+
 HARNESS_VERSION = "2"  # 2: extensions built by the build stage, named by content (evaluator.extensions)
 CACHEABLE_STATUSES = ("ok", "compile_error", "runtime_error")
 
@@ -107,9 +109,7 @@ class BuildCache:
         if outcome.get("status") not in CACHEABLE_STATUSES:
             return
         path = self.root / "index" / f"{key}.json"
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(outcome))
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(outcome))
 
     @contextlib.contextmanager
     def locked(self, key: str):

@@ -12,10 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import platform
 import secrets
-import threading
 import time
 import traceback
 
@@ -28,6 +26,7 @@ from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.timing import TIMING_VERSION, pristine_settings
 from speedforge.evaluator.zygote import remove_tree
 from speedforge.evaluator.screen import screen
+from speedforge.files import write_whole
 from speedforge.records import Candidate, EvalResult, Task, content_id
 
 
@@ -224,9 +223,7 @@ def _keep_pristine(task: Task, config: EvaluatorConfig, device: str, pool: str, 
     path = _pristine_path(task, config, device, pool)
     if result.ok and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(result.to_dict()))
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(result.to_dict()))
 
 
 # Fewer timed calls than this give no interval to judge by (the batch-means part needs 16): no

@@ -46,6 +46,8 @@ import json
 import os
 from pathlib import Path
 
+from speedforge.files import write_whole
+
 OUTCOMES_FILE = "speedforge_extensions.json"
 SOURCES_DIR = "sf_sources"  # `load`'s source folders, by content, in the build directory
 SOURCE_FOLDER_LIMIT = (64, 16 << 20)  # a source's folder copied whole up to this many files and bytes
@@ -148,9 +150,7 @@ def _copy_by_content(build_dir: str, source):
     if not (target / path.name).is_file():
         target.mkdir(parents=True, exist_ok=True)
         for name, data in sorted(files.items(), key=lambda item: item[0] == path.name):  # the source last
-            part = target / f".{name}.{os.getpid()}.part"
-            part.write_bytes(data)
-            os.replace(part, target / name)
+            write_whole(target / name, data)
     return str(target / path.name)
 
 

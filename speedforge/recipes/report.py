@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.extras import require
+from speedforge.files import write_whole
 from speedforge.records import EvalResult, PoolInfo, Variant
 from speedforge.recipes.portability import POOLS_TABLE, VARIANT_SET_TABLE
 from speedforge.reports.portability import PortabilityRun, PortabilityTable, merge_runs, source_label
@@ -160,6 +160,4 @@ def _row_label(variant: Variant, variants: Sequence[Variant]) -> str:
 
 def _write(path: Path, data: bytes) -> None:
     """Write a file whole: a temporary beside it, renamed over it."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
+    write_whole(path, data)

@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from speedforge.errors import UserError
+from speedforge.files import write_whole
 from speedforge.records import Record
 
 R = TypeVar("R", bound=Record)
@@ -244,8 +245,6 @@ def download_keys(store: "Store", keys: list[str], folder, base: str = "") -> No
     process and thread, then renamed). Processes that download the same keys to one folder at once,
     as the Ray Train workers of one host do when they resume from a checkpoint, each rename their
     own copy."""
-    import os
-    import threading
     from pathlib import Path
 
     for key in keys:
@@ -254,10 +253,4 @@ def download_keys(store: "Store", keys: list[str], folder, base: str = "") -> No
         if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.part")
-        try:
-            part.write_bytes(data)
-            part.replace(target)
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
+        write_whole(target, data)
