@@ -84,10 +84,10 @@ def write_report(config: Config, results_uris: list[str], out_dir: str, *,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, png in pngs.items():
-        _write(out / images[name], png)
-    _write(out / "report.json", (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
-    _write(out / "report.md", render_markdown(data, sections, images).encode())
-    _write(out / "report.html", render_html(data, sections, pngs).encode())
+        write_whole(out / images[name], png)
+    write_whole(out / "report.json", (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
+    write_whole(out / "report.md", render_markdown(data, sections, images).encode())
+    write_whole(out / "report.html", render_html(data, sections, pngs).encode())
     return ReportOutcome(str(out / "report.html"), str(out / "report.md"), str(out / "report.json"),
                          tuple(str(out / f) for f in images.values()), tuple(table.pools),
                          len(table.measured_variants()), table.notes)  # fmt: skip
@@ -156,8 +156,3 @@ def _row_label(variant: Variant, variants: Sequence[Variant]) -> str:
     """The task id, with the variant's id where a task has more than one."""
     several = sum(v.task_id == variant.task_id for v in variants) > 1
     return f"{variant.task_id} ({variant.variant_id[:6]})" if several else variant.task_id
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Write a file whole: a temporary beside it, renamed over it."""
-    write_whole(path, data)
