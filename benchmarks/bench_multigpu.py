@@ -10,6 +10,11 @@ median over the same steps); then the ratio 2 workers / 1 against the target. Fr
 `ranks` (what each rank did in the step): which ranks contributed to every step of the 2-worker
 run, and, with --resumed, the step that ran after the resume and its ranks. Exit 1 when a rank
 is missing from a step or the resumed step is absent (a functional failure, never a speed one).
+
+A further line, apart from the figures above, takes only the timed steps in which no rank spent
+QUIET_EVALUATION_S or more evaluating its samples: a sample that really runs in a sandbox (10-15 s
+on a GPU) stops its own rank, and at the step's gather every other rank too; which steps get one
+is up to what the policy writes. That line says what the rest of a step scales by.
 """
 
 from __future__ import annotations
@@ -25,6 +30,23 @@ from speedforge.train.metrics import read_metrics  # noqa: E402
 
 def steps_of(path: str) -> list[dict]:
     return [m for m in read_metrics(open(path)) if m.get("kind", "step") == "step" and m.get("stage") == "grpo"]
+
+
+QUIET_EVALUATION_S = 0.5  # a step whose every rank evaluated for less ran no sample in a sandbox for long
+
+
+def quiet(steps: list[dict]) -> list[dict]:
+    """The timed steps in which no rank evaluated for QUIET_EVALUATION_S or more, by each rank's own
+    `evaluation_s`; a line of one rank may give it for the line alone. A line of several ranks
+    without it (written before the ranks gave it) says nothing of the other ranks, and is left out."""
+
+    def evaluation(m: dict) -> float:
+        ranks = m.get("ranks") or []
+        if ranks and all("evaluation_s" in r for r in ranks):
+            return max(r["evaluation_s"] for r in ranks)
+        return m.get("evaluation_s", 0.0) if len(ranks) <= 1 else float("inf")
+
+    return [m for m in timed(steps) if evaluation(m) < QUIET_EVALUATION_S]
 
 
 def timed(steps: list[dict]) -> list[dict]:
@@ -91,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     tokens = f2["tokens_per_s"] / f1["tokens_per_s"] if f1["tokens_per_s"] else float("nan")
     print(f"ratio {args.workers} workers / 1: steps/s {ratio:.2f}x (target {args.target}x: "
           f"{'met' if ratio >= args.target else 'not met'}), generation tokens/s {tokens:.2f}x")
+    q1, q2 = quiet(one), quiet(two)
+    if q1 and q2:
+        m1, m2 = statistics.median(m["step_s"] for m in q1), statistics.median(m["step_s"] for m in q2)
+        print(f"steps where no rank evaluated for {QUIET_EVALUATION_S} s or more: 1 worker {len(q1)} of "
+              f"{len(timed(one))}, {m1:.2f} s median; {args.workers} workers {len(q2)} of {len(timed(two))}, "
+              f"{m2:.2f} s median; ratio {m1 / m2:.2f}x (apart from the figures above)")  # fmt: skip
     print(f"ranks per step of the {args.workers}-worker run (rank 0's metrics line, gathered from every rank):")
     print("\n".join(rank_lines(two)))
     ok = True

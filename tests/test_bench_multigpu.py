@@ -91,3 +91,31 @@ def test_a_rank_line_names_its_gpu_and_the_static_cache_it_decoded_with():
     assert bench.where({"device": "cuda:0", "gpu": "85283b1f", "static_cache_len": 1100}) == \
         " on cuda:0 (85283b1f), static KV cache of 1100"
     assert bench.where({"samples": 2}) == ""
+
+
+def test_the_quiet_steps_leave_out_a_step_where_any_rank_evaluated_for_long(tmp_path, capsys):
+    """A sample that runs in a sandbox on rank 1 stops rank 0 too at the gather, though rank 0's own
+    evaluation took nothing: the quiet steps go by every rank's evaluation_s, and a several-rank line
+    without it is left out (it says nothing of the other ranks)."""
+
+    def line(step, step_s, evaluations):
+        return {"stage": "grpo", "kind": "step", "step": step, "step_s": step_s, "generation_s": 1.0,
+                "evaluation_s": evaluations[0],
+                "ranks": [{"rank": r, "samples": 2, "generated_tokens": 100, "generation_s": 1.0, "evaluation_s": e,
+                           "step_s": step_s} for r, e in enumerate(evaluations)]}  # fmt: skip
+
+    one, two = MetricsLog(tmp_path / "one.jsonl"), MetricsLog(tmp_path / "two.jsonl")
+    for record in (line(1, 40.0, [0.0]), line(2, 6.0, [0.0]), line(3, 19.0, [12.0]), line(4, 6.2, [0.01])):
+        one.write(record)
+    for record in (line(1, 40.0, [0.0, 0.0]), line(2, 3.0, [0.0, 0.01]), line(3, 14.0, [0.01, 11.0]),
+                   line(4, 3.4, [0.02, 0.0])):  # fmt: skip
+        two.write(record)
+    old = {**line(5, 3.2, [0.0, 0.0])}
+    old["ranks"] = [{k: v for k, v in r.items() if k != "evaluation_s"} for r in old["ranks"]]
+    two.write(old)
+    quiet = bench.quiet(bench.steps_of(str(tmp_path / "two.jsonl")))
+    assert [m["step"] for m in quiet] == [2, 4]
+    assert [m["step"] for m in bench.quiet(bench.steps_of(str(tmp_path / "one.jsonl")))] == [2, 4]
+    assert bench.main(["--one", str(tmp_path / "one.jsonl"), "--two", str(tmp_path / "two.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "1 worker 2 of 3, 6.10 s median; 2 workers 2 of 4, 3.20 s median; ratio 1.91x" in out

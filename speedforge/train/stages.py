@@ -419,7 +419,8 @@ class StepClock:
             return
         record = {**self.pending, **extra}
         mine = {"rank": worker.rank, "samples": len(self.rollouts), "generated_tokens": self.times.generated_tokens,
-                "generation_s": self.times.generation_s, "step_s": self.times.step_s, **self.device}  # fmt: skip
+                "generation_s": self.times.generation_s, "evaluation_s": self.times.evaluation_s,
+                "step_s": self.times.step_s, **self.device}  # fmt: skip
         parts = worker.gather((mine, self.rollouts))
         record["ranks"] = [rank for rank, _ in parts]  # what each worker did this step: all ranks in rank 0's line
         gathered = [r for _, part in parts for r in part]
