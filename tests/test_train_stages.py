@@ -174,6 +174,7 @@ def test_grpo_runs_its_steps_with_rewards_measured_by_the_evaluator(grpo_uninter
         assert 2 <= line["generated_tokens"] <= 2 * 16 and line["generation_tokens_per_s"] > 0  # one batched call
         (rank,) = line["ranks"]  # one worker: its own line of what it did
         assert rank["rank"] == 0 and rank["samples"] == 2 and rank["generated_tokens"] == line["generated_tokens"]
+        assert rank["evaluation_s"] == line["evaluation_s"]  # its own evaluation, which bench_multigpu's quiet steps read
         assert rank["device"] == "cpu"  # where the trainer put the model (on a GPU host: cuda:N and the GPU's UUID)
         assert rank["static_cache_len"] > 16  # the prompt's tokens and the 16 new ones
 
