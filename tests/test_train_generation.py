@@ -209,3 +209,19 @@ def test_gpu_deferred_stop_check_gives_the_same_tokens() -> None:
         with torch.no_grad():
             outputs.append(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config).cpu())
     assert outputs[0].shape == outputs[1].shape and torch.equal(outputs[0], outputs[1])
+
+
+def test_without_bf16_the_static_cache_still_compiles_and_defers_in_float32(monkeypatch) -> None:
+    """A GPU without bf16 trains in float32: no autocast, but the compiled decode and the deferred
+    stop check still apply (they were set up only inside the bf16 wrapper before)."""
+    assert decode_compile_requests(generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False),
+                                   monkeypatch) == [False]  # fmt: skip
+    assert deferred_during_generate(generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False),
+                                    monkeypatch) == [True]  # fmt: skip
+    autocasts = []
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: autocasts.append(a) or contextlib.nullcontext())
+    model = generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False)
+    assert linear_dtypes_during_generate(model, "cpu") == {torch.float32} and autocasts == []
+    generate_under_autocast(tiny_model(), "cuda", compile_decode=True).generate(
+        input_ids=torch.tensor([[1, 2]]), max_new_tokens=1, do_sample=False, pad_token_id=0)  # fmt: skip
+    assert autocasts == [("cuda",)]  # the bf16 default does use it

@@ -239,7 +239,8 @@ def deferred_stop_check(device: str):
         check.is_supported = staticmethod(library_rule)
 
 
-def generate_under_autocast(model, device: str, compile_decode: bool = False, defer_stop: bool | None = None):
+def generate_under_autocast(model, device: str, compile_decode: bool = False, defer_stop: bool | None = None,
+                            autocast: bool = True):  # fmt: skip
     """`model` whose `generate` runs under torch.autocast(bfloat16) on a GPU. The trainers keep
     float32 master weights and train under bf16 autocast, but TRL's GRPOTrainer generates outside
     the training step's autocast context, in the weights' float32 (benchmarks/bench_grpo_generation.py
@@ -254,7 +255,9 @@ def generate_under_autocast(model, device: str, compile_decode: bool = False, de
     (`static_cache_length`), so that a slightly longer prompt does not recompile.
 
     `defer_stop` (default: as `compile_decode`) runs the call under `deferred_stop_check`, so that
-    the host queues the next token step while the device runs this one."""
+    the host queues the next token step while the device runs this one. `autocast=False` (a GPU
+    without bf16, where the trainer runs in float32 too) keeps the weights' dtype and only
+    compiles and defers."""
     import copy
     import functools
 
@@ -275,7 +278,8 @@ def generate_under_autocast(model, device: str, compile_decode: bool = False, de
                 config.max_cache_len = static_cache_length(ids.shape[-1], config.max_new_tokens)
             kwargs["generation_config"] = config
         stop_check = deferred_stop_check(device) if defer else contextlib.nullcontext()
-        with torch.autocast("cuda", dtype=torch.bfloat16), stop_check:
+        mixed = torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        with mixed, stop_check:
             return inner(*args, **kwargs)
 
     model.generate = generate
@@ -697,8 +701,8 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
                           generation_kwargs=generation_kwargs(settings.static_cache),
                           temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
                           scale_rewards=GRPO_SCALE_REWARDS, remove_unused_columns=False, shuffle_dataset=False)  # fmt: skip
-        if args.bf16:
-            generate_under_autocast(model, worker.device, settings.static_cache)  # the step's generate call in bf16, as it trains
+        if args.bf16 or settings.static_cache:  # the step's generate call in bf16 as it trains; compiled with the static cache
+            generate_under_autocast(model, worker.device, settings.static_cache, autocast=args.bf16)
         trainer = GRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
         clock.device = model_device(trainer.model)
