@@ -3,8 +3,9 @@
 build: compile the candidate's module and link it with the installed engine (engine.py) into
 job.build_dir/<module>-<engine fingerprint>/ (run builds it there itself when that is missing).
 
-run: load the candidate extension, then draw everything from the secret seed: the data set,
-and a fresh query set for every (ef, repeat) point. Baseline and candidate each build an index
+run: load the candidate extension, then draw everything from a secret seed drawn in the sandbox
+(speedforge.evaluator.seeds; not the job's, which job.json holds): the data set, and a fresh
+query set for every (ef, repeat) point; the indexes get a seed of their own. Baseline and candidate each build an index
 over the same data and search the same query sets, in random order per point. Only after every
 search has returned are the exact neighbours computed, so no ground truth exists in the process
 while candidate code runs. Checks, in order: ids in range and distinct per row (else
@@ -33,6 +34,7 @@ from speedforge.ann.tasks import AnnTaskSpec, parse_spec
 from speedforge.config import ConfigError
 from speedforge.evaluator import checks, turns
 from speedforge.evaluator.job import Job
+from speedforge.evaluator.seeds import hidden_seed
 
 # Every candidate is C++ linked as the module its task names: it always builds, and the task
 # (its spec) is part of the build key.
@@ -77,7 +79,10 @@ def run(job: Job) -> dict:
         cand_mod = engine.load_extension(extension)
     except (ImportError, OSError) as exc:
         return {"status": "runtime_error", "reason": f"the candidate extension does not load: {exc}"}
-    return measure(spec, base_mod, cand_mod, job.seed)
+    # the data, queries and order from a seed the candidate cannot read (job.json holds job.seed),
+    # and the indexes' own seed, which both engines see, from another
+    return measure(spec, base_mod, cand_mod, hidden_seed(job.seed, job.config.seed, "ann data", bits=62),
+                   index_seed=hidden_seed(job.seed, job.config.seed, "ann index", bits=32))  # fmt: skip
 
 
 def _build_subdir(job: Job, spec: AnnTaskSpec) -> Path:
@@ -96,8 +101,11 @@ def _build_into(job: Job, spec: AnnTaskSpec) -> engine.CandidateBuild | dict:
     return built
 
 
-def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
-    """Build, sweep and check both engines on data drawn from `seed`; a dict of EvalResult fields."""
+def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int, index_seed: int | None = None) -> dict:
+    """Build, sweep and check both engines on data drawn from `seed`; a dict of EvalResult fields.
+    Both indexes are built with `index_seed` (default: `seed`'s low 32 bits), which the engines
+    see: in the sandbox it is unrelated to `seed` (speedforge.evaluator.seeds), so a candidate
+    cannot draw the data or the queries itself."""
     metric = spec.resolved_metric
     space = SyntheticSpace(spec.data.shape, seed, dim=spec.data.dim, distribution=spec.data.distribution)
     data = space.sample(spec.data.n, np.random.default_rng([seed, 1]))
@@ -107,7 +115,8 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int) -> dict:
     for side, mod in (("base", base_mod), ("cand", cand_mod)):
         start = time.perf_counter()
         try:
-            index = mod.Index(space.dim, metric, ix.M, ix.ef_construction, ix.quantization, seed=seed & 0xFFFFFFFF)
+            index = mod.Index(space.dim, metric, ix.M, ix.ef_construction, ix.quantization,
+                              seed=(seed if index_seed is None else index_seed) & 0xFFFFFFFF)  # fmt: skip
             index.build(data, ix.build_threads)
         except Exception as exc:
             if side == "base":

@@ -13,7 +13,14 @@ this (sandboxed) process and measures them:
 - the task's model mode: both models in train or eval mode (`.train()`/`.eval()`), every call
   under no_grad unless the task asks for autograd;
 - fresh inputs from the task's own `get_inputs()` under a secret seed for every trial and every
-  timed pair (created directly on the device), cloned so neither side can corrupt the other;
+  timed pair (created directly on the device), cloned so neither side can corrupt the other.
+  The inputs' seed is not the one the models are built under, which a candidate can read in its
+  constructor (torch.initial_seed()): it is drawn in this process before the candidate loads and
+  kept nowhere else (speedforge.evaluator.seeds), and the inputs are drawn under torch.random.fork_rng, so the
+  global generator a candidate sees carries no trace of it. A candidate that knew it could build
+  every trial's and timed call's inputs in its untimed constructor and answer with stored
+  outputs (tests/adversarial/predicts_inputs_from_seed.py: ok at 1.8-1.95x before). A fixed
+  evaluator seed (config.seed, for reproducing a run) fixes the inputs' seed too;
 - correctness (speedforge.evaluator.correctness): trials with the candidate first, after the
   allocator was filled with NaN, every output through the output checks;
 - timing (speedforge.evaluator.timing, with the CPU's buffer rotation in
@@ -52,6 +59,7 @@ from speedforge.evaluator import checks, fingerprint, phases, process_state, tur
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
+from speedforge.evaluator.seeds import hidden_seed
 from speedforge.evaluator.timing import Timer, pristine_settings
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
@@ -196,7 +204,8 @@ class _Harness:
         self.torch, self.guards, self.job, self.device, self.seed = torch, guards, job, device, seed
         self.config = job.config
         self.is_cuda = device.type == "cuda"
-        self.rng = random.Random(seed ^ 0x5EED)
+        self.input_seed = hidden_seed(seed, self.config.seed, "inputs")  # the inputs' (speedforge.evaluator.seeds)
+        self.rng = random.Random(self.input_seed ^ 0x5EED)  # the pairs' order: unknown to the candidate too
         # captured before the candidate is imported, as the timer uses them
         self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
         self.Event = torch.cuda.Event if self.is_cuda else None
@@ -265,9 +274,10 @@ class _Harness:
 
     def fresh_inputs(self, index: int) -> list:
         torch = self.torch
-        torch.manual_seed(self.seed + 7919 * (index + 1))
-        with torch.device(self.device):
-            inputs = self.get_inputs()
+        with torch.random.fork_rng(devices=[self.device] if self.is_cuda else []):  # the global generator as it was
+            torch.manual_seed(self.input_seed + 7919 * (index + 1))
+            with torch.device(self.device):
+                inputs = self.get_inputs()
         return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
     def clone(self, inputs: list) -> list:
