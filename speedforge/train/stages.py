@@ -219,7 +219,8 @@ def deferred_stop_check(device: str):
         from transformers.generation import utils as generation_utils
 
         check = generation_utils.DeferredStopCheck
-        library_rule = check.__dict__["is_supported"].__func__
+        original = check.__dict__["is_supported"]  # the staticmethod as transformers defines it
+        library_rule = original.__func__
     except (ImportError, AttributeError, KeyError):
         yield
         return
@@ -236,7 +237,7 @@ def deferred_stop_check(device: str):
     try:
         yield
     finally:
-        check.is_supported = staticmethod(library_rule)
+        check.is_supported = original
 
 
 def generate_under_autocast(model, device: str, compile_decode: bool = False, defer_stop: bool | None = None,
