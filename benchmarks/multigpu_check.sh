@@ -132,7 +132,6 @@ if part grpo; then
       gpu_sampler_start "$dir/gpu-samples-w$w.txt"
       timeout --kill-after=15 "$grpo_limit" "${sf[@]}" >"$dir/grpo-w$w.log" 2>&1 || failed+=("grpo-w$w (exit $?)")
       gpu_sampler_stop "$dir/gpu-samples-w$w.txt"
-      [ "$w" = 2 ] && cp "$dir/grpo-w2/work/multigpu/grpo/metrics.jsonl" "$dir/grpo-w2/metrics-before-resume.jsonl" 2>/dev/null
     else
       gpu_sampler_start "$dir/gpu-samples-w2.txt"
       setsid "${sf[@]}" >"$dir/grpo-w2.log" 2>&1 &
@@ -156,9 +155,10 @@ if part grpo; then
   done
   m1=$dir/grpo-w1/work/multigpu/grpo/metrics.jsonl
   m2=$dir/grpo-w2/work/multigpu/grpo/metrics.jsonl
-  if [ -f "$m1" ] && [ -f "$dir/grpo-w2/metrics-before-resume.jsonl" ]; then
-    resumed=(--resumed "$m2" --resumed-step $(( steps + 1 ))); [ "$resume" = true ] || resumed=()
-    $PY benchmarks/bench_multigpu.py --one "$m1" --two "$dir/grpo-w2/metrics-before-resume.jsonl" "${resumed[@]}" \
+  two=$m2; resumed=()  # without the resume, the 2-worker run's own lines
+  [ "$resume" = true ] && { two=$dir/grpo-w2/metrics-before-resume.jsonl; resumed=(--resumed "$m2" --resumed-step $(( steps + 1 ))); }
+  if [ -f "$m1" ] && [ -f "$two" ]; then
+    $PY benchmarks/bench_multigpu.py --one "$m1" --two "$two" "${resumed[@]}" \
       --target 1.7 | tee "$dir/grpo.txt" || failed+=("grpo ranks/resume")
   elif [ -f "$m1" ]; then
     echo "1 worker only: $(tail -n 1 "$m1" | cut -c1-300)" | tee "$dir/grpo.txt"
