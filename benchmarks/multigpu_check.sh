@@ -20,8 +20,10 @@
 # portability run on one pool; with none, MULTIGPU_DEVICE=cpu (the default there): GRPO on 2 gloo
 # CPU workers against 1 on the builtin cpp suite, bench-bound on 1 against 2 CPU bench workers,
 # portability over two CPU pools. CPU figures prove the path, not the speed (2 workers share the cores).
-# Knobs: MULTIGPU_DEVICE (cuda | cpu)  MULTIGPU_STEPS (cuda 8, cpu 2)  MULTIGPU_PROMPTS (cuda 2, cpu 1)
-#   MULTIGPU_GENERATIONS (cuda 8, cpu 2)  MULTIGPU_NEW_TOKENS (cuda 512, cpu 16)  MULTIGPU_MODEL ("" = SmolLM2-135M)
+# Knobs: MULTIGPU_DEVICE (cuda | cpu)  MULTIGPU_STEPS (cuda 8, cpu 2)  MULTIGPU_PROMPTS (cuda 32, cpu 1)
+#   MULTIGPU_GENERATIONS (cuda 8, cpu 2)  MULTIGPU_NEW_TOKENS (cuda 256, cpu 16)
+#   (on cuda, 256 samples a step, 128 a rank on 2 workers: the batch of the figures in benchmarks/RESULTS.md;
+#   at 16 prompts, 64 a rank, a step's fixed costs weigh more and the ratio is lower, 1.34x on two H200s)  MULTIGPU_MODEL ("" = SmolLM2-135M)
 #   MULTIGPU_CORPUS (builtin:cuda | builtin:cpp; or a CUDA-L1 .jsonl)  MULTIGPU_GRPO_TIMEOUT (cuda 1200, cpu 1500 s per run)
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)
 #   PORTABILITY_LIMIT (the first N tasks; cuda 0 = all, cpu 4)
@@ -50,8 +52,8 @@ part() { [[ $parts == *" $1 "* ]]; }
 failed=()
 if [ "$device" = cuda ]; then
   family=cuda; use_gpu=true; workers_max=$(( gpus >= 2 ? 2 : gpus ))
-  steps=${MULTIGPU_STEPS:-8}; prompts=${MULTIGPU_PROMPTS:-2}; generations=${MULTIGPU_GENERATIONS:-8}
-  new_tokens=${MULTIGPU_NEW_TOKENS:-512}; grpo_limit=${MULTIGPU_GRPO_TIMEOUT:-1200}
+  steps=${MULTIGPU_STEPS:-8}; prompts=${MULTIGPU_PROMPTS:-32}; generations=${MULTIGPU_GENERATIONS:-8}
+  new_tokens=${MULTIGPU_NEW_TOKENS:-256}; grpo_limit=${MULTIGPU_GRPO_TIMEOUT:-1200}
   static_cache=${MULTIGPU_STATIC_CACHE:-true}; cpus=4
   echo "multigpu: $gpus GPU(s) here: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
   [ "$gpus" -ge 2 ] || echo "multigpu: fewer than 2 GPUs: only the 1-worker GRPO run and portability on one pool run (no bench-bound, no 2-worker run)"
