@@ -123,9 +123,12 @@ def fail(check_id: str, text: str, log: str = "") -> Verdict:
 # -- guards ---------------------------------------------------------------------------------------
 
 
-def patched_functions(baseline, now: dict[str, int], watched_classes: frozenset[str]) -> str | None:
+def patched_functions(baseline, now: dict[str, int], watched_classes: frozenset[str],
+                      torch_changed: list[str] = ()) -> str | None:  # fmt: skip
+    """`torch_changed`: the callables of torch's modules that changed (guards.changed_torch_functions)."""
     patched = sorted(k for k, v in baseline.functions.items() if now.get(k, v) != v)
     patched += sorted(k for k in now.keys() - baseline.functions.keys() if k.rsplit(".", 1)[0] in watched_classes)
+    patched += sorted(set(torch_changed) - set(patched))
     return named("patched-functions", f"patched functions: {', '.join(patched[:5])}") if patched else None
 
 
@@ -185,7 +188,8 @@ def guard_findings(baseline, device, current_stream, ref_state: dict, cand_state
     """Every guard check against `baseline`, in CHECKS order; what they found, one line each."""
     from speedforge.evaluator import guards
 
-    found = [patched_functions(baseline, guards.function_table(), guards.WATCHED_CLASSES),
+    found = [patched_functions(baseline, guards.function_table(), guards.WATCHED_CLASSES,
+                               guards.changed_torch_functions(baseline.torch_functions)),
              global_settings(baseline, guards.global_settings()),
              *started_from_python(baseline),
              python_threads(baseline),

@@ -57,6 +57,7 @@ def preload() -> None:
     from torch.hub import tqdm
 
     install_generation_tagging_init()
+    _torch_patcher()
     tqdm.monitor_interval = 0
     if torch.cuda.is_initialized():
         raise RuntimeError("CUDA was initialised in the sandbox zygote; forked jobs could not use the GPU")
@@ -65,6 +66,21 @@ def preload() -> None:
     from speedforge.evaluator import child, guards, harness, landlock, namespaces  # noqa: F401
 
     families.names()  # imports every family's module now, not in each job
+
+
+def _torch_patcher() -> None:
+    """What torch.compile's first call rebinds in torch's own modules (dynamo's TorchPatcher: the
+    jit tracers and the fused optimizers wrapped so that dynamo does not trace into them, and
+    torch.distributions' argument validation off), done here, so that the guards' table of
+    torch's functions (speedforge.evaluator.guards.torch_functions) is taken after it. Where this
+    torch has no such patcher, nothing is done."""
+    try:
+        from torch._dynamo.eval_frame import TorchPatcher
+    except ImportError:
+        return
+    patch = getattr(TorchPatcher, "patch", None)
+    if patch is not None:
+        patch()
 
 
 def serve(sock: socket.socket) -> None:
