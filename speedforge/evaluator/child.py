@@ -105,7 +105,7 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
     except BaseException as exc:  # a bug in the harness, not in the candidate
         result = {
             "status": "infra_error",
-            "reason": f"harness error: {type(exc).__name__}: {exc}",
+            "reason": _harness_error(exc, job.config.memory_limit_mb),
             "log": traceback.format_exc()[-4000:],
         }
     result["warnings"] = list(result.get("warnings", [])) + warnings
@@ -118,6 +118,17 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+
+
+def _harness_error(exc: BaseException, memory_limit_mb: int) -> str:
+    """The reason of an infra_error. Out of memory where the harness, not the candidate, allocates
+    (the reference's inputs: KernelBench's current sizes ask 6 GiB for one input of level 1)
+    names the limit to raise."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text:
+        return (f"harness error: out of memory in the sandbox, whose limit is evaluator.memory_limit_mb = "
+                f"{memory_limit_mb} (the task's inputs or reference may need more): {text[:300]}")
+    return f"harness error: {text}"
 
 
 def _profiler():
