@@ -344,5 +344,5 @@ class Baseline:
     def take(device: torch.device) -> "Baseline":
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         starts = install_start_counter()
-        return Baseline(function_table(), torch_functions(), global_settings(), native_threads(), threading.active_count(), stream,
-                        starts, starts())
+        return Baseline(function_table(), torch_functions(), global_settings(), native_threads(),
+                        threading.active_count(), stream, starts, starts())
