@@ -124,11 +124,12 @@ def fail(check_id: str, text: str, log: str = "") -> Verdict:
 
 
 def patched_functions(baseline, now: dict[str, int], watched_classes: frozenset[str],
-                      torch_changed: list[str] = ()) -> str | None:  # fmt: skip
-    """`torch_changed`: the callables of torch's modules that changed (guards.changed_torch_functions)."""
+                      modules_changed: list[str] = ()) -> str | None:  # fmt: skip
+    """`modules_changed`: the callables of torch's and the standard library's modules that changed
+    (guards.changed_module_functions)."""
     patched = sorted(k for k, v in baseline.functions.items() if now.get(k, v) != v)
     patched += sorted(k for k in now.keys() - baseline.functions.keys() if k.rsplit(".", 1)[0] in watched_classes)
-    patched += sorted(set(torch_changed) - set(patched))
+    patched += sorted(set(modules_changed) - set(patched))
     return named("patched-functions", f"patched functions: {', '.join(patched[:5])}") if patched else None
 
 
@@ -189,7 +190,7 @@ def guard_findings(baseline, device, current_stream, ref_state: dict, cand_state
     from speedforge.evaluator import guards
 
     found = [patched_functions(baseline, guards.function_table(), guards.WATCHED_CLASSES,
-                               guards.changed_torch_functions(baseline.torch_functions)),
+                               guards.changed_module_functions(baseline.module_functions)),
              global_settings(baseline, guards.global_settings()),
              *started_from_python(baseline),
              python_threads(baseline),

@@ -105,30 +105,41 @@ def function_table() -> dict[str, int]:
     return table
 
 
-def torch_functions() -> list[tuple[str, dict, dict[str, object]]]:
-    """Every callable of every torch module loaded now, the module's namespace beside it: (name,
-    namespace, {attribute: callable}). The few modules `function_table` names are not all the
-    reference reaches at call time: torch.nn.functional looks its kernels up in torch._C._nn
-    on every call (F.leaky_relu calls torch._C._nn.leaky_relu), nn.Module's call asks
-    torch._C._get_tracing_state, the recurrent modules call through torch._VF. A candidate that
-    swapped one for a slower function of its own (keeping the original for itself) would time
-    the reference through it: ok at 1.41x for the reference's own work, under the pristine
-    tripwire's limit. So no list: every module named torch or torch.* (torch._C's submodules are
-    in sys.modules so) is watched, by its namespace (`vars`, which loads nothing lazily), each
-    callable held, so that identity is compared, not an id a new object could reuse. A module
-    gains attributes as torch loads lazily; only a changed or deleted entry counts. What
-    torch.compile rebinds on first use (TorchPatcher) is set up in the zygote, before this."""
+def _watched_module(name: str) -> bool:
+    """torch's modules and the standard library's (builtins among them): what the reference's
+    code reaches at call time besides its own."""
+    top = name.split(".", 1)[0]
+    return top == "torch" or top in sys.stdlib_module_names
+
+
+def module_functions() -> list[tuple[str, dict, dict[str, object]]]:
+    """Every callable of every module of torch's and of the standard library's loaded now, the
+    module's namespace beside it: (name, namespace, {attribute: callable}). The few modules
+    `function_table` names are not all the reference reaches at call time: torch.nn.functional
+    looks its kernels up in torch._C._nn on every call (F.leaky_relu calls
+    torch._C._nn.leaky_relu), nn.Module's call asks torch._C._get_tracing_state, an
+    nn.ModuleList's indexing calls the builtins len and isinstance. A candidate that swapped one
+    for a slower function of its own (keeping the original for itself) would time the reference
+    through it: ok at 1.41x and 1.50x for the reference's own work, under the pristine tripwire's
+    limit. So no list of names: every such module (torch._C's submodules are in sys.modules too)
+    is watched, by its namespace (`vars`, which loads nothing lazily), each callable held, so
+    that identity is compared, not an id a new object could reuse. A module gains attributes as
+    it loads lazily; only a changed or deleted entry counts. What torch.compile rebinds on first
+    use (TorchPatcher) is set up in the zygote, before this; in a process that then compiled,
+    scripted, traced, ran an LSTM, warned and called numpy, none of the 52,000 callables of all
+    its modules changed. Third-party modules (numpy, triton, sympy) are left out: they are no
+    KernelBench reference's, and what they rebind lazily is theirs to know."""
     found = []
     for name, module in list(sys.modules.items()):
-        if isinstance(module, types.ModuleType) and (name == "torch" or name.startswith("torch.")):
+        if isinstance(module, types.ModuleType) and _watched_module(name):
             namespace = vars(module)
             found.append((name, namespace, {attr: value for attr, value in list(namespace.items())
                                             if callable(value) and not isinstance(value, types.ModuleType)}))
     return found
 
 
-def changed_torch_functions(baseline: list[tuple[str, dict, dict[str, object]]]) -> list[str]:
-    """The entries of `torch_functions()`'s table that changed or went since it was taken."""
+def changed_module_functions(baseline: list[tuple[str, dict, dict[str, object]]]) -> list[str]:
+    """The entries of `module_functions()`'s table that changed or went since it was taken."""
     missing = object()
     return [f"{name}.{attr}" for name, namespace, entries in baseline for attr, value in entries.items()
             if namespace.get(attr, missing) is not value]
@@ -332,7 +343,7 @@ def child_pids() -> list[int]:
 @dataclasses.dataclass
 class Baseline:
     functions: dict[str, int]
-    torch_functions: list[tuple[str, dict, dict[str, object]]]
+    module_functions: list[tuple[str, dict, dict[str, object]]]
     settings: dict[str, object]
     threads: dict[int, str]  # tid -> name
     python_threads: int
@@ -344,5 +355,5 @@ class Baseline:
     def take(device: torch.device) -> "Baseline":
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         starts = install_start_counter()
-        return Baseline(function_table(), torch_functions(), global_settings(), native_threads(),
+        return Baseline(function_table(), module_functions(), global_settings(), native_threads(),
                         threading.active_count(), stream, starts, starts())

@@ -36,8 +36,8 @@ RULES = (
     Rule("no-model-new", "defines no ModelNew (class or name): nothing to evaluate", True, "runtime_error: no ModelNew"),
     Rule("reference-fallback", "falls back to the reference Model", True, "it is timed as the reference: no speedup"),
     Rule("patch", "patches a module's functions (the timer or the check would lie)", True,
-         "function tables of time, every torch module loaded, torch.cuda.Event and the evaluator's own modules and "
-         "classes compared after every phase; speedforge's modules sealed",
+         "function tables of every module of torch and of the standard library loaded, torch.cuda.Event and the "
+         "evaluator's own modules and classes compared after every phase; speedforge's modules sealed",
          r"\b(?:cudaError_t|CUresult)\s+(?:\w+\s+)?(?:cudaEvent\w*|cuEvent\w*|cudaStreamSynchronize"
          r"|cudaDeviceSynchronize|cuStreamSynchronize|cuCtxSynchronize)\s*\("),
     Rule("threads", "threads (work can finish after the timer stops)", True,

@@ -72,7 +72,7 @@ def _torch_patcher() -> None:
     """What torch.compile's first call rebinds in torch's own modules (dynamo's TorchPatcher: the
     jit tracers and the fused optimizers wrapped so that dynamo does not trace into them, and
     torch.distributions' argument validation off), done here, so that the guards' table of
-    torch's functions (speedforge.evaluator.guards.torch_functions) is taken after it. Where this
+    module functions (speedforge.evaluator.guards.module_functions) is taken after it. Where this
     torch has no such patcher, nothing is done."""
     try:
         from torch._dynamo.eval_frame import TorchPatcher
