@@ -129,7 +129,7 @@ def patched_functions(baseline, now: dict[str, int], watched_classes: frozenset[
     (guards.changed_module_functions)."""
     patched = sorted(k for k, v in baseline.functions.items() if now.get(k, v) != v)
     patched += sorted(k for k in now.keys() - baseline.functions.keys() if k.rsplit(".", 1)[0] in watched_classes)
-    patched += sorted(set(modules_changed) - set(patched))
+    patched += sorted(modules_changed)
     return named("patched-functions", f"patched functions: {', '.join(patched[:5])}") if patched else None
 
 

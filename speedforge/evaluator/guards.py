@@ -22,18 +22,14 @@ import dataclasses
 import os
 import sys
 import threading
-import time
 import types
 
 import torch
 
-def _watched_objects() -> dict[str, object]:
+def _watched_classes() -> dict[str, type]:
+    """The classes whose methods the timer and the checks call (their modules' functions are in
+    `module_functions`' table, with every module of torch's and the standard library's)."""
     return {
-        "time": time,
-        "torch": torch,
-        "torch.cuda": torch.cuda,
-        "torch.nn.functional": torch.nn.functional,
-        "torch.testing": torch.testing,
         "torch.Tensor": torch.Tensor,
         "torch._C.TensorBase": torch._C.TensorBase,
         "torch.nn.Module": torch.nn.Module,
@@ -43,8 +39,8 @@ def _watched_objects() -> dict[str, object]:
 
 # A callable added to a watched class shadows what it inherits (torch.Tensor.all is
 # TensorBase.all until assigned), so on classes a new entry counts as a patch. Modules gain
-# attributes of their own as torch loads lazily, so there only changed entries do.
-WATCHED_CLASSES = frozenset(name for name, obj in _watched_objects().items() if isinstance(obj, type))
+# attributes of their own as they load lazily, so there only changed entries do.
+WATCHED_CLASSES = frozenset(_watched_classes())
 
 
 HARNESS = "speedforge.evaluator"
@@ -91,15 +87,11 @@ def seal_harness() -> None:
 
 
 def function_table() -> dict[str, int]:
-    """id() of every callable attribute of the watched modules and classes, and of the evaluator's
-    own modules and classes."""
+    """id() of every callable attribute of the watched classes, and of the evaluator's own modules
+    and classes."""
     table: dict[str, int] = {}
-    for prefix, obj in {**_watched_objects(), **_harness_objects()}.items():
-        if isinstance(obj, type) or prefix.startswith(HARNESS):
-            namespace = dict(vars(obj))
-        else:
-            namespace = {n: getattr(obj, n, None) for n in dir(obj)}
-        for name, value in namespace.items():
+    for prefix, obj in {**_watched_classes(), **_harness_objects()}.items():
+        for name, value in dict(vars(obj)).items():
             if callable(value) and not isinstance(value, types.ModuleType):
                 table[f"{prefix}.{name}"] = id(value)
     return table
@@ -114,8 +106,9 @@ def _watched_module(name: str) -> bool:
 
 def module_functions() -> list[tuple[str, dict, dict[str, object]]]:
     """Every callable of every module of torch's and of the standard library's loaded now, the
-    module's namespace beside it: (name, namespace, {attribute: callable}). The few modules
-    `function_table` names are not all the reference reaches at call time: torch.nn.functional
+    module's namespace beside it: (name, namespace, {attribute: callable}). A list of modules (it
+    was time, torch, torch.cuda, torch.nn.functional and torch.testing) is not all the reference
+    reaches at call time: torch.nn.functional
     looks its kernels up in torch._C._nn on every call (F.leaky_relu calls
     torch._C._nn.leaky_relu), nn.Module's call asks torch._C._get_tracing_state, an
     nn.ModuleList's indexing calls the builtins len and isinstance. A candidate that swapped one
