@@ -130,12 +130,13 @@ finally:
         json.dump(trials, f)
 """
 
-def select(jsonl: Path, levels: set[int], every: int, limit: int) -> list[dict]:
-    """The corpus: rows with a custom kernel, of the given levels, ordered, every k-th."""
+def select(jsonl: Path, levels: set[int], every: int, limit: int, offset: int = 0) -> list[dict]:
+    """The corpus: rows with a custom kernel, of the given levels, ordered, every k-th from the
+    offset-th (another offset: kernels no earlier sample of the same k took)."""
     rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["level_id"] in levels and r.get("custom_code") not in (None, "", "None")]
     rows.sort(key=lambda r: (r["level_id"], r["task_id"]))
-    rows = rows[::every]
+    rows = rows[offset::every]
     return rows[:limit] if limit else rows
 
 
@@ -759,6 +760,8 @@ def main() -> int:
     parser.add_argument("--direct", action="store_true",
                         help="speedforge step: the evaluator's functions without Ray (builds in worker processes)")
     parser.add_argument("--every", type=int, default=3, help="take every k-th kernel (default 3)")
+    parser.add_argument("--offset", type=int, default=0,
+                        help="start the every-k-th sample at this kernel (default 0; 0 <= offset < --every)")
     parser.add_argument("--limit", type=int, default=0, help="at most N kernels (0: all selected)")
     parser.add_argument("--pool", default="", help="speedforge pool (default: from the GPU's name)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="CUDA-L1 harness time limit per kernel")
@@ -779,7 +782,9 @@ def main() -> int:
         if not path.exists():
             raise SystemExit(f"not found: {path} (see ../shared/data/README.md)")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = select(args.jsonl, {int(x) for x in args.levels.split(",")}, args.every, args.limit)
+    if not 0 <= args.offset < args.every:
+        parser.error(f"--offset must be at least 0 and below --every ({args.every})")
+    rows = select(args.jsonl, {int(x) for x in args.levels.split(",")}, args.every, args.limit, args.offset)
     if not args.run_label.replace("-", "").replace("_", "").isalnum():
         raise SystemExit(f"--run-label {args.run_label!r}: letters, digits, - and _ only")
     rows = choose(rows, args)

@@ -299,3 +299,15 @@ def test_turn_lines_split_held_into_the_pristine_and_main_turns(bench):
     assert bench.turn_lines(old) == ["  of it the runs' sandboxes: 195 s in all; the device held (correctness, timing) "
                                      "92 s, waited for 95 s, prepared without it 8 s (beside another run's turn "
                                      "where they overlap)"]  # fmt: skip
+
+
+def test_an_offset_samples_kernels_no_earlier_sample_of_that_step_took(bench, tmp_path):
+    rows = [{"level_id": level, "task_id": task, "custom_code": "x"} for level in (1, 2) for task in range(1, 6)]
+    rows.append({"level_id": 1, "task_id": 9, "custom_code": "None"})  # no kernel: never selected
+    corpus = tmp_path / "a100.jsonl"
+    write(corpus, rows)
+    first = [bench.key(r) for r in bench.select(corpus, {1, 2}, 3, 0)]
+    second = [bench.key(r) for r in bench.select(corpus, {1, 2}, 3, 0, offset=1)]
+    assert first == ["cuda-l1/level1/1", "cuda-l1/level1/4", "cuda-l1/level2/2", "cuda-l1/level2/5"]
+    assert second == ["cuda-l1/level1/2", "cuda-l1/level1/5", "cuda-l1/level2/3"]
+    assert not set(first) & set(second)

@@ -10,7 +10,13 @@
 #                          REPEATS sandboxes, 5) until REPEAT_UNTIL (500 s); the report
 #   fidelity.sh l2off      speedforge cold again with evaluator.l2_flush_mb: 0 (CUDA-L1 flushes no L2),
 #                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
-# FID_EVERY (9: every 9th kernel of levels 1-3, 25 kernels). Results: $OUT/fid-N.tgz and report.txt.
+#   fidelity.sh session    a whole warm machine's run, to be detached (detach.sh) and awaited (await.sh
+#                          fid SECONDS /tmp/fidpack): the GPU tests (test_evaluator_gpu.py); speedforge
+#                          cold; CUDA-L1 on the kernels speedforge accepted until L1_UNTIL (1250 s); the
+#                          repeat step until REPEAT_UNTIL (1550 s); the report. Files in /tmp/fidpack.
+# FID_EVERY (9: every 9th kernel of levels 1-3, 25 kernels), FID_OFFSET (0: the sample's first kernel;
+# another offset takes kernels no earlier sample of the same FID_EVERY took). Results: $OUT/fid-N.tgz
+# and report.txt.
 # On a machine of more GPUs and cores, keep to one of each kind's: `CUDA_VISIBLE_DEVICES=0 taskset -c 0-15
 # bash benchmarks/device/fidelity.sh 1` (an install by install.sh serves: .fid needs only a100.jsonl and eval_cuda.py).
 set -u
@@ -25,7 +31,11 @@ if [ "${1:-}" = pack ]; then
   grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
   du -sh .fid; exit 0
 fi
-call=${1:?usage: fidelity.sh pack|1|2|l2off}
+call=${1:?usage: fidelity.sh pack|1|2|l2off|session}
+if [ "$call" = session ] && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree: run from a copy
+  rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh session
+fi
+[ "$call" = session ] && { export OUT=/tmp/fidpack; mkdir -p $OUT; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site
 if [ ! -d /tmp/site/ray ]; then
   mkdir -p /tmp/site && xz -dc .fid/ray-*-trimmed.tar.xz | tar xf - -C /tmp/site \
@@ -39,7 +49,7 @@ if [ "$call" = l2off ]; then  # a folder of its own, with the CUDA-L1 runs so fa
   mkdir -p /tmp/fid-l2off && cp -n $fid/cuda_l1*.jsonl /tmp/fid-l2off/ 2>/dev/null
   fid=/tmp/fid-l2off
 fi
-F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}")
+F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}" --offset "${FID_OFFSET:-0}")
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
 save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
@@ -50,6 +60,12 @@ elif [ "$call" = 1 ]; then
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
   b=$(left 470); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
   b=$(left 550); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted; save
+elif [ "$call" = session ]; then
+  timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_evaluator_gpu.py >$OUT/gpu_tests.txt 2>&1
+  echo "pytest exit $? after $SECONDS s" >>$OUT/gpu_tests.txt; tail -n 3 $OUT/gpu_tests.txt
+  [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
+  b=$(left "${L1_UNTIL:-1250}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
+  b=$(left "${REPEAT_UNTIL:-1550}"); [ "$b" -gt 30 ] && "${F[@]}" repeat --repeats "${REPEATS:-3}" --budget-s "$b"; save
 else
   b=$(left "${REST_UNTIL:-250}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b"; save
   b=$(left "${REPEAT_UNTIL:-500}"); [ "$b" -gt 30 ] && "${F[@]}" repeat --repeats "${REPEATS:-5}" --budget-s "$b"; save

@@ -90,7 +90,8 @@ class ProgressView:
         if self.live is not None:
             self.live.update(self.render(progress))
             return
-        line = " | ".join(f"{p.pool}: {p.done}/{p.submitted} done, {p.ok} ok, {p.skipped} skipped"
+        line = " | ".join(f"{p.pool}: {p.done}/{p.submitted} done, {p.ok} ok, {p.skipped} skipped "
+                          f"({p.building} building, {p.queued} queued, {p.running} running)"
                           for p in progress.pools)  # fmt: skip
         if line != self.last_line:
             print(f"[{progress.elapsed_s:7.1f}s] {line}", file=sys.stderr, flush=True)
