@@ -10,6 +10,7 @@
 #                          REPEATS sandboxes, 5) until REPEAT_UNTIL (500 s); the report
 #   fidelity.sh l2off      speedforge cold again with evaluator.l2_flush_mb: 0 (CUDA-L1 flushes no L2),
 #                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
+#   fidelity.sh overhead   bench_overhead.py on CUDA-L1's kernels (OVERHEAD_ARGS, e.g. "--n 12 --profile")
 #   fidelity.sh session    a whole warm machine's run, to be detached (detach.sh) and awaited (await.sh
 #                          fid SECONDS /tmp/fidpack): the GPU tests (test_evaluator_gpu.py); speedforge
 #                          cold; CUDA-L1 on the kernels speedforge accepted until L1_UNTIL (1250 s); the
@@ -31,7 +32,7 @@ if [ "${1:-}" = pack ]; then
   grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
   du -sh .fid; exit 0
 fi
-call=${1:?usage: fidelity.sh pack|1|2|l2off|session}
+call=${1:?usage: fidelity.sh pack|1|2|l2off|session|overhead}
 if [ "$call" = session ] && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree: run from a copy
   rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh session
 fi
@@ -53,7 +54,10 @@ F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --har
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
 save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
-if [ "$call" = l2off ]; then
+if [ "$call" = overhead ]; then  # where a run's time goes on the GPU (bench_overhead.py), OVERHEAD_ARGS added
+  python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 --corpus .fid/a100.jsonl ${OVERHEAD_ARGS:-} \
+    >"${OUT:-/tmp}/overhead.txt" 2>&1; tail -n 60 "${OUT:-/tmp}/overhead.txt"; exit 0
+elif [ "$call" = l2off ]; then
   printf 'evaluator:\n  l2_flush_mb: 0\n' >/tmp/fid-l2off.yaml
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-l2off.yaml; save
 elif [ "$call" = 1 ]; then
