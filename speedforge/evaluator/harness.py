@@ -16,8 +16,8 @@ this (sandboxed) process and measures them:
   timed pair (created directly on the device), cloned so neither side can corrupt the other.
   The inputs' seed is not the one the models are built under, which a candidate can read in its
   constructor (torch.initial_seed()): it is drawn in this process before the candidate loads and
-  kept nowhere else (speedforge.evaluator.seeds), and the inputs are drawn under torch.random.fork_rng, so the
-  global generator a candidate sees carries no trace of it. A candidate that knew it could build
+  kept nowhere else (speedforge.evaluator.seeds), and each draw saves and restores the generators it
+  seeds (`fresh_inputs`), so the global generator a candidate sees carries no trace of it. A candidate that knew it could build
   every trial's and timed call's inputs in its untimed constructor and answer with stored
   outputs (tests/adversarial/predicts_inputs_from_seed.py: ok at 1.8-1.95x before). A fixed
   evaluator seed (config.seed, for reproducing a run) fixes the inputs' seed too;
@@ -210,6 +210,10 @@ class _Harness:
         self.sync = torch.cuda.synchronize if self.is_cuda else (lambda *a: None)
         self.Event = torch.cuda.Event if self.is_cuda else None
         self.current_stream = torch.cuda.current_stream if self.is_cuda else None
+        # the generators the inputs are drawn from (`fresh_inputs`): the CPU's now, this GPU's at the first
+        # inputs, drawn before the candidate is imported; seeded through these objects, never through
+        # a module attribute a candidate could have pointed at a generator of its own
+        self.generators = [torch.default_generator]
         self.training = job.task.mode == "train"
         self.state = {"ref": process_state.capture()}  # the reference's process state; the candidate's once it loads
         self.active = "ref"  # whose state is in effect
@@ -273,11 +277,29 @@ class _Harness:
         return model
 
     def fresh_inputs(self, index: int) -> list:
+        """The inputs of draw `index`, from the hidden input seed, the generators left as they were.
+
+        Seeded, saved and restored through the generator objects themselves, kept before the
+        candidate is imported (`generators`): torch.manual_seed and torch.random.fork_rng reach the
+        CPU's generator through module attributes a candidate can point at a generator of its own
+        (tests/adversarial/swaps_the_default_generator.py), and torch.manual_seed also seeds every
+        other device type's (xpu, mps), each first recording the Python stack: 1.3 ms of every
+        timed pair on an H100 host (benchmarks/RESULTS.md)."""
         torch = self.torch
-        with torch.random.fork_rng(devices=[self.device] if self.is_cuda else []):  # the global generator as it was
-            torch.manual_seed(self.input_seed + 7919 * (index + 1))
+        if self.is_cuda and len(self.generators) == 1:  # the first draw, before the candidate is imported
+            torch.cuda.init()
+            gpu = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            self.generators.append(torch.cuda.default_generators[gpu])
+        seed = self.input_seed + 7919 * (index + 1)
+        saved = [generator.get_state() for generator in self.generators]
+        try:
+            for generator in self.generators:
+                generator.manual_seed(seed)
             with torch.device(self.device):
                 inputs = self.get_inputs()
+        finally:
+            for generator, state in zip(self.generators, saved):
+                generator.set_state(state)
         return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
     def clone(self, inputs: list) -> list:
