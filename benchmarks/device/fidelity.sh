@@ -10,6 +10,7 @@
 #                          REPEATS sandboxes, 5) until REPEAT_UNTIL (500 s); the report
 #   fidelity.sh l2off      speedforge cold again with evaluator.l2_flush_mb: 0 (CUDA-L1 flushes no L2),
 #                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
+#   fidelity.sh ab         bench_overhead.py on AB_OLD's speedforge and this tree's, alternated, one cache
 #   fidelity.sh overhead   bench_overhead.py on CUDA-L1's kernels (OVERHEAD_ARGS, e.g. "--n 12 --profile")
 #   fidelity.sh session    a whole warm machine's run, to be detached (detach.sh) and awaited (await.sh
 #                          fid SECONDS /tmp/fidpack): the GPU tests (test_evaluator_gpu.py); speedforge
@@ -32,7 +33,7 @@ if [ "${1:-}" = pack ]; then
   grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
   du -sh .fid; exit 0
 fi
-call=${1:?usage: fidelity.sh pack|1|2|l2off|session|overhead}
+call=${1:?usage: fidelity.sh pack|1|2|l2off|session|overhead|ab}
 if [ "$call" = session ] && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree: run from a copy
   rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh session
 fi
@@ -54,7 +55,20 @@ F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --har
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
 save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
-if [ "$call" = overhead ]; then  # where a run's time goes on the GPU (bench_overhead.py), OVERHEAD_ARGS added
+if [ "$call" = ab ]; then  # bench_overhead.py on AB_OLD (a folder with another revision's speedforge package)
+  # and on this tree, alternated AB_ROUNDS (2) times on one cache (warm runs: the harness's own time)
+  mkdir -p /tmp/ab-cache
+  for round in $(seq "${AB_ROUNDS:-2}"); do
+    for side in old new; do
+      path=$PWD; [ $side = old ] && path=$PWD/${AB_OLD:?AB_OLD: a folder holding the other speedforge package}
+      PYTHONPATH=$path:/tmp/site python3 -c 'import speedforge; print("speedforge from", speedforge.__file__)'
+      PYTHONPATH=$path:/tmp/site python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 \
+        --corpus .fid/a100.jsonl --cache-dir /tmp/ab-cache ${OVERHEAD_ARGS:-} >"$OUT/ab-$side-$round.txt" 2>&1
+      grep -A30 "frequent calls" "$OUT/ab-$side-$round.txt" | head -12
+    done
+  done
+  exit 0
+elif [ "$call" = overhead ]; then  # where a run's time goes on the GPU (bench_overhead.py), OVERHEAD_ARGS added
   python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 --corpus .fid/a100.jsonl ${OVERHEAD_ARGS:-} \
     >"${OUT:-/tmp}/overhead.txt" 2>&1; tail -n 60 "${OUT:-/tmp}/overhead.txt"; exit 0
 elif [ "$call" = l2off ]; then
@@ -65,8 +79,10 @@ elif [ "$call" = 1 ]; then
   b=$(left 470); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
   b=$(left 550); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted; save
 elif [ "$call" = session ]; then
-  timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_evaluator_gpu.py >$OUT/gpu_tests.txt 2>&1
-  echo "pytest exit $? after $SECONDS s" >>$OUT/gpu_tests.txt; tail -n 3 $OUT/gpu_tests.txt
+  if [ "${SESSION_GPU_TESTS:-1}" = 1 ]; then
+    timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_evaluator_gpu.py >$OUT/gpu_tests.txt 2>&1
+    echo "pytest exit $? after $SECONDS s" >>$OUT/gpu_tests.txt; tail -n 3 $OUT/gpu_tests.txt
+  fi
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
   b=$(left "${L1_UNTIL:-1250}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
   b=$(left "${REPEAT_UNTIL:-1550}"); [ "$b" -gt 30 ] && "${F[@]}" repeat --repeats "${REPEATS:-3}" --budget-s "$b"; save
