@@ -466,7 +466,7 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
                   "reasons": [r.reason[:300] for r in runs],
                   "warnings": [[w[:300] for w in r.warnings] for r in runs],
                   "ref_us": [r.ref_us for r in runs], "cand_us": [r.cand_us for r in runs],
-                  "unstable": [r.unstable for r in runs],
+                  "unstable": [r.unstable for r in runs], "stopped_early": [r.stopped_early for r in runs],
                   "overhead_s": [r.wall_s - r.build_s - r.timed_s for r in runs],
                   "wall_s": [r.wall_s for r in runs], "timed_calls": [r.timed_calls for r in runs]}  # fmt: skip
         append_jsonl(out, record)
@@ -574,9 +574,12 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         for kernel, r in repeats.items():  # the target: no kernel above 5% without an `unstable` mark
             ok = [s for s in r["speedups"] if s]
             if len(ok) >= 2 and _cv(ok) > 0.05:
+                # stopped early: timed only until its interval lay wholly below early_stop_below, a mark too
+                early = r.get("stopped_early") or [False] * len(r["speedups"])
                 marked = sum(1 for u in r.get("unstable", []) if u)
-                print(f"  {kernel}: CV {_cv(ok):.2%} over {len(ok)} sandboxes, {marked} marked unstable"
-                      f"{'' if marked else ' (above 5% with no unstable mark)'}")
+                stopped = sum(1 for e in early if e)
+                print(f"  {kernel}: CV {_cv(ok):.2%} over {len(ok)} sandboxes, {marked} marked unstable, {stopped} "
+                      f"stopped early{'' if marked or stopped else ' (above 5% with no unstable mark)'}")
 
 
 def agreement(ratios: list[float]) -> dict | None:

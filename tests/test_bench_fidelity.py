@@ -311,3 +311,21 @@ def test_an_offset_samples_kernels_no_earlier_sample_of_that_step_took(bench, tm
     assert first == ["cuda-l1/level1/1", "cuda-l1/level1/4", "cuda-l1/level2/2", "cuda-l1/level2/5"]
     assert second == ["cuda-l1/level1/2", "cuda-l1/level1/5", "cuda-l1/level2/3"]
     assert not set(first) & set(second)
+
+
+def test_a_repeat_above_5_percent_is_flagged_unless_marked_unstable_or_stopped_early(bench, out, capsys):
+    write(out / "repeat.jsonl", [
+        {"key": K1, "statuses": ["ok"] * 3, "speedups": [1.0, 1.2, 0.9], "unstable": [False] * 3, "overhead_s": [1.0] * 3},
+        {"key": K2, "statuses": ["ok"] * 3, "speedups": [0.40, 0.36, 0.39], "unstable": [False] * 3,
+         "stopped_early": [True] * 3, "overhead_s": [1.0] * 3},
+        {"key": K3, "statuses": ["ok"] * 3, "speedups": [1.5, 1.8, 1.6], "unstable": [True, False, False],
+         "overhead_s": [1.0] * 3},
+        {"key": K4, "statuses": ["ok"] * 3, "speedups": [1.3, 1.31, 1.29], "unstable": [False] * 3, "overhead_s": [1.0] * 3},
+    ])  # fmt: skip
+    bench.report(argparse.Namespace(out=out), ROWS)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "sandboxes," in line]
+    assert len(lines) == 3  # K4's CV is under 5%
+    assert lines[0].startswith(f"  {K1}: CV") and lines[0].endswith("0 marked unstable, 0 stopped early (above 5% with "
+                                                                      "no unstable mark)")  # fmt: skip
+    assert lines[1].endswith("0 marked unstable, 3 stopped early")
+    assert lines[2].endswith("1 marked unstable, 0 stopped early")
