@@ -61,7 +61,7 @@ if [ "$call" = ab ]; then  # bench_overhead.py on AB_OLD (a folder with another 
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for side in old new; do
       path=$PWD; [ $side = old ] && path=$PWD/${AB_OLD:?AB_OLD: a folder holding the other speedforge package}
-      PYTHONPATH=$path:/tmp/site python3 -c 'import speedforge; print("speedforge from", speedforge.__file__)'
+      (cd /tmp && PYTHONPATH=$path:/tmp/site python3 -c 'import speedforge; print("speedforge from", speedforge.__file__)')
       PYTHONPATH=$path:/tmp/site python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 \
         --corpus .fid/a100.jsonl --cache-dir /tmp/ab-cache ${OVERHEAD_ARGS:-} >"$OUT/ab-$side-$round.txt" 2>&1
       grep -A30 "frequent calls" "$OUT/ab-$side-$round.txt" | head -12
