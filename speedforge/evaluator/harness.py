@@ -17,9 +17,11 @@ this (sandboxed) process and measures them:
   The inputs' seed is not the one the models are built under, which a candidate can read in its
   constructor (torch.initial_seed()): it is drawn in this process before the candidate loads and
   kept nowhere else (speedforge.evaluator.seeds), and each draw saves and restores the generators it
-  seeds (`fresh_inputs`), so the global generator a candidate sees carries no trace of it. A candidate that knew it could build
-  every trial's and timed call's inputs in its untimed constructor and answer with stored
-  outputs (tests/adversarial/predicts_inputs_from_seed.py: ok at 1.8-1.95x before). A fixed
+  seeds (`fresh_inputs`), so the global generator a candidate sees carries no trace of it. A
+  candidate that knew it could build every trial's and timed call's inputs in its untimed
+  constructor and answer with stored outputs (tests/adversarial/predicts_inputs_from_seed.py: ok
+  at 1.8-1.95x before; swaps_the_default_generator.py, whose decoy generator the old draw seeded:
+  ok at 2.62x). A fixed
   evaluator seed (config.seed, for reproducing a run) fixes the inputs' seed too;
 - correctness (speedforge.evaluator.correctness): trials with the candidate first, after the
   allocator was filled with NaN, every output through the output checks;
