@@ -55,6 +55,7 @@ F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --har
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
 save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
+OVERHEAD=(python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 --corpus .fid/a100.jsonl)
 if [ "$call" = ab ]; then  # bench_overhead.py on AB_OLD (a folder with another revision's speedforge package)
   # and on this tree, alternated AB_ROUNDS (2) times on one cache (warm runs: the harness's own time)
   mkdir -p /tmp/ab-cache
@@ -62,15 +63,14 @@ if [ "$call" = ab ]; then  # bench_overhead.py on AB_OLD (a folder with another 
     for side in old new; do
       path=$PWD; [ $side = old ] && path=$PWD/${AB_OLD:?AB_OLD: a folder holding the other speedforge package}
       (cd /tmp && PYTHONPATH=$path:/tmp/site python3 -c 'import speedforge; print("speedforge from", speedforge.__file__)')
-      PYTHONPATH=$path:/tmp/site python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 \
-        --corpus .fid/a100.jsonl --cache-dir /tmp/ab-cache ${OVERHEAD_ARGS:-} >"$OUT/ab-$side-$round.txt" 2>&1
+      PYTHONPATH=$path:/tmp/site "${OVERHEAD[@]}" --cache-dir /tmp/ab-cache ${OVERHEAD_ARGS:-} \
+        >"$OUT/ab-$side-$round.txt" 2>&1
       grep -A30 "frequent calls" "$OUT/ab-$side-$round.txt" | head -12
     done
   done
   exit 0
 elif [ "$call" = overhead ]; then  # where a run's time goes on the GPU (bench_overhead.py), OVERHEAD_ARGS added
-  python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 --corpus .fid/a100.jsonl ${OVERHEAD_ARGS:-} \
-    >"${OUT:-/tmp}/overhead.txt" 2>&1; tail -n 60 "${OUT:-/tmp}/overhead.txt"; exit 0
+  "${OVERHEAD[@]}" ${OVERHEAD_ARGS:-} >"${OUT:-/tmp}/overhead.txt" 2>&1; tail -n 60 "${OUT:-/tmp}/overhead.txt"; exit 0
 elif [ "$call" = l2off ]; then
   printf 'evaluator:\n  l2_flush_mb: 0\n' >/tmp/fid-l2off.yaml
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-l2off.yaml; save

@@ -108,10 +108,9 @@ def module_functions() -> list[tuple[str, dict, dict[str, object]]]:
     """Every callable of every module of torch's and of the standard library's loaded now, the
     module's namespace beside it: (name, namespace, {attribute: callable}). A list of modules (it
     was time, torch, torch.cuda, torch.nn.functional and torch.testing) is not all the reference
-    reaches at call time: torch.nn.functional
-    looks its kernels up in torch._C._nn on every call (F.leaky_relu calls
-    torch._C._nn.leaky_relu), nn.Module's call asks torch._C._get_tracing_state, an
-    nn.ModuleList's indexing calls the builtins len and isinstance. A candidate that swapped one
+    reaches at call time: torch.nn.functional looks its kernels up in torch._C._nn on every call
+    (F.leaky_relu calls torch._C._nn.leaky_relu), nn.Module's call asks
+    torch._C._get_tracing_state, an nn.ModuleList's indexing calls the builtins len and isinstance. A candidate that swapped one
     for a slower function of its own (keeping the original for itself) would time the reference
     through it: ok at 1.41x and 1.50x for the reference's own work, under the pristine tripwire's
     limit. So no list of names: every such module (torch._C's submodules are in sys.modules too)
