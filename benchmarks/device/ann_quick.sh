@@ -46,7 +46,8 @@
 #
 # Knobs: ANN_QUICK_SHAPE (sift; glove or gist: bench_ann.py's --shapes, one a window), ANN_QUICK_N
 # (1000000; a GIST-shaped million is 3.8 GB of vectors), ANN_QUICK_S (900), ANN_QUICK_GRACE_S, ANN_QUICK_THREADS (nproc),
-# ANN_QUICK_STAGES (name:libraries:least seconds left, e.g. "core:sfann,glass:0 ngt:ngt-onng:600"),
+# ANN_QUICK_STAGES (name:libraries:least seconds left[:shape[:n]], e.g. "core:sfann,glass:0 ngt:ngt-onng:600"
+# or, two data sets in one window, "all:sfann,glass:0 gist:sfann,glass:300:gist:1000000"),
 # ANN_QUICK_DIR, ANN_QUICK_SITE (/tmp/site), ANN_QUICK_CARRY (.ann), PY (python3; `pack`: .venv/bin/python).
 set -u
 cd "$(dirname "$0")/../.."
@@ -160,12 +161,12 @@ run() {  # the detached part: the stages, while the window lasts
   local py=${PY:-python3} end=$(( $(date +%s) + ${ANN_QUICK_S:-900} )) status=0 shape=${ANN_QUICK_SHAPE:-sift}
   export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
   mkdir -p "$dir"
-  stage() {  # $1: stage name, $2: --libs; --budget-s is the time left in the window
-    local left=$(( end - $(date +%s) ))
-    echo "== $1 ($2): $left s of the window left, $(date -u +%H:%M:%S) UTC"
+  stage() {  # $1: stage name, $2: --libs, $3: shape, $4: n; --budget-s is the time left in the window
+    local left=$(( end - $(date +%s) )) shape=$3
+    echo "== $1 ($2, $shape, n $4): $left s of the window left, $(date -u +%H:%M:%S) UTC"
     # the tables to .txt; the progress (stderr) to .log and to this run's log, which `wait` shows
     timeout $(( left + ${ANN_QUICK_GRACE_S:-120} )) "$py" benchmarks/bench_ann.py --shapes "$shape" --data clustered \
-      --n "${ANN_QUICK_N:-1000000}" --queries 1000 --repeats 3 --threads "${ANN_QUICK_THREADS:-$(nproc)}" --libs "$2" --budget-s "$left" \
+      --n "$4" --queries 1000 --repeats 3 --threads "${ANN_QUICK_THREADS:-$(nproc)}" --libs "$2" --budget-s "$left" \
       --json "$dir/ann_quick_${shape}_$1.json" 2>&1 >"$dir/ann_quick_${shape}_$1.txt" | tee "$dir/ann_quick_${shape}_$1.log"
     local rc=${PIPESTATUS[0]}
     echo "== $1: exit $rc$( [ "$rc" = 124 ] && echo ' (stopped at the end of the window; no JSON)')"
@@ -173,15 +174,15 @@ run() {  # the detached part: the stages, while the window lasts
     sed -n '/^# all data sets/,/^$/p' "$dir/ann_quick_${shape}_$1.txt"
     return $rc
   }
-  # name:libraries:the least time left (s) to start it (estimates at 1M on 16 threads in the header)
+  # name:libraries:the least time left (s) to start it[:shape[:n]] (estimates at 1M on 16 threads in the header)
   local stages=${ANN_QUICK_STAGES:-"core:sfann,glass,glass-sq4,hnswlib,usearch-i8:0 more:scann,usearch-f32,sfann-fp32:200
-    vsag-hgraph:vsag-hgraph:180 vsag:vsag:240 ngt-onng:ngt-onng:600"} spec stage_name libs need
+    vsag-hgraph:vsag-hgraph:180 vsag:vsag:240 ngt-onng:ngt-onng:600"} spec stage_name libs need stage_shape stage_n
   for spec in $stages; do
-    IFS=: read -r stage_name libs need <<<"$spec"
+    IFS=: read -r stage_name libs need stage_shape stage_n <<<"$spec"
     if [ $(( end - $(date +%s) )) -lt "$need" ]; then
       echo "== $stage_name ($libs): not run, under $need s of the window left"; continue
     fi
-    stage "$stage_name" "$libs" || status=1
+    stage "$stage_name" "$libs" "${stage_shape:-$shape}" "${stage_n:-${ANN_QUICK_N:-1000000}}" || status=1
   done
   OUT="" report "$dir" >/dev/null  # the report beside the JSON files (start's $OUT is gone by now)
   echo "== ended, $(date -u +%H:%M:%S) UTC"

@@ -12,6 +12,7 @@
 #                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
 #   fidelity.sh ab         bench_overhead.py on AB_OLD's speedforge and this tree's, alternated, one cache
 #   fidelity.sh overhead   bench_overhead.py on CUDA-L1's kernels (OVERHEAD_ARGS, e.g. "--n 12 --profile")
+#   fidelity.sh tests      the GPU tests alone (test_evaluator_gpu.py), to $OUT/gpu_tests.txt
 #   fidelity.sh session    a whole warm machine's run, to be detached (detach.sh) and awaited (await.sh
 #                          fid SECONDS /tmp/fidpack): the GPU tests (test_evaluator_gpu.py); speedforge
 #                          cold; CUDA-L1 on the kernels speedforge accepted until L1_UNTIL (1250 s); the
@@ -33,7 +34,7 @@ if [ "${1:-}" = pack ]; then
   grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
   du -sh .fid; exit 0
 fi
-call=${1:?usage: fidelity.sh pack|1|2|l2off|session|overhead|ab}
+call=${1:?usage: fidelity.sh pack|1|2|l2off|session|overhead|ab|tests}
 if [ "$call" = session ] && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree: run from a copy
   rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh session
 fi
@@ -55,8 +56,14 @@ F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --har
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
 save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
+gpu_tests() {
+  timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_evaluator_gpu.py >"${OUT:-/tmp}/gpu_tests.txt" 2>&1
+  echo "pytest exit $? after $SECONDS s" >>"${OUT:-/tmp}/gpu_tests.txt"; tail -n 3 "${OUT:-/tmp}/gpu_tests.txt"
+}
 OVERHEAD=(python3 benchmarks/bench_overhead.py --device cuda --source cuda-l1 --corpus .fid/a100.jsonl)
-if [ "$call" = ab ]; then  # bench_overhead.py on AB_OLD (a folder with another revision's speedforge package)
+if [ "$call" = tests ]; then
+  gpu_tests; grep -E "passed|failed|error" "${OUT:-/tmp}/gpu_tests.txt" | tail -n 5; exit 0
+elif [ "$call" = ab ]; then  # bench_overhead.py on AB_OLD (a folder with another revision's speedforge package)
   # and on this tree, alternated AB_ROUNDS (2) times on one cache (warm runs: the harness's own time)
   mkdir -p /tmp/ab-cache
   for round in $(seq "${AB_ROUNDS:-2}"); do
@@ -79,10 +86,7 @@ elif [ "$call" = 1 ]; then
   b=$(left 470); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
   b=$(left 550); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted; save
 elif [ "$call" = session ]; then
-  if [ "${SESSION_GPU_TESTS:-1}" = 1 ]; then
-    timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_evaluator_gpu.py >$OUT/gpu_tests.txt 2>&1
-    echo "pytest exit $? after $SECONDS s" >>$OUT/gpu_tests.txt; tail -n 3 $OUT/gpu_tests.txt
-  fi
+  [ "${SESSION_GPU_TESTS:-1}" = 1 ] && gpu_tests
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
   b=$(left "${L1_UNTIL:-1250}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
   b=$(left "${REPEAT_UNTIL:-1550}"); [ "$b" -gt 30 ] && "${F[@]}" repeat --repeats "${REPEATS:-3}" --budget-s "$b"; save
