@@ -1,5 +1,5 @@
 // Search module (baseline): greedy descent through the upper levels, then a best-first beam
-// search on level 0 over a sorted candidate pool of size ef; the unvisited neighbours of a node
+// search on level 0 over a sorted candidate pool of size ef, seeded by a small beam over level 1; the unvisited neighbours of a node
 // are gathered and their codes prefetched together before any distance is computed.
 #include <algorithm>
 
@@ -14,6 +14,15 @@ T* room(std::vector<T>& buffer, int capacity) {
   return buffer.data();
 }
 
+// Level 1 is searched by a beam of ef / kUpperShare nodes, which all seed level 0, rather than
+// greedily from one node (below 2: greedily).
+constexpr int kUpperShare = 16;
+
+CandidatePool& seed_pool() {
+  thread_local CandidatePool pool;
+  return pool;
+}
+
 class BeamSearcher final : public Searcher {
  public:
   const char* name() const override { return "beam-prefetch"; }
@@ -22,7 +31,9 @@ class BeamSearcher final : public Searcher {
               SearchScratch& scratch) const override {
     uint32_t cur = graph.entry;
     float cur_dist = space.distance(q, cur);
-    for (int lev = graph.max_level; lev > 0; --lev) {
+    const int beam = ef / kUpperShare;
+    const int last_greedy = (beam > 1 && graph.max_level >= 1) ? 2 : 1;
+    for (int lev = graph.max_level; lev >= last_greedy; --lev) {
       bool changed = true;
       while (changed) {
         changed = false;
@@ -42,10 +53,33 @@ class BeamSearcher final : public Searcher {
 
     VisitedList& visited = scratch.visited;
     CandidatePool& pool = scratch.pool;
-    visited.next();
     pool.reset(ef);
-    pool.insert(cur, cur_dist);
-    visited.test_and_set(cur);
+    if (last_greedy == 2) {
+      CandidatePool& seeds = seed_pool();
+      visited.next();
+      seeds.reset(beam);
+      seeds.insert(cur, cur_dist);
+      visited.test_and_set(cur);
+      while (seeds.has_next()) {
+        const uint32_t* l = graph.links(seeds.pop(), 1);
+        const uint32_t count = l[0];
+        for (uint32_t j = 1; j <= count; ++j) space.prefetch(l[j]);
+        for (uint32_t j = 1; j <= count; ++j) {
+          if (visited.test_and_set(l[j])) continue;
+          float d = space.distance(q, l[j]);
+          if (!seeds.full() || d < seeds.worst()) seeds.insert(l[j], d);
+        }
+      }
+      visited.next();
+      for (int j = 0; j < seeds.size(); ++j) {
+        pool.insert(seeds.id(j), seeds.dist(j));
+        visited.test_and_set(seeds.id(j));
+      }
+    } else {
+      visited.next();
+      pool.insert(cur, cur_dist);
+      visited.test_and_set(cur);
+    }
     uint32_t* fresh = room(scratch.buffer, std::max(graph.capacity0(), graph.capacity()));
     float* dist = room(scratch.dists, std::max(graph.capacity0(), graph.capacity()));
     while (pool.has_next()) {
