@@ -1,6 +1,7 @@
-// Search module (baseline): greedy descent through the upper levels, then a best-first beam
-// search on level 0 over a sorted candidate pool of size ef, seeded by a small beam over level 1; the unvisited neighbours of a node
-// are gathered and their codes prefetched together before any distance is computed.
+// Search module (baseline): greedy descent through the upper levels but the first, a small beam
+// over level 1, then a best-first beam search on level 0 over a sorted candidate pool of size ef,
+// seeded by every node of the level-1 beam; the unvisited neighbours of a node are gathered and
+// their codes prefetched together before any distance is computed.
 #include <algorithm>
 
 #include "sfann/modules.h"
@@ -14,8 +15,11 @@ T* room(std::vector<T>& buffer, int capacity) {
   return buffer.data();
 }
 
-// Level 1 is searched by a beam of ef / kUpperShare nodes, which all seed level 0, rather than
-// greedily from one node (below 2: greedily).
+// Level 1 is searched by a beam of ef / kUpperShare nodes (below 2: greedily), which all seed
+// level 0. On clustered data a greedy descent can end in the wrong cluster, which level 0's few
+// links between clusters do not leave: on 1M GIST-shaped vectors, 14 of 500 queries missed 8-10
+// of their 10 neighbours at ef 512 and recall stopped at 0.964 (0.977 with this beam). A beam of
+// ef / 16 costs little beside level 0's ef; a fixed beam of 8 cost 10-25% at 20k vectors.
 constexpr int kUpperShare = 16;
 
 CandidatePool& seed_pool() {
