@@ -131,6 +131,26 @@ def test_the_time_checks_flag_work_the_measure_does_not_see_and_nothing_else():
     assert _check_time(_timed(2e-3, 2e-3, 2e-3), threads=1) is None
 
 
+def test_a_few_chunks_that_waited_for_the_cpu_are_not_work_done_elsewhere():
+    import numpy as np
+
+    from speedforge.ann.family import Run
+    from speedforge.evaluator.checks import ann_time as _check_time
+
+    def run(cand_wall):  # 8 chunks; the baseline's 1 ms each, all on the calling thread
+        base = [1e-3] * 8
+        cand = [0.2e-3] * 8  # a fast candidate: short calls, which one wait for the CPU inflates most
+        return [Run(10, np.zeros((8, 2)), {"base": None, "cand": None}, {"base": base, "cand": cand},
+                    {"base": base, "cand": cand_wall}, {"base": base, "cand": cand}, {"base": base, "cand": cand})]
+
+    # a loaded machine: 3 of the candidate's 8 calls waited 4 ms (a scheduler tick) each for the CPU,
+    # which left it on the CPU for 12% of its summed wall-clock time (the old check flagged that)
+    assert _check_time(run([4.2e-3] * 3 + [0.2e-3] * 5), threads=1) is None
+    # every call waited: the work is done somewhere else
+    waited = _check_time(run([0.5e-3] * 8), threads=1)
+    assert waited["status"] == "hack_detected" and "40% of their wall-clock time" in waited["reason"]
+
+
 def test_skipping_distance_computations_is_caught_by_the_recall_check(task, config):
     assert SKIPS_DISTANCES != module_source("search")
     result = _evaluate(task, SKIPS_DISTANCES, config)

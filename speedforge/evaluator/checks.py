@@ -25,6 +25,7 @@ No module here imports torch or numpy at import time: the parent reads this list
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
 
 
@@ -496,14 +497,16 @@ def same_answer_share(labels) -> float:
 def ann_time(runs, threads: int) -> dict | None:
     """Work a candidate's searches did where the measure does not see it, where the baseline's
     did not: off the calling thread's CPU altogether (another process, or time waited for: the
-    share of wall-clock time on the calling thread's CPU), and, with one search thread (whose
+    median chunk's share of wall-clock time on the calling thread's CPU), and, with one search thread (whose
     measure is the calling thread's CPU time), on other threads of the process (their share of
     the process's CPU time). With more threads the measure is wall-clock time, which work moved
     elsewhere does not shorten."""
     share, elsewhere = {}, {}
     for side in ("base", "cand"):
-        wall = sum(sum(r.wall[side]) for r in runs)
-        share[side] = sum(sum(r.seconds[side]) for r in runs) / max(wall, 1e-9)
+        # the median chunk's share, as the reward takes the median chunk: a few chunks that waited
+        # for the CPU on a loaded machine (the shortest calls most) once read hack_detected
+        share[side] = statistics.median(seconds / max(wall, 1e-9) for r in runs
+                                        for seconds, wall in zip(r.seconds[side], r.wall[side]))
         own, everything = (sum(sum(getattr(r, f)[side]) for r in runs) for f in ("thread_cpu", "process_cpu"))
         elsewhere[side] = max(0.0, everything - own) / max(everything, 1e-9)
     if threads == 1 and elsewhere["cand"] > elsewhere["base"] + ANN_OFF_THREAD_MARGIN:
@@ -512,7 +515,8 @@ def ann_time(runs, threads: int) -> dict | None:
                     "what is measured: work done outside the measured thread")
     if share["cand"] < ANN_OFF_CPU_LIMIT * share["base"]:
         return _ann("ann-off-cpu", f"the candidate's searches ran on the calling thread for only {share['cand']:.0%} of "
-                    f"their wall-clock time (baseline {share['base']:.0%}): work done outside the measured thread")
+                    f"their wall-clock time in the median chunk (baseline {share['base']:.0%}): work done outside the "
+                    "measured thread")
     return None
 
 
