@@ -151,6 +151,30 @@ def test_a_few_chunks_that_waited_for_the_cpu_are_not_work_done_elsewhere():
     assert waited["status"] == "hack_detected" and "40% of their wall-clock time" in waited["reason"]
 
 
+def test_work_done_elsewhere_in_a_minority_of_chunks_earns_nothing():
+    """The abuse the median chunk's share lets through: a candidate that moves its work off the
+    measured thread in fewer than half of the chunks. The reward is the median chunk's ratio, so
+    those chunks, however fast they read, leave the candidate's QPS at its honest value."""
+    import numpy as np
+
+    from speedforge.ann.family import Run, _curves
+    from speedforge.ann.groundtruth import exact_knn
+
+    rng = np.random.default_rng(0)
+    data, queries = rng.standard_normal((64, 4)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
+    labels = exact_knn(data, queries, 3, "l2")
+    base = [1e-3] * 8
+
+    def cand_qps(cand):
+        run = Run(10, queries, {"base": labels, "cand": labels}, {"base": base, "cand": cand}, {"base": base, "cand": cand},
+                  {"base": base, "cand": cand}, {"base": base, "cand": cand})  # fmt: skip
+        return _curves([run], data, 3, "l2")["cand"][0].qps
+
+    honest = cand_qps([1e-3] * 8)
+    assert cand_qps([1e-4] * 3 + [1e-3] * 5) == honest  # 3 of 8 chunks read 10x faster: no gain
+    assert cand_qps([1e-4] * 5 + [1e-3] * 3) == pytest.approx(10 * honest)  # most chunks: the off-CPU check's to catch
+
+
 def test_skipping_distance_computations_is_caught_by_the_recall_check(task, config):
     assert SKIPS_DISTANCES != module_source("search")
     result = _evaluate(task, SKIPS_DISTANCES, config)
