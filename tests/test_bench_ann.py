@@ -280,3 +280,23 @@ def test_the_scale_script_runs_a_stage_and_reports(tmp_path):
     missing = subprocess.run(["bash", str(script), "report"], env={**env, "OUT": str(tmp_path / "none")},
                              capture_output=True, text=True, timeout=60, cwd=BENCH.parent.parent)
     assert missing.returncode == 1 and "no ann_scale_*.json" in missing.stderr
+
+
+def test_recall_ceiling_builds_once_then_searches_the_saved_graph(tmp_path, capsys):
+    ann_recall_ceiling = load_script("benchmarks/ann_recall_ceiling.py")
+    args = ["--shape", "sift", "--n", "2000", "--queries", "20", "--efs", "10,200", "--index-dir", str(tmp_path)]
+    assert ann_recall_ceiling.main([*args, "--diagnose"]) == 0
+    first = capsys.readouterr().out
+    assert "# built in" in first and "ef   200  recall@10 1.0000" in first
+    assert "of 2000 nodes reachable from the entry" in first and "queries that missed 8 or more: 0" in first
+    assert ann_recall_ceiling.main(args) == 0
+    second = capsys.readouterr().out
+    assert "# loaded" in second and "# built in" not in second and "ef   200  recall@10 1.0000" in second
+
+
+def test_recall_ceiling_reach_follows_links_one_way():
+    reachable = load_script("benchmarks/ann_recall_ceiling.py").reachable
+    # 0 -> 1 -> 2, 3 -> 0: from 0, node 3 has no way in
+    starts, links = np.array([0, 1, 2, 2, 3]), np.array([1, 2, 0])
+    assert reachable(starts, links, 0).tolist() == [True, True, True, False]
+    assert reachable(starts, links, 3).all()
