@@ -505,8 +505,8 @@ def ann_time(runs, threads: int) -> dict | None:
     for side in ("base", "cand"):
         # the median chunk's share, as the reward takes the median chunk: a few chunks that waited
         # for the CPU on a loaded machine (the shortest calls most) once read hack_detected
-        share[side] = statistics.median(seconds / max(wall, 1e-9) for r in runs
-                                        for seconds, wall in zip(r.seconds[side], r.wall[side]))
+        shares = [seconds / max(wall, 1e-9) for r in runs for seconds, wall in zip(r.seconds[side], r.wall[side])]
+        share[side] = statistics.median(shares) if shares else 0.0
         own, everything = (sum(sum(getattr(r, f)[side]) for r in runs) for f in ("thread_cpu", "process_cpu"))
         elsewhere[side] = max(0.0, everything - own) / max(everything, 1e-9)
     if threads == 1 and elsewhere["cand"] > elsewhere["base"] + ANN_OFF_THREAD_MARGIN:
