@@ -57,38 +57,35 @@ class BeamSearcher final : public Searcher {
 
     VisitedList& visited = scratch.visited;
     CandidatePool& pool = scratch.pool;
+    uint32_t* fresh = room(scratch.buffer, std::max(graph.capacity0(), graph.capacity()));
+    float* dist = room(scratch.dists, std::max(graph.capacity0(), graph.capacity()));
+    visited.next();
     pool.reset(ef);
     if (last_greedy == 2) {
       CandidatePool& seeds = seed_pool();
-      visited.next();
       seeds.reset(beam);
       seeds.insert(cur, cur_dist);
       visited.test_and_set(cur);
-      while (seeds.has_next()) {
-        const uint32_t* l = graph.links(seeds.pop(), 1);
-        const uint32_t count = l[0];
-        for (uint32_t j = 1; j <= count; ++j) space.prefetch(l[j]);
-        for (uint32_t j = 1; j <= count; ++j) {
-          if (visited.test_and_set(l[j])) continue;
-          float d = space.distance(q, l[j]);
-          if (!seeds.full() || d < seeds.worst()) seeds.insert(l[j], d);
-        }
-      }
-      visited.next();
+      walk(graph, space, q, 1, seeds, visited, fresh, dist);
+      visited.next();  // level 0 may take every node level 1 looked at, not only the beam's
       for (int j = 0; j < seeds.size(); ++j) {
         pool.insert(seeds.id(j), seeds.dist(j));
         visited.test_and_set(seeds.id(j));
       }
     } else {
-      visited.next();
       pool.insert(cur, cur_dist);
       visited.test_and_set(cur);
     }
-    uint32_t* fresh = room(scratch.buffer, std::max(graph.capacity0(), graph.capacity()));
-    float* dist = room(scratch.dists, std::max(graph.capacity0(), graph.capacity()));
+    walk(graph, space, q, 0, pool, visited, fresh, dist);
+  }
+
+ private:
+  // Best-first search of one level from the nodes in `pool`, until none is left unexpanded.
+  static void walk(const Graph& graph, const SearchSpace& space, const void* q, int level, CandidatePool& pool,
+                   VisitedList& visited, uint32_t* fresh, float* dist) {
     while (pool.has_next()) {
       const uint32_t u = pool.pop();
-      const uint32_t* l = graph.links0(u);
+      const uint32_t* l = graph.links(u, level);
       const uint32_t count = l[0];
       const uint32_t* nb = l + 1;
       // Gather the unvisited neighbours and start loading all their codes, then compute: the
@@ -100,7 +97,7 @@ class BeamSearcher final : public Searcher {
         space.prefetch(v);
         fresh[m++] = v;
       }
-      if (pool.has_next()) __builtin_prefetch(graph.links0(pool.id_at_cursor()), 0, 3);
+      if (pool.has_next()) __builtin_prefetch(graph.links(pool.id_at_cursor(), level), 0, 3);
       space.distances(q, fresh, static_cast<int>(m), dist);
       for (uint32_t j = 0; j < m; ++j) {
         if (pool.full() && dist[j] >= pool.worst()) continue;
