@@ -21,8 +21,8 @@ this (sandboxed) process and measures them:
   candidate that knew it could build every trial's and timed call's inputs in its untimed
   constructor and answer with stored outputs (tests/adversarial/predicts_inputs_from_seed.py: ok
   at 1.8-1.95x before; swaps_the_default_generator.py, whose decoy generator the old draw seeded:
-  ok at 2.62x). A fixed
-  evaluator seed (config.seed, for reproducing a run) fixes the inputs' seed too;
+  ok at 2.62x). A fixed evaluator seed (config.seed, for reproducing a run) fixes the inputs'
+  seed too;
 - correctness (speedforge.evaluator.correctness): trials with the candidate first, after the
   allocator was filled with NaN, every output through the output checks;
 - timing (speedforge.evaluator.timing, with the CPU's buffer rotation in
