@@ -14,7 +14,8 @@ from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import evaluate
 from speedforge.config import FieldError
 from speedforge.evaluator.rotation import Rotation
-from speedforge.evaluator.timing import SchedulerMarks, drift_reasons, speedup_interval, unstable_reasons
+from speedforge.evaluator.timing import (SchedulerMarks, drift_reasons, pairs_wanted, speedup_interval,
+                                         unstable_reasons)
 from speedforge.stats import quantile as time_quantile
 from speedforge.records import Candidate, Task
 
@@ -121,6 +122,45 @@ def test_the_timing_budget_stops_a_slow_references_pairs_in_the_pristine_turn_an
     pristine = importlib.import_module("speedforge.evaluator.evaluate")._cached_pristine(task, config, "cpu", "cpu")
     assert pristine is not None and pristine.ok and pristine.timed_calls == 16
     assert any(w.startswith("timing budget:") for w in pristine.warnings) and pristine.unstable
+
+
+def test_min_timed_s_counts_timed_work_or_the_pairs_wall_clock_time():
+    work = EvaluatorConfig(timed_calls=30, cpu_timed_calls=15, min_timed_s=0.2, max_timed_calls=200)
+    wall = dataclasses.replace(work, min_timed_span="wall")
+    # a 90 us GPU call in a 3 ms pair: 2,223 pairs of work, capped at 200; 67 pairs of wall time
+    assert pairs_wanted(work, True, 90e-6, 3e-3) == (200, 200)
+    assert pairs_wanted(wall, True, 90e-6, 3e-3) == (67, 200)
+    # a 10 ms call: both counts fall under the floor of timed_calls (cpu_timed_calls on the CPU)
+    assert pairs_wanted(work, True, 10e-3, 21e-3) == pairs_wanted(wall, True, 10e-3, 21e-3) == (30, 200)
+    assert pairs_wanted(wall, False, 10e-3, 21e-3) == (15, 200)
+    # no warm-up pair (warmup_calls 0, no rotation): the work count
+    assert pairs_wanted(wall, True, 90e-6, float("inf")) == (200, 200)
+    with pytest.raises(FieldError, match="min_timed_span"):
+        EvaluatorConfig(min_timed_span="both")
+
+
+SLOW_INPUTS = SLOW_REFERENCE.replace("time.sleep(0.05)  # a slow reference: at least 0.05 s a call", "pass").replace(
+    "def get_inputs():\n", "def get_inputs():\n    time.sleep(0.05)  # a pair's harness work: at least 0.05 s\n")
+
+
+@pytest.mark.parametrize("span, pairs", [("work", (40, 40)), ("wall", (6, 10))])
+def test_a_call_shorter_than_its_pairs_harness_work_stops_sooner_when_min_timed_s_counts_wall_time(config, span, pairs):
+    """Inputs that take at least 0.05 s to draw, for a call of microseconds: 0.5 s of timed work
+    takes the most pairs (40), while 0.5 s of the pairs' wall time takes at most 10 (and at least
+    cpu_timed_calls, 6). Any interval stops a round here (ci_target 1e9)."""
+    assert "time.sleep(0.05)  # a pair's" in SLOW_INPUTS and "time.sleep(0.05)  # a slow" not in SLOW_INPUTS
+    task = Task(task_id=f"timing/slow-inputs-{span}", family="cpp", name="slow-inputs", source=SLOW_INPUTS)
+    config = dataclasses.replace(config, cpu_timed_calls=6, max_timed_calls=40, min_timed_s=0.5, min_timed_span=span,
+                                 ci_target=1e9, unstable_ci=1e9, reference_slowdown_limit=0.0)  # fmt: skip
+    result = evaluate(task, _good(task), config)
+    assert result.status == "ok", result.reason
+    assert pairs[0] <= result.timed_calls <= pairs[1]
+
+
+def test_the_pristine_reference_is_kept_apart_for_each_way_of_counting_min_timed_s(task, config):
+    wall = dataclasses.replace(config, min_timed_span="wall")
+    module = importlib.import_module("speedforge.evaluator.evaluate")
+    assert module.pristine_key(task, config, "cpu", "cpu") != module.pristine_key(task, wall, "cpu", "cpu")
 
 
 def test_without_a_budget_a_slow_references_round_runs_to_its_maximum(config):

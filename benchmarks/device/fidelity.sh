@@ -10,6 +10,9 @@
 #                          REPEATS sandboxes, 5) until REPEAT_UNTIL (500 s); the report
 #   fidelity.sh l2off      speedforge cold again with evaluator.l2_flush_mb: 0 (CUDA-L1 flushes no L2),
 #                          its own report against the CUDA-L1 runs so far: how much of a ratio the flush is
+#   fidelity.sh wall       speedforge cold again with evaluator.min_timed_span: wall (min_timed_s counts the
+#                          pairs' wall time: a short kernel stops at its interval's target, not at 200 pairs),
+#                          its own report against the CUDA-L1 runs so far: throughput and agreement
 #   fidelity.sh ab         bench_overhead.py on AB_OLD's speedforge and this tree's, alternated, one cache
 #   fidelity.sh overhead   bench_overhead.py on CUDA-L1's kernels (OVERHEAD_ARGS, e.g. "--n 12 --profile")
 #   fidelity.sh tests      the GPU tests alone (test_evaluator_gpu.py), to $OUT/gpu_tests.txt
@@ -34,7 +37,7 @@ if [ "${1:-}" = pack ]; then
   grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
   du -sh .fid; exit 0
 fi
-call=${1:?usage: fidelity.sh pack|1|2|l2off|session|overhead|ab|tests}
+call=${1:?usage: fidelity.sh pack|1|2|l2off|wall|session|overhead|ab|tests}
 if [ "$call" = session ] && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree: run from a copy
   rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh session
 fi
@@ -48,9 +51,9 @@ if [ ! -d /tmp/site/ray ]; then
 fi
 python3 -c 'import ray; print("ray", ray.__version__)' || exit 1
 fid=/tmp/fid; mkdir -p $fid; cp -n .fid/results/* $fid/ 2>/dev/null
-if [ "$call" = l2off ]; then  # a folder of its own, with the CUDA-L1 runs so far
-  mkdir -p /tmp/fid-l2off && cp -n $fid/cuda_l1*.jsonl /tmp/fid-l2off/ 2>/dev/null
-  fid=/tmp/fid-l2off
+if [ "$call" = l2off ] || [ "$call" = wall ]; then  # a folder of its own, with the CUDA-L1 runs so far
+  mkdir -p /tmp/fid-$call && cp -n $fid/cuda_l1*.jsonl /tmp/fid-$call/ 2>/dev/null
+  fid=/tmp/fid-$call
 fi
 F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}" --offset "${FID_OFFSET:-0}")
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
@@ -81,6 +84,9 @@ elif [ "$call" = overhead ]; then  # where a run's time goes on the GPU (bench_o
 elif [ "$call" = l2off ]; then
   printf 'evaluator:\n  l2_flush_mb: 0\n' >/tmp/fid-l2off.yaml
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-l2off.yaml; save
+elif [ "$call" = wall ]; then
+  printf 'evaluator:\n  min_timed_span: wall\n' >/tmp/fid-wall.yaml
+  [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-wall.yaml; save
 elif [ "$call" = 1 ]; then
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
   b=$(left 470); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save

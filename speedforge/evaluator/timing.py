@@ -104,8 +104,10 @@ class Timer:
             self.sync_gap_s = self._sync_gap()
         est = {"ref": 0.0, "cand": 0.0}
         fastest_ref = math.inf  # the reference's fastest warm-up call
+        pair_wall = math.inf  # the fastest warm-up pair, wall-clock: both calls and the harness's work around them
         i = 0
         while i < int(config.warmup_calls) or self.rotation.filling():  # the rotation fills before timing
+            started = _perf_counter()
             inputs = self.sides.fresh_inputs(10_000 + i)
             pair = []  # each side's inputs and output, as a timed pair keeps them (the rotation is sized on it)
             for side, model in (("cand", cand_model), ("ref", ref_model)):
@@ -115,6 +117,7 @@ class Timer:
             fastest_ref = min(fastest_ref, est["ref"])
             self.rotation.keep(pair)
             del pair, out
+            pair_wall = min(pair_wall, _perf_counter() - started)
             i += 1
         per_call = max(max(est.values()), 1e-6)
         # decided by the reference's fastest warm-up call alone: its pristine run (beside its twin)
@@ -123,9 +126,7 @@ class Timer:
         # candidate only: the reference read 1.87x slower there, hack_detected); both sides
         # follow, so that a stateful reference and the candidate still get the same calls
         warm_host = (fastest_ref if fastest_ref < math.inf else 0.0) * 1e6 < float(config.host_warm_below_us)
-        base = int(config.timed_calls if self.is_cuda else config.cpu_timed_calls)
-        most = int(config.max_timed_calls)
-        least = min(max(base, math.ceil(float(config.min_timed_s) / per_call)), most)
+        least, most = pairs_wanted(config, self.is_cuda, per_call, pair_wall)
         wide = max(float(config.unstable_ci), float(config.ci_target))  # wider than this: undecided
         rounds = []
         for attempt in range(2):
@@ -299,6 +300,19 @@ SYNC_GAP_SAMPLES = 33
 # timed to +-unstable_ci (`pristine_settings`); 4, with the CPU time of its other threads (`ref_company`);
 # 5, on the CPU with every loaded BLAS library at cpu_threads threads (speedforge.evaluator.blas_threads)
 TIMING_VERSION = "5"
+
+
+def pairs_wanted(config, is_cuda: bool, per_call: float, pair_wall: float) -> tuple[int, int]:
+    """The timed pairs a round takes at least and at most. At least: timed_calls (cpu_timed_calls
+    on the CPU), and enough for min_timed_s, counted as each side's timed work (`per_call`, the
+    slower side's warm-up call) or, with min_timed_span "wall", as the pairs' wall-clock time
+    (`pair_wall`, the fastest warm-up pair; inf when there was none: the work count then)."""
+    base = int(config.timed_calls if is_cuda else config.cpu_timed_calls)
+    most = int(config.max_timed_calls)
+    unit = max(per_call, 1e-6)
+    if config.min_timed_span == "wall" and math.isfinite(pair_wall):
+        unit = max(unit, pair_wall)
+    return min(max(base, math.ceil(float(config.min_timed_s) / unit)), most), most
 
 
 def pristine_settings(config):
