@@ -182,9 +182,9 @@ def pristine_key(task: Task, config: EvaluatorConfig, device: str, pool: str) ->
 
 
 PRISTINE_SETTINGS = ("warmup_calls", "timed_calls", "cpu_timed_calls", "min_timed_s", "min_timed_span",
-                     "max_timed_calls", "max_timed_s", "ci_target", "unstable_ci", "cpu_time_quantile", "cpu_rotation_pairs", "cpu_rotation_mb",
-                     "cpu_threads", "pin_cpus", "l2_flush_mb", "host_warm_below_us", "memory_limit_mb",
-                     "correctness_trials")  # fmt: skip
+                     "max_timed_calls", "max_timed_s", "ci_target", "unstable_ci", "cpu_time_quantile",
+                     "cpu_rotation_pairs", "cpu_rotation_mb", "cpu_threads", "pin_cpus", "l2_flush_mb",
+                     "host_warm_below_us", "memory_limit_mb", "correctness_trials")  # fmt: skip
 
 
 def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: str, zygote: Zygote | None,
