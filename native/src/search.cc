@@ -1,8 +1,9 @@
-// Search module (baseline): greedy descent through the upper levels but the first, a small beam
-// over level 1, then a best-first beam search on level 0 over a sorted candidate pool of size ef,
-// seeded by every node of the level-1 beam; the unvisited neighbours of a node are gathered and
-// their codes prefetched together before any distance is computed.
+// Search module (baseline): a small beam over every upper level, each level's beam seeding the
+// next and the last seeding level 0 (greedy descent below ef 32), then a best-first beam search on
+// level 0 over a sorted candidate pool of size ef; the unvisited neighbours of a node are gathered
+// and their codes prefetched together before any distance is computed.
 #include <algorithm>
+#include <utility>
 
 #include "sfann/modules.h"
 
@@ -15,14 +16,23 @@ T* room(std::vector<T>& buffer, int capacity) {
   return buffer.data();
 }
 
-// Level 1 is searched by a beam of ef / kUpperShare nodes (below 2: greedily), which all seed
-// level 0. On clustered data a greedy descent can end in the wrong cluster, which level 0's few
-// links between clusters do not leave: on 1M GIST-shaped vectors, 14 of 500 queries missed 8-10
-// of their 10 neighbours at ef 512 and recall stopped at 0.964 (0.977 with this beam). A beam of
-// ef / 16 costs little beside level 0's ef; a fixed beam of 8 cost 10-25% at 20k vectors.
+// The upper levels are searched by a beam of ef / kUpperShare nodes (below 2: greedily), and the
+// last beam seeds level 0. On clustered data a greedy descent can end in the wrong cluster, which
+// level 0's few links between clusters do not leave. On 1M GIST-shaped vectors at ef 512, 14 of
+// 500 queries missed 8-10 of their 10 neighbours and recall stopped at 0.964. A beam on level 1
+// alone took it to 0.977, yet 7-13 queries still missed 8 or more: the greedy descent above
+// level 1 had already left their cluster. A beam on every level took recall to 0.987-0.989, with
+// no query missing more than 4 (benchmarks/RESULTS.md). The upper levels hold 1/16 of the nodes,
+// so a beam of ef / 16 there costs little beside level 0's ef; a fixed beam of 8 cost 10-25% at
+// 20k vectors.
 constexpr int kUpperShare = 16;
 
 CandidatePool& seed_pool() {
+  thread_local CandidatePool pool;
+  return pool;
+}
+
+CandidatePool& next_pool() {
   thread_local CandidatePool pool;
   return pool;
 }
@@ -36,43 +46,52 @@ class BeamSearcher final : public Searcher {
     uint32_t cur = graph.entry;
     float cur_dist = space.distance(q, cur);
     const int beam = ef / kUpperShare;
-    const int last_greedy = (beam > 1 && graph.max_level >= 1) ? 2 : 1;
-    for (int lev = graph.max_level; lev >= last_greedy; --lev) {
-      bool changed = true;
-      while (changed) {
-        changed = false;
-        const uint32_t* l = graph.links(cur, lev);
-        const uint32_t count = l[0];
-        for (uint32_t j = 1; j <= count; ++j) space.prefetch(l[j]);
-        for (uint32_t j = 1; j <= count; ++j) {
-          float d = space.distance(q, l[j]);
-          if (d < cur_dist) {
-            cur_dist = d;
-            cur = l[j];
-            changed = true;
-          }
-        }
-      }
-    }
-
     VisitedList& visited = scratch.visited;
     CandidatePool& pool = scratch.pool;
     uint32_t* fresh = room(scratch.buffer, std::max(graph.capacity0(), graph.capacity()));
     float* dist = room(scratch.dists, std::max(graph.capacity0(), graph.capacity()));
-    visited.next();
-    pool.reset(ef);
-    if (last_greedy == 2) {
+    if (beam > 1 && graph.max_level >= 1) {
+      // every upper level by a beam, each level's beam seeding the next
       CandidatePool& seeds = seed_pool();
+      CandidatePool& next = next_pool();
       seeds.reset(beam);
       seeds.insert(cur, cur_dist);
-      visited.test_and_set(cur);
-      walk(graph, space, q, 1, seeds, visited, fresh, dist);
-      visited.next();  // level 0 may take every node level 1 looked at, not only the beam's
+      for (int lev = graph.max_level; lev >= 1; --lev) {
+        visited.next();
+        next.reset(beam);
+        for (int j = 0; j < seeds.size(); ++j) {
+          next.insert(seeds.id(j), seeds.dist(j));
+          visited.test_and_set(seeds.id(j));
+        }
+        walk(graph, space, q, lev, next, visited, fresh, dist);
+        std::swap(seeds, next);
+      }
+      visited.next();
+      pool.reset(ef);
       for (int j = 0; j < seeds.size(); ++j) {
         pool.insert(seeds.id(j), seeds.dist(j));
         visited.test_and_set(seeds.id(j));
       }
     } else {
+      for (int lev = graph.max_level; lev >= 1; --lev) {
+        bool changed = true;
+        while (changed) {
+          changed = false;
+          const uint32_t* l = graph.links(cur, lev);
+          const uint32_t count = l[0];
+          for (uint32_t j = 1; j <= count; ++j) space.prefetch(l[j]);
+          for (uint32_t j = 1; j <= count; ++j) {
+            float d = space.distance(q, l[j]);
+            if (d < cur_dist) {
+              cur_dist = d;
+              cur = l[j];
+              changed = true;
+            }
+          }
+        }
+      }
+      visited.next();
+      pool.reset(ef);
       pool.insert(cur, cur_dist);
       visited.test_and_set(cur);
     }
