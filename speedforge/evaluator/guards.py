@@ -113,10 +113,11 @@ def module_functions() -> list[tuple[str, dict, dict[str, object]]]:
     torch._C._get_tracing_state, an nn.ModuleList's indexing calls the builtins len and
     isinstance. A candidate that swapped one for a slower function of its own (keeping the
     original for itself) would time the reference through it: ok at 1.41x and 1.50x for the
-    reference's own work, under the pristine tripwire's limit. So no list of names: every such module (torch._C's submodules are in sys.modules too)
-    is watched, by its namespace (`vars`, which loads nothing lazily), each callable held, so
-    that identity is compared, not an id a new object could reuse. A module gains attributes as
-    it loads lazily; only a changed or deleted entry counts. What torch.compile rebinds on first
+    reference's own work, under the pristine tripwire's limit. So no list of names: every such
+    module (torch._C's submodules are in sys.modules too) is watched, by its namespace (`vars`,
+    which loads nothing lazily), each callable held, so that identity is compared, not an id a
+    new object could reuse. A module gains attributes as it loads lazily; only a changed or
+    deleted entry counts. What torch.compile rebinds on first
     use (TorchPatcher) is set up in the zygote, before this; in a process that then compiled,
     scripted, traced, ran an LSTM, warned and called numpy, none of the 52,000 callables of all
     its modules changed. Third-party modules (numpy, triton, sympy) are left out: they are no
