@@ -57,21 +57,11 @@ class BeamSearcher final : public Searcher {
       seeds.reset(beam);
       seeds.insert(cur, cur_dist);
       for (int lev = graph.max_level; lev >= 1; --lev) {
-        visited.next();
-        next.reset(beam);
-        for (int j = 0; j < seeds.size(); ++j) {
-          next.insert(seeds.id(j), seeds.dist(j));
-          visited.test_and_set(seeds.id(j));
-        }
+        start_from(seeds, next, beam, visited);
         walk(graph, space, q, lev, next, visited, fresh, dist);
         std::swap(seeds, next);
       }
-      visited.next();
-      pool.reset(ef);
-      for (int j = 0; j < seeds.size(); ++j) {
-        pool.insert(seeds.id(j), seeds.dist(j));
-        visited.test_and_set(seeds.id(j));
-      }
+      start_from(seeds, pool, ef, visited);
     } else {
       for (int lev = graph.max_level; lev >= 1; --lev) {
         bool changed = true;
@@ -99,6 +89,16 @@ class BeamSearcher final : public Searcher {
   }
 
  private:
+  // A new search of `size` nodes at most, on a fresh visited list, from every node of `seeds`.
+  static void start_from(const CandidatePool& seeds, CandidatePool& pool, int size, VisitedList& visited) {
+    visited.next();
+    pool.reset(size);
+    for (int j = 0; j < seeds.size(); ++j) {
+      pool.insert(seeds.id(j), seeds.dist(j));
+      visited.test_and_set(seeds.id(j));
+    }
+  }
+
   // Best-first search of one level from the nodes in `pool`, until none is left unexpanded.
   static void walk(const Graph& graph, const SearchSpace& space, const void* q, int level, CandidatePool& pool,
                    VisitedList& visited, uint32_t* fresh, float* dist) {
