@@ -543,10 +543,15 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
     run_path = args.out / "speedforge_run.json"
     if run_path.exists() and keys:
         run = json.loads(run_path.read_text())
-        sf_rate, l1_rate = run["kernels"] / run["wall_s"], len(keys) / l1_wall
-        print(f"throughput: speedforge evaluate {run['kernels']} kernels in {run['wall_s']:.0f} s "
-              f"({sf_rate * 60:.1f}/min, cold, {run['pool']}); CUDA-L1 serially {len(keys)} in {l1_wall:.0f} s "
-              f"({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
+        l1_rate = len(keys) / l1_wall
+        for label in sf_runs:  # each cold run of speedforge against CUDA-L1's run 1
+            path = run_file(args.out, "speedforge_run", label, "json")
+            if path.exists():
+                other = json.loads(path.read_text())
+                sf_rate = other["kernels"] / other["wall_s"]
+                print(f"throughput, speedforge run {label}: evaluate {other['kernels']} kernels in {other['wall_s']:.0f} s "
+                      f"({sf_rate * 60:.1f}/min, cold, {other['pool']}); CUDA-L1 serially {len(keys)} in "
+                      f"{l1_wall:.0f} s ({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
         levels = sorted({k.split("/")[1] for k in keys})
         mix = ", ".join(f"{level} {sum(1 for k in keys if k.split('/')[1] == level)}" for level in levels)
         print(f"  CUDA-L1's pace is over {len(keys)} of the {run['kernels']} kernels ({mix}); its mean "

@@ -117,7 +117,8 @@ def test_report_prints_every_section(bench, out, capsys):
     # CUDA-L1's run 2 is counted against the kernels both accepted (K1-K3), not all five
     assert "CUDA-L1 run 1: unrecorded 5\nCUDA-L1 run 2: unrecorded 3\nspeedforge run 1: unrecorded 5" in text
     # throughput from run 1 (unchanged): 5 kernels in 10 s against CUDA-L1's 5 x 10 s
-    assert "throughput: speedforge evaluate 5 kernels in 10 s (30.0/min, cold, H100); CUDA-L1 serially 5 in 50 s" in text
+    assert ("throughput, speedforge run 1: evaluate 5 kernels in 10 s (30.0/min, cold, H100); CUDA-L1 serially 5 in 50 s"
+            in text)
     assert "CUDA-L1's pace is over 5 of the 5 kernels (level1 2, level2 3); its mean 10.0 s a kernel, its median 10.0 s" in text
 
 

@@ -13,6 +13,11 @@
 #   fidelity.sh wall       speedforge cold again with evaluator.min_timed_span: wall (min_timed_s counts the
 #                          pairs' wall time: a short kernel stops at its interval's target, not at 200 pairs),
 #                          its own report against the CUDA-L1 runs so far: throughput and agreement
+#   fidelity.sh span       after call 1 on the same machine, min_timed_span's A/B: speedforge cold with
+#                          `wall` (/tmp/fid-wall); CUDA-L1's run 1 on the rest until L1_UNTIL (400 s); its
+#                          run 2 on the kernels both accepted until L2_UNTIL (560 s); both folders' reports
+#   fidelity.sh span2      the A/B's second leg, the other order: speedforge cold run 2 with `wall`, then
+#                          with `work` (the default); both folders' reports (reports: throughput per run)
 #   fidelity.sh ab         bench_overhead.py on AB_OLD's speedforge and this tree's, alternated, one cache
 #   fidelity.sh overhead   bench_overhead.py on CUDA-L1's kernels (OVERHEAD_ARGS, e.g. "--n 12 --profile")
 #   fidelity.sh tests      the GPU tests alone (test_evaluator_gpu.py), to $OUT/gpu_tests.txt
@@ -37,7 +42,7 @@ if [ "${1:-}" = pack ]; then
   grep -qx '/.fid/' .git/info/exclude || echo '/.fid/' >>.git/info/exclude
   du -sh .fid; exit 0
 fi
-call=${1:?usage: fidelity.sh pack|1|2|l2off|wall|session|overhead|ab|tests}
+call=${1:?usage: fidelity.sh pack|1|2|l2off|wall|span|span2|session|overhead|ab|tests}
 if [ "$call" = session ] && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree: run from a copy
   rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh session
 fi
@@ -51,13 +56,17 @@ if [ ! -d /tmp/site/ray ]; then
 fi
 python3 -c 'import ray; print("ray", ray.__version__)' || exit 1
 fid=/tmp/fid; mkdir -p $fid; cp -n .fid/results/* $fid/ 2>/dev/null
+fidw=/tmp/fid-wall  # span, span2: min_timed_span's A/B, `wall` in a folder of its own
+Fw=(python3 benchmarks/bench_fidelity.py --out $fidw --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py
+    --every "${FID_EVERY:-9}" --offset "${FID_OFFSET:-0}")
+printf 'evaluator:\n  min_timed_span: wall\n' >/tmp/fid-wall.yaml
 if [ "$call" = l2off ] || [ "$call" = wall ]; then  # a folder of its own, with the CUDA-L1 runs so far
   mkdir -p /tmp/fid-$call && cp -n $fid/cuda_l1*.jsonl /tmp/fid-$call/ 2>/dev/null
   fid=/tmp/fid-$call
 fi
 F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}" --offset "${FID_OFFSET:-0}")
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
-save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus.jsonl ./*.json* 2>/dev/null); true; }
+save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus*.jsonl ./*.json* 2>/dev/null); true; }
 left() { echo $(( $1 - SECONDS )); }
 gpu_tests() {
   timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_evaluator_gpu.py >"${OUT:-/tmp}/gpu_tests.txt" 2>&1
@@ -81,6 +90,19 @@ elif [ "$call" = ab ]; then  # bench_overhead.py on AB_OLD (a folder with anothe
   exit 0
 elif [ "$call" = overhead ]; then  # where a run's time goes on the GPU (bench_overhead.py), OVERHEAD_ARGS added
   "${OVERHEAD[@]}" ${OVERHEAD_ARGS:-} >"${OUT:-/tmp}/overhead.txt" 2>&1; tail -n 60 "${OUT:-/tmp}/overhead.txt"; exit 0
+elif [ "$call" = span ] || [ "$call" = span2 ]; then
+  mkdir -p $fidw
+  if [ "$call" = span ]; then
+    [ -s $fidw/speedforge.jsonl ] || "${Fw[@]}" speedforge --config /tmp/fid-wall.yaml
+    b=$(left "${L1_UNTIL:-400}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted
+    b=$(left "${L2_UNTIL:-560}"); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted
+  else
+    [ -s $fidw/speedforge.2.jsonl ] || "${Fw[@]}" speedforge --config /tmp/fid-wall.yaml --run-label 2
+    [ -s $fid/speedforge.2.jsonl ] || "${F[@]}" speedforge --run-label 2
+  fi
+  cp $fid/cuda_l1*.jsonl $fidw/ 2>/dev/null
+  save; (cd $fidw && tar czf "${OUT:-/tmp}/fid-$call-wall.tgz" --exclude=corpus*.jsonl ./*.json* 2>/dev/null)
+  "${Fw[@]}" report >"${OUT:-/tmp}/report-wall.txt" 2>&1; grep -E "^throughput|within" "${OUT:-/tmp}/report-wall.txt"
 elif [ "$call" = l2off ]; then
   printf 'evaluator:\n  l2_flush_mb: 0\n' >/tmp/fid-l2off.yaml
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-l2off.yaml; save
