@@ -103,6 +103,46 @@ def test_tensors_kept_beside_the_parameters_are_summed_with_them() -> None:
     assert fingerprint.changed(before, fingerprint.take(torch, model)).startswith("the values of its tensor")
 
 
+def _deep() -> nn.Module:
+    """Many submodules of a few classes, as a DenseNet's 526 (the fingerprint's fast paths: one
+    class read per fingerprint, containers and scalars found by their type)."""
+    return nn.Sequential(*[nn.Sequential(nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 4)) for _ in range(60)])
+
+
+def test_a_hook_on_one_of_many_submodules_of_one_class_changes_the_fingerprint() -> None:
+    model = _deep()
+    before = fingerprint.take(torch, model, values=False)
+    model[41][2].register_forward_hook(lambda module, args, out: out * 0)
+    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
+        "41.2: its attributes changed (_forward_hooks)"
+
+
+def test_a_number_or_flag_changed_in_one_of_many_submodules_is_seen() -> None:
+    model = _deep()
+    before = fingerprint.take(torch, model, values=False)
+    model[57][0].eps = 0.5  # a float in a module's own attributes
+    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
+        "57.0: its attributes changed (eps)"
+    before = fingerprint.take(torch, model, values=False)
+    model[3][1].inplace = True  # a bool
+    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
+        "3.1: its attributes changed (inplace)"
+    before = fingerprint.take(torch, model, values=False)
+    model[9][2]._parameters["bias"] = nn.Parameter(torch.zeros(4))  # an entry of an OrderedDict, swapped
+    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
+        "9.2: its attributes changed (_parameters)"
+
+
+def test_a_method_swapped_on_a_class_many_submodules_share_is_seen_at_the_first_of_them() -> None:
+    class Shared(nn.ReLU):
+        pass
+
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), Shared()) for _ in range(30)])
+    before = fingerprint.take(torch, model, values=False)
+    Shared.forward = lambda self, x: x * 0
+    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == "0.1: its class changed"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_model_with_tensors_on_two_devices_has_a_fingerprint() -> None:

@@ -24,30 +24,53 @@ read in one transfer per device.
 
 from __future__ import annotations
 
+import collections
+
 _SCALAR = (bool, int, float, complex, str, bytes, type(None))
+_SCALAR_TYPES = frozenset(_SCALAR)  # the exact types, found by one lookup (most of a module's attributes)
+_CONTAINERS = (dict, list, tuple)
+_CONTAINER_TYPES = frozenset({dict, list, tuple, collections.OrderedDict})  # exact types: one lookup
 _BITS: dict = {}  # element size -> the integer dtype its bit patterns are summed as (filled on first use)
 
 
 def _describe(torch, value, tensors: list, depth: int = 0) -> object:
+    """One attribute's description. A module holds mostly flags, numbers and empty hook dicts, and a
+    deep model hundreds of modules, each described before and after every timed call of the
+    reference: the common cases come first, each by one type lookup (DenseNet201's 526 modules took
+    34 ms a fingerprint on the 2-core box in 14,000 calls of this function; benchmarks/RESULTS.md)."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:
+        return value
+    if kind in _CONTAINER_TYPES:  # a module's dicts (`_parameters`, `_modules`, hooks), by type alone
+        return _contents(torch, kind, value, tensors, depth)
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         try:
             version = value._version
         except RuntimeError:  # an inference tensor keeps none
             version = None
-        return ("tensor", value.data_ptr() if value.layout == torch.strided else id(value), tuple(value.shape),
-                value.stride() if value.layout == torch.strided else (), str(value.dtype), str(value.device),
-                version)  # fmt: skip
-    if isinstance(value, _SCALAR):
+        strided = value.layout == torch.strided
+        return ("tensor", value.data_ptr() if strided else id(value), tuple(value.shape),
+                value.stride() if strided else (), str(value.dtype), str(value.device), version)  # fmt: skip
+    if isinstance(value, _SCALAR):  # a subclass of a scalar type (an IntEnum, a bool-like flag)
         return value
     if isinstance(value, torch.nn.Module):
         return ("module", id(value))
-    if isinstance(value, (dict, list, tuple)) and depth < 2:
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        return (type(value).__name__, id(value), tuple((key if isinstance(key, _SCALAR) else id(key),
-                                                        _describe(torch, item, tensors, depth + 1))
-                                                       for key, item in items))  # fmt: skip
-    return (type(value).__name__, id(value))
+    if isinstance(value, _CONTAINERS):
+        return _contents(torch, kind, value, tensors, depth)
+    return (kind.__name__, id(value))
+
+
+def _contents(torch, kind: type, value, tensors: list, depth: int) -> tuple:
+    """A dict, list or tuple by its entries, two levels deep; deeper, by identity."""
+    if depth >= 2:
+        return (kind.__name__, id(value))
+    if not value:  # an empty hook dict, most of them
+        return (kind.__name__, id(value), ())
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return (kind.__name__, id(value), tuple((key if type(key) in _SCALAR_TYPES or isinstance(key, _SCALAR) else id(key),
+                                             _describe(torch, item, tensors, depth + 1))
+                                            for key, item in items))  # fmt: skip
 
 
 # Entries Python creates in a class's namespace when they are first read, which behaviour never
@@ -70,14 +93,19 @@ def _class_functions(torch, cls: type) -> tuple:
 def take(torch, model, values: bool = True) -> tuple[tuple, dict | None]:
     """(the module's structure, the sums of its tensors' bit patterns by tensor, or None when
     `values` is false: the structure alone reads no tensor's data, so it leaves the caches as they
-    were)."""
+    were). Each class's functions are read once a fingerprint, however many submodules share it."""
     if not _BITS:
         _BITS.update({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
     tensors: list = []
     structure = []
+    classes: dict = {}  # id(class) -> its functions, within this fingerprint
     for name, module in model.named_modules(remove_duplicate=False):
+        cls = type(module)
+        functions = classes.get(id(cls))
+        if functions is None:
+            functions = classes[id(cls)] = _class_functions(torch, cls)
         attributes = tuple((key, _describe(torch, value, tensors)) for key, value in vars(module).items())
-        structure.append((name, id(type(module)), _class_functions(torch, type(module)), attributes))
+        structure.append((name, id(cls), functions, attributes))
     if not values:
         return tuple(structure), None
     by_device: dict = {}  # device -> ([keys], [sums]): a model may keep tensors on several (a CPU h0 beside CUDA weights)
