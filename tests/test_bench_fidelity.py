@@ -122,6 +122,24 @@ def test_report_prints_every_section(bench, out, capsys):
     assert "CUDA-L1's pace is over 5 of the 5 kernels (level1 2, level2 3); its mean 10.0 s a kernel, its median 10.0 s" in text
 
 
+def test_whole_throughput_takes_each_kernel_s_first_cold_cuda_l1_time(bench, tmp_path):
+    """CUDA-L1's run 1 on the kernels speedforge accepted (K1-K3), a `rej` run on the two it
+    rejected (K4, K5), a warm run 2 that must not count: the whole ratio is over all five kernels."""
+    write(tmp_path / "cuda_l1.jsonl", [l1(K1, 1.0, 20.0), l1(K2, 2.0, 30.0), l1(K3, 1.5, 10.0)])
+    write(tmp_path / "cuda_l1.2.jsonl", [{**l1(K1, 1.0, 2.0), "ext_warm": True}])
+    write(tmp_path / "speedforge.jsonl", [sf(K1, 1.0), sf(K2, 2.0), sf(K3, 1.2), sf(K4, None), sf(K5, None)])
+    (tmp_path / "speedforge_run.json").write_text(json.dumps({"kernels": 6, "wall_s": 25.0, "pool": "H100"}))
+    l1_runs, sf_runs = bench.runs(tmp_path, "cuda_l1"), bench.runs(tmp_path, "speedforge")
+    (line,) = bench.whole_throughput(l1_runs, sf_runs, tmp_path)
+    assert line.startswith("  whole throughput, speedforge run 1: CUDA-L1 has no cold time for 2 of its 5 kernels")
+    write(tmp_path / "cuda_l1.rej.jsonl", [l1(K4, 1.1, 4.0), l1(K5, 0.9, 6.0)])
+    l1_runs = bench.runs(tmp_path, "cuda_l1")
+    # 20 + 30 + 10 + 4 + 6 = 70 s against 25 s: 2.80x (K1's warm 2 s of run 2 is not taken)
+    assert bench.whole_throughput(l1_runs, sf_runs, tmp_path) == [
+        "whole throughput, speedforge run 1: the same 5 kernels, speedforge 25 s, CUDA-L1 serially 70 s "
+        "(median 10.0 s a kernel): 2.80x"]
+
+
 def test_cuda_l1_takes_the_levels_in_turn_so_a_cut_run_times_every_level(bench):
     rows = [{"level_id": level, "task_id": task} for level, task in ((1, 1), (1, 2), (1, 3), (2, 4), (3, 5), (3, 6))]
     assert [(r["level_id"], r["task_id"]) for r in bench.interleaved(rows)] == [(1, 1), (2, 4), (3, 5), (1, 2), (3, 6),
