@@ -37,7 +37,7 @@ def _describe(torch, value, tensors: list, depth: int = 0) -> object:
     """One attribute's description. A module holds mostly flags, numbers and empty hook dicts, and a
     deep model hundreds of modules, each described before and after every timed call of the
     reference: the common cases come first, each by one type lookup (DenseNet201's 526 modules took
-    34 ms a fingerprint on the 2-core box in 14,000 calls of this function; benchmarks/RESULTS.md)."""
+    19-42 ms a fingerprint on the 2-core box in 14,000 calls of this function; benchmarks/RESULTS.md)."""
     kind = type(value)
     if kind in _SCALAR_TYPES:
         return value
@@ -65,7 +65,7 @@ def _contents(torch, kind: type, value, tensors: list, depth: int) -> tuple:
     """A dict, list or tuple by its entries, two levels deep; deeper, by identity."""
     if depth >= 2:
         return (kind.__name__, id(value))
-    if not value:  # an empty hook dict, most of them
+    if kind in _CONTAINER_TYPES and not value:  # an empty hook dict, most of them (a subclass's len is not asked)
         return (kind.__name__, id(value), ())
     items = value.items() if isinstance(value, dict) else enumerate(value)
     return (kind.__name__, id(value), tuple((key if type(key) in _SCALAR_TYPES or isinstance(key, _SCALAR) else id(key),
