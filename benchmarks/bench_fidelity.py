@@ -392,7 +392,13 @@ def sf_record(r, gpu: str) -> dict:
             "gpu": gpu}  # fmt: skip
 
 
-def whole_throughput(l1_runs: dict, sf_runs: dict, out: Path) -> list[str]:
+def run_summaries(out: Path, labels) -> dict[str, dict]:
+    """speedforge_run[.LABEL].json of each speedforge run that wrote one: its kernels, wall time and pool."""
+    paths = {label: run_file(out, "speedforge_run", label, "json") for label in labels}
+    return {label: json.loads(path.read_text()) for label, path in paths.items() if path.exists()}
+
+
+def whole_throughput(l1_runs: dict, sf_runs: dict, summaries: dict[str, dict]) -> list[str]:
     """Throughput without pro rata: every kernel a speedforge run evaluated against CUDA-L1's cold
     time for that same kernel, from whichever of its runs timed it first without an earlier build
     (run 1 covers the kernels speedforge accepted, `--only sf-rejected` the rest). Pro rata over the
@@ -406,15 +412,14 @@ def whole_throughput(l1_runs: dict, sf_runs: dict, out: Path) -> list[str]:
                 cold[k] = record["wall_s"]
     lines = []
     for label, run in sf_runs.items():
-        path = run_file(out, "speedforge_run", label, "json")
-        if not run or not path.exists():
+        if not run or label not in summaries:
             continue
         missing = [k for k in run if k not in cold]
         if missing:
             lines.append(f"  whole throughput, speedforge run {label}: CUDA-L1 has no cold time for {len(missing)} of "
                          f"its {len(run)} kernels (run `cuda-l1 --only sf-rejected --run-label rej` for them)")
             continue
-        wall = json.loads(path.read_text())["wall_s"]
+        wall = summaries[label]["wall_s"]
         l1_wall = sum(cold[k] for k in run)
         lines.append(f"whole throughput, speedforge run {label}: the same {len(run)} kernels, speedforge {wall:.0f} s, "
                      f"CUDA-L1 serially {l1_wall:.0f} s (median {statistics.median(cold[k] for k in run):.1f} s a "
@@ -570,18 +575,15 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         print(f"speedup ratio, median of speedforge's runs / median of CUDA-L1's runs: {agreement_line(med)}")
     print_statistic(l1_runs, sf_runs, order)
     l1_wall = sum(l1[k]["wall_s"] for k in keys)
-    run_path = args.out / "speedforge_run.json"
-    if run_path.exists() and keys:
-        run = json.loads(run_path.read_text())
+    summaries = run_summaries(args.out, sf_runs)
+    if "1" in summaries and keys:
+        run = summaries["1"]
         l1_rate = len(keys) / l1_wall
-        for label in sf_runs:  # each cold run of speedforge against CUDA-L1's run 1
-            path = run_file(args.out, "speedforge_run", label, "json")
-            if path.exists():
-                other = json.loads(path.read_text())
-                sf_rate = other["kernels"] / other["wall_s"]
-                print(f"throughput, speedforge run {label}: evaluate {other['kernels']} kernels in {other['wall_s']:.0f} s "
-                      f"({sf_rate * 60:.1f}/min, cold, {other['pool']}); CUDA-L1 serially {len(keys)} in "
-                      f"{l1_wall:.0f} s ({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
+        for label, other in summaries.items():  # each cold run of speedforge against CUDA-L1's run 1
+            sf_rate = other["kernels"] / other["wall_s"]
+            print(f"throughput, speedforge run {label}: evaluate {other['kernels']} kernels in {other['wall_s']:.0f} s "
+                  f"({sf_rate * 60:.1f}/min, cold, {other['pool']}); CUDA-L1 serially {len(keys)} in "
+                  f"{l1_wall:.0f} s ({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
         levels = sorted({k.split("/")[1] for k in keys})
         mix = ", ".join(f"{level} {sum(1 for k in keys if k.split('/')[1] == level)}" for level in levels)
         print(f"  CUDA-L1's pace is over {len(keys)} of the {run['kernels']} kernels ({mix}); its mean "
@@ -589,7 +591,7 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         warm = [k for k in keys if l1[k].get("ext_warm")]
         if warm:
             print(f"  (not cold: CUDA-L1's run 1 found builds of an earlier run for {len(warm)} kernels)")
-        for line in whole_throughput(l1_runs, sf_runs, args.out):
+        for line in whole_throughput(l1_runs, sf_runs, summaries):
             print(line)
         timed_runs = [sf[k] for k in sf if sf[k].get("run_s")]
         if timed_runs and any("turn_held_s" in r for r in timed_runs):  # the device's turn (evaluator.overlap_runs)

@@ -130,12 +130,13 @@ def test_whole_throughput_takes_each_kernel_s_first_cold_cuda_l1_time(bench, tmp
     write(tmp_path / "speedforge.jsonl", [sf(K1, 1.0), sf(K2, 2.0), sf(K3, 1.2), sf(K4, None), sf(K5, None)])
     (tmp_path / "speedforge_run.json").write_text(json.dumps({"kernels": 6, "wall_s": 25.0, "pool": "H100"}))
     l1_runs, sf_runs = bench.runs(tmp_path, "cuda_l1"), bench.runs(tmp_path, "speedforge")
-    (line,) = bench.whole_throughput(l1_runs, sf_runs, tmp_path)
+    summaries = bench.run_summaries(tmp_path, sf_runs)
+    (line,) = bench.whole_throughput(l1_runs, sf_runs, summaries)
     assert line.startswith("  whole throughput, speedforge run 1: CUDA-L1 has no cold time for 2 of its 5 kernels")
     write(tmp_path / "cuda_l1.rej.jsonl", [l1(K4, 1.1, 4.0), l1(K5, 0.9, 6.0)])
     l1_runs = bench.runs(tmp_path, "cuda_l1")
     # 20 + 30 + 10 + 4 + 6 = 70 s against 25 s: 2.80x (K1's warm 2 s of run 2 is not taken)
-    assert bench.whole_throughput(l1_runs, sf_runs, tmp_path) == [
+    assert bench.whole_throughput(l1_runs, sf_runs, summaries) == [
         "whole throughput, speedforge run 1: the same 5 kernels, speedforge 25 s, CUDA-L1 serially 70 s "
         "(median 10.0 s a kernel): 2.80x"]
 

@@ -56,17 +56,19 @@ if [ ! -d /tmp/site/ray ]; then
 fi
 python3 -c 'import ray; print("ray", ray.__version__)' || exit 1
 fid=/tmp/fid; mkdir -p $fid; cp -n .fid/results/* $fid/ 2>/dev/null
-fidw=/tmp/fid-wall  # span, span2: min_timed_span's A/B, `wall` in a folder of its own
-Fw=(python3 benchmarks/bench_fidelity.py --out $fidw --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py
-    --every "${FID_EVERY:-9}" --offset "${FID_OFFSET:-0}")
+FARGS=(--jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}" --offset "${FID_OFFSET:-0}")
+fidw=/tmp/fid-wall  # span, span2 (and wall): min_timed_span's A/B, `wall` in a folder of its own
+Fw=(python3 benchmarks/bench_fidelity.py --out $fidw "${FARGS[@]}")
 printf 'evaluator:\n  min_timed_span: wall\n' >/tmp/fid-wall.yaml
 if [ "$call" = l2off ] || [ "$call" = wall ]; then  # a folder of its own, with the CUDA-L1 runs so far
   mkdir -p /tmp/fid-$call && cp -n $fid/cuda_l1*.jsonl /tmp/fid-$call/ 2>/dev/null
   fid=/tmp/fid-$call
 fi
-F=(python3 benchmarks/bench_fidelity.py --out $fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every "${FID_EVERY:-9}" --offset "${FID_OFFSET:-0}")
+F=(python3 benchmarks/bench_fidelity.py --out $fid "${FARGS[@]}")
 L1=("${F[@]}" cuda-l1 --timeout-s 150 --budget-s)
-save() { (cd $fid && tar czf "${OUT:-/tmp}/fid-$call.tgz" --exclude=corpus*.jsonl ./*.json* 2>/dev/null); true; }
+save() {  # save [FOLDER [NAME]]: the result files of FOLDER ($fid) to $OUT/NAME.tgz (fid-$call)
+  (cd "${1:-$fid}" && tar czf "${OUT:-/tmp}/${2:-fid-$call}.tgz" --exclude=corpus*.jsonl ./*.json* 2>/dev/null); true
+}
 left() { echo $(( $1 - SECONDS )); }
 gpu_tests() {
   timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_evaluator_gpu.py >"${OUT:-/tmp}/gpu_tests.txt" 2>&1
@@ -101,13 +103,12 @@ elif [ "$call" = span ] || [ "$call" = span2 ]; then
     [ -s $fid/speedforge.2.jsonl ] || "${F[@]}" speedforge --run-label 2
   fi
   cp $fid/cuda_l1*.jsonl $fidw/ 2>/dev/null
-  save; (cd $fidw && tar czf "${OUT:-/tmp}/fid-$call-wall.tgz" --exclude=corpus*.jsonl ./*.json* 2>/dev/null)
+  save; save $fidw fid-$call-wall
   "${Fw[@]}" report >"${OUT:-/tmp}/report-wall.txt" 2>&1; grep -E "^throughput|within" "${OUT:-/tmp}/report-wall.txt"
 elif [ "$call" = l2off ]; then
   printf 'evaluator:\n  l2_flush_mb: 0\n' >/tmp/fid-l2off.yaml
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-l2off.yaml; save
 elif [ "$call" = wall ]; then
-  printf 'evaluator:\n  min_timed_span: wall\n' >/tmp/fid-wall.yaml
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --config /tmp/fid-wall.yaml; save
 elif [ "$call" = 1 ]; then
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
