@@ -20,7 +20,7 @@ def test_every_check_has_one_id_and_a_result_status():
     ids = [check.id for check in checks.CHECKS]
     assert len(ids) == len(set(ids))
     assert all(check.status in STATUSES and check.status != "ok" for check in checks.CHECKS)
-    assert {check.where for check in checks.CHECKS} == {"guards", "state", "outputs", "outcome", "tripwire", "ann"}
+    assert {check.where for check in checks.CHECKS} == {"guards", "state", "outputs", "outcome", "record", "tripwire", "ann"}
 
 
 def test_every_listed_check_is_given_by_the_code_and_the_code_names_no_other():

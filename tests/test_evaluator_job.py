@@ -105,6 +105,7 @@ def test_a_run_answer_with_known_keys_becomes_the_result(task, config, monkeypat
     candidate = Candidate.make(task.task_id, (ADVERSARIAL / "good.py").read_text())
     build = build_candidate(task, candidate, config)
     answer = {"status": "ok", "correct": True, "speedup": 1.5, "ref_us": 3.0, "cand_us": 2.0, "run_inner_s": 0.05,
+              "trials": config.correctness_trials, "timed_calls": 200, "timed_s": 0.01,
               "warnings": ["from the child"]}  # fmt: skip
     monkeypatch.setattr(evaluate_module, "run_job", _answering(answer))
     result = run_candidate(task, candidate, build, config)

@@ -230,14 +230,16 @@ def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_repo
     honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
     assert evaluate(task, honest, config).status == "ok"  # the pristine reference kept
     run_pinned = evaluate_module._run_pinned
-    jobs, slow = [], {"runs": 1}
+    jobs, slow, quiet = [], {"runs": 1}, []
 
-    def slowed(cache, job, *args):
-        outcome = run_pinned(cache, job, *args)
+    def slowed(cache, job, *args, **kwargs):
+        outcome = run_pinned(cache, job, *args, **kwargs)
         if job.kind == "run":
             jobs.append(job.kind)
+            quiet.append(kwargs.get("quiet", False))
             if len(jobs) <= slow["runs"] and outcome.result and outcome.result.get("status") == "ok":
-                result = {**outcome.result, **{k: outcome.result[k] * 40 for k in ("ref_us", "ref_lo_us", "ref_hi_us")}}
+                scaled = ("ref_us", "ref_lo_us", "ref_hi_us", "speedup", "speedup_lo", "speedup_hi")
+                result = {**outcome.result, **{k: outcome.result[k] * 40 for k in scaled}}
                 outcome = dataclasses.replace(outcome, result=result)
         return outcome
 
@@ -245,6 +247,7 @@ def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_repo
     result = evaluate(task, honest, config)
     assert result.status == "ok", (result.status, result.reason)
     assert jobs == ["run", "run"]
+    assert quiet == [False, True]  # the confirming run had the device to itself, not the first run's company
     assert any("did not repeat it" in w for w in result.warnings), result.warnings
     jobs.clear()
     slow["runs"] = 2
@@ -281,9 +284,9 @@ def test_a_cold_run_times_the_pristine_reference_before_its_candidate_in_its_own
     jobs = []
     run_pinned = evaluate_module._run_pinned
 
-    def recording(cache, job, *args):
+    def recording(cache, job, *args, **kwargs):
         jobs.append((job.kind, job.pristine_first))
-        return run_pinned(cache, job, *args)
+        return run_pinned(cache, job, *args, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "_run_pinned", recording)
     assert evaluate(task, honest, config).status == "ok"

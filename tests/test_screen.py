@@ -111,6 +111,9 @@ CASES = [
     ("cuda-events", "g = torch.cuda.CUDAGraph()", "g = torch.cuda.device_count()"),
     ("cuda-events", cpp("cudaEventRecord(e);"), cpp("cudaDeviceSynchronize();")),
     ("static-cache", cpp("static torch::Tensor cached;"), cpp("static const int kBlock = 256;")),
+    ("descriptors", "import os\nos.dup2(1, 5)", "import os\nn = os.cpu_count()"),
+    ("descriptors", "import os\nfds = os.listdir('/proc/self/fd')", "import os\nn = os.path.join('a', 'b')"),
+    ("descriptors", cpp("dup2(fd, 1);"), cpp("int fd2 = fd + 1;")),
 ]
 RULE_OF = {rule.id: rule for rule in RULES}
 

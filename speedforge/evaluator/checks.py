@@ -13,7 +13,10 @@ they run:
 - `state`: inside the sandbox before every reference call (the process state it had before the
   candidate loaded must be put back: speedforge.evaluator.process_state; its own module must be as
   its last call left it: speedforge.evaluator.fingerprint);
-- `outcome`: in the parent, on how a sandboxed stage ended when it wrote no result
+- `outcome`: in the parent, on how a sandboxed stage ended when it sent no result, or misused its
+  verdict channel (speedforge.evaluator.sandbox, .verdict);
+- `record`: in the parent, on the figures of a run's result, which need no trust in the child: the
+  counts and bounds the harness keeps, and the device's turn the parent saw the run hold
   (speedforge.evaluator.evaluate);
 - `tripwire`: in the parent, the reference's time beside the candidate against its pristine time
   (speedforge.evaluator.evaluate);
@@ -33,7 +36,7 @@ import threading
 class Check:
     id: str  # named in the reasons it gives, as "[id]"
     status: str  # the result's status when it fails
-    where: str  # guards | outputs | state | outcome | tripwire | ann
+    where: str  # guards | outputs | state | outcome | record | tripwire | ann
     catches: str  # what it catches, one line
 
 
@@ -76,12 +79,20 @@ CHECKS = (
           "the reference's subnormal values flushed to zero (FTZ/DAZ, however set: a precision downgrade), unless "
           "allow_precision_downgrade"),
     # outcome: how a sandboxed stage ended without a result
+    Check("verdict-channel", "hack_detected", "outcome",
+          "the result channel misused: a record the harness did not send, a nonce asked for twice, bytes out of "
+          "order or beyond the channel's bounds"),
     Check("time-limit", "timeout", "outcome", "did not finish within its time limit"),
     Check("memory-limit", "crashed", "outcome", "exceeded the memory limit"),
     Check("disk-limit", "crashed", "outcome", "wrote more than its disk quota"),
     Check("process-limit", "hack_detected", "outcome", "started more processes than allowed"),
     Check("cpu-time-limit", "timeout", "outcome", "exceeded its CPU-time limit"),
     Check("ended-without-result", "crashed", "outcome", "died or exited without writing a result"),
+    # record: a run's figures, checked in the parent
+    Check("record-figures", "hack_detected", "record",
+          "a result whose figures the harness cannot have measured: fewer timed pairs or trials than the config "
+          "allows, a time that is not positive, an estimate outside its interval, a speedup that is not the ratio "
+          "of its times, or more timed work than the device's turn the run held"),
     # tripwire: the reference beside the candidate against a pristine sandbox
     Check("reference-slowdown", "hack_detected", "tripwire",
           "the reference ran slower beside the candidate than in a sandbox that never loaded one"),
@@ -340,12 +351,14 @@ def overlaps(a, b) -> bool:
 
 
 def outcome(result: object | None, timed_out: bool, for_memory: bool, for_disk: bool, for_processes: bool,
-            signal_name: str, returncode: int | None) -> tuple[str, str] | None:  # fmt: skip
+            signal_name: str, returncode: int | None, channel_problem: str = "") -> tuple[str, str] | None:  # fmt: skip
     """(status, why, naming the check) for a stage that ended without a usable result; None when
-    it wrote one and was not killed. The first that applies, in CHECKS order."""
-    if result is not None and not (timed_out or for_memory or for_disk or for_processes):
+    it sent one and was not killed. The first that applies, in CHECKS order."""
+    if result is not None and not (timed_out or for_memory or for_disk or for_processes or channel_problem):
         return None
-    if timed_out:
+    if channel_problem:
+        check, why = "verdict-channel", f"misused its result channel ({channel_problem}) and was killed"
+    elif timed_out:
         check, why = "time-limit", "did not finish in time and was killed"
     elif for_memory:
         check, why = "memory-limit", "exceeded the memory limit (its processes and its /dev/shm) and was killed"
@@ -359,6 +372,49 @@ def outcome(result: object | None, timed_out: bool, for_memory: bool, for_disk: 
         how = f"died of {signal_name}" if signal_name else f"exited with code {returncode}"
         check, why = "ended-without-result", f"process {how} without a result"
     return CHECK[check].status, named(check, why)
+
+
+# -- record ---------------------------------------------------------------------------------------
+
+# How far the timed work may exceed the turn the parent saw held: both clocks' granularity, and the
+# turn's grant and release messages on either side of the timed phase.
+TURN_SLACK_S = 0.25
+
+
+def record_figures(result, fewest_pairs: int, fewest_trials: int, main_turn_s: float | None) -> str | None:
+    """The reason when an ok run's figures cannot be the harness's (`record-figures`), else None.
+    `fewest_pairs`: the fewest timed pairs the config lets a run stop at; `fewest_trials`: the
+    correctness trials it asks for; `main_turn_s`: seconds the parent saw the run hold the device's
+    turn for its own timing (None: not known). A result without a speedup (another family's) is
+    not judged here."""
+    if not result.ok or result.speedup is None:
+        return None
+    problems = []
+    if result.timed_calls < fewest_pairs:
+        problems.append(f"{result.timed_calls} timed pairs, fewer than the {fewest_pairs} the config allows")
+    if result.trials < fewest_trials or not result.correct:
+        problems.append(f"ok after {result.trials} correct trial(s) of the {fewest_trials} the config asks for")
+    times = {"ref_us": result.ref_us, "cand_us": result.cand_us, "ref_lo_us": result.ref_lo_us,
+             "ref_hi_us": result.ref_hi_us, "speedup": result.speedup, "timed_s": result.timed_s}  # fmt: skip
+    bad = [name for name, value in times.items() if value is not None and not (0 < value < float("inf"))]
+    if bad or result.ref_us is None or result.cand_us is None:
+        problems.append(f"times that are missing or not positive ({', '.join(bad) or 'ref_us, cand_us'})")
+    else:
+        ratio = result.ref_us / result.cand_us
+        if abs(result.speedup - ratio) > 1e-6 * ratio:
+            problems.append(f"a speedup of {result.speedup:.4g} where its times give {ratio:.4g}")
+        if None not in (result.ref_lo_us, result.ref_hi_us) and not result.ref_lo_us <= result.ref_us <= result.ref_hi_us:
+            problems.append("a reference time outside its own interval")
+        if None not in (result.speedup_lo, result.speedup_hi) and not (
+                result.speedup_lo <= result.speedup <= result.speedup_hi):  # fmt: skip
+            problems.append(f"a speedup of {result.speedup:.4g} outside its interval "
+                            f"{result.speedup_lo:.4g}-{result.speedup_hi:.4g}")  # fmt: skip
+        work_s = result.timed_s or 0.0
+        if main_turn_s is not None and work_s > main_turn_s + TURN_SLACK_S:
+            problems.append(f"{work_s:.2f} s of timed calls in a turn of {main_turn_s:.2f} s on the device")
+    if not problems:
+        return None
+    return named("record-figures", "the result's figures are not the harness's: " + "; ".join(problems))
 
 
 # -- tripwire -------------------------------------------------------------------------------------

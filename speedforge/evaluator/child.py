@@ -2,20 +2,22 @@
 
 It reads its `Job` (speedforge.evaluator.job) back from job.json, locks itself down (resource
 limits, Landlock) while still single-threaded and before any candidate code is imported, then
-hands the job to its family's sandbox module (speedforge.families) and writes the family's
-result dict as JSON to the result pipe, where the parent reads it as a StageResult. A harness
-bug becomes an `infra_error` result. Called by the zygote (speedforge.evaluator.zygote) in a
+hands the job to its family's sandbox module (speedforge.families) and sends the family's
+result dict as JSON on the verdict channel (speedforge.evaluator.verdict), authenticated once the
+candidate's last call has returned; the parent reads it as a StageResult. A harness bug becomes
+an `infra_error` result. Called by the zygote (speedforge.evaluator.zygote) in a
 freshly forked, isolated process; its CPU-time limit is set before the namespaces, so the keeper
 shares it (see `limit_cpu_time`).
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
-import json
 import math
 import os
 import resource
+import signal
 import site
 import sys
 import sysconfig
@@ -26,7 +28,7 @@ import psutil
 
 from speedforge import families
 from speedforge.evaluator import cpus as cpu_claims
-from speedforge.evaluator import phases, turns
+from speedforge.evaluator import phases, turns, verdict
 from speedforge.evaluator.job import Job
 
 
@@ -64,28 +66,26 @@ def limit_cpu_time(job: Job) -> None:
         pass
 
 
-_result_fd = -1  # the result pipe of this job (execute)
+_channel: verdict.Channel | None = None  # this job's verdict channel (execute)
+NO_RESULT_EXIT = 3  # the harness could not send its result: the channel was taken from it
 
 
 def send_first(record: dict) -> None:
-    """Write `record` to the result pipe now, as one line ahead of the job's result: called before
-    any candidate code is imported, so that nothing the candidate does later can change what was
-    sent (it could only add after it). The parent reads it as Outcome.first."""
-    _write_all(_result_fd, json.dumps(_finite(record), default=str).encode() + b"\n")
-
-
-def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    """Send `record` now, ahead of the job's result: called before any candidate code is imported,
+    so that nothing the candidate does later can change what was sent. The parent reads it as
+    Outcome.first."""
+    if _channel is not None:
+        _channel.send_first(verdict.encode(record))
 
 
 def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) -> None:
-    """Run one job and exit the process; never returns. `turn_fd`: the socket on which a run asks
-    the parent for the device's turn (speedforge.evaluator.turns), -1 for none."""
-    global _result_fd
-    _result_fd = result_fd
+    """Run one job and exit the process; never returns. `result_fd`: the verdict channel;
+    `turn_fd`: the socket on which a run asks the parent for the device's turn
+    (speedforge.evaluator.turns), -1 for none."""
+    global _channel
+    _channel = verdict.Channel(result_fd)  # its identity taken before any candidate code runs
+    if turn_fd >= 0:
+        os.set_inheritable(turn_fd, False)
     turns.set_channel(turn_fd)
     os.environ.update(HOME=job.workdir, TMPDIR=job.workdir)
     tempfile.tempdir = job.workdir  # the zygote may have resolved it before the fork
@@ -113,11 +113,36 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
         _profile_summary(profile)
     phases.write_totals()
     phases.mark("result_ready")
-    _write_all(result_fd, json.dumps(_finite(result), default=str).encode())
-    os.close(result_fd)
+    payload = verdict.encode(result)
+    _quiet()
+    problem = _channel.send_result(payload)
+    if problem:
+        sys.stderr.write(f"speedforge harness: {problem}\n")
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+    os._exit(NO_RESULT_EXIT if problem else 0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+
+
+# taken before any candidate code is imported (the zygote imports this module)
+_block_signals, _signal_handler, _gc_disable, _set_trace, _set_profile = (
+    signal.pthread_sigmask, signal.signal, gc.disable, sys.settrace, sys.setprofile)
+_SIGNALS, _SIG_BLOCK, _SIG_IGN = tuple(signal.valid_signals()), signal.SIG_BLOCK, signal.SIG_IGN
+
+
+def _quiet() -> None:
+    """From here until the process exits, no candidate code runs in this thread between the
+    nonce's arrival and the result's departure: signals blocked and their Python handlers
+    dropped (one already pending would run at the next bytecode), no trace or profile hook, no
+    collection that could run a finalizer."""
+    _block_signals(_SIG_BLOCK, _SIGNALS)
+    for number in _SIGNALS:
+        try:
+            _signal_handler(number, _SIG_IGN)
+        except (OSError, ValueError, RuntimeError):
+            pass
+    _set_trace(None)
+    _set_profile(None)
+    _gc_disable()
 
 
 def _harness_error(exc: BaseException, memory_limit_mb: int) -> str:
@@ -151,17 +176,6 @@ def _profile_summary(profile) -> None:
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
     sys.stderr.write(text.getvalue()[-6000:])
     sys.stderr.flush()
-
-
-def _finite(value):
-    """JSON-safe: NaN and infinities become None."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def lock_down(job: Job) -> list[str]:

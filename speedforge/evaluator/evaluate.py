@@ -23,7 +23,7 @@ from speedforge.evaluator import checks, phases
 from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
-from speedforge.evaluator.timing import TIMING_VERSION, pristine_settings
+from speedforge.evaluator.timing import TIMING_VERSION, fewest_pairs, pristine_settings
 from speedforge.evaluator.zygote import remove_tree
 from speedforge.evaluator.screen import screen
 from speedforge.files import write_whole
@@ -126,7 +126,7 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
                   build_dir=build.build_dir, config=config, pristine_first=pristine_first)  # fmt: skip
         phases.mark("job_ready")
         outcome = _run_pinned(cache, job, task, config, device, zygote)
-        stage = _stage_result(outcome, "run")
+        stage = _stage_result(outcome, "run", job)
         phases.mark("run_read")
         if pristine_first and outcome.first is not None:
             _keep_pristine(task, config, device, pool, _stage_result(dataclasses.replace(outcome, result=outcome.first),
@@ -134,10 +134,10 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         if stage.ok and tripwire:
             reruns = []
 
-            def rerun() -> StageResult:  # the same job in a fresh sandbox, its pristine reference kept by now
+            def rerun() -> StageResult:  # the same job in a fresh sandbox, alone on the device
                 again = dataclasses.replace(job, pristine_first=False, seed=_seed(config))
-                reruns.append(_run_pinned(cache, again, task, config, device, zygote))
-                return _stage_result(reruns[-1], "run")
+                reruns.append(_run_pinned(cache, again, task, config, device, zygote, quiet=True))
+                return _stage_result(reruns[-1], "run", again)
 
             stage = _tripwire(stage, lambda fresh: _pristine_reference(task, config, device, pool, zygote, fresh),
                               config.reference_slowdown_limit, rerun)  # fmt: skip
@@ -166,11 +166,13 @@ def _seed(config: EvaluatorConfig) -> int:
 
 
 def _run_pinned(cache: BuildCache, job: Job, task: Task, config: EvaluatorConfig, device: str,
-                zygote: Zygote | None) -> Outcome:  # fmt: skip
+                zygote: Zygote | None, quiet: bool = False) -> Outcome:  # fmt: skip
     """A run (or pristine) job in its sandbox; on the CPU its timed phase is pinned to cpu_threads
-    CPUs, claimed host-wide when it gets the device's turn (speedforge.evaluator.turns, .cpus)."""
+    CPUs, claimed host-wide when it gets the device's turn (speedforge.evaluator.turns, .cpus).
+    `quiet`: with the device to itself (turns.device_use), as the tripwire's confirmations run."""
     pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
-    return _sandboxed(cache, job, config.run_timeout_s, config, zygote, pin=config.cpu_threads if pinned else 0)
+    return _sandboxed(cache, job, config.run_timeout_s, config, zygote, pin=config.cpu_threads if pinned else 0,
+                      quiet=quiet)  # fmt: skip
 
 
 def pristine_key(task: Task, config: EvaluatorConfig, device: str, pool: str) -> str:
@@ -190,8 +192,8 @@ PRISTINE_SETTINGS = ("warmup_calls", "timed_calls", "cpu_timed_calls", "min_time
 def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: str, zygote: Zygote | None,
                         fresh: bool = False) -> StageResult:  # fmt: skip
     """The reference timed in a sandbox that never loaded a candidate (against a second
-    instance of itself), cached per task, pool and environment; `fresh` measures it again now
-    (the cache keeps the first)."""
+    instance of itself), cached per task, pool and environment; `fresh` measures it again now,
+    alone on the device (the cache keeps the first)."""
     cache = BuildCache(config.cache_dir)
     if not fresh:
         kept = _cached_pristine(task, config, device, pool)
@@ -201,7 +203,8 @@ def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: 
     seed = _seed(config)
     job = Job(kind="pristine", task=task, candidate=reference, device=device, seed=seed, workdir="", build_dir="",
               config=pristine_settings(config))  # fmt: skip
-    result = _stage_result(_run_pinned(cache, job, task, config, device, zygote), "pristine reference run")
+    result = _stage_result(_run_pinned(cache, job, task, config, device, zygote, quiet=fresh), "pristine reference run",
+                           job)  # fmt: skip
     _keep_pristine(task, config, device, pool, result)
     return result
 
@@ -335,30 +338,38 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
 
 
 def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig,
-               zygote: Zygote | None, pin: int = 0) -> Outcome:  # fmt: skip
+               zygote: Zygote | None, pin: int = 0, quiet: bool = False) -> Outcome:  # fmt: skip
     workdir = cache.scratch()
     phases.mark(f"{job.kind}:scratch_made")
     try:
         return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
                        max_processes=config.max_processes + (64 if job.kind == "build" else 0),
-                       isolate_network=config.network_isolation, zygote=zygote, pin=pin)  # fmt: skip
+                       isolate_network=config.network_isolation, zygote=zygote, pin=pin, quiet=quiet)  # fmt: skip
     finally:
         remove_tree(str(workdir))
         phases.mark(f"{job.kind}:scratch_removed")
 
 
-def _stage_result(outcome: Outcome, stage: str) -> StageResult:
+def _stage_result(outcome: Outcome, stage: str, job: Job | None = None) -> StageResult:
     """The child's result, validated, or the status of the outcome check (speedforge.evaluator.checks)
-    for how the child ended when it wrote none; a result with a key no StageResult has is an
-    infra_error naming it."""
+    for how the child ended when it sent none; a result with a key no StageResult has is an
+    infra_error naming it. A run's result (`job` given) must also have figures the harness can
+    have measured (checks.record_figures)."""
     ended = checks.outcome(outcome.result, outcome.timed_out, outcome.killed_for_memory, outcome.killed_for_disk,
-                           outcome.killed_for_processes, outcome.signal_name, outcome.returncode)  # fmt: skip
-    if ended is None:  # it wrote a result and was not killed
+                           outcome.killed_for_processes, outcome.signal_name, outcome.returncode,
+                           outcome.channel_problem)  # fmt: skip
+    if ended is None:  # it sent a result and was not killed
         try:
             result = StageResult.from_dict(outcome.result)
         except (RecordError, TypeError) as exc:
             return StageResult("infra_error", f"the {stage} returned a malformed result ({exc})",
                                log=outcome.stderr_tail)  # fmt: skip
+        if job is not None and job.kind in ("run", "pristine") and families.get(job.family).kernelbench:
+            fewest = fewest_pairs(job.config, job.device != "cpu", result.stopped_early)
+            main_turn_s = outcome.turn_held_s - outcome.pristine_held_s if job.kind == "run" else outcome.turn_held_s
+            implausible = checks.record_figures(result, fewest, int(job.config.correctness_trials), main_turn_s)
+            if implausible:
+                return StageResult(checks.CHECK["record-figures"].status, implausible, log=outcome.stderr_tail)
         if not result.ok and not result.log:
             result = dataclasses.replace(result, log=outcome.stderr_tail)
         return result

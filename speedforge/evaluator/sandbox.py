@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 import speedforge
-from speedforge.evaluator import phases, turns
+from speedforge.evaluator import phases, turns, verdict
 
 if TYPE_CHECKING:
     from speedforge.evaluator.job import Job
@@ -113,7 +113,7 @@ MAX_SCRATCH_ENTRIES = 100_000  # files and folders a job may leave in its folder
 class Outcome:
     """What became of one sandboxed job."""
 
-    result: dict | None  # the child's JSON result, when it wrote one
+    result: dict | None  # the child's result, when the harness sent one that verified (speedforge.evaluator.verdict)
     returncode: int | None  # negative: killed by that signal; above 128: its namespace's process was
     timed_out: bool
     killed_for_memory: bool
@@ -121,9 +121,10 @@ class Outcome:
     wall_s: float
     stderr_tail: str
     killed_for_disk: bool = False
-    # a record the job sent ahead of its result (speedforge.evaluator.child.send_first): the first
-    # line the job wrote, when it wrote more than one
+    # a record the job sent ahead of its result, before any candidate code was imported
+    # (speedforge.evaluator.child.send_first)
     first: dict | None = None
+    channel_problem: str = ""  # how the verdict channel was misused (no result is taken then), "" if it was not
     # the device's turn (speedforge.evaluator.turns): seconds waited for it, seconds held, and of
     # those held the pristine turn's (a cold run's pristine reference, or a pristine job's)
     turn_wait_s: float = 0.0
@@ -345,14 +346,26 @@ def default_zygote() -> Zygote:
 
 def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
             isolate_network: bool = True, zygote: Zygote | None = None, disk_limit_mb: int | None = None,
-            pin: int = 0) -> Outcome:  # fmt: skip
+            pin: int = 0, quiet: bool = False) -> Outcome:  # fmt: skip
     """Run `job` in a child sandboxed by `zygote` (default: `default_zygote()`); always returns
     an Outcome, killing the child if need be. `disk_limit_mb` (default: the job's config's) is
     what the job may add to its scratch folder (`workdir`) and its build folder together.
 
     A run (or pristine) job gets the device's turn from here on request (speedforge.evaluator.turns),
     its timed phase pinned to `pin` CPUs claimed then (0: unpinned); the time it waited for the
-    turn does not count against `timeout_s`, and the turn is released when the job has ended."""
+    turn does not count against `timeout_s`, and the turn is released when the job has ended. It
+    shares the device with other jobs for its whole life, or, `quiet`, has it alone
+    (turns.device_use), waiting for that before it starts."""
+    if job.kind in ("run", "pristine"):
+        with turns.device_use(turns.device_key(job.device), quiet):
+            return _run_job(job, workdir, timeout_s, memory_limit_mb, max_processes, isolate_network, zygote,
+                            disk_limit_mb, pin)  # fmt: skip
+    return _run_job(job, workdir, timeout_s, memory_limit_mb, max_processes, isolate_network, zygote, disk_limit_mb,
+                    pin)  # fmt: skip
+
+
+def _run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int,
+             isolate_network: bool, zygote: Zygote | None, disk_limit_mb: int | None, pin: int) -> Outcome:  # fmt: skip
     zygote = zygote if zygote is not None else default_zygote()
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
@@ -360,36 +373,32 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
     stderr_path = workdir / "stderr.txt"
     disk = _DiskWatch([workdir] + ([Path(job.build_dir)] if job.build_dir else []),
                       job.config.disk_limit_mb if disk_limit_mb is None else disk_limit_mb)  # fmt: skip
-    read_fd, write_fd = os.pipe()
+    channel, channel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     turn_sock = job_sock = None
     if job.kind in ("run", "pristine"):
         turn_sock, job_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     start = time.perf_counter()
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
-        fds = (write_fd, out.fileno(), err.fileno()) + ((job_sock.fileno(),) if job_sock is not None else ())
+        fds = (channel_end.fileno(), out.fileno(), err.fileno()) + ((job_sock.fileno(),) if job_sock is not None else ())
         try:
             pid = zygote.launch(str(job_path), fds, isolate_network)
         except (OSError, RuntimeError) as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            for sock in (turn_sock, job_sock):
+            for sock in (channel, channel_end, turn_sock, job_sock):
                 if sock is not None:
                     sock.close()
             raise RuntimeError(f"could not start the sandbox: {exc}") from None
-    os.close(write_fd)
+    channel_end.close()
     turn = None
     if job_sock is not None:
         job_sock.close()
         turn = turns.Turn(turn_sock, turns.device_key(job.device), f"{job.candidate.candidate_id}:{job.kind}",
                           done_allowed=job.pristine_first, pin=pin, pristine=job.kind == "pristine")  # fmt: skip
     phases.mark(f"{job.kind}:launched")
-    chunks: list[bytes] = []
-    reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
-    reader.start()
+    reader = verdict.Reader(channel, first_expected=job.pristine_first)
     ended = False
     try:
         returncode, killed_for = _watch(zygote, pid, timeout_s, memory_limit_mb, max_processes, disk,
-                                        turn.credit_s if turn is not None else None)  # fmt: skip
+                                        turn.credit_s if turn is not None else None, reader.broken)  # fmt: skip
         ended = True
     finally:  # what the job left running, or all of it when interrupted (KeyboardInterrupt)
         _kill_group(pid)
@@ -397,23 +406,13 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
             zygote.wait(pid, 5.0)
         if turn is not None:  # the job has ended: its turn with it
             turn.close()
-    reader.join(timeout=5)
+    reader.close()
     phases.mark(f"{job.kind}:ended")
-    result = first = None
-    if not killed_for and chunks:
-        records = b"".join(chunks).split(b"\n")  # JSON of one line each: the last is the result
-        try:
-            result = json.loads(records[-1].decode())
-        except (ValueError, UnicodeDecodeError):
-            result = None
-        try:
-            first = json.loads(records[0].decode()) if len(records) > 1 else None
-        except (ValueError, UnicodeDecodeError):
-            first = None
+    result = reader.result if not killed_for and not reader.problem else None
     stderr_tail = _tail(stderr_path)
     phases.adopt(job.kind, stderr_tail)
     return Outcome(
-        result=result if isinstance(result, dict) else None,
+        result=result,
         returncode=returncode,
         timed_out=killed_for == "time",
         killed_for_memory=killed_for == "memory",
@@ -421,7 +420,8 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
         killed_for_disk=killed_for == "disk",
         wall_s=time.perf_counter() - start,
         stderr_tail=stderr_tail,
-        first=first if isinstance(first, dict) else None,
+        first=reader.first if not reader.problem else None,
+        channel_problem=reader.problem,
         turn_wait_s=turn.waited_s if turn is not None else 0.0,
         turn_held_s=turn.held_s if turn is not None else 0.0,
         pristine_held_s=turn.pristine_held_s if turn is not None else 0.0,
@@ -474,18 +474,13 @@ def _start_ticks(pid: int) -> int:
         return -1
 
 
-def _drain(fd: int, chunks: list[bytes]) -> None:
-    with os.fdopen(fd, "rb") as pipe:
-        while data := pipe.read(65536):
-            chunks.append(data)
-
-
 def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int, max_processes: int,
-           disk: _DiskWatch, waited_s=None) -> tuple[int | None, str]:  # fmt: skip
-    """Wait for the child; kill it on timeout, or when its process tree exceeds the memory limit,
-    the process limit or the disk quota. Returns (returncode, what it was killed for: "time",
-    "memory", "processes", "disk" or ""). `waited_s()`: seconds the child has waited for the
-    device's turn, which the time limit does not count."""
+           disk: _DiskWatch, waited_s=None, broken: threading.Event | None = None) -> tuple[int | None, str]:  # fmt: skip
+    """Wait for the child; kill it on timeout, when its process tree exceeds the memory limit, the
+    process limit or the disk quota, or once its verdict channel was misused (`broken`). Returns
+    (returncode, what it was killed for: "time", "memory", "processes", "disk", "channel" or "").
+    `waited_s()`: seconds the child has waited for the device's turn, which the time limit does
+    not count."""
     deadline = time.monotonic() + timeout_s
     poll_s = 0.005
     while True:
@@ -494,6 +489,8 @@ def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int, max
             return code, ""
         poll_s = min(poll_s * 2, 0.2)
         killed_for = "time" if time.monotonic() > deadline + (waited_s() if waited_s else 0.0) else ""
+        if broken is not None and broken.is_set():
+            killed_for = "channel"
         if not killed_for:
             procs = _tree(pid)
             if _memory_mb(procs) + _shm_mb(pid) > memory_limit_mb:

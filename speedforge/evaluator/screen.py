@@ -74,6 +74,10 @@ RULES = (
     Rule("file-access", "file access", False, "Landlock: writes only to its private temp and build dirs (within a disk quota), its own /dev/shm "
          "and /dev/null-like devices; a private /proc",
          r"\b(?:fopen|freopen|unlink)\s*\(|\bstd::[io]?fstream\b|\bstd::filesystem\b|\b(?:open|remove)\s*\(\s*\""),
+    Rule("descriptors", "raw file-descriptor work (writing to, copying over or closing a descriptor it did not open)",
+         False, "the verdict channel: a result authenticated by a nonce the parent hands out once, after the candidate's "
+         "last call; any other bytes on it are hack_detected, a descriptor taken from the harness ends the run without "
+         "a result", r"/proc/self/fd|/dev/fd/|\bdup[23]?\s*\(|\bclose_range\s*\("),
     Rule("clock", "reads a clock", False, "the harness's timers are captured before import; every timed output checked",
          r"\bclock_gettime\b|\bgettimeofday\b|\brdtsc\b|\bstd::chrono\b|\bclock64\s*\("),
     Rule("pointer-cache", "data pointers (caching by address)", False, _SAME_OUTPUTS),
@@ -136,7 +140,11 @@ NAMES = {
             "spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp kill killpg", "processes", "os."),
     **_each("environ environb getenv getenvb putenv unsetenv", "environment", "os."),
     **_each("open listdir scandir walk remove unlink rename renames replace mkdir makedirs rmdir removedirs chmod "
-            "chown symlink link chdir truncate mkfifo fdopen", "file-access", "os."),
+            "chown symlink link chdir truncate mkfifo", "file-access", "os."),
+    **_each("write writev pwrite pwritev read readv pread dup dup2 close closerange fdopen pipe pipe2 set_inheritable "
+            "set_blocking sendfile splice copy_file_range", "descriptors", "os."),
+    "io.FileIO": "descriptors",
+    "io.open": "descriptors",
     **_each("_getframe _current_frames settrace setprofile addaudithook modules meta_path path_hooks", "introspection",
             "sys."),
     **_each("Stream ExternalStream stream streams set_stream StreamContext", "side-stream", "torch.cuda."),
@@ -433,6 +441,8 @@ class _PythonScreen(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and len(node.value) > 20 and id(node) not in self.docstrings:
             self.strings.append((node.lineno, node.value))
+        elif isinstance(node.value, str) and ("/proc/self/fd" in node.value or "/dev/fd" in node.value):
+            self._add(node, "descriptors", repr(node.value[:40]))
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:

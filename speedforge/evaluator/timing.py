@@ -147,7 +147,15 @@ class Timer:
             unstable += drift_reasons(times["ref"], times["cand"], self.rng.getrandbits(31), self.torch,
                                       float(config.drift_limit), self.quantile)
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
+        speedup = ref_us / cand_us if cand_us > 0 else None
+        # an interval always contains its own estimate (a resampled one may fall just beside it); the
+        # parent checks that it does (speedforge.evaluator.checks.record_figures)
+        lo, hi = chosen["lo"], chosen["hi"]
+        if speedup is not None and lo is not None and hi is not None:
+            lo, hi = min(lo, speedup), max(hi, speedup)
         ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
+        if ref_lo is not None:
+            ref_lo, ref_hi = min(ref_lo, ref_us), max(ref_hi, ref_us)
         warnings = [f"unstable: {why}" for why in unstable]
         if any(r["out_of_time"] for r in rounds):
             warnings.append(f"timing budget: the timed pairs stopped at evaluator.max_timed_s={budget:g} s "
@@ -161,9 +169,9 @@ class Timer:
             "cand_us": cand_us,
             "ref_iqr_us": iqr(times["ref"]),
             "cand_iqr_us": iqr(times["cand"]),
-            "speedup": ref_us / cand_us if cand_us > 0 else None,
-            "speedup_lo": chosen["lo"],
-            "speedup_hi": chosen["hi"],
+            "speedup": speedup,
+            "speedup_lo": lo,
+            "speedup_hi": hi,
             "unstable": bool(unstable),
             "contended": contended,
             # the work the process's other threads did beside each side's timed calls, per second of its own
@@ -313,6 +321,17 @@ def pairs_wanted(config, is_cuda: bool, per_call: float, pair_wall: float) -> tu
     if config.min_timed_span == "wall" and math.isfinite(pair_wall):
         unit = max(unit, pair_wall)
     return min(max(base, math.ceil(float(config.min_timed_s) / unit)), most), most
+
+
+def fewest_pairs(config, is_cuda: bool, stopped_early: bool) -> int:
+    """The fewest timed pairs a run's reported round can have under `config` (`Timer.measure`): the
+    round's least, or an early stop's first check, or the budget's floor once max_timed_s ran out."""
+    least = min(int(config.timed_calls if is_cuda else config.cpu_timed_calls), int(config.max_timed_calls))
+    if stopped_early:
+        least = min(least, EARLY_CHECK_FROM)
+    if float(config.max_timed_s) > 0:
+        least = min(least, BUDGET_MIN_PAIRS)
+    return max(1, least)
 
 
 def pristine_settings(config):

@@ -8,7 +8,8 @@ request. Each child starts its own process session, enters new namespaces
 a fresh process pays for every candidate.
 
 Protocol over a Unix SOCK_SEQPACKET socket, one JSON object per message: the parent sends
-{"id", "job", "isolate"} with three file descriptors (result pipe, stdout, stderr) attached, and
+{"id", "job", "isolate"} with three file descriptors (the verdict channel,
+speedforge.evaluator.verdict; stdout; stderr) attached, and
 a fourth for a run (its turn socket, speedforge.evaluator.turns);
 the zygote answers {"id", "pid"} once forked (or {"id", "error"}), and {"pid", "status"} when
 that child has ended (status as os.waitpid gives it).
@@ -131,7 +132,7 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         phases.in_job()
         if not namespaces.die_with_parent(signal.SIGKILL, zygote_pid):
             return
-        result_fd, out_fd, err_fd, *turn_fd = fds  # a run's turn socket (speedforge.evaluator.turns)
+        result_fd, out_fd, err_fd, *turn_fd = fds  # result_fd: the verdict channel  # a run's turn socket (speedforge.evaluator.turns)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
         os.close(out_fd)
