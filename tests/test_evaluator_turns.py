@@ -179,3 +179,46 @@ def test_a_devices_turn_is_named_after_the_physical_device(monkeypatch):
     assert (turns.device_key("cuda:0"), turns.device_key("cuda:1")) == ("cuda-GPU-ab12", "cuda-5")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert (turns.device_key("cuda:2"), turns.device_key("cpu")) == ("cuda-2", "cpu")
+
+
+def test_a_quiet_job_has_the_device_alone_and_is_not_starved(tmp_path, monkeypatch):
+    """turns.device_use: a quiet holder waits for the shared holders already there, and a shared
+    holder that comes while it waits starts only after it has ended."""
+    import threading
+    import time
+
+    from speedforge.evaluator import turns
+
+    monkeypatch.setattr(turns, "lock_dir", lambda: tmp_path)
+    events: list[str] = []
+    first_in, release_first = threading.Event(), threading.Event()
+
+    def shared(name: str, hold: threading.Event | None = None, entered: threading.Event | None = None) -> None:
+        with turns.device_use("cuda-0", quiet=False):
+            events.append(f"{name} in")
+            if entered is not None:
+                entered.set()
+            if hold is not None:
+                hold.wait(10)
+            events.append(f"{name} out")
+
+    def quiet() -> None:
+        with turns.device_use("cuda-0", quiet=True):
+            events.append("quiet in")
+            time.sleep(0.2)
+            events.append("quiet out")
+
+    first = threading.Thread(target=shared, args=("first", release_first, first_in))
+    first.start()
+    assert first_in.wait(10)
+    alone = threading.Thread(target=quiet)
+    alone.start()
+    time.sleep(0.2)  # the quiet job now waits for the first, holding the gate
+    late = threading.Thread(target=shared, args=("late",))
+    late.start()
+    time.sleep(0.2)
+    assert events == ["first in"]  # neither the quiet job nor the late one has started
+    release_first.set()
+    for thread in (first, alone, late):
+        thread.join(10)
+    assert events == ["first in", "first out", "quiet in", "quiet out", "late in", "late out"]

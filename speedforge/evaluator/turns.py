@@ -268,6 +268,44 @@ class Turn:
                 _SPANS.append(Span(self.key, self.label, self.launched, asked, granted, now, which or "main"))
 
 
+# -- a quiet device -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def device_use(key: str, quiet: bool):
+    """Hold the use of a device for one sandboxed run (or pristine) job, from before its launch to
+    its end: shared by every job, or, `quiet`, alone. A quiet job waits for the jobs already on
+    the device to end and keeps new ones from starting until it has ended, so that nothing else
+    prepares (imports, first calls, autotuning, graph capture) or times on that device meanwhile:
+    what the tripwire's confirmations run under (speedforge.evaluator.evaluate), since a
+    confirmation that repeats the conditions of the trip confirms nothing. A gate lock makes the
+    waiting quiet job go first: a stream of shared holders cannot starve it. Where the lock files
+    cannot be opened the job runs without them."""
+    folder = lock_dir()
+    try:
+        gate = os.open(folder / f"{key}.gate", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+    except OSError:
+        yield
+        return
+    try:
+        use = os.open(folder / f"{key}.use", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+    except OSError:
+        os.close(gate)
+        yield
+        return
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(use, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        finally:
+            if not quiet:  # a quiet job keeps the gate: no shared holder starts before it has ended
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(use)  # closing the descriptors releases their locks
+        os.close(gate)
+
+
 # -- the child's side -------------------------------------------------------------------------
 
 _channel_fd = -1  # the turn socket of this job (set by speedforge.evaluator.child.execute)
