@@ -64,6 +64,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -311,8 +312,11 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     if args.direct:
         return run_speedforge_direct(args, rows)
     subset = run_file(args.out, "corpus", args.run_label)
+    rows = rows + variants(rows, args.variants)
     subset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = args.out / f"sf-cache-{int(time.time())}"  # a fresh cache: every build is cold
+    if args.warm_from:  # another sweep over the builds of an earlier run: what a later GRPO step's repeats find
+        cache = Path(json.loads(run_file(args.out, "speedforge_run", args.warm_from, "json").read_text())["cache"])
     env = {**os.environ, "SPEEDFORGE_CACHE": str(cache)}
     cli = [sys.executable, "-m", "speedforge.cli"]
     store = args.out / "store"
@@ -321,10 +325,14 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     run_dir = args.out / f"sf-run-{int(time.time())}"
     pool = args.pool or detected_pool()
     t0 = time.perf_counter()
-    subprocess.run([*cli, "evaluate", "--tasks", f"{store}/datasets/corpus", "--candidates", f"{store}/datasets/corpus",
-                    "--pools", pool, "--out", str(run_dir), "--no-live",
-                    *(["--config", str(args.config)] if args.config else [])], env=env, check=True)  # fmt: skip
-    wall = time.perf_counter() - t0
+    watch = SweepWatch(run_dir, t0)
+    try:
+        subprocess.run([*cli, "evaluate", "--tasks", f"{store}/datasets/corpus", "--candidates",
+                        f"{store}/datasets/corpus", "--pools", pool, "--out", str(run_dir), "--no-live",
+                        *(["--config", str(args.config)] if args.config else [])], env=env, check=True)  # fmt: skip
+    finally:
+        wall = time.perf_counter() - t0
+        watch.stop()
     from speedforge.records import EvalResult
     from speedforge.store import open_store
 
@@ -334,10 +342,83 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     for r in results:
         append_jsonl(out, sf_record(r, gpu))
     summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache),
-               "gpu": gpu}  # fmt: skip
+               "gpu": gpu, "warm_from": args.warm_from, "variants": args.variants, **watch.figures()}  # fmt: skip
     run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
     print(f"speedforge evaluate, run {args.run_label}: {len(results)} results for {len(rows)} kernels in {wall:.1f} s "
           f"on {pool}")
+
+
+def variants(rows: list[dict], count: int) -> list[dict]:
+    """`count` more candidates for tasks already in `rows` (spread over them): the same kernel with a
+    line of its own appended, as a policy's group holds near-copies of one answer. Each is a new
+    candidate with a source of its own, so it is built again, as it would be in a GRPO step."""
+    if count <= 0 or not rows:
+        return []
+    step = max(1, len(rows) // count)
+    picked = [rows[(i * step) % len(rows)] for i in range(count)]
+    return [{**row, "custom_code": row["custom_code"] + f"\n# sample {i + 2}\n", "variant": i + 2}
+            for i, row in enumerate(picked)]
+
+
+class SweepWatch:
+    """While a sweep runs: when each result arrives in its results table (seconds from the sweep's
+    submission, every candidate submitted at once), and the GPU's utilisation (nvidia-smi, sampled
+    every 500 ms): the latency of a candidate's result and the GPU's busy share."""
+
+    def __init__(self, run_dir: Path, t0: float) -> None:
+        self.run_dir, self.t0 = run_dir, t0
+        self.arrivals: dict[str, float] = {}
+        self.seen: set[str] = set()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        self.smi = None
+        try:
+            self.smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                         "-lms", "500"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        except OSError:
+            pass
+
+    def _poll(self) -> None:
+        while not self.done.wait(1.0):
+            self._scan()
+
+    def _scan(self) -> None:
+        from speedforge.records import EvalResult
+        from speedforge.store import open_store
+        from speedforge.store.base import decode_records
+
+        try:
+            store = open_store(str(self.run_dir))
+            for part in store.table_parts("results"):
+                if part not in self.seen:
+                    now = time.perf_counter() - self.t0
+                    for record in decode_records(store.get_bytes(part), EvalResult, part):
+                        self.arrivals.setdefault(record.candidate_id, now)
+                    self.seen.add(part)
+        except Exception:  # the table not there yet, or a part being written: the next scan
+            pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=30)
+        self._scan()
+        self.samples: list[float] = []
+        if self.smi is not None:
+            self.smi.terminate()
+            out, _ = self.smi.communicate(timeout=10)
+            self.samples = [float(v) for v in out.split() if v.replace(".", "", 1).isdigit()]
+
+    def figures(self) -> dict:
+        latency = sorted(self.arrivals.values())
+        out: dict = {"latency_n": len(latency)}
+        if latency:
+            out.update(latency_p50_s=latency[len(latency) // 2], latency_p90_s=latency[int(0.9 * (len(latency) - 1))],
+                       latency_max_s=latency[-1])  # fmt: skip
+        if self.samples:
+            out.update(gpu_busy_mean=statistics.mean(self.samples) / 100,
+                       gpu_busy_share=sum(1 for v in self.samples if v > 0) / len(self.samples))  # fmt: skip
+        return out
 
 
 def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -381,7 +462,7 @@ def sf_record(r, gpu: str) -> dict:
     """One line of speedforge.jsonl from an EvalResult: the verdict, the speedup and its
     interval, and the two medians it is the ratio of (ref_us / cand_us, GPU), with their IQRs.
     The result keeps no per-call times, so no other statistic can be derived from it."""
-    return {"key": r.task_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
+    return {"key": r.task_id, "candidate_id": r.candidate_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
             "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
             "stopped_early": r.stopped_early, "ref_us": r.ref_us, "cand_us": r.cand_us, "ref_iqr_us": r.ref_iqr_us,
             "cand_iqr_us": r.cand_iqr_us, "timed_calls": r.timed_calls, "mode": r.mode, "device": r.device_name,
@@ -597,6 +678,8 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         if timed_runs and any("turn_held_s" in r for r in timed_runs):  # the device's turn (evaluator.overlap_runs)
             for line in turn_lines(timed_runs):
                 print(line)
+    for line in batch_lines(args.out):
+        print(line)
     repeats = read_jsonl(args.out / "repeat.jsonl")
     if repeats:
         cvs = [_cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2]
@@ -619,6 +702,49 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
                 stopped = sum(1 for e in early if e)
                 print(f"  {kernel}: CV {_cv(ok):.2%} over {len(ok)} sandboxes, {marked} marked unstable, {stopped} "
                       f"stopped early{'' if marked or stopped else ' (above 5% with no unstable mark)'}")
+
+
+TRIPWIRE_CHECKS = ("[reference-slowdown]", "[reference-company]")
+
+
+def batch_lines(out: Path) -> list[str]:
+    """Each speedforge run as a batch: its verdicts, the latency of a candidate's result from the
+    sweep's submission (p50/p90/max) and the GPU's busy share; then every evaluation of every run
+    that the tripwire called sabotage (published kernels, honest by the tripwire's own terms: its
+    checks name no contract), the false positives the tripwire must not give."""
+    lines, evaluations, trips = [], 0, []
+    for path in sorted(out.glob("speedforge*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        label = path.name.removeprefix("speedforge").removesuffix(".jsonl").strip(".") or "1"
+        summary_path = run_file(out, "speedforge_run", label, "json")
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        counts = statistics_counts(r["status"] for r in records)
+        figures = ""
+        if "latency_p50_s" in summary:
+            figures += (f"; result latency from submission p50 {summary['latency_p50_s']:.0f} s, "
+                        f"p90 {summary['latency_p90_s']:.0f} s, max {summary['latency_max_s']:.0f} s")  # fmt: skip
+        if "gpu_busy_mean" in summary:
+            figures += (f"; GPU utilisation mean {summary['gpu_busy_mean']:.0%}, busy in "
+                        f"{summary['gpu_busy_share']:.0%} of samples")  # fmt: skip
+        warm = f", warm from run {summary['warm_from']}" if summary.get("warm_from") else ", cold"
+        lines.append(f"batch, speedforge run {label}: {len(records)} candidates{warm} in {summary.get('wall_s', 0):.0f} s "
+                     f"({counts}){figures}")  # fmt: skip
+        evaluations += len(records)
+        trips += [(label, r) for r in records if r["status"] == "hack_detected"
+                  and any(check in (r.get("reason") or "") for check in TRIPWIRE_CHECKS)]  # fmt: skip
+    if evaluations:
+        lines.append(f"tripwire: {len(trips)} hack_detected by the reference's slowdown or company in {evaluations} "
+                     f"evaluations of published kernels")  # fmt: skip
+        for label, r in trips:
+            lines.append(f"  run {label} {r['key']}: {(r.get('reason') or '')[:300]}")
+    return lines
+
+
+def statistics_counts(statuses) -> str:
+    counted: dict[str, int] = {}
+    for status in statuses:
+        counted[status] = counted.get(status, 0) + 1
+    return ", ".join(f"{status} {n}" for status, n in sorted(counted.items(), key=lambda kv: -kv[1]))
 
 
 def agreement(ratios: list[float]) -> dict | None:
@@ -815,6 +941,11 @@ def main() -> int:
                              "speedforge.jsonl; label L writes cuda_l1.L.jsonl, speedforge.L.jsonl); report reads them all")
     parser.add_argument("--kernels", default="",
                         help="only these of the selected kernels, comma-separated (e.g. level1/34,level2/14)")
+    parser.add_argument("--variants", type=int, default=0,
+                        help="speedforge step: this many more candidates for tasks of the sample (a near-copy of a "
+                             "kernel, a line appended): the repeats of one task a policy's group holds")
+    parser.add_argument("--warm-from", default="",
+                        help="speedforge step: sweep again over the build cache of that run's label (warm builds)")
     parser.add_argument("--only", choices=["accepted", "sf-accepted", "sf-rejected"], default=None,
                         help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in "
                              "--out; sf-accepted: those speedforge accepted in a run; sf-rejected: those speedforge "

@@ -25,6 +25,14 @@
 #                          fid SECONDS /tmp/fidpack): the GPU tests (test_evaluator_gpu.py); speedforge
 #                          cold; CUDA-L1 on the kernels speedforge accepted until L1_UNTIL (1250 s); the
 #                          repeat step until REPEAT_UNTIL (1550 s); the report. Files in /tmp/fidpack.
+#   fidelity.sh batch      the verdict channel's GPU figures, a whole warm machine's run to be detached
+#                          (detach.sh) and awaited (await.sh fid SECONDS /tmp/fidpack): the GPU tests; a GRPO-sized
+#                          batch cold (FID_EVERY=2: 113 kernels of levels 1-3, VARIANTS (16) near-copies of some of
+#                          them: 129 candidates), with each result's latency from submission and the GPU's busy
+#                          share; CUDA-L1 serially on the sample (levels interleaved) until L1_UNTIL (1000 s), its
+#                          pace per kernel scaled to the batch; warm sweeps over the batch's builds (run labels 2,
+#                          3) while WARM_UNTIL (1500 s) leaves room: the tripwire's false positives over every
+#                          evaluation. Files in /tmp/fidpack.
 # FID_EVERY (9: every 9th kernel of levels 1-3, 25 kernels), FID_OFFSET (0: the sample's first kernel;
 # another offset takes kernels no earlier sample of the same FID_EVERY took). Results: $OUT/fid-N.tgz
 # and report.txt.
@@ -43,10 +51,10 @@ if [ "${1:-}" = pack ]; then
   du -sh .fid; exit 0
 fi
 call=${1:?usage: fidelity.sh pack|1|2|l2off|wall|span|span2|session|overhead|ab|tests}
-if [ "$call" = session ] && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree: run from a copy
-  rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh session
+if { [ "$call" = session ] || [ "$call" = batch ]; } && [ "$PWD" != /tmp/fidrepo ]; then  # later calls re-send the tree
+  rm -rf /tmp/fidrepo && cp -a . /tmp/fidrepo && exec bash /tmp/fidrepo/benchmarks/device/fidelity.sh "$call"
 fi
-[ "$call" = session ] && { export OUT=/tmp/fidpack; mkdir -p $OUT; }
+if [ "$call" = session ] || [ "$call" = batch ]; then export OUT=/tmp/fidpack; mkdir -p $OUT; fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site
 if [ ! -d /tmp/site/ray ]; then
   mkdir -p /tmp/site && xz -dc .fid/ray-*-trimmed.tar.xz | tar xf - -C /tmp/site \
@@ -114,6 +122,15 @@ elif [ "$call" = 1 ]; then
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
   b=$(left 470); [ "$b" -gt 30 ] && "${L1[@]}" "$b" --only sf-accepted; save
   b=$(left 550); [ "$b" -gt 20 ] && "${L1[@]}" "$b" --run-label 2 --only accepted; save
+elif [ "$call" = batch ]; then
+  [ "${SESSION_GPU_TESTS:-1}" = 1 ] && gpu_tests
+  [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge --variants "${VARIANTS:-16}"; save
+  b=$(left "${L1_UNTIL:-1000}"); [ "$b" -gt 30 ] && "${L1[@]}" "$b"; save
+  for label in 2 3; do
+    [ "$(left "${WARM_UNTIL:-1500}")" -gt "${WARM_SWEEP_S:-300}" ] || break
+    [ -s $fid/speedforge.$label.jsonl ] || "${F[@]}" speedforge --variants "${VARIANTS:-16}" --run-label $label --warm-from 1
+    save
+  done
 elif [ "$call" = session ]; then
   [ "${SESSION_GPU_TESTS:-1}" = 1 ] && gpu_tests
   [ -s $fid/speedforge.jsonl ] || "${F[@]}" speedforge; save
