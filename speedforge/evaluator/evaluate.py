@@ -20,7 +20,8 @@ import traceback
 from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import checks, phases
-from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
+from speedforge.evaluator.buildcache import (HARNESS_VERSION, BuildCache, HostWatch, build_arch, build_key,
+                                             toolchain_id)
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.timing import TIMING_VERSION, fewest_pairs, pristine_settings
@@ -84,14 +85,18 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         base.update(key=key, build_dir=str(cache.build_dir(key)))
         cached = cache.lookup(key)
         if cached is None:
-            with cache.locked(key):
+            with cache.locked(key) as rebuilt:  # rebuilt: the warning for a damaged cached build, or ""
                 cached = cache.lookup(key)
                 if cached is None:
                     job = Job(kind="build", task=task, candidate=candidate, device="cpu", seed=0, workdir="",
                               build_dir=base["build_dir"], config=config)  # fmt: skip
+                    host = HostWatch(cache.root, config.disk_limit_mb)  # the host's faults are infra_error
                     outcome = _sandboxed(cache, job, config.build_timeout_s, config, zygote)
-                    built = dataclasses.replace(_stage_result(outcome, "build"), build_s=time.perf_counter() - start)
+                    built = host.judge(dataclasses.replace(_stage_result(outcome, "build"),
+                                                           build_s=time.perf_counter() - start))
                     cache.record(key, built.to_dict())
+                    if rebuilt:  # said once: the record does not keep it
+                        built = dataclasses.replace(built, warnings=(*built.warnings, rebuilt))
                     return _build_from(task, candidate, base, built, findings, cached=False)
         return _build_from(task, candidate, base, StageResult.from_dict(cached), findings, cached=True,
                            build_s=time.perf_counter() - start)  # fmt: skip

@@ -75,6 +75,9 @@ class Recorder:
         self.outcomes: dict[str, dict] = load_outcomes(build_dir) if replay else {}
         self.replay = replay
         self.loaded: dict[str, object] = {}  # key -> the module a load returned in this process
+        # what the loaders raised in this process: told apart by identity from what the candidate
+        # raises itself (a host fault is believed only from the loaders: speedforge.evaluator.harness)
+        self.failures: list[BaseException] = []
 
     def wrap(self, loader: str, original):
         def wrapped(*args, **kwargs):
@@ -90,12 +93,14 @@ class Recorder:
                 kwargs["name"] = name
             seen = self.outcomes.get(key)
             if seen is not None and not seen["ok"]:  # compiled once already, and it failed
-                raise RecordedBuildError(seen["error"])
+                self.failures.append(RecordedBuildError(seen["error"]))
+                raise self.failures[-1]
             if key in self.loaded:  # loaded by this process already (prebuild meets import's loads)
                 return self.loaded[key]
             try:
                 result = original(*args, **kwargs)
             except Exception as exc:
+                self.failures.append(exc)
                 if not self.replay:
                     self.outcomes[key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-4000:]}
                 raise
@@ -154,16 +159,26 @@ def _copy_by_content(build_dir: str, source):
     return str(target / path.name)
 
 
+_installed: list[Recorder] = []  # the recorder `install` put in place in this process
+
+
 def install(build_dir: str, replay: bool) -> Recorder:
     """Wrap `torch.utils.cpp_extension.load_inline` and `load` before the candidate is imported."""
     import torch.utils.cpp_extension as cpp_extension
 
     recorder = Recorder(build_dir, replay)
+    _installed[:] = [recorder]
     for loader in LOADERS:
         original = getattr(cpp_extension, loader)
         original = getattr(original, "__wrapped__", original)
         setattr(cpp_extension, loader, recorder.wrap(loader, original))
     return recorder
+
+
+def raised_by_loader(exc: BaseException) -> bool:
+    """Whether `exc` is an exception a wrapped loader raised in this process (the very object:
+    one the candidate made with the same text is not)."""
+    return any(exc is failure for recorder in _installed for failure in recorder.failures)
 
 
 def static_calls(source: str) -> list[ast.Call]:

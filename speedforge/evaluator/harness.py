@@ -58,6 +58,7 @@ from pathlib import Path
 from speedforge import families
 from speedforge.errors import first_line
 from speedforge.evaluator import checks, fingerprint, phases, process_state, turns
+from speedforge.evaluator.buildcache import exception_fault, host_fault_reason
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
@@ -82,22 +83,36 @@ CUDA = families.register(families.Family(
 def build(job: Job) -> dict:
     """Import the candidate (compiling what it loads at import), then compile every other
     inline extension its source loads, recording each outcome for the run stage
-    (speedforge.evaluator.extensions)."""
+    (speedforge.evaluator.extensions). A compile the host failed (`_host_fault`) makes the build
+    an infra_error, also where the candidate caught it or left it to the run stage."""
     from speedforge.evaluator import extensions
 
     _prepare_environment(job)
     start = _perf_counter()
     recorder = extensions.install(job.build_dir, replay=False)
     try:
+        verdict = _compile_all(job, extensions)
+    finally:
+        extensions.save(recorder)
+    # a compile the host failed outweighs whatever the candidate made of it (a fallback, an error)
+    host_faults = [found for found in (_host_fault(failure, job) for failure in recorder.failures) if found]
+    verdict = host_faults[0] if host_faults else verdict
+    if verdict is not None:
+        return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
+                "build_s": _perf_counter() - start}
+    return {"status": "ok", "build_s": _perf_counter() - start}
+
+
+def _compile_all(job: Job, extensions) -> Verdict | None:
+    """Import the candidate, construct ModelNew and prebuild the loads its source names; the
+    verdict of a candidate that does not import, None for one that does."""
+    try:
         module = _load_candidate(job)
         model = extensions.construct(module, job.task.source, job.workdir, _load_module)
         extensions.prebuild(job.candidate.source, vars(module), model)
     except Verdict as verdict:
-        return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
-                "build_s": _perf_counter() - start}
-    finally:
-        extensions.save(recorder)
-    return {"status": "ok", "build_s": _perf_counter() - start}
+        return verdict
+    return None
 
 
 def _prepare_environment(job: Job) -> None:
@@ -120,15 +135,52 @@ def _load_module(source: str, name: str, workdir: str):
     return module
 
 
+CANDIDATE_MODULE = "sf_candidate"  # the candidate's module, written to the job's folder as <name>.py
+
+
 def _load_candidate(job: Job):
     try:
-        return _load_module(job.candidate.source, "sf_candidate", job.workdir)
+        return _load_module(job.candidate.source, CANDIDATE_MODULE, job.workdir)
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}"
         log = traceback.format_exc()[-6000:]
+        host = _host_fault(exc, job)
+        if host is not None:
+            raise host from None
         if "Error building extension" in text or "ninja" in text.lower() or "undefined symbol" in text:
             raise Verdict("compile_error", first_line(text, 300), text[-6000:]) from None
         raise Verdict("runtime_error", f"candidate module raised on import: {first_line(text, 300)}", log) from None
+
+
+def _host_fault(exc: BaseException, job: Job) -> Verdict | None:
+    """The infra_error of an exception that reports a host fault (a full disk, an exceeded quota,
+    an I/O error, a killed compiler: buildcache.exception_fault), when it comes from where the
+    candidate cannot simply raise it: an inline-extension loader (the very exception it raised),
+    or harness code before the candidate's module ran (no frame of it in the traceback). What
+    the candidate raises itself is its own failure, whatever it says. A compiler's output can
+    still carry the candidate's words (its flags, its source), so in the build stage the parent
+    believes the claim only where it sees the host in that state (buildcache.HostWatch)."""
+    from speedforge.evaluator import extensions
+
+    if not extensions.raised_by_loader(exc) and _ran_candidate(exc, job):
+        return None
+    fault = exception_fault(exc)
+    if fault is None:
+        return None
+    text = f"{type(exc).__name__}: {exc}"
+    return Verdict("infra_error", host_fault_reason(*fault, stage=job.kind), text[-6000:])
+
+
+def _ran_candidate(exc: BaseException, job: Job) -> bool:
+    """Whether the exception passed through the candidate's module (raised by its code, or by
+    what its code called)."""
+    module_file = str(Path(job.workdir) / f"{CANDIDATE_MODULE}.py")
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == module_file:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
