@@ -1,7 +1,9 @@
 """Configuration: one frozen dataclass per component, composed into `Config`, loaded strictly.
 
 Unknown keys, wrong types and missing files are errors that name the offending key. Each
-default lives in its dataclass field and nowhere else.
+default lives in its dataclass field and nowhere else. Hostile YAML (an alias bomb, nesting past
+a few dozen levels, a control character in a path or name) is refused in one line too, and no
+error message repeats more than a bounded part of a value.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 import math
 import os
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
-from speedforge.errors import UserError, first_line, read_text
+from speedforge.errors import NAME_RULE, SHOWN_CHARS, UserError, clip, first_line, name_problem, read_text
 
 T = TypeVar("T")
 Check = Callable[[Any], "str | None"]  # what is wrong with a field's value, or None when it is allowed
@@ -43,10 +46,22 @@ def setting(default: Any = dataclasses.MISSING, check: Check | None = None, *,
     return dataclasses.field(default=default, default_factory=factory, metadata={"check": check} if check else {})
 
 
+# A repr of bounded cost: a few items of each container, a few levels deep, so that a huge value,
+# or one that shares its parts many times over (a YAML alias bomb), costs no more than a small one.
+_BOUNDED = reprlib.Repr()
+_BOUNDED.maxlevel, _BOUNDED.maxstring, _BOUNDED.maxother, _BOUNDED.maxlong = 3, SHOWN_CHARS, SHOWN_CHARS, SHOWN_CHARS
+_BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = _BOUNDED.maxfrozenset = 4
+
+
 def _show(value: Any) -> str:
-    """A value as the user wrote it: YAML's spelling for booleans, repr otherwise (cut short)."""
-    text = str(value).lower() if isinstance(value, bool) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A value as the user wrote it, in at most SHOWN_CHARS characters on one line: YAML's
+    spelling for booleans, a bounded repr otherwise, led by its type and size when cut short."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = _BOUNDED.repr(value)
+    if isinstance(value, (list, tuple, dict, set)) and (len(value) > _BOUNDED.maxlist or len(text) > SHOWN_CHARS):
+        text = f"a {type(value).__name__} of {len(value)} items: {text}"
+    return clip(text)
 
 
 def _is_number(value: Any) -> bool:
@@ -84,6 +99,17 @@ def matches(pattern: str, allowed: str) -> Check:
     return check
 
 
+def a_name(what: str) -> Check:
+    """A name that becomes part of file and object names (speedforge.errors.NAME_RULE); `what`
+    says whose, e.g. "a run name"."""
+
+    def check(value: Any) -> str | None:
+        problem = name_problem(value)
+        return None if problem is None else f"not {what}: {problem}"
+
+    return check
+
+
 def _niceness(value: Any) -> str | None:
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 19
     return None if ok else f"{_show(value)} is not a niceness step from 0 to 19"
@@ -107,13 +133,35 @@ def host_memory_mb() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
 
 
+# Control characters (C0, DEL, C1): no path, URI, name or choice of a config holds one, and a NUL
+# in a path would pass every check here only to fail where the path is opened.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _sane(name: str, value: Any) -> str | None:
-    """What is wrong with any number of a config: not finite, or past the range its unit allows
-    (seconds up to days, memory up to the host's); numbers inside mappings and lists too."""
+    """What is wrong with any value of field `name`: a number not finite or past the range its
+    unit allows, a string holding a control character; inside mappings (keys too) and lists too."""
     if isinstance(value, dict):
-        return next(filter(None, (_sane(name, v) for v in value.values())), None)
+        return next(filter(None, (_sane(name, v) for v in (*value, *value.values()))), None)
     if isinstance(value, (list, tuple)):
         return next(filter(None, (_sane(name, v) for v in value)), None)
+    if isinstance(value, str):
+        return _text_problem(value)
+    return _number_problem(name, value)
+
+
+def _text_problem(text: str) -> str | None:
+    """A control character in a string: every string of a config is a path, URI, name or choice."""
+    found = _CONTROL.search(text)
+    if found is None:
+        return None
+    return (f"holds the control character U+{ord(found.group()):04X} at position {found.start()} "
+            f"({_show(text)}); paths, names and choices are plain text: remove it")  # fmt: skip
+
+
+def _number_problem(name: str, value: Any) -> str | None:
+    """What is wrong with a number: not finite, or past the range its unit allows (seconds up to
+    days, memory up to the host's); None for anything else."""
     if not _is_number(value):
         return None
     if not math.isfinite(value):
@@ -131,9 +179,9 @@ def _sane(name: str, value: Any) -> str | None:
 
 
 class Checked:
-    """Base of the config dataclasses: each field's check, and the range its unit allows
-    (`_sane`), run whenever one is built, from YAML (`from_mapping`) or in code (including
-    `dataclasses.replace`)."""
+    """Base of the config dataclasses: each field's check, the range its unit allows and plain
+    text in its strings (`_sane`), run whenever one is built, from YAML (`from_mapping`) or in
+    code (including `dataclasses.replace`)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -363,7 +411,7 @@ def _reward_weights(value: Any) -> str | None:
 
 def _sft_sources(value: Any) -> str | None:
     bad = [s for s in value if not re.fullmatch(r"builtin|variants|cuda-l1:.+", s)]
-    return f"unknown source(s) {bad}: expected builtin, variants or cuda-l1:PATH" if bad else None
+    return f"unknown source(s) {_show(bad)}: expected builtin, variants or cuda-l1:PATH" if bad else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,7 +501,7 @@ class TrainConfig(Checked):
     """Training (speedforge.train): the run, its tasks and split, evaluation, rewards, Ray Train and
     the three stages. The defaults are a tiny CPU run on the cpp family with the default model."""
 
-    run: str = setting("train", matches(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a run name of letters, digits, '_', '.', '-'"))
+    run: str = setting("train", a_name("a run name"))
     store: str = ""  # object store of the run's state, rollouts and variants ("" = store.uri)
     work_dir: str = setting(factory=default_train_dir, check=NOT_EMPTY)  # local: metrics, TensorBoard, checkpoints
     family: str = setting("cpp", NOT_EMPTY)
@@ -508,7 +556,7 @@ class ModelsConfig(Checked):
     """The model registry in the store (speedforge.models): versions, the champion alias, the gate."""
 
     registry: str = ""  # store that holds models/ ("" = store.uri; a pipeline run: its store)
-    name: str = setting("policy", matches(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a model name of letters, digits, '_', '.', '-'"))
+    name: str = setting("policy", a_name("a model name"))
     cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)  # models fetched from the store (versions, URIs)
     warm_start: bool = True  # training with no train.init starts from the champion when there is one (else policy.model)
     gate: GateConfig = dataclasses.field(default_factory=GateConfig)
@@ -537,8 +585,23 @@ def from_mapping(cls: type[T], data: Any, where: str = "") -> T:
         raise ConfigError(f"{where or cls.__name__}: {exc}") from None
 
 
+SHOWN_KEYS = 5  # unknown keys an error names; it counts the rest
+SHOWN_KEY_CHARS = 40  # the most of one key an error repeats
+
+
 def _join(key: str, name: object) -> str:
-    return f"{key}.{name}" if key else str(name)
+    """The path of `name` under `key`, `name` cut short (a key of a mapping the user wrote, e.g. a
+    pool's name, may be long), and quoted when it is not a printable string."""
+    text = name if isinstance(name, str) and name.isprintable() else _show(name)
+    text = clip(text, SHOWN_KEY_CHARS)
+    return f"{key}.{text}" if key else text
+
+
+def _unknown_keys(unknown: list[Any], known: Iterable[str]) -> str:
+    """The first few unknown keys (bounded each), how many more, and the keys that are known."""
+    shown = ", ".join(clip(_show(k), SHOWN_KEY_CHARS) for k in unknown[:SHOWN_KEYS])
+    more = f" (and {len(unknown) - SHOWN_KEYS} more)" if len(unknown) > SHOWN_KEYS else ""
+    return f"unknown key(s) {shown}{more}; known: {', '.join(known)}"
 
 
 def _at(key: str, problem: str) -> str:
@@ -554,7 +617,7 @@ def _build(cls: type[T], data: Any, key: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        raise ConfigError(_at(key, f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(fields)}"))
+        raise ConfigError(_at(key, _unknown_keys(unknown, fields)))
     values = {name: _coerce(hints[name], value, _join(key, name), fields[name].metadata.get("check"))
               for name, value in data.items()}  # fmt: skip
     try:
@@ -582,7 +645,7 @@ def _coerce(hint: Any, value: Any, key: str, check: Check | None = None) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {_show(value)}")
         _, item = get_args(hint)
-        return {str(k): _coerce(item, v, f"{key}.{k}") for k, v in value.items()}
+        return {str(k): _coerce(item, v, _join(key, k)) for k, v in value.items()}
     if hint is float and _is_number(value):
         return float(value)
     if hint is str and isinstance(value, bool):  # a bare yes/no/on/off/true/false
@@ -612,11 +675,95 @@ def loads_config(text: str, where: str = "config") -> Config:
     return from_mapping(Config, _parse(text, where), where=where)
 
 
+# Bounds of a config's YAML, far above what any config needs and far below what costs time or
+# memory to walk: every value, message and check afterwards works within them.
+MAX_YAML_CHARS = 1 << 20  # the text: a config is a few KB
+MAX_YAML_VALUES = 10_000  # scalars, lists and mappings, each use of an alias counting its anchor's values again
+MAX_YAML_DEPTH = 64  # lists and mappings nested in one another (aliases expanded)
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that gives a key twice (YAML would keep the last)."""
+    """YAML's safe loader, refusing what no config needs and a hostile file would use, each as a
+    ConfigError naming the line, while composing and before any Python value is built:
+
+    - a mapping that gives a key twice (YAML would keep the last);
+    - nesting deeper than MAX_YAML_DEPTH (Python's recursion would give out first);
+    - more than MAX_YAML_VALUES values once aliases are expanded: an alias bomb is a few lines
+      whose value grows exponentially wherever it is walked (a check, a message);
+    - an alias inside its own anchor: a value that contains itself.
+
+    A scalar its tag cannot be read as (a 13th month, `!!int 0x`, more digits than Python converts)
+    is YAML's ConstructorError, as any other bad YAML.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0  # nodes open around the one being composed
+        self._values = 0  # values composed so far, aliases expanded
+        self._extent: dict[int, tuple[int, int]] = {}  # id of a composed node: its (values, depth), aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            self._count_alias(self.peek_event())
+            return super().compose_node(parent, index)
+        start = self.peek_event().start_mark
+        self._count(1, self._depth + 1, start)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        self._measure(node)
+        return node
+
+    def _count_alias(self, event: yaml.AliasEvent) -> None:
+        """Count an alias's anchor in full, as if written out again; refuse one inside its anchor."""
+        node = self.anchors.get(event.anchor)
+        if node is None:
+            return  # an undefined alias: the composer says so
+        extent = self._extent.get(id(node))
+        if extent is None:
+            raise ConfigError(f"line {event.start_mark.line + 1}: alias *{clip(event.anchor, 40)} is inside its own "
+                              "anchor, a value that contains itself; write the value out")  # fmt: skip
+        values, depth = extent
+        self._count(values, self._depth + depth, event.start_mark)
+
+    def _count(self, values: int, depth: int, mark: yaml.Mark) -> None:
+        """Add `values` at nesting `depth`, refusing past MAX_YAML_VALUES or MAX_YAML_DEPTH."""
+        self._values += values
+        if self._values > MAX_YAML_VALUES:
+            raise ConfigError(f"line {mark.line + 1}: more than {MAX_YAML_VALUES} values, each use of an alias "
+                              "counting its anchor's values again; a config needs far fewer: write fewer "
+                              "values or aliases")  # fmt: skip
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"line {mark.line + 1}: lists and mappings nested more than {MAX_YAML_DEPTH} deep "
+                              "(aliases expanded); a config needs a few levels: flatten it")  # fmt: skip
+
+    def _measure(self, node: yaml.Node) -> None:
+        """Record a composed node's values and depth, aliases expanded, for the aliases to it."""
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        extents = [self._extent[id(child)] for child in children]
+        self._extent[id(node)] = (1 + sum(v for v, _ in extents), 1 + max((d for _, d in extents), default=0))
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """YAML's constructor, turning what its scalar constructors raise on a bad value (ValueError
+        and the like, not YAML errors) into a ConstructorError at the value's line and column."""
+        try:
+            return super().construct_object(node, deep)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:  # a scalar its tag refuses
+            what = _show(node.value) if isinstance(node, yaml.ScalarNode) else f"a {node.id}"
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} as {clip(node.tag, 40)}: "
+                                                    f"{first_line(exc)}", node.start_mark) from None  # fmt: skip
 
 
-def _mapping_without_repeats(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+def _mapping_without_repeats(loader: _StrictLoader, node: yaml.Node) -> dict:
+    if not isinstance(node, yaml.MappingNode):  # e.g. `!!map [1]`
+        raise yaml.constructor.ConstructorError(None, None, f"expected a mapping, found a {node.id}", node.start_mark)
     lines: dict[Any, int] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -636,6 +783,11 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _m
 
 
 def _parse(text: str, where: str) -> Any:
+    """The YAML `text` as Python values, within _StrictLoader's bounds, or a one-line ConfigError
+    naming `where` and, for bad YAML, the line and column."""
+    if len(text) > MAX_YAML_CHARS:
+        raise ConfigError(f"{where}: {len(text)} characters, more than the {MAX_YAML_CHARS} a config may have; "
+                          "is it the right file?")  # fmt: skip
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except ConfigError as exc:
@@ -643,4 +795,7 @@ def _parse(text: str, where: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{where}: not valid YAML{at}: {getattr(exc, 'problem', None) or first_line(exc)}") from None
+        problem = first_line(getattr(exc, "problem", None) or exc)
+        context = getattr(exc, "context", None)  # e.g. "while parsing a flow sequence", "found duplicate anchor 'a'"
+        problem = clip(f"{problem} ({first_line(context)})" if context else problem, 2 * SHOWN_CHARS)
+        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None

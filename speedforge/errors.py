@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from pathlib import Path
+
+# A name the user gives that becomes part of file and object names (a data set, a run, a model
+# line): short enough to stay far below a file system's 255-byte limit on one name, in characters
+# every file system and object store takes as they are.
+NAME_MAX_CHARS = 100
+NAME_RULE = f"1 to {NAME_MAX_CHARS} letters, digits, '_', '.' or '-', the first a letter or digit"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SHOWN_CHARS = 80  # the most of a user's value an error message repeats
 
 
 class UserError(Exception):
@@ -48,18 +57,45 @@ def first_line(what: BaseException | str, limit: int | None = None) -> str:
     return text.splitlines()[0][:limit]
 
 
+def clip(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` in at most `limit` characters, "..." marking a cut, so that a message repeating a
+    user's value stays short whatever the value's size."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def name_problem(name: object) -> str | None:
+    """What is wrong with `name` as a name that becomes part of file and object names
+    (NAME_RULE), or None when nothing is."""
+    shown = clip(repr(name[: SHOWN_CHARS] if isinstance(name, str) else name))
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        return f"expected {NAME_RULE}, got {shown}"
+    if len(name) > NAME_MAX_CHARS:
+        return f"expected at most {NAME_MAX_CHARS} characters, got {len(name)}: {shown}"
+    return None
+
+
+def check_name(name: str, what: str, error: type[Exception] = UserError) -> str:
+    """`name` when it may become part of file and object names, else `error` in one line naming
+    `what` (e.g. "--name") and the rule."""
+    problem = name_problem(name)
+    if problem:
+        raise error(f"{what}: {problem}")
+    return name
+
+
 def read_bytes(path: str | os.PathLike, what: str = "file", error: type[Exception] = UserError) -> bytes:
     """The bytes of a file the user named (`what` says which, e.g. "candidate file"), or `error`
     in one line when it is missing, not a file or unreadable."""
     path = Path(path)
-    if not path.exists():
-        raise error(f"{what} not found: {path}")
-    if not path.is_file():
-        raise error(f"{what} {path} is not a file")
     try:
+        if not path.exists():
+            raise error(f"{what} not found: {path}")
+        if not path.is_file():
+            raise error(f"{what} {path} is not a file")
         return path.read_bytes()
-    except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror or first_line(exc)}") from None
+    except OSError as exc:  # unreadable, or a path the system refuses to look up (a name too long)
+        shown = clip(str(path), 2 * SHOWN_CHARS)
+        raise error(f"cannot read {what} {shown}: {exc.strerror or first_line(exc)}") from None
 
 
 def decode_text(data: bytes, what: str, error: type[Exception] = UserError) -> str:

@@ -36,6 +36,11 @@ BAD_CONFIGS = {
     "unknown key": b"evaluator:\n  scren: report\n",
     "bad value": b"evaluator:\n  screen: off\n",
     "bad range": b"evaluator:\n  run_timeout_s: -1\n",
+    # YAML's "billion laughs" inside one value: lists of nine aliases to the list before, 9**9 strings expanded
+    "alias bomb": ("evaluator:\n  screen: [&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"
+                   + "".join(f",\n    &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)) + "]\n").encode(),
+    "deep nesting": b"[" * 100_000,
+    "NUL in a path": b'evaluator:\n  cache_dir: "/tmp/cache\\0x"\n',
 }
 
 
@@ -171,3 +176,43 @@ def test_the_installed_command_prints_one_line_without_a_traceback(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [f"speedforge tasks: error: {config}: evaluator.screen: expected one of "
                                         "enforce, report, got 'bogus'"]  # fmt: skip
+
+
+LONG = "n" * 300
+
+
+@pytest.mark.parametrize("command, words", [
+    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", LONG],
+     ["--name: expected at most 100 characters, got 300"]),
+    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", "../escape"], ["--name: expected 1 to 100"]),
+    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", "a b"], ["--name: expected 1 to 100"]),
+    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", ""], ["--name: expected 1 to 100"]),
+    (["stage", "--source", "{tmp}/" + LONG + ".jsonl", "--dest", "{tmp}/store"], ["cannot read", "File name too long"]),
+    (["--config", "{tmp}/" + LONG + ".yaml", "tasks", "list"], ["cannot read config file", "File name too long"]),
+    (["eval", "--task", "cpp/rmsnorm", "--candidate", "{tmp}/" + LONG], ["cannot read candidate file", "too long"]),
+    (["models", "list", "--registry", "{tmp}/store", "--name", LONG], ["--name: expected at most 100 characters"]),
+    (["train", "status", LONG], ["run: not a run name: expected at most 100 characters, got 300"]),
+    (["train", "tensorboard", "../../etc"], ["run: not a run name: expected 1 to 100 letters"]),
+])  # fmt: skip
+def test_an_over_long_or_unsafe_name_or_path_is_one_line(run_cli, files, tmp_path, command, words):
+    code, err, out = run_cli([a.format(**files) for a in command])
+    assert_one_line_error(code, err, command[2] if command[0] == "--config" else command[0], *words)
+    assert out == "" and not (tmp_path / "store").exists()
+    assert all(len(line) < 400 for line in err)  # the value is cut short, not repeated in full
+
+
+def test_a_name_of_the_longest_allowed_length_stages(run_cli, tmp_path):
+    code, err, out = run_cli(["stage", "--source", "builtin:cpp", "--dest", str(tmp_path / "store"), "--name", "n" * 100])
+    assert code == 0, err
+    assert out.startswith(f"staged {'n' * 100} v1")
+
+
+def test_the_installed_command_refuses_an_alias_bomb_at_once(tmp_path):
+    config = tmp_path / "speedforge.yaml"
+    config.write_bytes(BAD_CONFIGS["alias bomb"])
+    proc = subprocess.run([sys.executable, "-m", "speedforge.cli", "--config", str(config), "tasks", "list"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"speedforge tasks: error: {config}: line 6: more than 10000 values, each "
+                                        "use of an alias counting its anchor's values again; a config needs far "
+                                        "fewer: write fewer values or aliases"]  # fmt: skip

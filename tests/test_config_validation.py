@@ -145,3 +145,97 @@ def test_memory_up_to_the_hosts_and_days_long_timeouts_are_accepted(tmp_path):
     assert config.evaluator.memory_limit_mb == host_memory_mb() and config.evaluator.run_timeout_s == 259200.0
     with pytest.raises(ConfigError, match="expected a finite number"):
         dataclasses.replace(config.evaluator, build_timeout_s=float("inf"))
+
+
+def alias_bomb(levels: int = 9, target: str = "evaluator:\n  screen") -> str:
+    """YAML's "billion laughs" as the value of `target`: a list of `levels` lists, each of nine
+    aliases to the one before, so that the last, expanded, holds 9**levels strings."""
+    items = ["&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    items += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return f"{target}: [\n" + ",\n".join(f"  {item}" for item in items) + "\n]\n"
+
+
+HOSTILE = [  # (YAML, what the one-line error must say after "<file>: ")
+    (alias_bomb(), "line 7: more than 10000 values, each use of an alias counting its anchor's values again"),
+    (alias_bomb(target="service:\n  pools"), "more than 10000 values"),
+    ("[" * 100_000, "line 1: lists and mappings nested more than 64 deep"),
+    ("{a: " * 100_000, "line 1: lists and mappings nested more than 64 deep"),
+    ("".join(f"{'  ' * i}k{i}:\n" for i in range(200)), "line 64: lists and mappings nested more than 64 deep"),
+    ("a: &a [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
+     "b: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*a]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", "nested more than 64 deep (aliases expanded)"),
+    ("evaluator: &a [*a]\n", "line 1: alias *a is inside its own anchor, a value that contains itself"),
+    ('evaluator:\n  cache_dir: "/tmp/cache\\0x"\n', "evaluator.cache_dir: holds the control character U+0000 at position 10"),
+    ('store:\n  spill_dir: "/tmp/spill\\tx"\n', "store.spill_dir: holds the control character U+0009"),
+    ('train:\n  work_dir: "/tmp/w\\nx"\n', "train.work_dir: holds the control character U+000A"),
+    ('models:\n  cache_dir: "/tmp/\\x1b[31m"\n', "models.cache_dir: holds the control character U+001B"),
+    ('store:\n  uri: "s3://b/p\\x85"\n', "store.uri: holds the control character U+0085"),
+    ('train:\n  tasks: ["cpp/softmax\\0"]\n', "train.tasks: holds the control character U+0000"),
+    ('service:\n  pools:\n    T4:\n      node_selector: {"gpu\\0": x}\n', "service.pools.T4.node_selector: holds the control"),
+    ('train:\n  run: "r\\0"\n', "train.run: not a run name: expected 1 to 100 letters, digits"),
+    (f"train:\n  run: {'r' * 101}\n", "train.run: not a run name: expected at most 100 characters, got 101"),
+    (f"models:\n  name: {'m' * 300}\n", "models.name: not a model name: expected at most 100 characters, got 300"),
+    ("a: 2001-13-01\n", "not valid YAML at line 1, column 4: cannot read '2001-13-01' as tag:yaml.org,2002:timestamp"),
+    ("a: !!timestamp abc\n", "not valid YAML at line 1, column 4: cannot read 'abc' as tag:yaml.org,2002:timestamp"),
+    ("a: !!int 0x\n", "not valid YAML at line 1, column 4: cannot read '0x' as tag:yaml.org,2002:int"),
+    ("a: !!bool maybe\n", "not valid YAML at line 1, column 4: cannot read 'maybe' as tag:yaml.org,2002:bool"),
+    (f"evaluator:\n  seed: {'9' * 5000}\n", "not valid YAML at line 2, column 9: cannot read '999"),
+    ("a: !!map [1]\n", "not valid YAML at line 1, column 4: expected a mapping, found a sequence"),
+    ("a: &x 1\nb: &x 2\n", "not valid YAML at line 2, column 4: second occurrence (found duplicate anchor 'x'"),
+    ("# " + "x" * (1 << 20) + "\n", "characters, more than the 1048576 a config may have"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text, message", HOSTILE, ids=[m.split(":")[0][:40] + f"-{i}" for i, (_, m) in enumerate(HOSTILE)])
+def test_hostile_yaml_is_refused_in_one_short_line_before_it_costs_time(tmp_path, text, message):
+    import time
+
+    path = tmp_path / "speedforge.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    line = str(caught.value)
+    assert line.startswith(f"{path}: ") and message in line, line
+    assert "\n" not in line and len(line) < len(str(path)) + 400
+    assert time.monotonic() - started < 5  # the alias bomb took 40 s and 1 GB before
+
+
+@pytest.mark.parametrize("text, message", [
+    (f"evaluator:\n  screen: [{', '.join(['x' * 50] * 5000)}]\n", "got a list of 5000 items: "),
+    (f"evaluator:\n  screen: {'x' * 100_000}\n", "expected one of enforce, report, got 'xxxx"),
+    (f"policy:\n  device: {'g' * 100_000}\n", "policy.device: expected auto, cpu, cuda or cuda:N, got 'ggg"),
+    (f"evaluator:\n  screen: {{{', '.join(f'k{i}: {i}' for i in range(3000))}}}\n", "got a dict of 3000 items: "),
+    ("evaluator:\n" + "".join(f"  {'k' * 200}{i}: 1\n" for i in range(500)), "(and 495 more); known: screen"),
+    (f"service:\n  pools:\n    {'p' * 1000}:\n      device: gpu\n", f"service.pools.{'p' * 37}....device: expected"),
+    (f"train:\n  sft:\n    sources: [{', '.join(['y' * 100] * 2000)}]\n", "unknown source(s) a list of 2000 items"),
+])  # fmt: skip
+def test_error_messages_show_a_bounded_part_of_a_huge_value(tmp_path, text, message):
+    path = tmp_path / "speedforge.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    line = str(caught.value)
+    assert message in line and "\n" not in line
+    assert len(line) < len(str(path)) + 1000, line  # evaluator's known keys (39 of them) included
+
+
+def test_control_characters_are_refused_in_dataclasses_built_in_code_too():
+    with pytest.raises(ConfigError, match=r"EvaluatorConfig.cache_dir: holds the control character U\+0000"):
+        EvaluatorConfig(cache_dir="/tmp/a\0b")
+    with pytest.raises(ConfigError, match="StoreConfig.uri: holds the control character"):
+        dataclasses.replace(StoreConfig(), uri="s3://bucket/\n")
+
+
+def test_anchors_aliases_merge_keys_and_long_names_within_the_bounds_still_load(tmp_path):
+    path = tmp_path / "speedforge.yaml"
+    path.write_text("service:\n  pools:\n    A: &pool {workers: 1, device: cpu, resources: {slot: 1}}\n    B: *pool\n"
+                    "    C:\n      <<: *pool\n      workers: 2\n"
+                    f"train:\n  run: {'r' * 100}\n  tasks: [{', '.join(f'cpp/t{i}' for i in range(2000))}]\n"
+                    "evaluator:\n  cache_dir: /tmp/caché dir/ünïcode\n")  # fmt: skip
+    config = load_config(path)
+    assert config.service.pools["B"] == config.service.pools["A"] and config.service.pools["C"].workers == 2
+    assert len(config.train.run) == 100 and len(config.train.tasks) == 2000
+    assert config.evaluator.cache_dir == "/tmp/caché dir/ünïcode"
+    path.write_text("a: " + "[" * 30 + "1" + "]" * 30 + "\n")
+    with pytest.raises(ConfigError, match="unknown key"):  # 30 levels are within the bound: only the key is wrong
+        load_config(path)

@@ -267,3 +267,62 @@ def test_a_binary_task_or_candidate_given_to_eval_is_one_line(tmp_path, capsys):
     assert main(["eval", "--task", str(binary), "--candidate", str(binary)]) == 2
     err = capsys.readouterr().err
     assert "binary file?" in err and len(err.strip().splitlines()) == 1
+
+
+FIFTH = REF.format(doc="fifth", k=2)
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("task_id", 2.9, "2.9"),  # not task 2
+    ("task_id", 2.0, "2.0"),
+    ("task_id", True, "true"),  # not task 1
+    ("task_id", "2.9", '"2.9"'),
+    ("task_id", "2", '"2"'),
+    ("task_id", 0, "0"),
+    ("task_id", -3, "-3"),
+    ("task_id", 2**64, str(2**64)),  # past the 64-bit integer it is stored as
+    ("task_id", [2], "a JSON array"),
+    ("task_id", {"id": 2}, "a JSON object"),
+    ("level_id", False, "false"),
+    ("level_id", 1.5, "1.5"),
+    ("level_id", "x" * 500, '"' + "x" * 36 + "..."),
+])  # fmt: skip
+def test_a_cuda_l1_id_that_is_not_a_json_integer_is_a_bad_item_naming_the_line_and_field(tmp_path, field, value, shown):
+    row = {"level_id": 1, "task_id": 5, "ref_code": FIFTH, field: value}
+    path = cuda_l1_jsonl(tmp_path / "l1.jsonl", (json.dumps(row),))
+    with pytest.raises(ImportProblems) as info:
+        import_source(str(path))
+    (problem,) = info.value.imported.problems
+    assert problem == f"l1.jsonl: line 5: {field} must be a whole number from 1 up (a JSON integer such as 19), got {shown}"
+    kept = import_source(str(path), skip_bad=True)
+    assert [t.task_id for t in kept.tasks] == ["cuda-l1/level1/19", "cuda-l1/level2/7", "cuda-l1/level3/1"]
+
+
+@pytest.mark.parametrize("line, words", [
+    ("[" * 100_000, "not a CUDA-L1 row: JSON nested too deep"),
+    ('{"level_id": 1, "task_id": ' + "9" * 5000 + "}", "not a CUDA-L1 row: Exceeds the limit (4300 digits)"),
+])  # fmt: skip
+def test_a_cuda_l1_line_python_cannot_read_is_one_bad_item(tmp_path, line, words):
+    path = cuda_l1_jsonl(tmp_path / "l1.jsonl", (line,))
+    with pytest.raises(ImportProblems) as info:
+        import_source(str(path))
+    (problem,) = info.value.imported.problems
+    assert problem.startswith("l1.jsonl: line 5: ") and words in problem and len(problem) < 200
+
+
+def test_stage_refuses_a_float_task_id_in_one_line(tmp_path, capsys):
+    row = json.dumps({"level_id": 1, "task_id": 2.9, "ref_code": FIFTH})
+    source = str(cuda_l1_jsonl(tmp_path / "l1.jsonl", (row,)))
+    assert main(["stage", "--source", source, "--dest", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "line 5: task_id must be a whole number from 1 up" in err[0] and "got 2.9" in err[0]
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_kernelbench_parquet_row_shows_a_long_name_cut_short(tmp_path):
+    pq.write_table(pa.table({"code": [REF.format(doc="a", k=1)], "level": [0], "name": ["n" * 10_000],
+                             "problem_id": [1]}), tmp_path / "kb.parquet")  # fmt: skip
+    with pytest.raises(ImportProblems) as info:
+        import_source(str(tmp_path / "kb.parquet"))
+    (problem,) = info.value.imported.problems
+    assert "level 0 is not a positive integer" in problem and len(problem) < len(str(tmp_path)) + 150

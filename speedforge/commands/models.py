@@ -8,7 +8,7 @@ import datetime
 import json
 
 from speedforge.config import Config, load_config
-from speedforge.errors import UserError
+from speedforge.errors import UserError, check_name
 from speedforge.reports.text import format_table
 
 
@@ -73,6 +73,8 @@ def _open(args: argparse.Namespace):
     from speedforge.recipes.models import open_registry
 
     config = load_config(args.config)
+    if args.name:  # it names the model line's folder in the store
+        check_name(args.name, "--name")
     return config, open_registry(config, args.registry, args.name)
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from speedforge.config import load_config
+from speedforge.errors import NAME_MAX_CHARS, check_name
 from speedforge.recipes.staged_dataset import stage_source
 from speedforge.tasks.importers import IMPORTERS, Imported
 from speedforge.tasks.suite import suite_families
@@ -21,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="builtin | builtin:<family> | a KernelBench checkout (level1/..level4/) | "
                              "KernelBench .parquet file or folder | CUDA-L1 .jsonl")  # fmt: skip
     parser.add_argument("--dest", help="store URI: s3://bucket/prefix or a folder (default: store.uri of the config)")
-    parser.add_argument("--name", help="data set name (default: from the source)")
+    parser.add_argument("--name", help=f"data set name: up to {NAME_MAX_CHARS} letters, digits, '_', '.', '-' "
+                                       "(default: from the source)")
     parser.add_argument("--kind", default="auto", choices=["auto", *IMPORTERS], help="importer (default: auto)")
     parser.add_argument("--family", default="cuda", choices=suite_families(),
                         help="family of imported KernelBench/CUDA-L1 tasks (default: cuda)")
@@ -32,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.name is not None:  # it names folders and objects in the store: checked before anything is read
+        check_name(args.name, "--name")
     staged = stage_source(load_config(args.config).store, args.source, dest=args.dest, name=args.name, kind=args.kind,
                           family=args.family, skip_bad=args.skip_bad, endpoint=args.endpoint,
                           on_import=_print_import)  # fmt: skip

@@ -101,7 +101,8 @@ def _status(args: argparse.Namespace) -> int:
     from speedforge.reports.training import stages_table, steps_table
     from speedforge.train.metrics import plot_rewards
 
-    status = train_status(load_train_config(getattr(args, "config", None)), args.run)
+    config = with_run(load_train_config(getattr(args, "config", None)), args.run)  # RUN checked as train.run is
+    status = train_status(config, config.train.run)
     print(f"run {status.run} in {status.store_uri}")
     print(stages_table(status.states))
     steps = status.metrics[-args.last:] if args.last > 0 else status.metrics
@@ -122,8 +123,8 @@ def _tensorboard(args: argparse.Namespace) -> int:
     from speedforge.recipes.tensorboard_logs import fetch_tensorboard
     from speedforge.recipes.training import load_train_config
 
-    config = load_train_config(getattr(args, "config", None))
-    run = args.run or config.train.run
+    config = with_run(load_train_config(getattr(args, "config", None)), args.run)  # RUN checked as train.run is
+    run = config.train.run
     out = Path(args.out) if args.out else Path(config.evaluator.cache_dir).expanduser() / "tensorboard" / run
     logs = fetch_tensorboard(config, run, out)
     print(f"run {logs.run}: {logs.files} event file(s) of {', '.join(logs.stages)} from {logs.store_uri} in {logs.folder}")

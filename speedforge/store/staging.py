@@ -26,14 +26,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from speedforge.errors import first_line
+from speedforge.errors import first_line, name_problem
 from speedforge.records import TABLES, Candidate, Record, Task
 from speedforge.store import CorruptObjectError, ObjectExistsError, Store, StoreError, decode_records, encode_records
 
 FORMAT = "speedforge.dataset/1"
 KINDS: dict[str, type[Record]] = {kind: TABLES[kind] for kind in ("tasks", "candidates")}
 ID_FIELDS = {"tasks": "task_id", "candidates": "candidate_id"}
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 VERSION_FILE = re.compile(r"^(\d{6})\.json$")
 DEFAULT_PART_ROWS = 64
 
@@ -63,8 +62,11 @@ class Dataset:
 
 
 def dataset_prefix(name: str) -> str:
-    if not NAME.match(name):
-        raise StoreError(f"invalid data set name {name!r}: use letters, digits, '_', '-', '.'")
+    """The store prefix of data set `name`, which must be a name for files and objects
+    (speedforge.errors.NAME_RULE)."""
+    problem = name_problem(name)
+    if problem:
+        raise StoreError(f"invalid data set name: {problem}")
     return f"datasets/{name}"
 
 

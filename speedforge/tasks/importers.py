@@ -24,7 +24,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from speedforge.errors import UserError, decode_text, read_bytes
+from speedforge.errors import UserError, clip, decode_text, first_line, read_bytes
 from speedforge.records import Candidate, Task
 from speedforge.registry import Registry
 from speedforge.tasks.loader import TaskFormatError, check_reference_source, defined_names, load_task_folder
@@ -34,6 +34,7 @@ IMPORTERS: Registry[Callable[[str, str], "Imported"]] = Registry("importer")
 KERNELBENCH_COLUMNS = ("code", "level", "name", "problem_id")
 CUDA_L1_FIELDS = ("level_id", "task_id", "ref_code")
 NO_CODE = (None, "", "None")  # CUDA-L1 marks a task without a published kernel with null or "None"
+MAX_ID = (1 << 63) - 1  # an id is stored as a 64-bit integer (the tasks table's level column, Arrow int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,13 @@ def detect_kind(source: str) -> str:
     """The importer for a source, from what it is."""
     if source == "builtin" or source.startswith("builtin:"):
         return "builtin"
+    try:
+        return _detect_path_kind(source)
+    except OSError as exc:  # a path the system refuses to look up (a name too long)
+        raise UserError(f"cannot read {clip(source)}: {exc.strerror or first_line(exc)}") from None
+
+
+def _detect_path_kind(source: str) -> str:
     path = Path(source)
     if path.is_dir():
         if any(path.glob("level*")):
@@ -134,7 +142,7 @@ def import_kernelbench_parquet(source: str, family: str) -> Imported:
                             f"(expected {', '.join(KERNELBENCH_COLUMNS)})")  # fmt: skip
         rows = table.select(list(KERNELBENCH_COLUMNS)).to_pylist()
         for row_no, row in enumerate(tqdm(rows, desc=f"importing {file.name}", unit="row", disable=None)):
-            where = f"{file}: row {row_no} (name {row['name']!r})"
+            where = f"{file}: row {row_no} (name {clip(repr(row['name']), 40)})"
             try:
                 tasks.append(_kernelbench_row(row, family, where))
             except TaskFormatError as exc:
@@ -145,7 +153,7 @@ def import_kernelbench_parquet(source: str, family: str) -> Imported:
 def _kernelbench_row(row: dict, family: str, where: str) -> Task:
     level, name, code = row["level"], row["name"], row["code"]
     if not isinstance(level, int) or isinstance(level, bool) or level < 1:
-        raise TaskFormatError(f"{where}: level {level!r} is not a positive integer")
+        raise TaskFormatError(f"{where}: level {clip(repr(level), 40)} is not a positive integer")
     if not isinstance(name, str) or not name.strip():
         raise TaskFormatError(f"{where}: empty name")
     if not isinstance(code, str):
@@ -192,15 +200,16 @@ def _cuda_l1_item(line: str, family: str, where: str) -> tuple[Task, Candidate |
         item = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TaskFormatError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError as exc:  # a number JSON allows and Python does not convert (more than 4300 digits)
+        raise TaskFormatError(f"{where}: not a CUDA-L1 row: {clip(first_line(exc))}") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's stack: no row of CUDA-L1's
+        raise TaskFormatError(f"{where}: not a CUDA-L1 row: JSON nested too deep") from None
     if not isinstance(item, dict):
         raise TaskFormatError(f"{where}: expected a JSON object, got {type(item).__name__}")
     missing = [f for f in CUDA_L1_FIELDS if item.get(f) in (None, "")]
     if missing:
         raise TaskFormatError(f"{where}: missing field(s) {missing}")
-    try:
-        level, number = int(item["level_id"]), int(item["task_id"])
-    except (TypeError, ValueError):
-        raise TaskFormatError(f"{where}: level_id and task_id must be integers") from None
+    level, number = _positive_id(item, "level_id", where), _positive_id(item, "task_id", where)
     name = f"level{level}_task{number}"
     check_reference_source(item["ref_code"], f"{where} ({name}) ref_code")
     task = Task(task_id=f"cuda-l1/level{level}/{number}", family=family, name=name, source=item["ref_code"],
@@ -215,6 +224,23 @@ def _cuda_l1_item(line: str, family: str, where: str) -> tuple[Task, Candidate |
     scores = {k: _finite(v, where, k) for k, v in sorted(item.items()) if k.startswith("score_")}
     meta = json.dumps({"published": scores, "source": "cuda-l1"}, sort_keys=True)
     return task, Candidate.make(task.task_id, code, origin="import:cuda-l1", meta_json=meta, created_at=0.0)
+
+
+def _positive_id(item: dict, field: str, where: str) -> int:
+    """`item[field]` as an id: a JSON integer from 1 up, never a float (2.9 is not task 2), a
+    boolean (true is not task 1) or a string."""
+    value = item[field]
+    if type(value) is not int or not 1 <= value <= MAX_ID:
+        raise TaskFormatError(f"{where}: {field} must be a whole number from 1 up (a JSON integer such as 19), "
+                              f"got {_show_json(value)}")  # fmt: skip
+    return value
+
+
+def _show_json(value: object) -> str:
+    """A JSON value as written, cut short; an array or object by its kind alone."""
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    return clip(json.dumps(value[:80] if isinstance(value, str) else value), 40)
 
 
 def _finite(value: object, where: str, key: str) -> float | None:
