@@ -10,7 +10,9 @@ from pathlib import Path
 
 from speedforge.config import load_config
 from speedforge.errors import UserError
-from speedforge.store.s3server import SeaweedServer
+from speedforge.store.s3server import S3ServerError, SeaweedServer
+
+WATCH_S = 0.5  # how often the command looks whether its server still runs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "ones again when started again on the same --dir), "
                     "with its own data dir and generated credentials (kept in the data dir). Prints the "
                     "endpoint and the environment to use it; runs until Ctrl-C or SIGTERM, then stops "
-                    "every process it started.")  # fmt: skip
+                    "every process it started. Should the server die on its own, it says so and exits with an "
+                    "error.")  # fmt: skip
     serve.add_argument("--dir", help="data dir (default: <evaluator.cache_dir>/s3); credentials persist here")
     serve.add_argument("--bucket", default="speedforge", help="bucket to create (default: speedforge)")
     serve.add_argument("--env-file", help="also write the export lines to this file")
@@ -51,6 +54,15 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"speedforge s3 serve: {server.moved}", file=sys.stderr, flush=True)
         print(f"S3 endpoint {server.endpoint}  bucket s3://{args.bucket}  data {server.data_dir}")
         print(exports, end="", flush=True)
-        stop.wait()
+        _watch(server, stop)
         print("stopping", flush=True)
     return 0
+
+
+def _watch(server: SeaweedServer, stop: threading.Event) -> None:
+    """Return when `stop` is set; raise, in one line, as soon as the server dies on its own."""
+    while not stop.wait(WATCH_S):
+        ended = server.reap()
+        if ended is not None:
+            raise S3ServerError(f"the S3 server stopped: {ended}, so {server.endpoint} is down (log: {server.log_file}); "
+                                f"start `speedforge s3 serve` again on the same --dir to bring it back on the same endpoint")

@@ -7,11 +7,21 @@
 
 Anything that speaks the protocol (the `openai` backend, vLLM clients, the openai package) can
 use a trained checkpoint this way. Requests are served one generation at a time.
+
+A client is not trusted to be well-behaved: each connection has its own thread, at most
+`max_connections` of them (more are answered 503 at once); a request (headers and body) must
+arrive within `request_timeout_s` or the connection is dropped (408 if its headers came); a body
+needs a plain Content-Length of at most MAX_BODY_BYTES, and no more than that is ever read. A
+request is read and validated before it waits for the generation lock, so a slow or malformed
+one never delays the others.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import socket
 import sys
 import threading
 import time
@@ -22,6 +32,9 @@ from speedforge.policy.backends import Backend, BackendError
 
 MAX_BODY_BYTES = 8 << 20
 MAX_N = 16
+REQUEST_TIMEOUT_S = 30.0  # for a whole request to arrive, and for a client to take its answer
+MAX_CONNECTIONS = 32  # open connections served at once; one more is answered 503
+CONTENT_LENGTH = re.compile(r"[0-9]+")
 ROLES = ("system", "user", "assistant")
 
 
@@ -91,15 +104,123 @@ def completion_response(model: str, generations) -> dict:
     }
 
 
+def body_length(headers) -> int:
+    """The body length a POST declares, checked before any of the body is read: a single plain
+    Content-Length of at most MAX_BODY_BYTES (no chunked bodies, whose size is known only once read)."""
+    if headers.get("Transfer-Encoding") is not None:
+        raise RequestError(411, "chunked or encoded bodies are not accepted; "
+                                "send the JSON body as it is, with a Content-Length header")
+    values = headers.get_all("Content-Length") or []
+    if not values:
+        raise RequestError(411, "a POST needs a Content-Length header giving the size of its JSON body")
+    if len(values) > 1:
+        raise RequestError(400, f"{len(values)} Content-Length headers; send exactly one")
+    value = values[0].strip()
+    if not CONTENT_LENGTH.fullmatch(value):
+        raise RequestError(400, f"Content-Length must be a whole number of bytes, got {value[:40]!r}")
+    digits = value.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_BODY_BYTES)) or int(digits) > MAX_BODY_BYTES:  # no int() of a huge number
+        raise RequestError(413, f"a request body of {value[:24]} bytes is over the limit of {MAX_BODY_BYTES} bytes")
+    return int(digits)
+
+
+def read_body(rfile, length: int) -> bytes:
+    """Exactly `length` bytes of body (never one more: what follows belongs to the next request)."""
+    data = rfile.read(length)
+    if len(data) < length:
+        raise RequestError(400, f"the body ended after {len(data)} of the {length} bytes "
+                                "its Content-Length declares")
+    return data
+
+
+def decode_json(data: bytes) -> object:
+    """The JSON value of a request body; anything else, nesting too deep to parse included, is a 400."""
+    try:
+        return json.loads(data or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise RequestError(400, "the request body is JSON nested too deeply to parse; "
+                                "a chat request is a few levels deep") from None
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The read side of a connection on which every read gives up at `deadline` (time.monotonic()):
+    the time a client has for a whole request, however slowly it trickles its bytes."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float):
+        self.sock = sock
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+
+    def restart(self) -> None:
+        """Give the next request on this connection its own `timeout_s`."""
+        self.deadline = time.monotonic() + self.timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"the request did not arrive within {self.timeout_s:g} s")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
+
+
+class _BoundedThreadingServer(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` at once; one more gets 503 and is closed
+    at once, by the accepting thread, without reading anything from it."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refuse_busy(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # the thread did not start: its slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse_busy(self, request: socket.socket) -> None:
+        message = f"the server is busy: {self.max_connections} connections are open; retry in a moment"
+        data = json.dumps({"error": {"message": message, "type": "server_busy", "code": 503}}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+        try:
+            request.setblocking(False)  # the accepting thread never waits on a client
+            request.send(head.encode() + data)
+        except OSError:
+            pass
+
+
 class PolicyServer:
     """An HTTP server around one loaded backend; `serve_forever()` until `shutdown()`."""
 
-    def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False):
+    def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+        if request_timeout_s <= 0 or max_connections < 1:
+            raise ValueError(f"request_timeout_s must be > 0 and max_connections >= 1, "
+                             f"got {request_timeout_s} and {max_connections}")
         self.backend = backend
         self.quiet = quiet
-        self._lock = threading.Lock()  # one generation at a time
-        self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
-        self.httpd.daemon_threads = True
+        self.request_timeout_s = request_timeout_s
+        self._lock = threading.Lock()  # one generation at a time; taken only once a request is read and valid
+        self.httpd = _BoundedThreadingServer((host, port), self._handler_class(), max_connections)
 
     @property
     def url(self) -> str:
@@ -130,11 +251,31 @@ class PolicyServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self):
+                super().setup()
+                self.rfile.close()  # replaced: every read of a request shares one deadline
+                self._reader = _DeadlineReader(self.connection, server.request_timeout_s)
+                self.rfile = io.BufferedReader(self._reader)
+
+            def handle_one_request(self):
+                self._reader.restart()
+                super().handle_one_request()  # a read past the deadline drops the connection
+
+            def handle_expect_100(self):
+                if self.command == "POST":  # refuse a bad length before the client sends its body
+                    try:
+                        body_length(self.headers)
+                    except RequestError as exc:
+                        self._error(exc.status, str(exc), exc.kind)
+                        return False
+                return super().handle_expect_100()
+
             def log_message(self, format, *args):  # noqa: A002 (the stdlib's signature)
                 if not server.quiet:
                     sys.stderr.write(f"serve-policy: {self.address_string()} {format % args}\n")
 
             def _send(self, status: int, payload: dict) -> None:
+                self.connection.settimeout(server.request_timeout_s)  # a client that does not take its answer is dropped
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -161,17 +302,19 @@ class PolicyServer:
                     self._error(404, f"no route {self.path}; POST /v1/chat/completions", "not_found")
                     return
                 try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                    if length > MAX_BODY_BYTES:
-                        raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
-                    try:
-                        body = json.loads(self.rfile.read(length) or b"null")
-                    except (json.JSONDecodeError, UnicodeDecodeError):
-                        raise RequestError(400, "the request body is not valid JSON") from None
+                    body = decode_json(self._read_body())
                     self._send(200, server.chat(body))
                 except RequestError as exc:
                     self._error(exc.status, str(exc), exc.kind)
                 except Exception as exc:  # a generation bug must answer, not hang the client
                     self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+            def _read_body(self) -> bytes:
+                length = body_length(self.headers)
+                try:
+                    return read_body(self.rfile, length)
+                except TimeoutError:
+                    raise RequestError(408, f"the request did not arrive within {server.request_timeout_s:g} s; "
+                                            "send the whole body at once", "timeout") from None
 
         return Handler

@@ -318,6 +318,20 @@ class SeaweedServer:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def reap(self) -> str | None:
+        """None while weed runs (or was never started). Once it has died: kill whatever is left of
+        its process group, collect its exit status (no zombie stays behind) and say, in words, how
+        it ended, e.g. "weed (pid 123) was killed by SIGKILL"."""
+        process = self.process
+        if process is None:
+            return None
+        if process.returncode is None:
+            if not _has_exited(process.pid):
+                return None
+            _signal_group(process.pid, signal.SIGKILL)  # before the reap: until then its pid is not reused
+            process.wait()
+        return f"weed (pid {process.pid}) {_how_it_ended(process.returncode)}"
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server and everything it started: SIGTERM to its process group, SIGKILL after timeout_s."""
         process, self.process = self.process, None
@@ -343,6 +357,23 @@ class SeaweedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether the child `pid` has exited, without reaping it (its exit status stays to collect)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+
+
+def _how_it_ended(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
 
 
 def _signal_group(group: int, sig: int) -> None:
