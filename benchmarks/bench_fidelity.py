@@ -663,7 +663,8 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         for label, other in summaries.items():  # each cold run of speedforge against CUDA-L1's run 1
             sf_rate = other["kernels"] / other["wall_s"]
             print(f"throughput, speedforge run {label}: evaluate {other['kernels']} kernels in {other['wall_s']:.0f} s "
-                  f"({sf_rate * 60:.1f}/min, cold, {other['pool']}); CUDA-L1 serially {len(keys)} in "
+                  f"({sf_rate * 60:.1f}/min, {'warm builds' if other.get('warm_from') else 'cold'}, {other['pool']}); "
+                  f"CUDA-L1 serially {len(keys)} in "
                   f"{l1_wall:.0f} s ({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
         levels = sorted({k.split("/")[1] for k in keys})
         mix = ", ".join(f"{level} {sum(1 for k in keys if k.split('/')[1] == level)}" for level in levels)

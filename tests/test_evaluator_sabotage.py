@@ -86,12 +86,12 @@ def test_work_beside_the_reference_trips_even_where_it_ran_no_slower() -> None:
     pristine = {False: dataclasses.replace(_stage(100.0, 95.0, 110.0), ref_company=0.0),
                 True: dataclasses.replace(_stage(100.0, 96.0, 108.0), ref_company=0.01)}
     beside = dataclasses.replace(_stage(104.0, 97.0, 112.0), ref_company=0.81)
-    tripped = _tripwire(beside, pristine.get, 1.5, rerun=lambda: beside)
+    tripped = _tripwire(beside, pristine.get, 1.5, rerun=lambda: (beside, None))
     assert tripped.status == "hack_detected" and tripped.speedup is None
     assert "worked 0.81 s" in tripped.reason and "against 0.01 in a pristine" in tripped.reason and "[reference-company]" in tripped.reason
     assert tripped.reason.endswith("(in two sandboxes in a row)")
     quiet = dataclasses.replace(beside, ref_company=0.02)
-    cleared = _tripwire(beside, pristine.get, 1.5, rerun=lambda: quiet)
+    cleared = _tripwire(beside, pristine.get, 1.5, rerun=lambda: (quiet, None))
     assert cleared.ok and cleared.ref_company == 0.02 and "did not repeat it" in cleared.warnings[-1]
     assert _tripwire(quiet, pristine.get, 1.5).ok
     # no figure (the GPU, more torch threads, too few calls): only the slowdown is judged
@@ -152,9 +152,9 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
     runs = []
 
     def rerun_as(result: StageResult):
-        def rerun() -> StageResult:
+        def rerun() -> tuple[StageResult, None]:  # no same-process pristine time: judged against the others
             runs.append(result)
-            return result
+            return result, None
         return rerun
 
     fair = dataclasses.replace(_stage(101.0, 97.0, 106.0), speedup=1.3)
@@ -177,6 +177,26 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
     assert _tripwire(_stage(140.0, 115.0, 160.0), pristine.get, 1.5, rerun_as(fair)).ok and len(runs) == 4
 
 
+def test_the_second_run_is_judged_against_the_reference_timed_in_its_own_process() -> None:
+    """A launch-bound GPU reference's time is partly its process's: on an H100, quiet serial
+    sandboxes read one reference at 26.6-51.4 us. The confirming run times the reference against
+    itself before it imports the candidate and is judged against that: a second run whose process
+    is 1.4x slower than the pristine sandbox's, its reference as fast beside the candidate as
+    before it, is cleared; a reference slowed beside the candidate in that same process is not."""
+    import dataclasses
+
+    pristine = {False: _stage(40.0, 38.0, 42.0), True: _stage(41.0, 39.0, 43.0)}
+    first = dataclasses.replace(_stage(75.0, 70.0, 80.0), speedup=2.0)  # its slowdown raised its speedup
+    slow_process = dataclasses.replace(_stage(56.0, 54.0, 58.0), speedup=1.05)  # 1.4x the other sandboxes
+    alongside = _stage(55.0, 53.0, 57.0)  # the same process before the candidate loaded
+    got = _tripwire(first, pristine.get, 1.5, lambda: (slow_process, alongside))
+    assert got.ok and got.ref_us == 56.0, got.reason
+    assert _tripwire(first, pristine.get, 1.5, lambda: (slow_process, None)).status == "hack_detected"
+    slowed = dataclasses.replace(_stage(90.0, 86.0, 94.0), speedup=1.6)  # slowed beside the candidate
+    got = _tripwire(first, pristine.get, 1.5, lambda: (slowed, alongside))
+    assert got.status == "hack_detected" and "two sandboxes" in got.reason, got.reason
+
+
 def test_a_first_sandbox_slow_for_both_sides_is_cleared_by_a_second_run_within_the_limit() -> None:
     """An H100 read an honest SwinV2 kernel (level3/30) at reference 28.9 ms and candidate 31.7 ms
     in one sandbox (0.91x, as in the others), against 14.5 ms pristine (12.6 ms in the fresh
@@ -191,7 +211,7 @@ def test_a_first_sandbox_slow_for_both_sides_is_cleared_by_a_second_run_within_t
     def run(first_speedup: float, ref_us: float, speedup: float, width: float = 0.07) -> StageResult:
         first = dataclasses.replace(_stage(28935.0, 27274.0, 30596.0), speedup=first_speedup)
         again = dataclasses.replace(_stage(ref_us, ref_us * (1 - width), ref_us * (1 + width)), speedup=speedup)
-        return _tripwire(first, pristine.get, 1.5, lambda: again)
+        return _tripwire(first, pristine.get, 1.5, lambda: (again, None))
 
     got = run(0.913, 15657.0, 0.88)
     assert got.ok and got.speedup == 0.88 and got.ref_us == 15657.0, got.reason

@@ -139,10 +139,15 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         if stage.ok and tripwire:
             reruns = []
 
-            def rerun() -> StageResult:  # the same job in a fresh sandbox, alone on the device
-                again = dataclasses.replace(job, pristine_first=False, seed=_seed(config))
+            def rerun() -> tuple[StageResult, StageResult | None]:
+                """The same job in a fresh sandbox, alone on the device, timing the reference against
+                itself before it imports the candidate: the run, and that same-process pristine time."""
+                again = dataclasses.replace(job, pristine_first=True, seed=_seed(config))
                 reruns.append(_run_pinned(cache, again, task, config, device, zygote, quiet=True))
-                return _stage_result(reruns[-1], "run", again)
+                first = reruns[-1].first
+                alongside = None if first is None else _stage_result(dataclasses.replace(reruns[-1], result=first),
+                                                                     "pristine reference run")  # fmt: skip
+                return _stage_result(reruns[-1], "run", again), alongside
 
             stage = _tripwire(stage, lambda fresh: _pristine_reference(task, config, device, pool, zygote, fresh),
                               config.reference_slowdown_limit, rerun)  # fmt: skip
@@ -268,6 +273,15 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
     sabotage. What the relaxed bound allows a candidate is what a first run that trips nothing
     is allowed: a reference slowed by less than `limit`.
 
+    The second run also times the reference against itself before it imports the candidate, in
+    its own process, and is judged against that time, not against another sandbox's: a
+    launch-bound GPU reference's time is partly the process's own. On an H100, serial sandboxes
+    with nothing else on the device read the same references 26.6-51.4 us (level 1's 27) and
+    33.9-61.6 us (31) from one process to the next, each interval within a few percent, and 5 of
+    258 evaluations of published kernels in two batches tripped in two sandboxes in a row against
+    a pristine time taken in another process, each on a kernel that did not trip in the other
+    batch. Sabotage slows the reference beside the candidate, not before the candidate loads.
+
     On the CPU a trip is also the work the process's other threads did during the reference's
     timed calls beyond the pristine sandbox's (`checks.reference_company`), confirmed the same way:
     work a candidate left running on a core the reference does not use slows it too little to
@@ -287,12 +301,16 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
     if not reason:
         return stage
     if rerun is not None:
-        again = rerun()
+        again, alongside = rerun()
         if not again.ok:  # the second run's own verdict (incorrect, a guard, ...) stands
             return again
-        timed = [c for c in (kept, clean) if c.ok and c.ref_us is not None]
-        fastest = min(timed, key=lambda c: c.ref_us, default=clean)
-        repeated = slower(again, clean) or _not_clear(again, stage, fastest, limit, reason)
+        if alongside is not None and alongside.ok and alongside.ref_us is not None:
+            # the same process before the candidate loaded: no process-to-process spread
+            repeated = slower(again, alongside) or _not_clear(again, stage, alongside, limit, reason)
+        else:
+            timed = [c for c in (kept, clean) if c.ok and c.ref_us is not None]
+            fastest = min(timed, key=lambda c: c.ref_us, default=clean)
+            repeated = slower(again, clean) or _not_clear(again, stage, fastest, limit, reason)
         if not repeated:
             note = f"tripwire: in a first sandbox {reason}; a second run in a fresh sandbox did not repeat it"
             return dataclasses.replace(again, warnings=(*again.warnings, note))
