@@ -349,3 +349,27 @@ def test_a_repeat_above_5_percent_is_flagged_unless_marked_unstable_or_stopped_e
                                                                       "no unstable mark)")  # fmt: skip
     assert lines[1].endswith("0 marked unstable, 3 stopped early")
     assert lines[2].endswith("1 marked unstable, 0 stopped early")
+
+
+def test_a_batch_adds_near_copies_and_its_report_names_each_tripwire_verdict(bench, tmp_path):
+    """--variants: near-copies of sampled kernels (a line appended, so a new candidate and a new
+    build); the report's batch lines: verdicts, latency, GPU share, and every evaluation the
+    tripwire called sabotage."""
+    rows = [{"level_id": 1, "task_id": n, "ref_code": "r", "custom_code": f"c{n}"} for n in range(1, 5)]
+    extra = bench.variants(rows, 3)
+    assert len(extra) == 3 and all(v["custom_code"] != r["custom_code"] for v in extra for r in rows)
+    assert {v["task_id"] for v in extra} <= {r["task_id"] for r in rows}
+    assert bench.variants(rows, 0) == []
+    trip = {"key": "cuda-l1/level1/2", "status": "hack_detected",
+            "reason": "the reference ran slower beside this candidate: 2.1x [reference-slowdown]"}
+    contract = {"key": "cuda-l1/level1/3", "status": "hack_detected", "reason": "shares storage [aliases-earlier-output]"}
+    (tmp_path / "speedforge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        trip, contract, {"key": "cuda-l1/level1/1", "status": "ok", "reason": ""}]))
+    (tmp_path / "speedforge_run.json").write_text(json.dumps({
+        "wall_s": 100.0, "latency_p50_s": 40.0, "latency_p90_s": 90.0, "latency_max_s": 99.0,
+        "gpu_busy_mean": 0.3, "gpu_busy_share": 0.8}))
+    lines = bench.batch_lines(tmp_path)
+    assert lines[0].startswith("batch, speedforge run 1: 3 candidates, cold in 100 s (hack_detected 2, ok 1)")
+    assert "p50 40 s, p90 90 s, max 99 s" in lines[0] and "busy in 80% of samples" in lines[0]
+    assert lines[1] == "tripwire: 1 hack_detected by the reference's slowdown or company in 3 evaluations of published kernels"
+    assert lines[2].startswith("  run 1 cuda-l1/level1/2: the reference ran slower") and len(lines) == 3
