@@ -6,7 +6,7 @@ from kfp import dsl
 from components.failure import run_report
 from components.pools import check_pools
 from components.select import select_best
-from pipelines.steps import CLUSTER_ADDRESS, portability_and_report, step
+from pipelines.steps import CLUSTER_ADDRESS, CLUSTER_NAMESPACE, portability_and_report, step
 
 
 @dsl.pipeline(name="speedforge-cross-arch",
@@ -20,7 +20,8 @@ def cross_arch(
     store: str = "s3://speedforge/runs/cross-arch",  # object-store prefix of this run's tables
     config: str = "",  # YAML text of the speedforge config ("" = embedded defaults)
     s3_secret: str = "speedforge-s3",
-    ray_address: str = CLUSTER_ADDRESS,  # evaluations run on this Ray cluster (k8s/), steps take no GPU; "" = in each step's pod, on its pool's GPU
+    ray_address: str = CLUSTER_ADDRESS,  # evaluations run on this Ray cluster (k8s/; {namespace}: the namespace parameter), steps take no GPU; "" = in each step's pod, on its pool's GPU
+    namespace: str = CLUSTER_NAMESPACE,  # the RayCluster's namespace
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     failure = step(run_report(config=config, store=store, run_id=run_id), s3_secret, name="run report")
@@ -30,4 +31,5 @@ def cross_arch(
         selected = step(select_best(config=config, source_store=variants_store, dataset_uri=dataset_uri,
                                     pool=select_pool, store=store, run_id=run_id), s3_secret, name="select best variants")
         portability_and_report(config=config, pools=checked.output, selected=selected,
-                               store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address)
+                               store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address,
+                               namespace=namespace)

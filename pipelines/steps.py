@@ -8,16 +8,34 @@ One owner per GPU: by default an evaluating step sends its work to the RayCluste
 is the explicit other choice: a local Ray in the step's own pod, which then requests its pool's
 GPU (use it without a RayCluster, never beside one that holds the same GPUs)."""
 
+import yaml
 from kfp import dsl, kubernetes
 
 from components.pools import pool_placement
 from components.portability import portability
 from components.report import report
 from speedforge.cluster.rayjob import IMAGE_UID
+from speedforge.config import TRAIN_RESOURCE
 
 # The RayCluster `speedforge` of k8s/base, by Ray Client: KubeRay names its head service
-# <cluster>-head-svc and the head exposes the client port 10001 (a test checks both).
-CLUSTER_ADDRESS = "ray://speedforge-head-svc:10001"
+# <cluster>-head-svc and the head exposes the client port 10001 (a test checks both). The steps run
+# in KFP's namespace, where a short service name does not resolve: the name is fully qualified, with
+# {namespace} filled in by each step from the pipeline's `namespace` parameter (the RayCluster's,
+# CLUSTER_NAMESPACE by default: the namespace k8s/base installs into).
+CLUSTER_NAMESPACE = "speedforge"
+CLUSTER_ADDRESS = "ray://speedforge-head-svc.{namespace}.svc.cluster.local:10001"
+
+# The training config of a cluster run (the training pipeline's train_config default): Ray Train's
+# workers take TRAIN_RESOURCE, which only k8s/'s training group offers (it reaches the store, the
+# bench groups do not), and a GPU each, as set here rather than as the GPUs up at the start decide;
+# the family and tasks of the pipeline's default source (builtin:cuda); rewards measured by the
+# evaluation service on the bench pools (the training group runs no candidate code), which waits for
+# a pool the autoscaler has yet to start.
+CLUSTER_TRAIN_CONFIG = yaml.safe_dump({
+    "service": {"autoscaling": True},
+    "train": {"family": "cuda", "tasks_uri": "builtin:cuda", "evaluation": "service", "pool": "H100",
+              "ray": {"use_gpu": True, "resources": {TRAIN_RESOURCE: 1.0}}},
+}, sort_keys=False, default_flow_style=True, width=1 << 16).strip()  # one line: KFP copies defaults into a YAML comment  # fmt: skip
 
 # Keys of the secret (`s3_secret` parameter, see k8s/base/secret-s3.example.yaml), each the
 # environment variable it becomes. Optional: on AWS with pod identities there is no secret.
@@ -84,15 +102,15 @@ def on_pool(task, placement):
     return task
 
 
-def portability_and_report(config, pools, selected, store, s3_secret, run_id, ray_address):
+def portability_and_report(config, pools, selected, store, s3_secret, run_id, ray_address, namespace):
     """The tail both pipelines share: the variant set `selected` (select_best's task) measured again on
-    every pool (one ParallelFor branch per pool: on the Ray cluster at `ray_address`, or placed on its
-    pool's nodes when that is ""), then one report over them."""
+    every pool (one ParallelFor branch per pool: on the Ray cluster at `ray_address` in `namespace`, or
+    placed on its pool's nodes when that is ""), then one report over them."""
     with dsl.ParallelFor(pools, name="portability-per-pool") as pool:  # the variants: selected's artifact
         placed = step(pool_placement(config=config, pool=pool, ray_address=ray_address), None, cpu="500m",
                       memory="1Gi", name="placement")
         ported = on_pool(step(portability(config=config, variants=selected.outputs["selected"], pool=pool,
-                                          store=store, ray_address=ray_address, run_id=run_id), s3_secret, cpu="4",
+                                          store=store, ray_address=ray_address, run_id=run_id, namespace=namespace), s3_secret, cpu="4",
                               memory="16Gi", name="portability"), placed)
     return step(report(config=config, portability=dsl.Collected(ported.outputs["results"]), store=store, run_id=run_id),
                 s3_secret, name="report")

@@ -23,7 +23,8 @@ from components.pools import check_pools, pool_placement
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
-from pipelines.steps import CLUSTER_ADDRESS, on_pool, pod_identity, portability_and_report, step
+from pipelines.steps import (CLUSTER_ADDRESS, CLUSTER_NAMESPACE, CLUSTER_TRAIN_CONFIG, on_pool, pod_identity,
+                             portability_and_report, step)
 
 
 @dsl.pipeline(name="speedforge-training",
@@ -37,12 +38,12 @@ def training(
     search_pool: str = "H100",  # the pool the search measures on
     model: str = "",  # policy model of the search: a store URI (s3://.../final), a path in the image or on a volume, or champion (the registry's) ("" = the checkpoint this run's training wrote, by its store URI)
     train_stage: str = "grpo",  # sft | self | grpo
-    train_config: str = "",  # YAML text of the training config ("" = its embedded defaults)
+    train_config: str = CLUSTER_TRAIN_CONFIG,  # YAML text of the training config: the cluster's (pipelines/steps.py); "" = the embedded defaults (a CPU run on cpp tasks)
     train_mode: str = "rayjob",  # local (in the step's pod) | rayjob (KubeRay) | ray (Job Submission API)
     ray_cluster: str = "speedforge",  # rayjob: the RayCluster (k8s/) the job runs on
-    namespace: str = "speedforge",  # rayjob: its namespace, the RayCluster's (KubeRay selects the cluster there)
-    ray_dashboard: str = "",  # ray: the cluster's dashboard, e.g. http://speedforge-head-svc:8265
-    ray_address: str = CLUSTER_ADDRESS,  # evaluations run on this Ray cluster (k8s/), steps take no GPU; "" = a local Ray in each evaluating step's pod, which then takes its pool's GPU
+    namespace: str = CLUSTER_NAMESPACE,  # the RayCluster's namespace: the RayJob goes there (KubeRay selects the cluster there), {namespace} of ray_address
+    ray_dashboard: str = "",  # ray: the cluster's dashboard, fully qualified, e.g. http://speedforge-head-svc.speedforge.svc.cluster.local:8265
+    ray_address: str = CLUSTER_ADDRESS,  # evaluations run on this Ray cluster (k8s/; {namespace}: the namespace parameter), steps take no GPU; "" = a local Ray in each evaluating step's pod, which then takes its pool's GPU
     image: str = IMAGE,  # rayjob: the submitter pod's image
     train_timeout_s: float = 86400.0,
     baseline_candidates: int = 0,  # budget: candidates measured per pool (0 = all of the data set)
@@ -65,7 +66,7 @@ def training(
                           memory="1Gi", name="placement")
             baselines = on_pool(step(measure_baselines(
                 config=config, dataset=staged.outputs["staged"], pool=pool, store=store,
-                ray_address=ray_address, limit=baseline_candidates, run_id=run_id), s3_secret, cpu="4", memory="16Gi",
+                ray_address=ray_address, limit=baseline_candidates, run_id=run_id, namespace=namespace), s3_secret, cpu="4", memory="16Gi",
                 name="baselines"), placed)
         trained = step(train(
             config=config, train_config=train_config, stage=train_stage, mode=train_mode, store=store,
@@ -80,10 +81,11 @@ def training(
             config=config, dataset=staged.outputs["staged"], store=store, model=model,
             checkpoint=trained.outputs["checkpoint"], tasks=search_tasks, rounds=search_rounds,
             samples=search_samples, max_new_tokens=max_new_tokens, pool=search_pool, ray_address=ray_address,
-            run_id=run_id), s3_secret, cpu="4", memory="16Gi", name="optimize")
+            run_id=run_id, namespace=namespace), s3_secret, cpu="4", memory="16Gi", name="optimize")
         selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],
                                     pool="", store=store, run_id=run_id, searched=searched.outputs["variants"]),
                         s3_secret, name="select best variants")  # fmt: skip
         searched.after(gated)
         portability_and_report(config=config, pools=checked.output, selected=selected,
-                               store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address)
+                               store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address,
+                               namespace=namespace)

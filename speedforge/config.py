@@ -343,8 +343,10 @@ class ServiceConfig(Checked):
     # The Ray cluster adds nodes on demand (KubeRay's in-tree autoscaler, k8s/base): a pool (or the
     # build stage) with no node yet is asked of the autoscaler and waited for up to pool_wait_s,
     # with a message, instead of refused; a pool whose node never comes fails its results
-    # (infra_error, as a pool whose workers all died), the other pools go on.
-    autoscaling: bool = False
+    # (infra_error, as a pool whose workers all died), the other pools go on. None: on where a
+    # process joins a Ray cluster by address (a pipeline step's ray_address, --address, $RAY_ADDRESS;
+    # k8s/'s groups scale from zero: speedforge.cluster.pools.for_address), off for a Ray started here
+    autoscaling: bool | None = None
     pool_wait_s: float = setting(900.0, POSITIVE)  # a GPU node's start: scale-up, image pull, Ray start
     call_margin_s: float = setting(60.0, POSITIVE)  # a call this long past its items' build+run time limits is hung: worker killed
     flush_every: int = setting(32, AT_LEAST_1)  # results appended to the results table in parts of at most this many
@@ -433,11 +435,16 @@ class RayTrainConfig(Checked):
 
     address: str = ""  # "" starts a local Ray; else host:6379, ray://head:10001 or auto
     workers: int = setting(1, AT_LEAST_1)
-    use_gpu: bool | None = None  # None: when the Ray cluster has GPUs
+    use_gpu: bool = False  # each worker takes gpus_per_worker GPUs; set here, never read off the GPUs a cluster has up
     cpus_per_worker: float = setting(1.0, POSITIVE)  # also the torch threads of a worker on the CPU
     gpus_per_worker: float = setting(1.0, POSITIVE)  # with use_gpu; below 1 shares a GPU (with bench workers, say)
     accelerator_type: str = ""  # e.g. "H100": workers only on nodes with that GPU type ("" any)
-    resources: dict[str, float] = dataclasses.field(default_factory=dict)  # more Ray resources per worker, e.g. {speedforge_train: 1}: the training group of k8s/
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)  # more Ray resources per worker, e.g. {speedforge_train: 1} (TRAIN_RESOURCE): the training group of k8s/
+
+
+# Custom Ray resource that only k8s/'s training group (gpu-train) declares: Ray Train's workers of a
+# cluster run take one each, so they land where the store is reachable and no bench worker runs.
+TRAIN_RESOURCE = "speedforge_train"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -248,13 +248,14 @@ def test_each_role_reaches_what_its_work_needs_and_bench_workers_only_the_cluste
     policies = [d for folder in ("base", "kfp/standalone") for d in rendered[folder] if d["kind"] == "NetworkPolicy"]
     pods = role_pods(rendered)
     selected = {pod: sorted(p["metadata"]["name"] for p in policies if selects(p, labels)) for pod, labels in pods.items()}
-    assert selected == {"head": ["speedforge-train"], "build": [], "gpu-a100": ["speedforge-bench"],
+    assert selected == {"head": ["speedforge-autoscaler", "speedforge-train"], "build": [], "gpu-a100": ["speedforge-bench"],
                         "gpu-h100": ["speedforge-bench"], "gpu-l40": ["speedforge-bench"],
                         "gpu-train": ["speedforge-train"], "pipeline": ["speedforge-pipeline-pods"]}  # fmt: skip
     by_name = {p["metadata"]["name"]: p for p in policies}
     assert all(p["spec"]["policyTypes"] == ["Egress"] for p in policies)
     assert reaches(by_name["speedforge-bench"]) == {"ray", "dns", "node-local-dns"}  # in-cluster only: no store
     assert reaches(by_name["speedforge-train"]) == {"ray", "dns", "node-local-dns", "store"}
+    assert reaches(by_name["speedforge-autoscaler"]) == {"store", "api-server"}  # 443 and 6443: the API server, alone
     assert reaches(by_name["speedforge-pipeline-pods"]) == {"ray", "dns", "node-local-dns", "store", "api-server",
                                                             "kubeflow"}  # fmt: skip
     (pipeline_rule,) = [r for r in by_name["speedforge-pipeline-pods"]["spec"]["egress"]
@@ -458,9 +459,12 @@ def test_the_operations_overlay_adds_priority_disruption_budgets_quota_metrics_a
         assert pod["imagePullSecrets"] == [{"name": "speedforge-registry"}], name
     assert not [d for d in docs if d["kind"] == "ServiceAccount"]  # the pipeline pods run as KFP's account
     budgets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"}
-    assert budgets["speedforge-head"]["maxUnavailable"] == 0
-    assert budgets["speedforge-head"]["selector"]["matchLabels"]["ray.io/node-type"] == "head"
-    assert budgets["speedforge-bench"]["selector"]["matchLabels"] == {"speedforge.dev/role": "bench"}
+    bench = {g: group for g, group in groups(cluster).items() if group["template"]["metadata"]["labels"].get(
+        "speedforge.dev/role") == "bench"}  # fmt: skip
+    assert sorted(budgets) == sorted(f"speedforge-bench-{g.removeprefix('gpu-')}" for g in bench)  # none for the head
+    for name, spec in budgets.items():  # RayCluster pods: only an integer minAvailable is honoured
+        assert spec["minAvailable"] == 1 and "maxUnavailable" not in spec, name
+        assert spec["selector"]["matchLabels"]["ray.io/group"] in bench, name
     (quota,) = [d for d in docs if d["kind"] == "ResourceQuota"]
     assert int(quota["spec"]["hard"]["requests.nvidia.com/gpu"]) >= 1
     # the PodMonitor (no schema offline) scrapes the port every Ray pod exports metrics on

@@ -31,6 +31,7 @@ class FakeKfp:
 
     def __init__(self) -> None:
         self.experiments: list[dict] = []
+        self.recurring_runs: list[dict] = []
 
     def __call__(self, method, path, query, body):
         if path == "/apis/v2beta1/healthz":
@@ -41,7 +42,11 @@ class FakeKfp:
                 return 200, self.experiments[-1]
             return 200, {"experiments": self.experiments} if self.experiments else {}
         if path == "/apis/v2beta1/recurringruns" and method == "POST":
-            return 200, {**body, "recurring_run_id": "rr-1"}
+            self.recurring_runs.append({**body, "recurring_run_id": f"rr-{len(self.recurring_runs) + 1}"})
+            return 200, self.recurring_runs[-1]
+        if path == "/apis/v2beta1/recurringruns":
+            mine = [r for r in self.recurring_runs if r["experiment_id"] in query.get("experiment_id", [])]
+            return 200, {"recurringRuns": mine} if mine else {}  # the field's JSON name, as KFP sends it
         if path == "/apis/v2beta1/runs" and method == "POST":
             return 200, {**body, "run_id": "run-1", "state": "PENDING"}
         if path == "/apis/v2beta1/runs/run-1":
@@ -58,6 +63,18 @@ def posted(api: FakeApi, path: str) -> dict:
 def executor_images(body: dict) -> set[str]:
     spec = body["pipeline_spec"]["pipeline_spec"]
     return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+
+
+def test_schedule_twice_is_refused_rather_than_starting_two_competing_nightly_runs(capsys):
+    with FakeApi(FakeKfp()) as api:
+        args = ["pipeline", "schedule", "--host", api.url, "--image", IMAGE]
+        assert main(args) == 0
+        capsys.readouterr()
+        assert main(args) == 2
+        assert main([*args, "--job-name", "speedforge-nightly-2"]) == 0
+    err = capsys.readouterr().err
+    assert "a recurring run named 'speedforge-nightly' exists already in experiment 'speedforge' (rr-1)" in err
+    assert len([b for m, p, _, b in api.requests if m == "POST" and p == "/apis/v2beta1/recurringruns"]) == 2
 
 
 def test_schedule_creates_a_nightly_recurring_run_with_a_service_account(capsys):

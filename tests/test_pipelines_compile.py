@@ -154,7 +154,14 @@ def test_evaluating_steps_send_work_to_the_ray_cluster_by_default_and_take_no_gp
     k8s = yaml.safe_load_all((ROOT / "k8s" / "base" / "raycluster.yaml").read_text())
     (cluster,) = [d for d in k8s if d and d["kind"] == "RayCluster"]
     ports = {p["name"]: p["containerPort"] for p in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert CLUSTER_ADDRESS == f"ray://{cluster['metadata']['name']}-head-svc:{ports['client']}"  # KubeRay's head service
+    # KubeRay's head service, fully qualified (the steps run in KFP's namespace), in the namespace k8s/base installs into
+    assert CLUSTER_ADDRESS == f"ray://{cluster['metadata']['name']}-head-svc.{{namespace}}.svc.cluster.local:{ports['client']}"
+    base = yaml.safe_load((ROOT / "k8s" / "base" / "kustomization.yaml").read_text())
+    assert spec["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == base["namespace"]
+    for task_name, task in all_tasks(spec).items():  # every step that dials ray_address gets the namespace too
+        if "ray_address" in task["inputs"]["parameters"] and not task_name.startswith("pool-placement"):
+            source = task["inputs"]["parameters"]["namespace"]["componentInputParameter"]
+            assert source in ("namespace", "pipelinechannel--namespace"), task_name
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))

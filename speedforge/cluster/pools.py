@@ -116,6 +116,15 @@ def plan_bench_workers(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[
     return plan
 
 
+def for_address(config: ServiceConfig, address: str | None) -> ServiceConfig:
+    """`config` as it applies to the Ray joined at `address`: autoscaling left unset (None) is on for
+    a cluster joined by address (k8s/'s worker groups scale from zero and idle down, so a pool often
+    has no node when a run starts) and off for a Ray started here ("" or None); a value set stays."""
+    if config.autoscaling is not None:
+        return config
+    return dataclasses.replace(config, autoscaling=bool(address))
+
+
 def absent_pools(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[str, float]]) -> list[str]:
     """The pools no node of the cluster can host a worker of now (an autoscaler may add one)."""
     return [name for name, pool in pools.items() if fit_count(nodes, worker_need(pool)) == 0]

@@ -37,12 +37,14 @@ from speedforge.cluster.pools import (
     absent_pools,
     build_slowdown,
     fit_count,
+    for_address,
     plan_bench_workers,
     plan_build_workers,
     resolve_pools,
     sweep_evaluator_config,
     worker_need,
 )
+from speedforge.cluster.session import joined_address
 from speedforge.cluster.sweep import Key, Sweep, SweepProgress, WorkerSet, check_inputs
 from speedforge.config import Config, ServiceConfig
 from speedforge.errors import UserError, first_line
@@ -212,7 +214,8 @@ class EvaluationService:
             raise UserError("Ray is not running: open speedforge.cluster.ray_session() first")
         configs = resolve_pools(pools, self.service)
         nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-        autoscaling = self.service.autoscaling
+        # unset: on for a cluster joined by address (its groups scale from zero), off for a Ray started here
+        autoscaling = bool(for_address(self.service, joined_address()).autoscaling)
         plan = plan_bench_workers(configs, nodes, autoscaling=autoscaling)
         waiting = set(absent_pools(configs, nodes)) if autoscaling else set()
         starting: dict[str, list[Any]] = {}

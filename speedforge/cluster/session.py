@@ -27,6 +27,15 @@ from speedforge.errors import Terminated, UserError, first_line, interrupt_on_si
 from speedforge.extras import require
 
 
+_JOINED = ""  # the address of the cluster this process joined ("" for a Ray it started itself)
+
+
+def joined_address() -> str:
+    """The address of the Ray cluster this process joined by address or $RAY_ADDRESS; "" when it
+    started Ray itself (or has not connected)."""
+    return _JOINED
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
     """Join the Ray cluster at `address` (None: start a local one) for the body of the `with`.
@@ -71,6 +80,8 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
         address = os.environ[RAY_ADDRESS_ENV]  # a job's driver: join the cluster that started it
     if address:
         probe_ray(address, config.connect_timeout_s)
+    global _JOINED
+    _JOINED = address or ""
     try:
         if address:
             ray.init(address=address, **options)

@@ -225,11 +225,21 @@ def submit_run(client, package: str | os.PathLike, arguments: dict[str, Any], ex
 def schedule_run(client, package: str | os.PathLike, arguments: dict[str, Any], cron: str = DEFAULT_CRON,
                  name: str = "speedforge-nightly", experiment: str = "speedforge",
                  service_account: str | None = None, enabled: bool = True) -> ScheduleInfo:  # fmt: skip
-    """A recurring run of the compiled pipeline on a six-field cron; one run at a time, no catch-up."""
+    """A recurring run of the compiled pipeline on a six-field cron; one run at a time, no catch-up.
+    A recurring run of the same name in the experiment is refused: a second would start runs of its
+    own beside the first's, competing for the same store and pools."""
     cron = check_cron(cron)
     _check_package(package)
     try:
         experiment_id = _experiment_id(client, experiment)
+        existing = _recurring_runs_named(client, experiment_id, name)
+    except Exception as exc:
+        raise UserError(f"Kubeflow Pipelines refused the recurring run: {_reason(exc)}") from None
+    if existing:
+        raise UserError(f"a recurring run named {name!r} exists already in experiment {experiment!r} "
+                        f"({', '.join(existing)}); a second would run beside it: delete it first "
+                        f"(kfp recurring-run delete {existing[0]}) or give another --job-name")  # fmt: skip
+    try:
         job = client.create_recurring_run(experiment_id=experiment_id, job_name=name, cron_expression=cron,
                                           pipeline_package_path=str(package), params=arguments, max_concurrency=1,
                                           no_catchup=True, enabled=enabled, service_account=service_account)  # fmt: skip
@@ -250,6 +260,17 @@ def run_status(client, run_id: str) -> RunInfo:
                    created_at=str(run.created_at or ""), finished_at=str(run.finished_at or ""),
                    error=first_line(error.message) if error and getattr(error, "message", None) else "",
                    url=f"{host}/#/runs/details/{run.run_id}" if host else "")  # fmt: skip
+
+
+def _recurring_runs_named(client, experiment_id: str, name: str) -> list[str]:
+    """The ids of the experiment's recurring runs named `name`."""
+    found, token = [], ""
+    while True:
+        page = client.list_recurring_runs(experiment_id=experiment_id, page_token=token, page_size=100)
+        found += [r.recurring_run_id for r in page.recurring_runs or [] if r.display_name == name]
+        token = page.next_page_token or ""
+        if not token:
+            return found
 
 
 def _experiment_id(client, name: str) -> str:

@@ -65,7 +65,8 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
 
     A pipeline's `ray_address` defaults to the cluster's head service (pipelines.steps.CLUSTER_ADDRESS),
     a name only a cluster resolves: unless `arguments` name one, the run passes "" (a local Ray in
-    each evaluating step).
+    each evaluating step). So with `train_config`, whose default is a cluster's (the training group's
+    resource, a GPU, the cuda family): unless named, the run passes "" (the embedded defaults).
 
     Quiet (the default): `say` gets one line per step as it ends (speedforge.recipes.run_progress),
     each KFP task's output goes to <pipeline root>/<KFP run>/logs/<NN>-<task>.log and kfp.local's
@@ -78,8 +79,8 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     from speedforge.store import open_store
     from speedforge.store.s3server import SeaweedServer
 
-    if "ray_address" in (pipeline_func.component_spec.inputs or {}):
-        arguments = {"ray_address": "", **arguments}
+    inputs = pipeline_func.component_spec.inputs or {}
+    arguments = {**{name: "" for name in ("ray_address", "train_config") if name in inputs}, **arguments}
     cache = Path(config.evaluator.cache_dir).expanduser().resolve()  # absolute: each step runs in a folder of its own
     pipeline_root = cache / "pipeline-root"
     store_uri = f"s3://{BUCKET}/{PREFIX}"

