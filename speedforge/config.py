@@ -204,7 +204,7 @@ class EvaluatorConfig(Checked):
     cache_dir: str = setting(factory=default_cache_dir, check=NOT_EMPTY)
     build_timeout_s: float = setting(600.0, POSITIVE)
     run_timeout_s: float = setting(300.0, POSITIVE)
-    correctness_trials: int = setting(3, AT_LEAST_1)
+    correctness_trials: int = setting(3, AT_LEAST_1)  # at least; 4 run at the least, the last 2 in an earlier trial's input tensors
     atol: float = setting(1e-2, AT_LEAST_0)  # default tolerance; per-dtype tolerances below take precedence
     rtol: float = setting(1e-2, AT_LEAST_0)
     warmup_calls: int = setting(3, AT_LEAST_0)
@@ -244,6 +244,10 @@ class EvaluatorConfig(Checked):
     # preempted or waited for a CPU (or this share of the timed seconds taken by the hypervisor)
     # marks the result unstable, naming the contention (1: never)
     contention_limit: float = setting(0.5, number(0.0, high=1.0))
+    # CPU family: more than this share of the timed phase's wall time in which the sandbox waited for
+    # a CPU while none of its threads ran (other processes held it) marks the result unstable, naming
+    # the contention (1: never; speedforge.evaluator.timing.contention_reasons)
+    contention_wait_limit: float = setting(0.1, number(0.0, high=1.0))
     # a speedup that moves the same way through all 6 consecutive blocks of the timed pairs, or
     # two halves whose 95% intervals are disjoint, by more than this (relative) marks the result
     # unstable, naming the drift or the two modes (0: not checked; speedforge.evaluator.timing)

@@ -3,10 +3,15 @@ families: speedforge.evaluator.harness).
 
 Several trials on fresh inputs; in each the candidate runs first, right after the allocator was
 filled with NaN (`poison_allocator`), so an uninitialised output cannot pick up the reference's
-result. Every output, of the trials and of every timed call (speedforge.evaluator.timing), goes
-through the output checks of speedforge.evaluator.checks in order: count, type, plain tensor,
-layout, dtype/shape/device, no storage shared with an input or an earlier output, values within
-the dtype's tolerance, the reference's subnormal values not flushed to zero.
+result. The last REUSED_STORAGE trials write their fresh inputs into the very tensors an earlier
+trial gave the candidate (`Correctness.refill`): the same objects at the same addresses, holding new
+values, so an answer cached by the input's address or object is stale there in every run, not only
+when the allocator happens to hand an address out again (tests/adversarial/cache_by_pointer.py and
+cache_by_identity.py). Every output, of the trials and of every timed call
+(speedforge.evaluator.timing), goes through the output checks of speedforge.evaluator.checks in
+order: count, type, plain tensor, layout, dtype/shape/device, no storage shared with an input or an
+earlier output, values within the dtype's tolerance, the reference's subnormal values not flushed
+to zero.
 """
 
 from __future__ import annotations
@@ -26,6 +31,17 @@ FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
 # check of a 4M-element output cost 20 ms a pair on the CPU against 5.4 ms of timed calls, and
 # about 1.5 ms a pair on an H100 (benchmarks/RESULTS.md).
 TIMED_SAMPLE = 65536
+
+# The last trials run on reused storage: the first on the tensors of the trial right before it, the
+# second on those of the trial before that (two calls since), so a cache that remembers only its last
+# input and one that distrusts only its last input are both caught.
+REUSED_STORAGE = 2
+
+
+def trial_count(asked: int) -> int:
+    """The correctness trials run for config.correctness_trials = `asked`: at least two on storage
+    of their own before the REUSED_STORAGE trials on storage reused."""
+    return max(int(asked), REUSED_STORAGE + 2)
 
 
 def flatten(torch, out) -> list:
@@ -54,14 +70,27 @@ class Correctness:
         self.samplers: dict[str, object] = {}  # a generator per device, seeded from os.urandom for each sample
 
     def trials(self, sides, ref_model, cand_model, held: list, out_bytes: int, device, sync) -> tuple[float, int]:
-        """config.correctness_trials trials; the worst max |diff| and the trial count. `held`:
-        earlier outputs, kept alive so that re-returned storage is seen; `sides`: the harness
-        (speedforge.evaluator.timing.Sides)."""
-        trials = int(self.config.correctness_trials)
+        """trial_count(config.correctness_trials) trials; the worst max |diff| and the trial count.
+        `held`: earlier outputs, kept alive so that re-returned storage is seen; `sides`: the
+        harness (speedforge.evaluator.timing.Sides). Every trial's inputs are a fresh draw, the
+        reference's its own as drawn; the candidate's a copy, which the last REUSED_STORAGE trials
+        write into the tensors of an earlier trial (`refill`). Both sides get the same calls on the
+        same values, so a stateful reference stays in lockstep."""
+        trials = trial_count(self.config.correctness_trials)
         worst = 0.0
+        given: list = []  # the candidate's inputs of the last two trials on storage of their own, by trial
         for trial in range(trials):
             inputs = sides.fresh_inputs(trial)
-            cand_in, ref_in = sides.clone(inputs), inputs
+            back = trial - (trials - REUSED_STORAGE) + 1  # > 0: the inputs go into those of `back` trials before
+            where = f"trial {trial + 1}"
+            if back > 0:
+                earlier, cand_in = given[-back]
+                cand_in = self.refill(sides, inputs, cand_in)
+                where = f"{where} (its inputs written into the tensors of trial {earlier + 1})"
+            else:
+                cand_in = sides.clone(inputs)
+                given = [*given, (trial, cand_in)][-REUSED_STORAGE:]
+            ref_in = inputs
             poison_allocator(self.torch, device, 2 * out_bytes)
             sides.switch("cand")
             out_c = sides.call("ModelNew.forward", cand_model, *cand_in)
@@ -69,10 +98,27 @@ class Correctness:
             sides.switch("ref")
             out_r = sides.call("the reference", ref_model, *ref_in)
             sync()
-            err = self.compare(out_c, out_r, cand_in, held, f"trial {trial + 1}")
+            err = self.compare(out_c, out_r, cand_in, held, where)
             worst = max(worst, err)
             held.append(out_c)
         return worst, trials
+
+    def refill(self, sides, inputs: list, earlier: list) -> list:
+        """The candidate's inputs of a trial on reused storage: each tensor of `inputs` written into
+        the tensor at its place in `earlier`, which is then handed over again (the same object,
+        address and version counter, new values); an input that does not fit there (another shape,
+        stride, dtype or device: a task that draws them at random) is copied afresh."""
+        torch = self.torch
+        if len(earlier) != len(inputs):
+            return sides.clone(inputs)
+        given = []
+        for new, old in zip(inputs, earlier):
+            if _fits(torch, old, new):
+                _write(torch, old, new)
+                given.append(old)
+            else:
+                given.extend(sides.clone([new]))
+        return given
 
     def compare(self, out_c, out_r, cand_in: list, held: list, where: str, exact_error: bool = True) -> float:
         """Check the candidate's output against the reference's; return the max |diff| (0.0 when
@@ -116,6 +162,25 @@ class Correctness:
         generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         index = torch.randint(c.numel(), (TIMED_SAMPLE,), generator=generator, device=c.device)
         return torch.take(c.detach(), index), torch.take(r.detach(), index)
+
+
+def _fits(torch, old, new) -> bool:
+    """Whether `new`'s values can go into `old` and `old` then be what a copy of `new` would be."""
+    if not isinstance(new, torch.Tensor) or type(old) is not type(new):
+        return False
+    if old.layout != torch.strided or new.layout != torch.strided:
+        return False
+    same = ("shape", "dtype", "device", "requires_grad")
+    return all(getattr(old, name) == getattr(new, name) for name in same) and old.stride() == new.stride()
+
+
+def _write(torch, old, new) -> None:
+    """Copy `new`'s values into `old`'s memory through a tensor of its own over the same storage: a
+    write through `old` itself would bump its version counter, which a fresh copy starts at zero."""
+    with torch.no_grad():
+        over = torch.empty(0, dtype=old.dtype, device=old.device)
+        over.set_(old.untyped_storage(), old.storage_offset(), old.shape, old.stride())
+        over.copy_(new)
 
 
 def _raise(verdict: checks.Verdict | None) -> None:
