@@ -136,3 +136,19 @@ def test_without_autoscaling_a_pool_without_a_node_is_still_refused_at_once(clus
         with pytest.raises(UserError, match=r"pool 'L40' has no workers.*set service.autoscaling: true"):
             service.submit([fx.plain_candidate(task, 0)], ["L40"], [task])
         assert service.worker_counts() == {"build": 0}
+
+
+def test_autoscaling_left_unset_is_on_for_a_cluster_joined_by_address(cluster, tmp_path, monkeypatch):
+    """service.autoscaling unset: a process that joined a cluster by address (--address, a pipeline
+    step's ray_address, $RAY_ADDRESS) waits for a pool with no node, as k8s/'s groups scale from
+    zero; one that started Ray itself is refused at once (the test above)."""
+    from speedforge.cluster import session
+
+    monkeypatch.setattr(session, "_JOINED", cluster.address)
+    task = fx.task()
+    config = fx.test_config(tmp_path, pool_wait_s=2.0)
+    assert config.service.autoscaling is None
+    with EvaluationService(config, build_fn=fx.cheap_build, run_fn=node_run) as service:
+        results = service.submit([fx.plain_candidate(task, 0)], ["L40"], [task])
+    assert [r.status for r in results] == ["infra_error"]
+    assert "pool L40: no node with room for its workers came within 2 s" in results[0].reason
