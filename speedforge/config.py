@@ -232,7 +232,7 @@ class EvaluatorConfig(Checked):
     reference_slowdown_limit: float = setting(1.5, AT_LEAST_0)
     # CPU family: each side's time is this quantile of its timed calls (the GPU uses the median).
     # Noise on a CPU only adds time, and a shared host's drift moves the median of a memory-bound
-    # reference more than its fast calls (benchmarks/RESULTS.md, issue 10); 0.5 is the median.
+    # reference more than its fast calls (benchmarks/RESULTS.md); 0.5 is the median.
     cpu_time_quantile: float = setting(0.25, number(0.0, high=0.5))
     # CPU family: each timed pair's inputs and outputs stay alive for this many more pairs, within
     # cpu_rotation_mb, so that successive calls run on different memory and a measurement averages
