@@ -14,7 +14,7 @@ from kfp import dsl, kubernetes
 from components.pools import pool_placement
 from components.portability import portability
 from components.report import report
-from speedforge.cluster.rayjob import IMAGE_UID
+from speedforge.cluster.rayjob import IMAGE_UID, PULL_SECRET
 from speedforge.config import TRAIN_RESOURCE
 
 # The RayCluster `speedforge` of k8s/base, by Ray Client: KubeRay names its head service
@@ -59,6 +59,14 @@ DEFAULT_TIMEOUT_S = 3600
 
 ROLE_LABEL = "speedforge.dev/role"
 
+# The evaluating steps hold a Ray Client session to the cluster for as long as they evaluate (hours).
+# Ray drops a session whose connection is gone for longer than the client's reconnect grace period
+# (30 s by default; the client sends its own, read from this variable, and the server keeps the
+# session that long): a head restart or a network blip shorter than this no longer fails the step.
+# Submitting the evaluations as Ray jobs (the Jobs API, as training is) would remove the session.
+EVALUATING = ("baselines", "optimize", "portability")
+CLIENT_GRACE_S = 600
+
 # Pod Security: every step runs as the image's non-root user (uid 1000), which KFP's SDK sets on the
 # step's container (kfp-kubernetes set_security_context: runAsUser, runAsGroup, runAsNonRoot, and
 # nothing else; a backend as old as the SDK pin or newer reads it, an older one may refuse the field:
@@ -73,12 +81,16 @@ STEP_UID = IMAGE_UID
 
 def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
     """A step: credentials from `s3_secret` (None: a step that never reaches the store), requests,
-    caching off, the image's non-root user, a timeout, and retries where they are harmless (RETRIED)."""
+    caching off, the image's non-root user, a timeout, the image pull secret, retries where they are
+    harmless (RETRIED), and for an evaluating step a Ray Client session that outlives short outages."""
     if s3_secret is not None:
         kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_SECRET_KEYS, optional=True)
     task.set_cpu_request(cpu).set_memory_request(memory).set_caching_options(False)
     kubernetes.set_security_context(task, run_as_user=STEP_UID, run_as_group=STEP_UID, run_as_non_root=True)
     kubernetes.set_timeout(task, TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
+    kubernetes.set_image_pull_secrets(task, [PULL_SECRET])  # a private registry's (README step 2)
+    if name in EVALUATING:
+        task.set_env_variable("RAY_CLIENT_RECONNECT_GRACE_PERIOD", str(CLIENT_GRACE_S))
     if name in RETRIED:
         task.set_retry(**RETRY)
     kubernetes.add_pod_label(task, ROLE_LABEL, "pipeline")  # what k8s/kfp/'s egress policy selects

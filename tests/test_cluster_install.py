@@ -17,6 +17,7 @@ compiled pipelines' YAML and the configs a cluster run uses, checked for what a 
 from __future__ import annotations
 
 import ipaddress
+import re
 import shutil
 import subprocess
 import sys
@@ -250,7 +251,7 @@ def test_the_api_server_has_a_rule_of_its_own_in_every_policy_of_a_pod_that_call
     for name in ("head", *[p for p in everything if p.startswith("pipeline")]):
         namespace, labels = everything[name]
         mine = [p for p in policies if p["metadata"]["namespace"] == namespace and selected_by(p["spec"]["podSelector"], labels)]
-        rules = [r for p in mine for r in p["spec"]["egress"]
+        rules = [r for p in mine for r in p["spec"].get("egress", [])
                  if sorted(port["port"] for port in r.get("ports", [])) == sorted(API_SERVER_PORTS)]  # fmt: skip
         assert rules, f"{name}: no egress rule for the API server alone (ports {API_SERVER_PORTS})"
     readme = (ROOT / "README.md").read_text()
@@ -361,3 +362,213 @@ def test_the_configs_used_against_a_cluster_autoscale():
         assert plan_bench_workers(pools, [], autoscaling=service.autoscaling)  # no node up: asked for, not refused
     assert cluster_train_config().service.autoscaling is True
     assert for_address(loads_config("").service, "").autoscaling is False  # a Ray started here: refused at once
+
+
+# -- images, credentials, ingress, the RayJob's end -----------------------------------------
+
+PULL_SECRET_NAME = "speedforge-registry"
+
+
+def pod_specs(installed) -> dict[str, dict]:
+    """Every pod spec the install runs: the Ray pods (production overlay), the RayJob's submitter
+    pod (as the train step makes it), and the pipeline's step pods (compiled executors: their
+    kubernetes platform config, where pull secrets and secrets-as-env live)."""
+    from speedforge.cluster.rayjob import RayJobSpec, rayjob_manifest
+
+    cluster = the_ray_cluster(installed)
+    found = {"head": cluster["spec"]["headGroupSpec"]["template"]["spec"]}
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        found[group["groupName"]] = group["template"]["spec"]
+    job = rayjob_manifest(RayJobSpec(name="j", namespace="speedforge", entrypoint="e", cluster="speedforge",
+                                     image="registry.example.com/speedforge:0.1.0"))  # fmt: skip
+    found["submitter"] = job["spec"]["submitterPodTemplate"]["spec"]
+    return found
+
+
+def test_every_image_from_the_private_registry_is_pulled_with_the_pull_secret(installed):
+    """A private registry (the install's images are registry.example.com/..., not Docker Hub's) needs
+    a pull secret on every pod that runs its image: the Ray pods, the RayJob's submitter pod and the
+    pipeline's steps all name the same one (a secret that does not exist is only a warning event, so
+    a public registry needs nothing)."""
+    for name, spec in pod_specs(installed).items():
+        images = {c["image"] for c in spec["containers"]}
+        if any(i.split("/")[0] not in ("docker.io", "speedforge") and "." in i.split("/")[0] for i in images):
+            assert {"name": PULL_SECRET_NAME} in spec.get("imagePullSecrets", []), f"{name}: no pull secret for {images}"
+    for pipeline in PIPELINES:
+        _, platform = yaml.safe_load_all(PIPELINES[pipeline].package.read_text())
+        for executor, config in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
+            secrets = [s.get("secretName") or s.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
+                       for s in config.get("imagePullSecret", [])]  # fmt: skip
+            assert PULL_SECRET_NAME in secrets, f"{pipeline}/{executor}: no image pull secret"
+
+
+def test_the_store_credentials_are_only_on_pods_whose_code_talks_to_the_store(installed):
+    """The S3 secret is in the environment of the head (the RayJob's driver) and the training group
+    (checkpoints), and of no pod that runs or builds candidate code (bench and build groups: their
+    actors call the evaluator only), nor the submitter (it only submits)."""
+    cluster = the_ray_cluster(installed)
+    roles = {"head": "head", "submitter": "submitter"}
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        roles[group["groupName"]] = group["template"]["metadata"]["labels"]["speedforge.dev/role"]
+    for name, spec in pod_specs(installed).items():
+        has = any(source.get("secretRef", {}).get("name") == "speedforge-s3"
+                  for c in spec["containers"] for source in c.get("envFrom", []))  # fmt: skip
+        has |= any(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "speedforge-s3"
+                   for c in spec["containers"] for e in c.get("env", []))  # fmt: skip
+        assert has == (roles[name] in ("head", "train")), f"{name} ({roles[name]}): S3 secret {'present' if has else 'missing'}"
+    # nothing the bench and build workers run reads the store
+    actors = (ROOT / "speedforge" / "cluster" / "actors.py").read_text()
+    assert "open_store" not in actors and "speedforge.store" not in actors
+
+
+def test_the_autoscaler_owns_the_worker_groups_replicas(installed):
+    """Re-applying an overlay must not reset what the autoscaler set: no rendered RayCluster sets a
+    worker group's `replicas` (KubeRay keeps the stored value), only minReplicas and maxReplicas."""
+    for folder in ("overlays/dev", "overlays/production", "overlays/operations"):
+        (cluster,) = [d for d in installed[folder] if d["kind"] == "RayCluster"]
+        assert cluster["spec"]["enableInTreeAutoscaling"] is True
+        for group in cluster["spec"]["workerGroupSpecs"]:
+            assert "replicas" not in group, f"{folder}: {group['groupName']} sets replicas, which every apply resets"
+            assert group["minReplicas"] <= group["maxReplicas"], group["groupName"]
+
+
+def ingress_allowed(policies: list[dict], pod_namespace: str, labels: dict[str, str], source: tuple[str, dict],
+                    port: int) -> bool:  # fmt: skip
+    """Whether a pod (source: namespace, labels) may connect to `port` of a pod under the ingress
+    policies that select the latter (none: everything is allowed)."""
+    mine = [p for p in policies if p["metadata"].get("namespace") == pod_namespace
+            and "Ingress" in p["spec"].get("policyTypes", []) and selected_by(p["spec"]["podSelector"], labels)]
+    if not mine:
+        return True
+    namespace, peer = source
+    for policy in mine:
+        for rule in policy["spec"].get("ingress", []):
+            if rule.get("ports") and not any(p.get("port") == port for p in rule["ports"]):
+                continue
+            for frm in rule.get("from", [{}]):
+                if "namespaceSelector" in frm:
+                    ok = selected_by(frm["namespaceSelector"], namespace_labels(namespace))
+                else:
+                    ok = namespace == pod_namespace
+                if ok and selected_by(frm.get("podSelector", {}), peer):
+                    return True
+    return False
+
+
+def test_the_heads_dashboard_job_api_and_client_port_admit_only_the_pods_that_need_them(installed):
+    from speedforge.cluster.rayjob import SUBMITTER_LABELS
+
+    policies = [d for d in installed[RAY_CLUSTER] if d["kind"] == "NetworkPolicy"]
+    everything = pods(installed)
+    namespace, head = everything["head"]
+    needed = {f"{name} :{port}": (everything[name], port) for name in everything if name.startswith("pipeline")
+              for port in (10001, 8265)}  # fmt: skip
+    needed.update({f"{name} :{port}": (everything[name], port) for name in everything if not name.startswith("pipeline")
+                   for port in (6379, 8265)})  # fmt: skip
+    needed["submitter :8265"] = ((namespace, SUBMITTER_LABELS), 8265)
+    needed["KubeRay operator :8265"] = (("ray-system", {"app.kubernetes.io/name": "kuberay-operator"}), 8265)
+    refused = [what for what, (source, port) in needed.items() if not ingress_allowed(policies, namespace, head, source, port)]
+    assert not refused, f"the head refuses: {refused}"
+    strangers = {"a pod of another team": ("team-b", {"app": "notebook"}), "an unlabelled pod here": (namespace, {})}
+    for who, source in strangers.items():
+        for port in (8265, 10001, 6379):
+            assert not ingress_allowed(policies, namespace, head, source, port), f"{who} reaches the head's port {port}"
+    for group in the_ray_cluster(installed)["spec"]["workerGroupSpecs"]:
+        worker = everything[group["groupName"]][1]
+        assert not ingress_allowed(policies, namespace, worker, strangers["a pod of another team"], 52365), group["groupName"]
+        assert ingress_allowed(policies, namespace, worker, everything["head"], 52365), group["groupName"]
+    readme = (ROOT / "README.md").read_text()
+    assert "authOptions" in readme  # KubeRay 1.6+ token auth, the option beyond the policy
+
+
+def test_the_build_cache_is_writable_by_the_image_user_on_every_pod_that_mounts_it(installed):
+    """fsGroup 1000 makes the volume writable where the driver manages ownership (without a
+    recursive chown of a large cache at every start: OnRootMismatch); NFS-like provisioners ignore
+    fsGroup, and the README names the storage class setting that makes their volumes writable."""
+    for name, spec in pod_specs(installed).items():
+        if any(v.get("persistentVolumeClaim", {}).get("claimName") == "speedforge-build-cache" for v in spec.get("volumes", [])):
+            security = spec["securityContext"]
+            assert security["fsGroup"] == security["runAsUser"] == 1000, name
+            assert security.get("fsGroupChangePolicy") == "OnRootMismatch", name
+    readme = (ROOT / "README.md").read_text()
+    assert "mountPermissions" in readme and "directoryPerms" in readme
+
+
+def test_the_train_steps_rayjob_is_deleted_however_it_ends_and_never_owned_across_namespaces(monkeypatch):
+    """The RayJob lives in the Ray cluster's namespace, the step's pod in KFP's: an owner reference
+    across namespaces is invalid (the garbage collector deletes the dependent at once), so there is
+    none, and the step deletes the job whatever ends it: success, failure, a stop, its deadline.
+    KubeRay deletes no RayJob that selects a cluster (clusterSelector), TTL or not."""
+    from speedforge.cluster import rayjob
+    from speedforge.recipes import training_job
+
+    monkeypatch.setenv("POD_NAMESPACE", "kubeflow")
+    monkeypatch.setenv("POD_NAME", "p")
+    monkeypatch.setenv("POD_UID", "u")
+    assert rayjob.owner_pod("speedforge") is None
+
+    class Api:  # ends Failed at the first read
+        def __init__(self):
+            self.jobs = {}
+
+        def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+            self.jobs[body["metadata"]["name"]] = body
+            return body
+
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+            return {**self.jobs[name], "status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED"}}
+
+        def delete_namespaced_custom_object(self, group, version, namespace, plural, name):
+            del self.jobs[name]
+
+    api = Api()
+    monkeypatch.setattr(rayjob, "custom_objects_api", lambda: api)
+    monkeypatch.setattr(training_job, "pod_namespace", lambda: "kubeflow")
+    job = training_job.TrainingJob(stage="grpo", store="s3://b/r", mode="rayjob", namespace="speedforge",
+                                   image="registry.example.com/speedforge:0.1.0", poll_s=0.01)  # fmt: skip
+    with pytest.raises(rayjob.RayJobFailed):
+        training_job._run_rayjob(job, {}, lambda line: None)
+    assert not api.jobs, "a failed RayJob is left behind: KubeRay never deletes one with clusterSelector"
+    readme = (ROOT / "README.md").read_text()
+    assert "DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true` deletes" not in readme
+
+
+def test_every_kubernetes_call_in_the_code_is_granted_and_nothing_else(installed):
+    """The kubernetes client calls the code makes (found in the source, mapped to RBAC verbs) are
+    exactly what the Role grants, in the Ray cluster's namespace, and what API_CALLS lists."""
+    import re
+
+    from speedforge.cluster.rayjob import API_CALLS, CLIENT_VERBS, GROUP, PLURAL
+
+    called = set()
+    for path in [*(ROOT / "speedforge").rglob("*.py"), *(ROOT / "components").rglob("*.py"), *(ROOT / "pipelines").rglob("*.py")]:
+        for method in re.findall(r"\.((?:create|get|list|delete|patch|replace|delete_collection)_\w*namespaced_\w+)\(",
+                                 path.read_text()):  # fmt: skip
+            assert method in CLIENT_VERBS, f"{path.relative_to(ROOT)} calls {method}, which API_CALLS does not list"
+            called.add((GROUP, PLURAL, CLIENT_VERBS[method]))
+    (role,) = [d for d in installed[RAY_CLUSTER] if d["kind"] == "Role"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert called == granted == {(c.group, c.resource, c.verb) for c in API_CALLS}
+
+
+def test_evaluating_steps_keep_their_ray_client_session_through_a_short_outage():
+    """The evaluating steps hold a Ray Client session for hours; Ray drops one after 30 s without a
+    connection unless the client asks for a longer grace period (its environment)."""
+    from pipelines.steps import CLIENT_GRACE_S
+
+    assert CLIENT_GRACE_S >= 300
+    for pipeline in PIPELINES:
+        spec, _ = yaml.safe_load_all(PIPELINES[pipeline].package.read_text())
+        for name, executor in spec["deploymentSpec"]["executors"].items():
+            env = {e["name"]: e["value"] for e in executor["container"].get("env", [])}
+            if any(word in name for word in ("baselines", "optimize", "portability")):
+                assert env.get("RAY_CLIENT_RECONNECT_GRACE_PERIOD") == str(CLIENT_GRACE_S), f"{pipeline}/{name}"
+    readme = (ROOT / "README.md").read_text()
+    assert "RAY_CLIENT_RECONNECT_GRACE_PERIOD" in readme
+
+
+def test_the_multi_user_endpoint_in_the_cluster_guide_is_kfps_path():
+    readme = (ROOT / "README.md").read_text()
+    guide = readme[readme.index("### Running on a cluster"):readme.index("## Training (`speedforge train`)")]
+    hosts = re.findall(r"--host (https://\S+)", guide)
+    assert hosts and all(h.endswith("/pipeline") for h in hosts), hosts

@@ -13,16 +13,18 @@ selected cluster there).
 
 Its lifecycle is owned (the client that follows it may be gone):
 - `activeDeadlineSeconds`: KubeRay fails the job after the step's own timeout, whoever watches.
-- the step deletes its RayJob once it succeeded and its outcome is read, deletes it when it is
-  terminated (SIGTERM: the KFP executor does not make that a KeyboardInterrupt, so the follow
-  installs a handler that does) or times out, and keeps a failed one for `kubectl describe`.
+- the step deletes its RayJob however the follow ends: succeeded (its outcome is in the store),
+  failed (its reason and message are in the step's error, hence in the run's failure report),
+  terminated (SIGTERM, an evicted or stopped pod: the KFP executor does not make that a
+  KeyboardInterrupt, so the step installs a handler that does), or past its deadline. KubeRay
+  deletes no RayJob that selects an existing cluster (clusterSelector): it returns before
+  `shutdownAfterJobFinishes`, `ttlSecondsAfterFinished` and DELETE_RAYJOB_CR_AFTER_JOB_FINISHES
+  apply, so nobody else would.
 - an owner reference to the step's pod (its name and uid from the downward API, POD_NAME and
-  POD_UID) when the pod is in the RayJob's namespace: a namespaced owner elsewhere counts as
-  absent, and the garbage collector would delete the job at once. Deleting the pod, or the run
-  that owns it, then deletes the RayJob.
-- `shutdownAfterJobFinishes` with `ttlSecondsAfterFinished`: with clusterSelector, KubeRay never
-  deletes the selected (shared) cluster; an operator started with
-  DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true deletes the finished RayJob after the TTL, failed ones too.
+  POD_UID) only when the pod is in the RayJob's namespace: owner and dependent must share one, a
+  namespaced owner elsewhere counts as absent and the garbage collector would delete the job at
+  once. A pod in KFP's namespace (the default) owns nothing; a pod killed without SIGTERM (its node
+  lost) leaves the job to `activeDeadlineSeconds`, which ends it, and to `kubectl delete`.
 
 Every Kubernetes API call the code makes is in API_CALLS (resource, verb, namespace); the Role
 of k8s/ grants exactly these, and a test checks both sides. KubeRay writes two fields as the job goes: `status.jobDeploymentStatus`
@@ -61,6 +63,11 @@ SUBMITTER_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGr
 SUBMITTER_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                 "readOnlyRootFilesystem": True}  # fmt: skip
 SUBMITTER_WRITABLE = {"tmp": "/tmp", "home": "/home/speedforge"}  # emptyDir volume: mount path
+# The label the head's ingress policy admits the submitter by (k8s/base/networkpolicy.yaml), and the
+# pull secret every pod of the install names (k8s/base; a private registry's: where it does not
+# exist, the kubelet warns and pulls without).
+SUBMITTER_LABELS = {"speedforge.dev/role": "submitter"}
+PULL_SECRET = "speedforge-registry"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +113,7 @@ class RayJobSpec:
     submitter_cpu: str = "200m"  # requests of the submitter pod
     submitter_memory: str = "512Mi"
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    image_pull_secrets: tuple[str, ...] = (PULL_SECRET,)  # of the submitter pod
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.name) <= 47:
@@ -152,8 +160,9 @@ def rayjob_manifest(spec: RayJobSpec) -> dict[str, Any]:
             "clusterSelector": {CLUSTER_LABEL: spec.cluster},
             "submissionMode": "K8sJobMode",
             "backoffLimit": 0,  # a failed training run is reported, not retried blindly (it resumes from its checkpoint)
-            "submitterPodTemplate": {"spec": {
+            "submitterPodTemplate": {"metadata": {"labels": dict(SUBMITTER_LABELS)}, "spec": {
                 "restartPolicy": "Never", "securityContext": dict(SUBMITTER_POD_SECURITY),
+                **({"imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets]} if spec.image_pull_secrets else {}),
                 "containers": [{"name": "ray-job-submitter", "image": spec.image,
                                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                                 "securityContext": dict(SUBMITTER_CONTAINER_SECURITY),

@@ -92,9 +92,9 @@ def run_training_job(job: TrainingJob, store_config: StoreConfig,
 
 def _run_rayjob(job: TrainingJob, env: dict[str, str], say: Callable[[str], None]) -> None:
     """Create the RayJob, follow it, and own its end (speedforge.cluster.rayjob's docstring):
-    deleted once it succeeded, when this step is terminated or interrupted, and past its deadline."""
-    from speedforge.cluster.rayjob import (RayJobSpec, custom_objects_api, delete_rayjob, follow_rayjob, owner_pod,
-                                           submit_rayjob)  # fmt: skip
+    deleted however the follow ends (succeeded, failed, terminated or interrupted, past its deadline)."""
+    from speedforge.cluster.rayjob import (RayJobFailed, RayJobSpec, custom_objects_api, delete_rayjob, follow_rayjob,
+                                           owner_pod, submit_rayjob)  # fmt: skip
     from speedforge.extras import require
 
     require("pipelines", "kubernetes", purpose="submitting a RayJob")
@@ -104,7 +104,7 @@ def _run_rayjob(job: TrainingJob, env: dict[str, str], say: Callable[[str], None
                       image=job.image, env=env, labels={"speedforge.dev/stage": job.stage},
                       active_deadline_s=max(1, math.ceil(job.timeout_s)), owner_pod=owner_pod(namespace))  # fmt: skip
     api = custom_objects_api()
-    previous = interrupt_on_sigterm()  # SIGTERM (a stopped run) raises Terminated, a KeyboardInterrupt
+    previous = interrupt_on_sigterm()  # SIGTERM (a stopped or evicted pod) raises Terminated, a KeyboardInterrupt
     try:
         submit_rayjob(api, spec)
         say(f"RayJob {namespace}/{name} submitted to RayCluster {job.cluster}: {spec.entrypoint}")
@@ -114,6 +114,9 @@ def _run_rayjob(job: TrainingJob, env: dict[str, str], say: Callable[[str], None
         except KeyboardInterrupt:
             delete_rayjob(api, namespace, name)
             say(f"RayJob {namespace}/{name}: deleted (the step was stopped)")
+            raise
+        except RayJobFailed:
+            delete_rayjob(api, namespace, name)  # its reason is in the error; KubeRay deletes none with clusterSelector
             raise
         delete_rayjob(api, namespace, name)  # done: its outcome is in the store, nothing piles up
     finally:
