@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch; the GPU image brings its own CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 # Every extra (pyproject.toml), so both entry points have everything; the core needs none of them.
-EXTRAS := dev,cluster,train,pipelines,ann-bench,reports,local-s3
+EXTRAS := dev,cluster,train,pipelines,ann-bench,reports,local-s3,docs
 PYTEST_ARGS ?=
 # Worker processes for `make test` (pytest-xdist); 0 runs the suite in this process. Each worker
 # starts its own S3 server, Ray and session fixtures. The slow and GPU suites run in one process.

@@ -330,7 +330,7 @@ def test_every_ray_container_has_http_probes(rendered):
 
 
 def test_the_readme_states_the_versions_the_manifests_need():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "guides" / "cluster-install.md").read_text()
     assert "KubeRay 1.5.0" in readme  # the group-level `resources` field of the GPU groups
     assert "Ray 2.53" in readme and "KubeRay 1.6.0" in readme  # KubeRay's own HTTP probes
 
@@ -445,7 +445,7 @@ def test_every_ray_container_runs_with_the_restricted_security_fields(rendered):
     assert autoscaler["seccompProfile"] == {"type": "RuntimeDefault"} and autoscaler["capabilities"] == {"drop": ["ALL"]}
     assert autoscaler["runAsNonRoot"] is True and autoscaler["allowPrivilegeEscalation"] is False
     # no Namespace object ships (an overlay's `namespace:` would rename it): the README's step labels it
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "guides" / "cluster-install.md").read_text()
     assert "pod-security.kubernetes.io/enforce=baseline" in readme and "pod-security.kubernetes.io/warn=restricted" in readme
 
 

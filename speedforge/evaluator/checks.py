@@ -590,7 +590,7 @@ def ann_band(cand_auc: float, best: float, k: int, low: float) -> dict | None:
 
 
 def checks_table() -> str:
-    """CHECKS as the Markdown table the README shows."""
+    """CHECKS as the Markdown table the documentation shows (docs/hooks.py)."""
     rows = ["| Check | Status | Where | Catches |", "|---|---|---|---|"]
     rows += [f"| `{check.id}` | `{check.status}` | {check.where} | {check.catches} |" for check in CHECKS]
     return "\n".join(rows) + "\n"

@@ -8,7 +8,7 @@ see what actually ran (`Rule.at_run_time` says which layer catches an abuse).
 
 Two passes: the Python AST of the candidate, and C++/CUDA source (every string constant of the
 candidate that is not a docstring, or, for the `ann` family, the whole file, comments stripped).
-`rules_table()` renders the table for the README; the adversarial suite holds a trick per rule.
+`rules_table()` renders the table for the documentation (docs/hooks.py); the adversarial suite holds a trick per rule.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def screen_cpp(text: str) -> list[str]:
 
 
 def rules_table() -> str:
-    """RULES as the Markdown table the README shows."""
+    """RULES as the Markdown table the documentation shows (docs/hooks.py)."""
     rows = ["| Rule | Verdict | Reason | Caught at run time by |", "|---|---|---|---|"]
     for rule in RULES:
         verdict = "rejects" if rule.rejects else "finding"

@@ -1,0 +1,113 @@
+"""The documentation: a short README, and a site that builds strictly (a broken link or anchor, or
+a page left out of the navigation, fails), whose reference pages are generated from the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from speedforge.evaluator.checks import checks_table
+from speedforge.evaluator.screen import rules_table
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+README_MAX_WORDS = 2600
+
+
+@cache
+def hooks():
+    spec = importlib.util.spec_from_file_location("speedforge_docs_hooks", DOCS / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rendered(page: str) -> str:
+    """docs/<page> as the site shows it: its placeholders replaced by the generated text."""
+    return hooks().render((DOCS / page).read_text())
+
+
+def nav_pages() -> list[str]:
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+
+    def walk(entry) -> list[str]:
+        if isinstance(entry, str):
+            return [entry]
+        if isinstance(entry, dict):
+            return [page for value in entry.values() for page in walk(value)]
+        return [page for item in entry for page in walk(item)]
+
+    return walk(config["nav"])
+
+
+def test_the_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
+    child = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
+
+
+def test_every_page_is_in_the_navigation_and_every_nav_entry_exists():
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    nav = nav_pages()
+    assert sorted(set(nav) - {"benchmarks/results.md"}) == pages  # results.md: benchmarks/RESULTS.md, added by the hook
+    assert len(nav) == len(set(nav)), "a page listed twice"
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= README_MAX_WORDS
+    for command in ("make run", "make test"):
+        assert command in text
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links, "the README links to no documentation page"
+    missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert not missing, f"the README links to files that do not exist: {missing}"
+    docs_linked = {link.removeprefix("docs/") for link in links if link.startswith("docs/")}
+    unlinked = set(nav_pages()) - {"benchmarks/results.md", "index.md"} - docs_linked
+    assert not unlinked, f"pages the README does not link to: {sorted(unlinked)}"
+
+
+@pytest.mark.parametrize(
+    "page, placeholder, made_by",
+    [
+        ("reference/cli.md", "cli", lambda: "usage: speedforge tasks"),
+        ("reference/config.md", "config", lambda: "`evaluator.screen`"),
+        ("reference/statuses-and-checks.md", "statuses", lambda: "`infra_error` | yes"),
+        ("reference/statuses-and-checks.md", "checks", lambda: checks_table()),
+        ("reference/statuses-and-checks.md", "screen-rules", lambda: rules_table()),
+    ],
+)
+def test_each_generated_placeholder_is_replaced_on_its_page(page, placeholder, made_by):
+    source = (DOCS / page).read_text()
+    assert f"<!-- generated:{placeholder} -->" in source
+    text = rendered(page)
+    assert "<!-- generated:" not in text
+    assert made_by() in text
+
+
+def test_the_cli_reference_has_every_command_and_the_config_reference_every_section():
+    from speedforge.cli import build_parser
+    from speedforge.config import Config
+
+    cli = rendered("reference/cli.md")
+    (commands,) = [a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction"]
+    missing = [name for name in commands.choices if f"`speedforge {name}`" not in cli]
+    assert not missing, f"commands missing from the CLI reference: {missing}"
+    config = rendered("reference/config.md")
+    for field in dataclasses.fields(Config):
+        assert f"`{field.name}." in config, f"config section {field.name} missing from the reference"
+
+
+def test_an_unknown_placeholder_fails_the_build():
+    with pytest.raises(ValueError, match="unknown placeholder"):
+        hooks().render("<!-- generated:nothing-of-the-kind -->")
