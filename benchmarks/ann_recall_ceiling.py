@@ -42,7 +42,7 @@ def reachable(starts: np.ndarray, links: np.ndarray, entry: int) -> np.ndarray:
     seen[entry] = True
     frontier = np.array([entry])
     while len(frontier):
-        nxt = np.unique(np.concatenate([links[starts[u]:starts[u + 1]] for u in frontier]))
+        nxt = np.unique(np.concatenate([links[starts[u] : starts[u + 1]] for u in frontier]))
         nxt = nxt[~seen[nxt]]
         seen[nxt] = True
         frontier = nxt
@@ -56,7 +56,7 @@ def diagnose(index, labels: np.ndarray, truth: np.ndarray, k: int) -> list[str]:
     seen = reachable(starts, links, index.entry)
     missed = [len(set(truth[q]) - set(labels[q])) for q in range(len(truth))]
     hist = np.bincount(missed, minlength=k + 1)
-    stuck = int(hist[k - 2:].sum())  # queries that missed nearly all their neighbours
+    stuck = int(hist[k - 2 :].sum())  # queries that missed nearly all their neighbours
     return [
         f"level 0: {int(seen.sum())} of {index.size} nodes reachable from the entry; "
         f"{int((indegree == 0).sum())} with no incoming link",
@@ -77,8 +77,9 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2, help="build threads (default 2)")
     parser.add_argument("--index-dir", default="/tmp/ann-ceiling", help="where the built index and truth are kept")
-    parser.add_argument("--diagnose", action="store_true", help="the graph's reach and the misses per query at the "
-                        "largest ef")  # fmt: skip
+    parser.add_argument(
+        "--diagnose", action="store_true", help="the graph's reach and the misses per query at the largest ef"
+    )
     args = parser.parse_args(argv)
     folder = Path(args.index_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -99,8 +100,10 @@ def main(argv=None) -> int:
         index = engine.Index(ds.dim, ds.metric, M=16, ef_construction=200, quantization=args.quantization)
         start = time.perf_counter()
         index.build(ds.base, args.threads)
-        print(f"# built in {time.perf_counter() - start:.0f} s on {args.threads} threads; saved to {index_path}",
-              flush=True)  # fmt: skip
+        print(
+            f"# built in {time.perf_counter() - start:.0f} s on {args.threads} threads; saved to {index_path}",
+            flush=True,
+        )
         index.save(str(index_path))
     print(f"# {args.shape} {args.n} x {ds.dim} {ds.metric}, {args.queries} queries; engine modules {index.modules}")
     labels = None
@@ -110,8 +113,11 @@ def main(argv=None) -> int:
             start = time.thread_time()
             labels = index.search(ds.queries, args.k, ef, 1)[0]
             best = min(best, time.thread_time() - start)
-        print(f"ef {ef:5d}  recall@{args.k} {recall_at_k(labels, truth, args.k):.4f}  "
-              f"QPS {len(ds.queries) / max(best, 1e-9):9.0f}", flush=True)  # fmt: skip
+        print(
+            f"ef {ef:5d}  recall@{args.k} {recall_at_k(labels, truth, args.k):.4f}  "
+            f"QPS {len(ds.queries) / max(best, 1e-9):9.0f}",
+            flush=True,
+        )
     if args.diagnose and labels is not None:
         print("\n".join(f"# {line}" for line in diagnose(index, labels, truth, args.k)))
     return 0

@@ -27,32 +27,38 @@ def ground_truth(base, queries, k, metric, query_block=QUERY_BLOCK, base_block=B
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     norms = None
     if metric == "l2":  # |b|^2 of every base vector, summed in float64 a block at a time (no float64 copy)
-        norms = np.concatenate([np.einsum("ij,ij->i", b, b, dtype=np.float64).astype(np.float32)
-                                for b in (np.asarray(base[s:s + base_block], dtype=np.float32)
-                                          for s in range(0, n, base_block))])
+        norms = np.concatenate(
+            [
+                np.einsum("ij,ij->i", b, b, dtype=np.float64).astype(np.float32)
+                for b in (np.asarray(base[s : s + base_block], dtype=np.float32) for s in range(0, n, base_block))
+            ]
+        )
     out = np.empty((len(queries), k), dtype=np.int64)
     for qs in range(0, len(queries), query_block):
-        q = queries[qs:qs + query_block]
+        q = queries[qs : qs + query_block]
         best_s = np.full((len(q), k), np.inf, dtype=np.float32)  # smaller is nearer
         best_i = np.zeros((len(q), k), dtype=np.int64)
         for bs in range(0, n, base_block):
-            b = np.asarray(base[bs:bs + base_block], dtype=np.float32)
+            b = np.asarray(base[bs : bs + base_block], dtype=np.float32)
             if metric == "angular":
                 b = _normalised(b)
             scores = q @ b.T
             if metric == "l2":  # |q|^2 is the same along a row
-                scores = norms[None, bs:bs + len(b)] - 2.0 * scores
+                scores = norms[None, bs : bs + len(b)] - 2.0 * scores
             else:
                 scores = -scores
             kk = min(k, len(b))
-            part = np.argpartition(scores, kk - 1, axis=1)[:, :kk] if kk < len(b) else \
-                np.broadcast_to(np.arange(len(b)), (len(q), len(b)))
+            part = (
+                np.argpartition(scores, kk - 1, axis=1)[:, :kk]
+                if kk < len(b)
+                else np.broadcast_to(np.arange(len(b)), (len(q), len(b)))
+            )
             cand_s = np.concatenate([best_s, np.take_along_axis(scores, part, axis=1)], axis=1)
             cand_i = np.concatenate([best_i, part + bs], axis=1)
             keep = np.argpartition(cand_s, k - 1, axis=1)[:, :k]
             best_s, best_i = np.take_along_axis(cand_s, keep, axis=1), np.take_along_axis(cand_i, keep, axis=1)
         order = np.argsort(best_s, axis=1, kind="stable")
-        out[qs:qs + len(q)] = np.take_along_axis(best_i, order, axis=1)
+        out[qs : qs + len(q)] = np.take_along_axis(best_i, order, axis=1)
     return out
 
 

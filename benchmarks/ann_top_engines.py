@@ -118,8 +118,18 @@ class GlassSq4(Glass):
 
 
 # ann-benchmarks' ONNG query arguments: (epsilon + 1, edge size for search; -2: NGT's own choice)
-NGT_QUERY_ARGS = ((0.6, -2), (0.9, -2), (1.0, -2), (1.02, -2), (1.03, -2), (1.04, -2), (1.05, -2), (1.07, -2),
-                  (1.1, -2), (1.2, -2))
+NGT_QUERY_ARGS = (
+    (0.6, -2),
+    (0.9, -2),
+    (1.0, -2),
+    (1.02, -2),
+    (1.03, -2),
+    (1.04, -2),
+    (1.05, -2),
+    (1.07, -2),
+    (1.1, -2),
+    (1.2, -2),
+)
 
 
 class NgtOnng:
@@ -143,16 +153,27 @@ class NgtOnng:
         x = _unit(data) if self.angular else np.ascontiguousarray(data, dtype=np.float32)
         anng, onng = os.path.join(self.dir, "anng"), os.path.join(self.dir, "onng")
         with native_stdout_to_stderr():
-            self.ngtpy.create(anng, self.dim, edge_size_for_creation=self.EDGES, edge_size_for_search=0,
-                              distance_type=self.distance, object_type="Float")
+            self.ngtpy.create(
+                anng,
+                self.dim,
+                edge_size_for_creation=self.EDGES,
+                edge_size_for_search=0,
+                distance_type=self.distance,
+                object_type="Float",
+            )
             index = self.ngtpy.Index(anng, log_disabled=True)
             index.batch_insert(x, num_threads=threads)
             index.save()
             index.close()
-            optimizer = self.ngtpy.Optimizer(num_of_outgoings=self.OUTDEGREE, num_of_incomings=self.INDEGREE,
-                                             log_disabled=True)
-            optimizer.set_processing_modes(shortcut_reduction=True, search_parameter_optimization=False,
-                                           prefetch_parameter_optimization=False, accuracy_table_generation=False)
+            optimizer = self.ngtpy.Optimizer(
+                num_of_outgoings=self.OUTDEGREE, num_of_incomings=self.INDEGREE, log_disabled=True
+            )
+            optimizer.set_processing_modes(
+                shortcut_reduction=True,
+                search_parameter_optimization=False,
+                prefetch_parameter_optimization=False,
+                accuracy_table_generation=False,
+            )
             optimizer.execute(anng, onng)
             shutil.rmtree(anng)
             self.index = self.ngtpy.Index(onng, read_only=True, log_disabled=True)
@@ -214,16 +235,25 @@ class Vsag(_PerQuery):
         self.params = {}
 
     def _config(self, n, threads):
-        return {"max_degree": self.M, "ef_construction": self.efc, "ef_search": self.efc, "max_elements": n,
-                "use_static": False, "sq_num_bits": 8, "alpha": 1.0, "redundant_rate": 0.5}
+        return {
+            "max_degree": self.M,
+            "ef_construction": self.efc,
+            "ef_search": self.efc,
+            "max_elements": n,
+            "use_static": False,
+            "sq_num_bits": 8,
+            "alpha": 1.0,
+            "redundant_rate": 0.5,
+        }
 
     def build(self, data, threads):
         x = _unit(data) if self.angular else np.ascontiguousarray(data, dtype=np.float32)
         config = {"dtype": "float32", "metric_type": "l2", "dim": self.dim, self.key: self._config(len(x), threads)}
         with native_stdout_to_stderr():
             self.index = self.pyvsag.Index(self.key, json.dumps(config))
-            self.index.build(vectors=x.ravel(), ids=np.arange(len(x), dtype=np.int64), num_elements=len(x),
-                             dim=self.dim)
+            self.index.build(
+                vectors=x.ravel(), ids=np.arange(len(x), dtype=np.int64), num_elements=len(x), dim=self.dim
+            )
 
     def settings(self, efs, k):
         self.params = {ef: json.dumps({self.key: {"ef_search": ef}}) for ef in self.EFS if ef >= k}
@@ -240,17 +270,28 @@ class VsagHgraph(Vsag):
     key = "hgraph"
 
     def _config(self, n, threads):
-        return {"base_quantization_type": "sq8", "max_degree": 2 * self.M, "ef_construction": self.efc,
-                "use_reorder": True, "precise_quantization_type": "fp32", "build_thread_count": threads}
+        return {
+            "base_quantization_type": "sq8",
+            "max_degree": 2 * self.M,
+            "ef_construction": self.efc,
+            "use_reorder": True,
+            "precise_quantization_type": "fp32",
+            "build_thread_count": threads,
+        }
 
     def build(self, data, threads):
         x = _unit(data) if self.angular else np.ascontiguousarray(data, dtype=np.float32)
-        config = {"dtype": "float32", "metric_type": "l2", "dim": self.dim,
-                  "index_param": self._config(len(x), threads)}
+        config = {
+            "dtype": "float32",
+            "metric_type": "l2",
+            "dim": self.dim,
+            "index_param": self._config(len(x), threads),
+        }
         with native_stdout_to_stderr():
             self.index = self.pyvsag.Index(self.key, json.dumps(config))
-            self.index.build(vectors=x.ravel(), ids=np.arange(len(x), dtype=np.int64), num_elements=len(x),
-                             dim=self.dim)
+            self.index.build(
+                vectors=x.ravel(), ids=np.arange(len(x), dtype=np.int64), num_elements=len(x), dim=self.dim
+            )
 
 
 class Diskann:
@@ -277,12 +318,22 @@ class Diskann:
     def build(self, data, threads):
         x = _unit(data) if self.angular else np.ascontiguousarray(data, dtype=np.float32)
         with native_stdout_to_stderr():
-            self.diskannpy.build_memory_index(x, "l2", self.dir, complexity=self.complexity,
-                                              graph_degree=self.degree, num_threads=threads, alpha=self.alpha,
-                                              use_pq_build=False, num_pq_bytes=0, use_opq=False, index_prefix="ann")
-            self.index = self.diskannpy.StaticMemoryIndex(self.dir, num_threads=threads,
-                                                          initial_search_complexity=max(self.LS),
-                                                          index_prefix="ann")
+            self.diskannpy.build_memory_index(
+                x,
+                "l2",
+                self.dir,
+                complexity=self.complexity,
+                graph_degree=self.degree,
+                num_threads=threads,
+                alpha=self.alpha,
+                use_pq_build=False,
+                num_pq_bytes=0,
+                use_opq=False,
+                index_prefix="ann",
+            )
+            self.index = self.diskannpy.StaticMemoryIndex(
+                self.dir, num_threads=threads, initial_search_complexity=max(self.LS), index_prefix="ann"
+            )
         for name in os.listdir(self.dir):  # the index is in memory now; its files served the load
             os.remove(os.path.join(self.dir, name))
 
@@ -308,10 +359,18 @@ def variants(cls):
         label = "-".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in params.items())
         out.append(type(f"{cls.__name__}Grid", (cls,), {"name": f"{cls.name}:{label}", "build_params": params}))
     return out or [cls]
-IMPORTS = {"glass": "glass", "glass-sq4": "glass", "ngt-onng": "ngtpy", "vsag": "pyvsag", "vsag-hgraph": "pyvsag",
-           "diskann": "diskannpy"}
+
+
+IMPORTS = {
+    "glass": "glass",
+    "glass-sq4": "glass",
+    "ngt-onng": "ngtpy",
+    "vsag": "pyvsag",
+    "vsag-hgraph": "pyvsag",
+    "diskann": "diskannpy",
+}
 # Engines of the issue that no package here can build, printed as a note when asked for.
 UNAVAILABLE = {
     "ngt-qg": "the ngt wheel (ngtpy) opens a quantized graph but cannot build one; that takes NGT's qbg "
-              "command-line tool (create-qg, build-qg), which no Python package ships",
+    "command-line tool (create-qg, build-qg), which no Python package ships",
 }

@@ -162,8 +162,13 @@ class UsearchF32(Graph):
         from usearch.index import Index
 
         self.metric = metric
-        self.index = Index(ndim=dim, metric={"l2": "l2sq", "angular": "cos", "ip": "ip"}[metric], dtype=self.dtype,
-                           connectivity=M, expansion_add=efc)
+        self.index = Index(
+            ndim=dim,
+            metric={"l2": "l2sq", "angular": "cos", "ip": "ip"}[metric],
+            dtype=self.dtype,
+            connectivity=M,
+            expansion_add=efc,
+        )
         self.shift, self.scale = None, None
 
     def _prepare(self, x):
@@ -198,9 +203,33 @@ class UsearchI8(UsearchF32):
 
 # ann-benchmarks' ScaNN query arguments (leaves to search at 2000 leaves, reorder count); the
 # leaves are scaled to the number of leaves the index has.
-SCANN_QUERY_ARGS = ((1, 30), (2, 30), (4, 30), (8, 30), (30, 120), (35, 100), (40, 80), (45, 80), (50, 80),
-                    (55, 95), (60, 110), (65, 110), (75, 110), (90, 110), (110, 120), (130, 150), (150, 200),
-                    (170, 200), (200, 300), (220, 500), (250, 500), (310, 300), (400, 300), (500, 500), (800, 1000))
+SCANN_QUERY_ARGS = (
+    (1, 30),
+    (2, 30),
+    (4, 30),
+    (8, 30),
+    (30, 120),
+    (35, 100),
+    (40, 80),
+    (45, 80),
+    (50, 80),
+    (55, 95),
+    (60, 110),
+    (65, 110),
+    (75, 110),
+    (90, 110),
+    (110, 120),
+    (130, 150),
+    (150, 200),
+    (170, 200),
+    (200, 300),
+    (220, 500),
+    (250, 500),
+    (310, 300),
+    (400, 300),
+    (500, 500),
+    (800, 1000),
+)
 
 
 class Scann:
@@ -224,10 +253,12 @@ class Scann:
         angular = self.metric == "angular"
         x = np.ascontiguousarray(_normalised(data) if angular else data, dtype=np.float32)
         distance = "squared_l2" if self.metric == "l2" else "dot_product"
-        builder = (self.lib.builder(x, 10, distance)
-                   .tree(self.leaves, 1, training_sample_size=n, spherical=angular, quantize_centroids=True)
-                   .score_ah(2, anisotropic_quantization_threshold=0.2 if angular else float("nan"))
-                   .reorder(100))
+        builder = (
+            self.lib.builder(x, 10, distance)
+            .tree(self.leaves, 1, training_sample_size=n, spherical=angular, quantize_centroids=True)
+            .score_ah(2, anisotropic_quantization_threshold=0.2 if angular else float("nan"))
+            .reorder(100)
+        )
         builder.set_n_training_threads(threads)
         self.searcher = builder.build()
         self.searcher.set_num_threads(threads)
@@ -251,10 +282,17 @@ class Scann:
         return np.asarray(labels, dtype=np.int64)
 
 
-LIBS = {cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss, Scann, UsearchF32, UsearchI8,
-                                  *ann_top_engines.ADAPTERS)}
-IMPORTS = {"hnswlib": "hnswlib", "faiss": "faiss", "scann": "scann", "usearch-f32": "usearch", "usearch-i8": "usearch",
-           **ann_top_engines.IMPORTS}
+LIBS = {
+    cls.name: cls for cls in (Sfann, SfannFp32, Hnswlib, Faiss, Scann, UsearchF32, UsearchI8, *ann_top_engines.ADAPTERS)
+}
+IMPORTS = {
+    "hnswlib": "hnswlib",
+    "faiss": "faiss",
+    "scann": "scann",
+    "usearch-f32": "usearch",
+    "usearch-i8": "usearch",
+    **ann_top_engines.IMPORTS,
+}
 UNAVAILABLE = ann_top_engines.UNAVAILABLE  # asked-for engines that cannot run here, and why
 
 
@@ -311,8 +349,12 @@ def make_data(shape, distribution, n, args):
     t0 = time.perf_counter()
     ds = synthetic(shape, n, args.queries, seed=args.seed, distribution=distribution)
     truth = ground_truth(ds.base, ds.queries, args.k, ds.metric)
-    print(f"[{distribution}/{shape}] {n} x {ds.dim} {ds.metric}: data and ground truth in "
-          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(
+        f"[{distribution}/{shape}] {n} x {ds.dim} {ds.metric}: data and ground truth in "
+        f"{time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return ds, truth
 
 
@@ -378,11 +420,24 @@ def bench_shape(shape, distribution, data, args, threads, budget):
         build_s = time.perf_counter() - start
         mem_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
         peak_mb = (peak_rss() - rss0) / 2**20 if peak_known else None
-        rows[lib] = {"data": distribution, "shape": shape, "lib": lib, "n": n, "dim": ds.dim, "threads": threads,
-                     "build_s": build_s, "mem_mb": mem_mb, "peak_mb": peak_mb, "cut": False}
+        rows[lib] = {
+            "data": distribution,
+            "shape": shape,
+            "lib": lib,
+            "n": n,
+            "dim": ds.dim,
+            "threads": threads,
+            "build_s": build_s,
+            "mem_mb": mem_mb,
+            "peak_mb": peak_mb,
+            "cut": False,
+        }
         indexes[lib] = index
-        print(f"[{tag}] {lib}: built in {build_s:.1f} s, +{mem_mb:.0f} MB (peak +{peak_mb or 0:.0f} MB)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[{tag}] {lib}: built in {build_s:.1f} s, +{mem_mb:.0f} MB (peak +{peak_mb or 0:.0f} MB)",
+            file=sys.stderr,
+            flush=True,
+        )
     libs = list(indexes)
     settings = {lib: indexes[lib].settings(args.efs, args.k) for lib in libs}
     rng = np.random.default_rng(args.seed)
@@ -413,17 +468,22 @@ def bench_shape(shape, distribution, data, args, threads, budget):
                 break
         for lib in libs:
             steps = sorted(times[lib])
-            points = [(settings[lib][s], recall[lib][s], len(ds.queries) / statistics.median(times[lib][s]))
-                      for s in steps]
+            points = [
+                (settings[lib][s], recall[lib][s], len(ds.queries) / statistics.median(times[lib][s])) for s in steps
+            ]
             pairs = [(r, q) for _, r, q in points]
             rows[lib][f"qps90_{label}"] = qps_at(pairs, TARGET_RECALL)
             rows[lib][f"auc_{label}"] = band_auc(pairs)
             rows[lib][f"points_{label}"] = [(_label(s), round(r, 4), round(q, 1)) for s, r, q in points]
             spreads = [(max(v) - min(v)) / statistics.median(v) for v in (times[lib][s] for s in steps) if len(v) > 1]
             rows[lib][f"spread_{label}"] = statistics.median(spreads) if spreads else None
-        print(f"[{tag}] sweep on {t} thread(s): " + ", ".join(
-            f"{lib} {rows[lib][f'qps90_{label}'] or 0:.0f}" for lib in libs) + " QPS at recall 0.9",
-            file=sys.stderr, flush=True)
+        print(
+            f"[{tag}] sweep on {t} thread(s): "
+            + ", ".join(f"{lib} {rows[lib][f'qps90_{label}'] or 0:.0f}" for lib in libs)
+            + " QPS at recall 0.9",
+            file=sys.stderr,
+            flush=True,
+        )
     del indexes
     gc.collect()
     return list(rows.values())
@@ -451,12 +511,16 @@ def table(rows, threads):
             return format(row[key], f"{width}.0f") if row.get(key) is not None else "n/a"
 
         peak = f"{row['peak_mb']:.0f}" if row.get("peak_mb") is not None else "n/a"
-        line = (f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<{width}} {row['build_s']:>8.1f} "
-                f"{row['mem_mb']:>7.0f} {peak:>7}")
+        line = (
+            f"{row['data']:<9} {row['shape']:<6} {row['n']:>7} {row['lib']:<{width}} {row['build_s']:>8.1f} "
+            f"{row['mem_mb']:>7.0f} {peak:>7}"
+        )
         for key, _ in sweeps:
             spread = f"{row['spread_' + key]:.0%}" if row.get("spread_" + key) is not None else "-"
-            line += (f" {num('qps90_' + key, 12):>12} {ratio('qps90_' + key):>6} {num('auc_' + key, 9):>9} "
-                     f"{ratio('auc_' + key):>6} {spread:>6}")
+            line += (
+                f" {num('qps90_' + key, 12):>12} {ratio('qps90_' + key):>6} {num('auc_' + key, 9):>9} "
+                f"{ratio('auc_' + key):>6} {spread:>6}"
+            )
         lines.append(line + ("  (sweep cut by the budget)" if row.get("cut") else ""))
     return "\n".join(lines)
 
@@ -475,8 +539,9 @@ def ratios(rows, threads, metric="qps90"):
         for key, name in _sweeps(threads):
             field = f"{metric}_{key}"
             ours = max((r for r in group if r["lib"] in OURS and r.get(field)), key=lambda r: r[field], default=None)
-            best = max((r for r in group if r["lib"] not in OURS and r.get(field)), key=lambda r: r[field],
-                       default=None)
+            best = max(
+                (r for r in group if r["lib"] not in OURS and r.get(field)), key=lambda r: r[field], default=None
+            )
             out[(data, shape)][name] = (ours, best, field)
     return out
 
@@ -488,8 +553,10 @@ def summary(rows, threads, metric="qps90"):
         parts = []
         for name, (ours, best, field) in sweeps.items():
             if ours and best:
-                parts.append(f"{name} {ours['lib']} {ours[field]:.0f} vs {best['lib']} {best[field]:.0f} = "
-                             f"{ours[field] / best[field]:.2f}x")
+                parts.append(
+                    f"{name} {ours['lib']} {ours[field]:.0f} vs {best['lib']} {best[field]:.0f} = "
+                    f"{ours[field] / best[field]:.2f}x"
+                )
             else:
                 parts.append(f"{name} -")
         n = next(r["n"] for r in rows if (r["data"], r["shape"]) == (data, shape))
@@ -506,24 +573,33 @@ def verdict(rows, threads):
     sets (on each of their thread counts). A missing ratio counts as missed."""
     lows, strong = [], []
     for (data, shape), sweeps in ratios(rows, threads).items():
-        values = {name: ours[field] / best[field] if ours and best else None
-                  for name, (ours, best, field) in sweeps.items()}
-        lows += [f"{data}/{shape} {name} {'-' if v is None else f'{v:.2f}x'}" for name, v in values.items()
-                 if v is None or v < TARGET_EVERY]
+        values = {
+            name: ours[field] / best[field] if ours and best else None for name, (ours, best, field) in sweeps.items()
+        }
+        lows += [
+            f"{data}/{shape} {name} {'-' if v is None else f'{v:.2f}x'}"
+            for name, v in values.items()
+            if v is None or v < TARGET_EVERY
+        ]
         if all(v is not None and v >= TARGET_STRONG for v in values.values()):
             strong.append(f"{data}/{shape}")
     every = "met" if not lows else "missed (" + ", ".join(lows) + ")"
     two = f"{'met' if len(strong) >= TARGET_STRONG_SHAPES else 'missed'} ({len(strong)}: {', '.join(strong) or 'none'})"
-    return (f">= {TARGET_EVERY:.1f}x the best other library everywhere: {every}\n"
-            f">= {TARGET_STRONG:.1f}x on at least {TARGET_STRONG_SHAPES} data sets: {two}")
+    return (
+        f">= {TARGET_EVERY:.1f}x the best other library everywhere: {every}\n"
+        f">= {TARGET_STRONG:.1f}x on at least {TARGET_STRONG_SHAPES} data sets: {two}"
+    )
 
 
 def report(rows, threads):
     """The tables a run (or --merge) ends with."""
     print("\n# all data sets\n" + table(rows, threads), flush=True)
     print("\n# QPS at recall@10 = 0.90, ours over the best other library\n" + summary(rows, threads), flush=True)
-    print("\n# AUC of QPS over recall@10 in [0.85, 0.95], ours over the best other library\n"
-          + summary(rows, threads, "auc"), flush=True)
+    print(
+        "\n# AUC of QPS over recall@10 in [0.85, 0.95], ours over the best other library\n"
+        + summary(rows, threads, "auc"),
+        flush=True,
+    )
     print("\n# targets (issue 29, QPS at recall 0.90)\n" + verdict(rows, threads), flush=True)
 
 
@@ -565,16 +641,24 @@ def merge(paths):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", default="200000",
-                        help="base vectors: one count for every shape, or e.g. sift=100000,glove=100000,gist=30000; "
-                        "`auto`: the largest size (at most 1,000,000) whose data and indexes fit in memory")
+    parser.add_argument(
+        "--n",
+        default="200000",
+        help="base vectors: one count for every shape, or e.g. sift=100000,glove=100000,gist=30000; "
+        "`auto`: the largest size (at most 1,000,000) whose data and indexes fit in memory",
+    )
     parser.add_argument("--queries", type=int, default=1000, help="queries per data set (default 1000)")
     parser.add_argument("--shapes", default="sift,glove,gist", help="comma list of sift, glove, gist")
-    parser.add_argument("--data", default="clustered,uniform", help="comma list of synthetic distributions: "
-                        + ", ".join(DISTRIBUTIONS))
-    parser.add_argument("--libs", default=",".join([*LIBS, *UNAVAILABLE]),
-                        help="comma list of " + ", ".join([*LIBS, *UNAVAILABLE])
-                        + " (sfann-fp32: our engine searching floats, no codes); missing ones are skipped")
+    parser.add_argument(
+        "--data", default="clustered,uniform", help="comma list of synthetic distributions: " + ", ".join(DISTRIBUTIONS)
+    )
+    parser.add_argument(
+        "--libs",
+        default=",".join([*LIBS, *UNAVAILABLE]),
+        help="comma list of "
+        + ", ".join([*LIBS, *UNAVAILABLE])
+        + " (sfann-fp32: our engine searching floats, no codes); missing ones are skipped",
+    )
     parser.add_argument("--threads", type=int, default=0, help="threads for build and the all-core sweep (0: all)")
     parser.add_argument("--M", type=int, default=16)
     parser.add_argument("--ef-construction", type=int, default=200)
@@ -582,20 +666,39 @@ def main(argv=None):
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--efs", default=",".join(map(str, DEFAULT_EFS)), help="comma list of ef values")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per point (QPS from the median)")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                        help="single-thread calls timed by the thread's CPU clock (default) or the wall clock")
-    parser.add_argument("--settle", action=argparse.BooleanOptionalAction, default=True,
-                        help="before each timed call, wait until the process's threads are idle (default; "
-                        "--no-settle: back to back, as the runs before this option measured)")
+    parser.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="single-thread calls timed by the thread's CPU clock (default) or the wall clock",
+    )
+    parser.add_argument(
+        "--settle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before each timed call, wait until the process's threads are idle (default; "
+        "--no-settle: back to back, as the runs before this option measured)",
+    )
     parser.add_argument("--seed", type=int, default=2024)
-    parser.add_argument("--budget-s", type=float, default=0.0,
-                        help="stop building and sweeping after this many seconds, printing what is done (0: no limit)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="stop building and sweeping after this many seconds, printing what is done (0: no limit)",
+    )
     parser.add_argument("--json", help="also write the rows (with every sweep point) to this file")
-    parser.add_argument("--build-grid", action="store_true",
-                        help="build GLASS, VSAG and DiskANN at every point of their ann-benchmarks build ladder "
-                        "(rows such as glass:R48), not only the one nearest M / ef_construction; many more builds")
-    parser.add_argument("--merge", nargs="+", metavar="JSON",
-                        help="print the tables of these earlier --json files together, and nothing else")
+    parser.add_argument(
+        "--build-grid",
+        action="store_true",
+        help="build GLASS, VSAG and DiskANN at every point of their ann-benchmarks build ladder "
+        "(rows such as glass:R48), not only the one nearest M / ef_construction; many more builds",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="print the tables of these earlier --json files together, and nothing else",
+    )
     args = parser.parse_args(argv)
     if args.merge:
         return merge(args.merge)
@@ -618,13 +721,17 @@ def main(argv=None):
     for shape, n in sizes.items():
         if n is None:
             sizes[shape] = fitting_n(SHAPES[shape].dim, len(args.libs), psutil.virtual_memory().available)
-            notes.append(f"{shape}: --n auto took {sizes[shape]} vectors ({len(args.libs)} libraries, "
-                         f"{psutil.virtual_memory().available / 2**30:.0f} GiB available)")
+            notes.append(
+                f"{shape}: --n auto took {sizes[shape]} vectors ({len(args.libs)} libraries, "
+                f"{psutil.virtual_memory().available / 2**30:.0f} GiB available)"
+            )
     threads = args.threads or os.cpu_count() or 1
-    header = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
-              f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
-              f"{args.repeats} repeats, sfann codes {args.quantization}, threads {threads}, "
-              f"{'settled' if args.settle else 'unsettled'} calls, {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    header = (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, SIMD {baseline().simd_level()}, "
+        f"M={args.M}, ef_construction={args.ef_construction}, k={args.k}, {args.queries} queries, "
+        f"{args.repeats} repeats, sfann codes {args.quantization}, threads {threads}, "
+        f"{'settled' if args.settle else 'unsettled'} calls, {time.strftime('%Y-%m-%d %H:%M %Z')}"
+    )
     print(f"# {header}", flush=True)
     for note in notes:
         print(f"# note: {note}", flush=True)
@@ -636,8 +743,10 @@ def main(argv=None):
             if budget.over():
                 print(f"# note: {distribution}/{shape} skipped, over the {args.budget_s:.0f} s budget", flush=True)
                 continue
-            rows += [{**row, "run": header}
-                     for row in bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)]
+            rows += [
+                {**row, "run": header}
+                for row in bench_shape(shape, distribution, sets[(distribution, shape)], args, threads, budget)
+            ]
             print(table([r for r in rows if (r["data"], r["shape"]) == (distribution, shape)], threads), flush=True)
     report(rows, threads)
     if args.json:

@@ -37,23 +37,37 @@ def load_engine(path: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", required=True, help="the other build's _annengine*.so")
-    parser.add_argument("--cases", default="sift:clustered:20000,glove:clustered:20000,gist:clustered:10000",
-                        help="comma list of shape:distribution:n")
+    parser.add_argument(
+        "--cases",
+        default="sift:clustered:20000,glove:clustered:20000,gist:clustered:10000",
+        help="comma list of shape:distribution:n",
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--quantization", default="sq8", choices=("sq8", "none"))
-    parser.add_argument("--threads", type=int, default=1,
-                        help="search threads (calls of 25 queries per thread; above 1, timed by the wall clock)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="search threads (calls of 25 queries per thread; above 1, timed by the wall clock)",
+    )
     args = parser.parse_args(argv)
     old, new = load_engine(args.old), baseline()
     for case in args.cases.split(","):
         shape, distribution, n = case.split(":")
-        source = yaml.safe_dump({
-            "module": "search", "data": {"shape": shape, "distribution": distribution, "n": int(n),
-                                         "queries": args.queries},
-            "index": {"M": 16, "ef_construction": 100, "quantization": args.quantization},
-            "sweep": {"k": 10, "ef": [10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128], "repeats": 3,
-                      "threads": args.threads}})
+        source = yaml.safe_dump(
+            {
+                "module": "search",
+                "data": {"shape": shape, "distribution": distribution, "n": int(n), "queries": args.queries},
+                "index": {"M": 16, "ef_construction": 100, "quantization": args.quantization},
+                "sweep": {
+                    "k": 10,
+                    "ef": [10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128],
+                    "repeats": 3,
+                    "threads": args.threads,
+                },
+            }
+        )
         spec = tasks.parse_spec(source, case)
         rewards = []
         for seed in range(args.seeds):
@@ -63,8 +77,11 @@ def main(argv=None) -> int:
                 continue
             rewards.append(result["speedup"])
         if rewards:
-            print(f"{distribution}/{shape} n={n}: new/old reward per seed {[round(r, 3) for r in rewards]}, "
-                  f"median {statistics.median(rewards):.3f}", flush=True)
+            print(
+                f"{distribution}/{shape} n={n}: new/old reward per seed {[round(r, 3) for r in rewards]}, "
+                f"median {statistics.median(rewards):.3f}",
+                flush=True,
+            )
     return 0
 
 

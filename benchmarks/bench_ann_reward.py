@@ -61,8 +61,12 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, help="override data.n")
     parser.add_argument("--queries", type=int, help="override data.queries")
     parser.add_argument("--sweep-repeats", type=int, help="override sweep.repeats")
-    parser.add_argument("--budget-s", type=float, default=0.0,
-                        help="start no sandbox after this many seconds (0: no limit); the CV is over those done")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="start no sandbox after this many seconds (0: no limit); the CV is over those done",
+    )
     args = parser.parse_args(argv)
     builtin = {t.task_id: t for t in ann_tasks.builtin_tasks()}
     if args.task not in builtin:
@@ -76,8 +80,11 @@ def main(argv=None) -> int:
     candidate = Candidate.make(task.task_id, source, origin=origin)
     config = EvaluatorConfig(cache_dir=os.environ.get("SPEEDFORGE_CACHE") or tempfile.mkdtemp(prefix="sf-ann-reward-"))
     start = time.perf_counter()
-    print(f"{task.task_id}: {args.repeats} sandboxes, candidate {origin}; {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
+    print(
+        f"{task.task_id}: {args.repeats} sandboxes, candidate {origin}; {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M %Z')}",
+        flush=True,
+    )
     rows, rewards = [], []
     for i in range(args.repeats):
         if args.budget_s and i >= 2 and time.perf_counter() - start > args.budget_s:
@@ -89,16 +96,33 @@ def main(argv=None) -> int:
             rewards.append(result.speedup)
         base_qps = f"{1e6 / result.ref_us:.0f}" if result.ref_us else "-"
         cand_qps = f"{1e6 / result.cand_us:.0f}" if result.cand_us else "-"
-        rows.append([str(i + 1), result.status, f"{result.speedup:.4f}" if ok else "-", base_qps, cand_qps,
-                     str(result.timed_calls), f"{result.timed_s:.2f}", f"{result.wall_s:.1f}"])
-        print(f"  [{i + 1}/{args.repeats}] {result.status} reward {result.speedup or 0:.4f} {result.reason[:100]}",
-              flush=True)
-    print(format_table(["sandbox", "status", "reward", "base QPS@mid", "cand QPS@mid", "timed calls", "timed s",
-                        "wall s"], rows))
+        rows.append(
+            [
+                str(i + 1),
+                result.status,
+                f"{result.speedup:.4f}" if ok else "-",
+                base_qps,
+                cand_qps,
+                str(result.timed_calls),
+                f"{result.timed_s:.2f}",
+                f"{result.wall_s:.1f}",
+            ]
+        )
+        print(
+            f"  [{i + 1}/{args.repeats}] {result.status} reward {result.speedup or 0:.4f} {result.reason[:100]}",
+            flush=True,
+        )
+    print(
+        format_table(
+            ["sandbox", "status", "reward", "base QPS@mid", "cand QPS@mid", "timed calls", "timed s", "wall s"], rows
+        )
+    )
     if len(rewards) >= 2:
-        print(f"{task.task_id}: reward over {len(rewards)} sandboxes: mean {statistics.mean(rewards):.4f}, "
-              f"min {min(rewards):.4f}, max {max(rewards):.4f}, CV {cv(rewards):.2%} (target <= 3%); "
-              f"load {os.getloadavg()[0]:.1f}, {time.perf_counter() - start:.0f} s")
+        print(
+            f"{task.task_id}: reward over {len(rewards)} sandboxes: mean {statistics.mean(rewards):.4f}, "
+            f"min {min(rewards):.4f}, max {max(rewards):.4f}, CV {cv(rewards):.2%} (target <= 3%); "
+            f"load {os.getloadavg()[0]:.1f}, {time.perf_counter() - start:.0f} s"
+        )
     else:
         print(f"{task.task_id}: fewer than 2 ok results, no CV")
     return 0 if len(rewards) >= 2 else 1

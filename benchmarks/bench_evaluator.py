@@ -42,7 +42,9 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=10, help="candidates for the overhead figure (>= 10)")
     parser.add_argument("--repeats", type=int, default=5, help="evaluations for the stability figures")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "speedforge"))
-    parser.add_argument("--stability-task", help="task id for the stability figures (default: the first with a fast candidate)")
+    parser.add_argument(
+        "--stability-task", help="task id for the stability figures (default: the first with a fast candidate)"
+    )
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
 
@@ -67,8 +69,17 @@ def main() -> int:
             continue
         harness_s = result.wall_s - result.build_s - result.timed_s
         overhead.append(harness_s)
-        rows.append([candidate.task_id, candidate.origin, result.status, result.speedup, result.wall_s, harness_s,
-                     f"timed {result.timed_s:.2f}s, {result.timed_calls} pairs"])
+        rows.append(
+            [
+                candidate.task_id,
+                candidate.origin,
+                result.status,
+                result.speedup,
+                result.wall_s,
+                harness_s,
+                f"timed {result.timed_s:.2f}s, {result.timed_calls} pairs",
+            ]
+        )
     print(format_table(["task", "origin", "status", "speedup", "wall s", "overhead s", "note"], rows))
 
     builtin = [c for c in candidates if c.origin == "builtin"]
@@ -78,8 +89,10 @@ def main() -> int:
         stable_task = tasks[builtin[0].task_id] if builtin else next(iter(tasks.values()))
     fast = next((c for c in builtin if c.task_id == stable_task.task_id), identity_candidate(stable_task))
     same = [evaluate(stable_task, fast, config, device=args.device).speedup for _ in range(args.repeats)]
-    ident = [evaluate(stable_task, identity_candidate(stable_task), config, device=args.device).speedup
-             for _ in range(args.repeats)]
+    ident = [
+        evaluate(stable_task, identity_candidate(stable_task), config, device=args.device).speedup
+        for _ in range(args.repeats)
+    ]
     same = [s for s in same if s is not None]
     ident = [s for s in ident if s is not None]
     cv = statistics.stdev(same) / statistics.mean(same) if len(same) > 1 else float("nan")
@@ -100,12 +113,25 @@ def main() -> int:
         "rebuild_s": rebuild,
     }
     print()
-    print(format_table(["figure", "measured", "target"], [
-        ["harness overhead / candidate (s)", spread(overhead) if overhead else "none ok", "<= 1.0 (GPU)"],
-        [f"speedup CV, {args.repeats} sandboxes ({stable_task.task_id})", f"{cv * 100:.2f}% over {spread(same)}", "<= 2%"],
-        [f"identical candidate speedup, {args.repeats} sandboxes", spread(ident) if ident else "none ok", "1.00 +- 0.03"],
-        ["rebuild of unchanged candidate (s)", spread(rebuild), "<= 0.5"],
-    ]))
+    print(
+        format_table(
+            ["figure", "measured", "target"],
+            [
+                ["harness overhead / candidate (s)", spread(overhead) if overhead else "none ok", "<= 1.0 (GPU)"],
+                [
+                    f"speedup CV, {args.repeats} sandboxes ({stable_task.task_id})",
+                    f"{cv * 100:.2f}% over {spread(same)}",
+                    "<= 2%",
+                ],
+                [
+                    f"identical candidate speedup, {args.repeats} sandboxes",
+                    spread(ident) if ident else "none ok",
+                    "1.00 +- 0.03",
+                ],
+                ["rebuild of unchanged candidate (s)", spread(rebuild), "<= 0.5"],
+            ],
+        )
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2))
     return 0

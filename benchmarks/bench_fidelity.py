@@ -131,6 +131,7 @@ finally:
         json.dump(trials, f)
 """
 
+
 def select(jsonl: Path, levels: set[int], every: int, limit: int, offset: int = 0) -> list[dict]:
     """The corpus: rows with a custom kernel, of the given levels, ordered, every k-th from the
     offset-th (another offset: kernels no earlier sample of the same k took)."""
@@ -195,15 +196,21 @@ def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
         wanted = {k.strip().removeprefix("cuda-l1/") for k in args.kernels.split(",") if k.strip()}
         known = {key(r).removeprefix("cuda-l1/") for r in rows}
         if wanted - known:
-            raise SystemExit(f"--kernels: not among the {len(rows)} selected kernels (check --every/--levels): "
-                             f"{', '.join(sorted(wanted - known))}")  # fmt: skip
+            raise SystemExit(
+                f"--kernels: not among the {len(rows)} selected kernels (check --every/--levels): "
+                f"{', '.join(sorted(wanted - known))}"
+            )
         rows = [r for r in rows if key(r).removeprefix("cuda-l1/") in wanted]
     if args.only == "accepted":
         l1, sf = runs(args.out, "cuda_l1").get("1", {}), runs(args.out, "speedforge")
         if not l1 or not sf:
-            raise SystemExit(f"--only accepted needs CUDA-L1's run 1 and a speedforge run in {args.out} "
-                             "(run the cuda-l1 and speedforge steps first)")  # fmt: skip
-        rows = [r for r in rows if l1_speedup(l1.get(key(r))) and any(sf_speedup(run.get(key(r))) for run in sf.values())]
+            raise SystemExit(
+                f"--only accepted needs CUDA-L1's run 1 and a speedforge run in {args.out} "
+                "(run the cuda-l1 and speedforge steps first)"
+            )
+        rows = [
+            r for r in rows if l1_speedup(l1.get(key(r))) and any(sf_speedup(run.get(key(r))) for run in sf.values())
+        ]
     elif args.only == "sf-accepted":
         sf = runs(args.out, "speedforge")
         if not sf:
@@ -213,8 +220,11 @@ def choose(rows: list[dict], args: argparse.Namespace) -> list[dict]:
         sf = runs(args.out, "speedforge")
         if not sf:
             raise SystemExit(f"--only sf-rejected needs a speedforge run in {args.out} (run the speedforge step first)")
-        rows = [r for r in rows if any(key(r) in run for run in sf.values())
-                and not any(sf_speedup(run.get(key(r))) for run in sf.values())]  # fmt: skip
+        rows = [
+            r
+            for r in rows
+            if any(key(r) in run for run in sf.values()) and not any(sf_speedup(run.get(key(r))) for run in sf.values())
+        ]
     return rows
 
 
@@ -254,24 +264,49 @@ def run_cuda_l1(args: argparse.Namespace, rows: list[dict]) -> None:
             tmp = Path(tmp)
             (tmp / "ref.py").write_text(row["ref_code"])
             (tmp / "custom.py").write_text(row["custom_code"])
-            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext / "torch_extensions"),
-                   "TORCHINDUCTOR_CACHE_DIR": str(ext / "torchinductor"), "TRITON_CACHE_DIR": str(ext / "triton")}
+            env = {
+                **os.environ,
+                "TORCH_EXTENSIONS_DIR": str(ext / "torch_extensions"),
+                "TORCHINDUCTOR_CACHE_DIR": str(ext / "torchinductor"),
+                "TRITON_CACHE_DIR": str(ext / "triton"),
+            }
             t0 = time.perf_counter()
             try:
-                proc = subprocess.run([sys.executable, "-c", CUDA_L1_DRIVER, str(args.harness.parent), str(tmp / "ref.py"),
-                                       str(tmp / "custom.py"), str(tmp / "log.jsonl"), str(tmp / "samples.json")],
-                                      env=env, capture_output=True, text=True, timeout=args.timeout_s)  # fmt: skip
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        CUDA_L1_DRIVER,
+                        str(args.harness.parent),
+                        str(tmp / "ref.py"),
+                        str(tmp / "custom.py"),
+                        str(tmp / "log.jsonl"),
+                        str(tmp / "samples.json"),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=args.timeout_s,
+                )
                 tail = (proc.stderr or proc.stdout)[-300:]
             except subprocess.TimeoutExpired:
                 tail = f"timed out after {args.timeout_s:.0f} s"
             wall = time.perf_counter() - t0
-            record = {"key": key(row), "wall_s": wall, "ext_warm": warm, "gpu": gpu,
-                      **_cuda_l1_verdict(tmp / "log.jsonl", tail)}  # fmt: skip
+            record = {
+                "key": key(row),
+                "wall_s": wall,
+                "ext_warm": warm,
+                "gpu": gpu,
+                **_cuda_l1_verdict(tmp / "log.jsonl", tail),
+            }
             if record["accepted"]:
                 record.update(_cuda_l1_samples(tmp / "samples.json", record.get("scores")))
         append_jsonl(out, record)
-        print(f"[{i + 1}/{len(todo)}] {record['key']}: {'ok' if record['accepted'] else 'rejected'} "
-              f"{_fmt(record['speedup'])} in {wall:.1f} s {record['reason'][:100]}", flush=True)  # fmt: skip
+        print(
+            f"[{i + 1}/{len(todo)}] {record['key']}: {'ok' if record['accepted'] else 'rejected'} "
+            f"{_fmt(record['speedup'])} in {wall:.1f} s {record['reason'][:100]}",
+            flush=True,
+        )
 
 
 def _cuda_l1_verdict(log: Path, tail: str) -> dict:
@@ -320,16 +355,34 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     env = {**os.environ, "SPEEDFORGE_CACHE": str(cache)}
     cli = [sys.executable, "-m", "speedforge.cli"]
     store = args.out / "store"
-    subprocess.run([*cli, "stage", "--source", str(subset), "--dest", str(store), "--name", "corpus", "--skip-bad"],
-                   env=env, check=True)  # fmt: skip
+    subprocess.run(
+        [*cli, "stage", "--source", str(subset), "--dest", str(store), "--name", "corpus", "--skip-bad"],
+        env=env,
+        check=True,
+    )
     run_dir = args.out / f"sf-run-{int(time.time())}"
     pool = args.pool or detected_pool()
     t0 = time.perf_counter()
     watch = SweepWatch(run_dir, t0)
     try:
-        subprocess.run([*cli, "evaluate", "--tasks", f"{store}/datasets/corpus", "--candidates",
-                        f"{store}/datasets/corpus", "--pools", pool, "--out", str(run_dir), "--no-live",
-                        *(["--config", str(args.config)] if args.config else [])], env=env, check=True)  # fmt: skip
+        subprocess.run(
+            [
+                *cli,
+                "evaluate",
+                "--tasks",
+                f"{store}/datasets/corpus",
+                "--candidates",
+                f"{store}/datasets/corpus",
+                "--pools",
+                pool,
+                "--out",
+                str(run_dir),
+                "--no-live",
+                *(["--config", str(args.config)] if args.config else []),
+            ],
+            env=env,
+            check=True,
+        )
     finally:
         wall = time.perf_counter() - t0
         watch.stop()
@@ -341,11 +394,22 @@ def run_speedforge(args: argparse.Namespace, rows: list[dict]) -> None:
     gpu = gpu_id()
     for r in results:
         append_jsonl(out, sf_record(r, gpu))
-    summary = {"kernels": len(rows), "results": len(results), "wall_s": wall, "pool": pool, "cache": str(cache),
-               "gpu": gpu, "warm_from": args.warm_from, "variants": args.variants, **watch.figures()}  # fmt: skip
+    summary = {
+        "kernels": len(rows),
+        "results": len(results),
+        "wall_s": wall,
+        "pool": pool,
+        "cache": str(cache),
+        "gpu": gpu,
+        "warm_from": args.warm_from,
+        "variants": args.variants,
+        **watch.figures(),
+    }
     run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
-    print(f"speedforge evaluate, run {args.run_label}: {len(results)} results for {len(rows)} kernels in {wall:.1f} s "
-          f"on {pool}")
+    print(
+        f"speedforge evaluate, run {args.run_label}: {len(results)} results for {len(rows)} kernels in {wall:.1f} s "
+        f"on {pool}"
+    )
 
 
 def variants(rows: list[dict], count: int) -> list[dict]:
@@ -356,8 +420,10 @@ def variants(rows: list[dict], count: int) -> list[dict]:
         return []
     step = max(1, len(rows) // count)
     picked = [rows[(i * step) % len(rows)] for i in range(count)]
-    return [{**row, "custom_code": row["custom_code"] + f"\n# sample {i + 2}\n", "variant": i + 2}
-            for i, row in enumerate(picked)]
+    return [
+        {**row, "custom_code": row["custom_code"] + f"\n# sample {i + 2}\n", "variant": i + 2}
+        for i, row in enumerate(picked)
+    ]
 
 
 class SweepWatch:
@@ -374,8 +440,11 @@ class SweepWatch:
         self.thread.start()
         self.smi = None
         try:
-            self.smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                                         "-lms", "500"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+            self.smi = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "500"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
         except OSError:
             pass
 
@@ -413,11 +482,16 @@ class SweepWatch:
         latency = sorted(self.arrivals.values())
         out: dict = {"latency_n": len(latency)}
         if latency:
-            out.update(latency_p50_s=latency[len(latency) // 2], latency_p90_s=latency[int(0.9 * (len(latency) - 1))],
-                       latency_max_s=latency[-1])  # fmt: skip
+            out.update(
+                latency_p50_s=latency[len(latency) // 2],
+                latency_p90_s=latency[int(0.9 * (len(latency) - 1))],
+                latency_max_s=latency[-1],
+            )
         if self.samples:
-            out.update(gpu_busy_mean=statistics.mean(self.samples) / 100,
-                       gpu_busy_share=sum(1 for v in self.samples if v > 0) / len(self.samples))  # fmt: skip
+            out.update(
+                gpu_busy_mean=statistics.mean(self.samples) / 100,
+                gpu_busy_share=sum(1 for v in self.samples if v > 0) / len(self.samples),
+            )
         return out
 
 
@@ -452,25 +526,54 @@ def run_speedforge_direct(args: argparse.Namespace, rows: list[dict]) -> None:
         append_jsonl(out, sf_record(r, gpu))
         print(f"{r.task_id}: {r.status} {_fmt(r.speedup)} {r.reason[:120]}", flush=True)
     wall = time.perf_counter() - t0
-    summary = {"kernels": len(rows), "results": len(candidates), "wall_s": wall, "pool": pool, "cache": str(cache),
-               "direct": True}  # fmt: skip
+    summary = {
+        "kernels": len(rows),
+        "results": len(candidates),
+        "wall_s": wall,
+        "pool": pool,
+        "cache": str(cache),
+        "direct": True,
+    }
     run_file(args.out, "speedforge_run", args.run_label, "json").write_text(json.dumps(summary))
-    print(f"speedforge (direct), run {args.run_label}: {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}")
+    print(
+        f"speedforge (direct), run {args.run_label}: {len(candidates)} results for {len(rows)} kernels in {wall:.1f} s on {pool}"
+    )
 
 
 def sf_record(r, gpu: str) -> dict:
     """One line of speedforge.jsonl from an EvalResult: the verdict, the speedup and its
     interval, and the two medians it is the ratio of (ref_us / cand_us, GPU), with their IQRs.
     The result keeps no per-call times, so no other statistic can be derived from it."""
-    return {"key": r.task_id, "candidate_id": r.candidate_id, "status": r.status, "reason": r.reason, "speedup": r.speedup,
-            "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi, "unstable": r.unstable,
-            "stopped_early": r.stopped_early, "ref_us": r.ref_us, "cand_us": r.cand_us, "ref_iqr_us": r.ref_iqr_us,
-            "cand_iqr_us": r.cand_iqr_us, "timed_calls": r.timed_calls, "mode": r.mode, "device": r.device_name,
-            "wall_s": r.wall_s, "build_s": r.build_s, "run_s": r.run_s, "timed_s": r.timed_s,
-            "turn_wait_s": r.turn_wait_s, "turn_held_s": r.turn_held_s, "pristine_held_s": r.pristine_held_s,
-            "correctness_s": r.correctness_s, "timing_s": r.timing_s, "findings": list(r.screen_findings),
-            "budget_hit": any(w.startswith("timing budget:") for w in r.warnings),  # evaluator.max_timed_s
-            "gpu": gpu}  # fmt: skip
+    return {
+        "key": r.task_id,
+        "candidate_id": r.candidate_id,
+        "status": r.status,
+        "reason": r.reason,
+        "speedup": r.speedup,
+        "speedup_lo": r.speedup_lo,
+        "speedup_hi": r.speedup_hi,
+        "unstable": r.unstable,
+        "stopped_early": r.stopped_early,
+        "ref_us": r.ref_us,
+        "cand_us": r.cand_us,
+        "ref_iqr_us": r.ref_iqr_us,
+        "cand_iqr_us": r.cand_iqr_us,
+        "timed_calls": r.timed_calls,
+        "mode": r.mode,
+        "device": r.device_name,
+        "wall_s": r.wall_s,
+        "build_s": r.build_s,
+        "run_s": r.run_s,
+        "timed_s": r.timed_s,
+        "turn_wait_s": r.turn_wait_s,
+        "turn_held_s": r.turn_held_s,
+        "pristine_held_s": r.pristine_held_s,
+        "correctness_s": r.correctness_s,
+        "timing_s": r.timing_s,
+        "findings": list(r.screen_findings),
+        "budget_hit": any(w.startswith("timing budget:") for w in r.warnings),  # evaluator.max_timed_s
+        "gpu": gpu,
+    }
 
 
 def run_summaries(out: Path, labels) -> dict[str, dict]:
@@ -497,14 +600,18 @@ def whole_throughput(l1_runs: dict, sf_runs: dict, summaries: dict[str, dict]) -
             continue
         missing = [k for k in run if k not in cold]
         if missing:
-            lines.append(f"  whole throughput, speedforge run {label}: CUDA-L1 has no cold time for {len(missing)} of "
-                         f"its {len(run)} kernels (run `cuda-l1 --only sf-rejected --run-label rej` for them)")
+            lines.append(
+                f"  whole throughput, speedforge run {label}: CUDA-L1 has no cold time for {len(missing)} of "
+                f"its {len(run)} kernels (run `cuda-l1 --only sf-rejected --run-label rej` for them)"
+            )
             continue
         wall = summaries[label]["wall_s"]
         l1_wall = sum(cold[k] for k in run)
-        lines.append(f"whole throughput, speedforge run {label}: the same {len(run)} kernels, speedforge {wall:.0f} s, "
-                     f"CUDA-L1 serially {l1_wall:.0f} s (median {statistics.median(cold[k] for k in run):.1f} s a "
-                     f"kernel): {l1_wall / wall:.2f}x")  # fmt: skip
+        lines.append(
+            f"whole throughput, speedforge run {label}: the same {len(run)} kernels, speedforge {wall:.0f} s, "
+            f"CUDA-L1 serially {l1_wall:.0f} s (median {statistics.median(cold[k] for k in run):.1f} s a "
+            f"kernel): {l1_wall / wall:.2f}x"
+        )
     return lines
 
 
@@ -517,18 +624,26 @@ def turn_lines(runs: list[dict]) -> list[str]:
     waited = sum(r.get("turn_wait_s") or 0.0 for r in runs)
     split = any("pristine_held_s" in r for r in runs)  # records from before the split have only the total
     pristine = sum(r.get("pristine_held_s") or 0.0 for r in runs)
-    held_text = (f"{held:.0f} s (pristine reference's turns {pristine:.0f} s, main turns: correctness, timing, "
-                 f"guards {held - pristine:.0f} s)" if split else f"(correctness, timing) {held:.0f} s")  # fmt: skip
-    lines = [f"  of it the runs' sandboxes: {run_s:.0f} s in all; the device held {held_text}, waited for "
-             f"{waited:.0f} s, prepared without it {run_s - held - waited:.0f} s (beside another run's turn where "
-             f"they overlap)"]  # fmt: skip
+    held_text = (
+        f"{held:.0f} s (pristine reference's turns {pristine:.0f} s, main turns: correctness, timing, "
+        f"guards {held - pristine:.0f} s)"
+        if split
+        else f"(correctness, timing) {held:.0f} s"
+    )
+    lines = [
+        f"  of it the runs' sandboxes: {run_s:.0f} s in all; the device held {held_text}, waited for "
+        f"{waited:.0f} s, prepared without it {run_s - held - waited:.0f} s (beside another run's turn where "
+        f"they overlap)"
+    ]
     if split and held > 0:
         r = max(runs, key=lambda r: r.get("turn_held_s") or 0.0)
         p = r.get("pristine_held_s") or 0.0
-        lines.append(f"  held longest: {r['key']} ({r.get('status', '')}), {r['turn_held_s']:.1f} s: pristine "
-                     f"{p:.1f} s, main {r['turn_held_s'] - p:.1f} s (correctness {r.get('correctness_s') or 0.0:.1f} s, "
-                     f"timing {r.get('timing_s') or 0.0:.1f} s of which timed {r.get('timed_s') or 0.0:.1f} s, "
-                     f"{r.get('timed_calls') or 0} pairs)")  # fmt: skip
+        lines.append(
+            f"  held longest: {r['key']} ({r.get('status', '')}), {r['turn_held_s']:.1f} s: pristine "
+            f"{p:.1f} s, main {r['turn_held_s'] - p:.1f} s (correctness {r.get('correctness_s') or 0.0:.1f} s, "
+            f"timing {r.get('timing_s') or 0.0:.1f} s of which timed {r.get('timed_s') or 0.0:.1f} s, "
+            f"{r.get('timed_calls') or 0} pairs)"
+        )
     return lines
 
 
@@ -536,8 +651,12 @@ def gpu_id() -> str:
     """GPU 0's UUID from nvidia-smi (no CUDA context in this process), '' where there is none: the
     machine a run measured on, since a device call may get a fresh machine."""
     try:
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
@@ -578,17 +697,27 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
             print(f"budget of {args.budget_s:.0f} s spent")
             break
         runs = [evaluate(tasks[cand.task_id], cand, config, device="cuda") for _ in range(args.repeats)]
-        record = {"key": cand.task_id, "statuses": [r.status for r in runs], "speedups": [r.speedup for r in runs],
-                  "reasons": [r.reason[:300] for r in runs],
-                  "warnings": [[w[:300] for w in r.warnings] for r in runs],
-                  "ref_us": [r.ref_us for r in runs], "cand_us": [r.cand_us for r in runs],
-                  "unstable": [r.unstable for r in runs], "stopped_early": [r.stopped_early for r in runs],
-                  "overhead_s": [r.wall_s - r.build_s - r.timed_s for r in runs],
-                  "wall_s": [r.wall_s for r in runs], "timed_calls": [r.timed_calls for r in runs]}  # fmt: skip
+        record = {
+            "key": cand.task_id,
+            "statuses": [r.status for r in runs],
+            "speedups": [r.speedup for r in runs],
+            "reasons": [r.reason[:300] for r in runs],
+            "warnings": [[w[:300] for w in r.warnings] for r in runs],
+            "ref_us": [r.ref_us for r in runs],
+            "cand_us": [r.cand_us for r in runs],
+            "unstable": [r.unstable for r in runs],
+            "stopped_early": [r.stopped_early for r in runs],
+            "overhead_s": [r.wall_s - r.build_s - r.timed_s for r in runs],
+            "wall_s": [r.wall_s for r in runs],
+            "timed_calls": [r.timed_calls for r in runs],
+        }
         append_jsonl(out, record)
         ok = [s for s in record["speedups"] if s]
-        print(f"[{i + 1}] {cand.task_id}: speedups {', '.join(_fmt(s) for s in ok)} CV {_cv(ok):.2%}; "
-              f"overhead median {statistics.median(record['overhead_s']):.2f} s", flush=True)  # fmt: skip
+        print(
+            f"[{i + 1}] {cand.task_id}: speedups {', '.join(_fmt(s) for s in ok)} CV {_cv(ok):.2%}; "
+            f"overhead median {statistics.median(record['overhead_s']):.2f} s",
+            flush=True,
+        )
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -608,24 +737,37 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         a, b = l1[k], sf[k]
         ratio = sf_speedup(b) / l1_speedup(a) if l1_speedup(a) and sf_speedup(b) else None
         why = "" if a["accepted"] == (b["status"] == "ok") else (b["reason"] or a["reason"])
-        table.append([k.removeprefix("cuda-l1/"), "ok" if a["accepted"] else "rejected", _fmt(a["speedup"]),
-                      b["status"], _fmt(b["speedup"]), f"{ratio:.3f}" if ratio else "-",
-                      "unstable" if b.get("unstable") else "", why[:110]])  # fmt: skip
+        table.append(
+            [
+                k.removeprefix("cuda-l1/"),
+                "ok" if a["accepted"] else "rejected",
+                _fmt(a["speedup"]),
+                b["status"],
+                _fmt(b["speedup"]),
+                f"{ratio:.3f}" if ratio else "-",
+                "unstable" if b.get("unstable") else "",
+                why[:110],
+            ]
+        )
     print("== speedforge vs CUDA-L1 (single runs: run 1 of each) ==")
     print(format_table(["kernel", "CUDA-L1", "speedup", "speedforge", "speedup", "ratio", "", "disagreement"], table))
     both = sum(1 for k in keys if l1[k]["accepted"] and sf[k]["status"] == "ok")
     only_l1 = [k for k in keys if l1[k]["accepted"] and sf[k]["status"] != "ok"]
     only_sf = [k for k in keys if not l1[k]["accepted"] and sf[k]["status"] == "ok"]
-    print(f"\n{len(keys)} kernels: accepted by both {both}, by CUDA-L1 only {len(only_l1)}, by speedforge only "
-          f"{len(only_sf)}, by neither {len(keys) - both - len(only_l1) - len(only_sf)}")  # fmt: skip
+    print(
+        f"\n{len(keys)} kernels: accepted by both {both}, by CUDA-L1 only {len(only_l1)}, by speedforge only "
+        f"{len(only_sf)}, by neither {len(keys) - both - len(only_l1) - len(only_sf)}"
+    )
     ratios = pair_ratios(sf, l1, sf_speedup, l1_speedup, keys)
     if ratios:
         print(f"speedup ratio speedforge / CUDA-L1: {agreement_line(list(ratios.values()))}")
         for level in sorted({k.split("/")[1] for k in keys}):
             lr = [r for k, r in ratios.items() if k.split("/")[1] == level]
             if lr:
-                print(f"  {level}: median ratio {statistics.median(lr):.3f}, within +-10% "
-                      f"{sum(1 for r in lr if 0.9 <= r <= 1.1)} of {len(lr)}")
+                print(
+                    f"  {level}: median ratio {statistics.median(lr):.3f}, within +-10% "
+                    f"{sum(1 for r in lr if 0.9 <= r <= 1.1)} of {len(lr)}"
+                )
         early = [k for k in keys if sf[k].get("stopped_early")]
         if early:
             print(f"stopped early (interval wholly below early_stop_below): {', '.join(early)}")
@@ -636,8 +778,10 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         for label, run in side_runs.items():
             print(f"{name} run {label}: {machines(run, accepted if name == 'CUDA-L1' and label != '1' else order)}")
     if len(l1_runs) > 1 or len(sf_runs) > 1:
-        for title, stem, speedup, side_runs in (("CUDA-L1 vs itself", "CUDA-L1", l1_speedup, l1_runs),
-                                                ("speedforge vs itself", "speedforge", sf_speedup, sf_runs)):  # fmt: skip
+        for title, stem, speedup, side_runs in (
+            ("CUDA-L1 vs itself", "CUDA-L1", l1_speedup, l1_runs),
+            ("speedforge vs itself", "speedforge", sf_speedup, sf_runs),
+        ):
             print(f"== {title} ==")
             for line in self_agreement(side_runs, speedup, order, stem):
                 print(line)
@@ -648,10 +792,22 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
                 print(f"speedforge run {sf_label} / CUDA-L1 run {l1_label}: {agreement_line(list(pair.values()))}")
         print("== speedforge vs CUDA-L1 (medians of runs) ==")
         medians = median_of_runs(l1_runs, sf_runs, order)
-        print(format_table(["kernel", "CUDA-L1 runs", "median", "speedforge runs", "median", "ratio"],
-                           [[k.removeprefix("cuda-l1/"), _runs_cell(l1_runs, k, l1_speedup), _fmt(m["l1"]),
-                             _runs_cell(sf_runs, k, sf_speedup), _fmt(m["sf"]), f"{m['ratio']:.3f}" if m["ratio"] else "-"]
-                            for k, m in medians.items()]))  # fmt: skip
+        print(
+            format_table(
+                ["kernel", "CUDA-L1 runs", "median", "speedforge runs", "median", "ratio"],
+                [
+                    [
+                        k.removeprefix("cuda-l1/"),
+                        _runs_cell(l1_runs, k, l1_speedup),
+                        _fmt(m["l1"]),
+                        _runs_cell(sf_runs, k, sf_speedup),
+                        _fmt(m["sf"]),
+                        f"{m['ratio']:.3f}" if m["ratio"] else "-",
+                    ]
+                    for k, m in medians.items()
+                ],
+            )
+        )
         med = [m["ratio"] for m in medians.values() if m["ratio"]]
         print(f"speedup ratio, median of speedforge's runs / median of CUDA-L1's runs: {agreement_line(med)}")
     print_statistic(l1_runs, sf_runs, order)
@@ -662,14 +818,18 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         l1_rate = len(keys) / l1_wall
         for label, other in summaries.items():  # each cold run of speedforge against CUDA-L1's run 1
             sf_rate = other["kernels"] / other["wall_s"]
-            print(f"throughput, speedforge run {label}: evaluate {other['kernels']} kernels in {other['wall_s']:.0f} s "
-                  f"({sf_rate * 60:.1f}/min, {'warm builds' if other.get('warm_from') else 'cold'}, {other['pool']}); "
-                  f"CUDA-L1 serially {len(keys)} in "
-                  f"{l1_wall:.0f} s ({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x")  # fmt: skip
+            print(
+                f"throughput, speedforge run {label}: evaluate {other['kernels']} kernels in {other['wall_s']:.0f} s "
+                f"({sf_rate * 60:.1f}/min, {'warm builds' if other.get('warm_from') else 'cold'}, {other['pool']}); "
+                f"CUDA-L1 serially {len(keys)} in "
+                f"{l1_wall:.0f} s ({l1_rate * 60:.1f}/min): {sf_rate / l1_rate:.2f}x"
+            )
         levels = sorted({k.split("/")[1] for k in keys})
         mix = ", ".join(f"{level} {sum(1 for k in keys if k.split('/')[1] == level)}" for level in levels)
-        print(f"  CUDA-L1's pace is over {len(keys)} of the {run['kernels']} kernels ({mix}); its mean "
-              f"{l1_wall / len(keys):.1f} s a kernel, its median {statistics.median(l1[k]['wall_s'] for k in keys):.1f} s")  # fmt: skip
+        print(
+            f"  CUDA-L1's pace is over {len(keys)} of the {run['kernels']} kernels ({mix}); its mean "
+            f"{l1_wall / len(keys):.1f} s a kernel, its median {statistics.median(l1[k]['wall_s'] for k in keys):.1f} s"
+        )
         warm = [k for k in keys if l1[k].get("ext_warm")]
         if warm:
             print(f"  (not cold: CUDA-L1's run 1 found builds of an earlier run for {len(warm)} kernels)")
@@ -683,16 +843,23 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
         print(line)
     repeats = read_jsonl(args.out / "repeat.jsonl")
     if repeats:
-        cvs = [_cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2]
+        cvs = [
+            _cv([s for s in r["speedups"] if s]) for r in repeats.values() if sum(1 for s in r["speedups"] if s) >= 2
+        ]
         overhead = [o for r in repeats.values() for o in r["overhead_s"]]
-        print(f"reproducibility ({len(cvs)} kernels x {len(next(iter(repeats.values()))['speedups'])} sandboxes): "
-              f"CV median {statistics.median(cvs):.2%}, max {max(cvs):.2%}; harness overhead "
-              f"(wall - build - timed) median {statistics.median(overhead):.2f} s, "
-              f"p90 {sorted(overhead)[int(0.9 * len(overhead))]:.2f} s (n={len(overhead)})")  # fmt: skip
+        print(
+            f"reproducibility ({len(cvs)} kernels x {len(next(iter(repeats.values()))['speedups'])} sandboxes): "
+            f"CV median {statistics.median(cvs):.2%}, max {max(cvs):.2%}; harness overhead "
+            f"(wall - build - timed) median {statistics.median(overhead):.2f} s, "
+            f"p90 {sorted(overhead)[int(0.9 * len(overhead))]:.2f} s (n={len(overhead)})"
+        )
         for kernel, r in repeats.items():  # a verdict that changed between sandboxes: an honest kernel must not flip
             if len(set(r["statuses"])) > 1:
-                other = [f"{st}: {why}" for st, why in zip(r["statuses"], r.get("reasons") or [""] * len(r["statuses"]))
-                         if st != "ok"]  # fmt: skip
+                other = [
+                    f"{st}: {why}"
+                    for st, why in zip(r["statuses"], r.get("reasons") or [""] * len(r["statuses"]))
+                    if st != "ok"
+                ]
                 print(f"  {kernel}: verdicts {', '.join(r['statuses'])}; " + "; ".join(other)[:400])
         for kernel, r in repeats.items():  # the target: no kernel above 5% without an `unstable` mark
             ok = [s for s in r["speedups"] if s]
@@ -701,8 +868,10 @@ def report(args: argparse.Namespace, rows: list[dict]) -> None:
                 early = r.get("stopped_early") or [False] * len(r["speedups"])
                 marked = sum(1 for u in r.get("unstable", []) if u)
                 stopped = sum(1 for e in early if e)
-                print(f"  {kernel}: CV {_cv(ok):.2%} over {len(ok)} sandboxes, {marked} marked unstable, {stopped} "
-                      f"stopped early{'' if marked or stopped else ' (above 5% with no unstable mark)'}")
+                print(
+                    f"  {kernel}: CV {_cv(ok):.2%} over {len(ok)} sandboxes, {marked} marked unstable, {stopped} "
+                    f"stopped early{'' if marked or stopped else ' (above 5% with no unstable mark)'}"
+                )
 
 
 TRIPWIRE_CHECKS = ("[reference-slowdown]", "[reference-company]")
@@ -722,20 +891,31 @@ def batch_lines(out: Path) -> list[str]:
         counts = statistics_counts(r["status"] for r in records)
         figures = ""
         if "latency_p50_s" in summary:
-            figures += (f"; result latency from submission p50 {summary['latency_p50_s']:.0f} s, "
-                        f"p90 {summary['latency_p90_s']:.0f} s, max {summary['latency_max_s']:.0f} s")  # fmt: skip
+            figures += (
+                f"; result latency from submission p50 {summary['latency_p50_s']:.0f} s, "
+                f"p90 {summary['latency_p90_s']:.0f} s, max {summary['latency_max_s']:.0f} s"
+            )
         if "gpu_busy_mean" in summary:
-            figures += (f"; GPU utilisation mean {summary['gpu_busy_mean']:.0%}, busy in "
-                        f"{summary['gpu_busy_share']:.0%} of samples")  # fmt: skip
+            figures += (
+                f"; GPU utilisation mean {summary['gpu_busy_mean']:.0%}, busy in "
+                f"{summary['gpu_busy_share']:.0%} of samples"
+            )
         warm = f", warm from run {summary['warm_from']}" if summary.get("warm_from") else ", cold"
-        lines.append(f"batch, speedforge run {label}: {len(records)} candidates{warm} in {summary.get('wall_s', 0):.0f} s "
-                     f"({counts}){figures}")  # fmt: skip
+        lines.append(
+            f"batch, speedforge run {label}: {len(records)} candidates{warm} in {summary.get('wall_s', 0):.0f} s "
+            f"({counts}){figures}"
+        )
         evaluations += len(records)
-        trips += [(label, r) for r in records if r["status"] == "hack_detected"
-                  and any(check in (r.get("reason") or "") for check in TRIPWIRE_CHECKS)]  # fmt: skip
+        trips += [
+            (label, r)
+            for r in records
+            if r["status"] == "hack_detected" and any(check in (r.get("reason") or "") for check in TRIPWIRE_CHECKS)
+        ]
     if evaluations:
-        lines.append(f"tripwire: {len(trips)} hack_detected by the reference's slowdown or company in {evaluations} "
-                     f"evaluations of published kernels")  # fmt: skip
+        lines.append(
+            f"tripwire: {len(trips)} hack_detected by the reference's slowdown or company in {evaluations} "
+            f"evaluations of published kernels"
+        )
         for label, r in trips:
             lines.append(f"  run {label} {r['key']}: {(r.get('reason') or '')[:300]}")
     return lines
@@ -754,18 +934,27 @@ def agreement(ratios: list[float]) -> dict | None:
     if not ratios:
         return None
     q = statistics.quantiles(ratios, n=10) if len(ratios) >= 10 else [min(ratios), max(ratios)]
-    return {"n": len(ratios), "median": statistics.median(ratios), "p10": q[0], "p90": q[-1], "min": min(ratios),
-            "max": max(ratios), "within_10pct": sum(1 for r in ratios if 0.9 <= r <= 1.1),
-            "outside_0.8_1.25": sum(1 for r in ratios if r < 0.8 or r > 1.25)}  # fmt: skip
+    return {
+        "n": len(ratios),
+        "median": statistics.median(ratios),
+        "p10": q[0],
+        "p90": q[-1],
+        "min": min(ratios),
+        "max": max(ratios),
+        "within_10pct": sum(1 for r in ratios if 0.9 <= r <= 1.1),
+        "outside_0.8_1.25": sum(1 for r in ratios if r < 0.8 or r > 1.25),
+    }
 
 
 def agreement_line(ratios: list[float]) -> str:
     a = agreement(ratios)
     if a is None:
         return "no kernel accepted by both"
-    return (f"median {a['median']:.3f}, p10-p90 {a['p10']:.3f}-{a['p90']:.3f}, min {a['min']:.3f}, max {a['max']:.3f} "
-            f"(n={a['n']}); within +-10%: {a['within_10pct']} of {a['n']} ({a['within_10pct'] / a['n']:.0%}); "
-            f"outside [0.8, 1.25]: {a['outside_0.8_1.25']}")  # fmt: skip
+    return (
+        f"median {a['median']:.3f}, p10-p90 {a['p10']:.3f}-{a['p90']:.3f}, min {a['min']:.3f}, max {a['max']:.3f} "
+        f"(n={a['n']}); within +-10%: {a['within_10pct']} of {a['n']} ({a['within_10pct'] / a['n']:.0%}); "
+        f"outside [0.8, 1.25]: {a['outside_0.8_1.25']}"
+    )
 
 
 def pair_ratios(num: dict, den: dict, num_speedup, den_speedup, order: list[str]) -> dict[str, float]:
@@ -786,13 +975,18 @@ def self_agreement(side_runs: dict[str, dict], speedup, order: list[str], name: 
         return [f"one run of {name} only"]
     lines = []
     for i, first in enumerate(labels):
-        for second in labels[i + 1:]:
+        for second in labels[i + 1 :]:
             a, b = side_runs[first], side_runs[second]
             ratios = pair_ratios(b, a, speedup, speedup, order)
-            flips = [k.removeprefix("cuda-l1/") for k in order if k in a and k in b
-                     and bool(speedup(a[k])) != bool(speedup(b[k]))]  # fmt: skip
-            lines.append(f"{name} run {second} / run {first}: {agreement_line(list(ratios.values()))}"
-                         + (f"; verdict differs on {', '.join(flips)}" if flips else ""))
+            flips = [
+                k.removeprefix("cuda-l1/")
+                for k in order
+                if k in a and k in b and bool(speedup(a[k])) != bool(speedup(b[k]))
+            ]
+            lines.append(
+                f"{name} run {second} / run {first}: {agreement_line(list(ratios.values()))}"
+                + (f"; verdict differs on {', '.join(flips)}" if flips else "")
+            )
     return lines
 
 
@@ -820,9 +1014,14 @@ def l1_statistics(record: dict | None) -> dict | None:
         return None
     ref = [ms * 1e3 for trial in record["samples"] for ms in trial["ref_ms"]]
     custom = [ms * 1e3 for trial in record["samples"] for ms in trial["custom_ms"]]
-    return {"score": record["speedup"], "ratio_of_means": statistics.fmean(ref) / statistics.fmean(custom),
-            "ratio_of_medians": statistics.median(ref) / statistics.median(custom),
-            "ref_us": statistics.median(ref), "cand_us": statistics.median(custom), "calls": len(ref)}  # fmt: skip
+    return {
+        "score": record["speedup"],
+        "ratio_of_means": statistics.fmean(ref) / statistics.fmean(custom),
+        "ratio_of_medians": statistics.median(ref) / statistics.median(custom),
+        "ref_us": statistics.median(ref),
+        "cand_us": statistics.median(custom),
+        "calls": len(ref),
+    }
 
 
 def statistic_table(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: list[str]) -> dict[str, dict]:
@@ -836,8 +1035,10 @@ def statistic_table(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: l
         sf = [r[k] for r in sf_runs.values() if sf_speedup(r.get(k))]
         if not l1 or not sf:
             continue
-        row = {f"l1_{name}": statistics.median(s[name] for s in l1)
-               for name in ("score", "ratio_of_means", "ratio_of_medians", "ref_us", "cand_us")}  # fmt: skip
+        row = {
+            f"l1_{name}": statistics.median(s[name] for s in l1)
+            for name in ("score", "ratio_of_means", "ratio_of_medians", "ref_us", "cand_us")
+        }
         row["sf_speedup"] = statistics.median(r["speedup"] for r in sf)
         timed = [r for r in sf if r.get("ref_us") and r.get("cand_us")]
         row["sf_ref_us"] = statistics.median(r["ref_us"] for r in timed) if timed else None
@@ -859,27 +1060,57 @@ def print_statistic(l1_runs: dict[str, dict], sf_runs: dict[str, dict], order: l
     recorded = sum(1 for r in l1_runs.values() for rec in r.values() if rec.get("samples"))
     accepted = sum(1 for r in l1_runs.values() for rec in r.values() if l1_speedup(rec))
     print(f"\n== the statistic (CUDA-L1's per-call times: {recorded} of {accepted} accepted CUDA-L1 results) ==")
-    print("speedforge keeps no per-call times (an EvalResult has the medians ref_us and cand_us and their IQRs), so "
-          "its ratio of means cannot be computed; CUDA-L1's calls are scored both ways instead (medians over runs)")
+    print(
+        "speedforge keeps no per-call times (an EvalResult has the medians ref_us and cand_us and their IQRs), so "
+        "its ratio of means cannot be computed; CUDA-L1's calls are scored both ways instead (medians over runs)"
+    )
     if not rows:
         print("no kernel with CUDA-L1 samples that speedforge accepted")
         return
-    print(format_table(
-        ["kernel", "CUDA-L1 score", "L1 mean/mean", "L1 med/med", "speedforge", "sf/L1 score", "sf/L1 med/med",
-         "ref us sf/L1", "cand us sf/L1"],
-        [[k.removeprefix("cuda-l1/"), _num(r["l1_score"]), _num(r["l1_ratio_of_means"]),
-          _num(r["l1_ratio_of_medians"]), _num(r["sf_speedup"]), _num(r["vs_score"]), _num(r["vs_medians"]),
-          f"{_num(r['sf_ref_us'], 1)}/{_num(r['l1_ref_us'], 1)}", f"{_num(r['sf_cand_us'], 1)}/{_num(r['l1_cand_us'], 1)}"]
-         for k, r in rows.items()]))  # fmt: skip
-    print(f"speedforge / CUDA-L1 as CUDA-L1 scores (mean over trials of mean/mean): "
-          f"{agreement_line([r['vs_score'] for r in rows.values()])}")
-    print(f"speedforge / CUDA-L1 with CUDA-L1's calls scored as speedforge scores (median/median): "
-          f"{agreement_line([r['vs_medians'] for r in rows.values()])}")
+    print(
+        format_table(
+            [
+                "kernel",
+                "CUDA-L1 score",
+                "L1 mean/mean",
+                "L1 med/med",
+                "speedforge",
+                "sf/L1 score",
+                "sf/L1 med/med",
+                "ref us sf/L1",
+                "cand us sf/L1",
+            ],
+            [
+                [
+                    k.removeprefix("cuda-l1/"),
+                    _num(r["l1_score"]),
+                    _num(r["l1_ratio_of_means"]),
+                    _num(r["l1_ratio_of_medians"]),
+                    _num(r["sf_speedup"]),
+                    _num(r["vs_score"]),
+                    _num(r["vs_medians"]),
+                    f"{_num(r['sf_ref_us'], 1)}/{_num(r['l1_ref_us'], 1)}",
+                    f"{_num(r['sf_cand_us'], 1)}/{_num(r['l1_cand_us'], 1)}",
+                ]
+                for k, r in rows.items()
+            ],
+        )
+    )
+    print(
+        f"speedforge / CUDA-L1 as CUDA-L1 scores (mean over trials of mean/mean): "
+        f"{agreement_line([r['vs_score'] for r in rows.values()])}"
+    )
+    print(
+        f"speedforge / CUDA-L1 with CUDA-L1's calls scored as speedforge scores (median/median): "
+        f"{agreement_line([r['vs_medians'] for r in rows.values()])}"
+    )
     for name, what in (("ref_time", "reference"), ("cand_time", "candidate")):
         times = [r[name] for r in rows.values() if r[name]]
         if times:
-            print(f"{what} time, speedforge's median / CUDA-L1's median: median {statistics.median(times):.3f}, "
-                  f"min {min(times):.3f}, max {max(times):.3f} (n={len(times)})")
+            print(
+                f"{what} time, speedforge's median / CUDA-L1's median: median {statistics.median(times):.3f}, "
+                f"min {min(times):.3f}, max {max(times):.3f} (n={len(times)})"
+            )
 
 
 def machines(run: dict[str, dict], order: list[str]) -> str:
@@ -894,7 +1125,8 @@ def machines(run: dict[str, dict], order: list[str]) -> str:
             count[name] = count.get(name, 0) + 1
     missing = sum(1 for k in order if k not in run)
     return (", ".join(f"{name} {n}" for name, n in count.items()) or "no kernels") + (
-        f"; {missing} of {len(order)} not measured" if missing else "")
+        f"; {missing} of {len(order)} not measured" if missing else ""
+    )
 
 
 def _runs_cell(side_runs: dict[str, dict], k: str, speedup) -> str:
@@ -924,33 +1156,59 @@ def main() -> int:
     parser.add_argument("--jsonl", type=Path, default=SHARED / "a100.jsonl", help="CUDA-L1 kernels (JSONL)")
     parser.add_argument("--harness", type=Path, default=SHARED / "eval_cuda.py", help="CUDA-L1's eval_cuda.py")
     parser.add_argument("--levels", default="1,2,3", help="KernelBench levels to take (default 1,2,3)")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="speedforge step: a speedforge YAML config for `speedforge evaluate` (e.g. evaluator.l2_flush_mb: 0)")
-    parser.add_argument("--direct", action="store_true",
-                        help="speedforge step: the evaluator's functions without Ray (builds in worker processes)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="speedforge step: a speedforge YAML config for `speedforge evaluate` (e.g. evaluator.l2_flush_mb: 0)",
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="speedforge step: the evaluator's functions without Ray (builds in worker processes)",
+    )
     parser.add_argument("--every", type=int, default=3, help="take every k-th kernel (default 3)")
-    parser.add_argument("--offset", type=int, default=0,
-                        help="start the every-k-th sample at this kernel (default 0; 0 <= offset < --every)")
+    parser.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="start the every-k-th sample at this kernel (default 0; 0 <= offset < --every)",
+    )
     parser.add_argument("--limit", type=int, default=0, help="at most N kernels (0: all selected)")
     parser.add_argument("--pool", default="", help="speedforge pool (default: from the GPU's name)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="CUDA-L1 harness time limit per kernel")
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop a step after about this long (0: none)")
     parser.add_argument("--repeats", type=int, default=6, help="sandboxes per kernel in the repeat step")
     parser.add_argument("--repeat-limit", type=int, default=0, help="kernels in the repeat step (0: all accepted)")
-    parser.add_argument("--run-label", default="1",
-                        help="cuda-l1 and speedforge steps: which run of that side this is (default 1: cuda_l1.jsonl, "
-                             "speedforge.jsonl; label L writes cuda_l1.L.jsonl, speedforge.L.jsonl); report reads them all")
-    parser.add_argument("--kernels", default="",
-                        help="only these of the selected kernels, comma-separated (e.g. level1/34,level2/14)")
-    parser.add_argument("--variants", type=int, default=0,
-                        help="speedforge step: this many more candidates for tasks of the sample (a near-copy of a "
-                             "kernel, a line appended): the repeats of one task a policy's group holds")
-    parser.add_argument("--warm-from", default="",
-                        help="speedforge step: sweep again over the build cache of that run's label (warm builds)")
-    parser.add_argument("--only", choices=["accepted", "sf-accepted", "sf-rejected"], default=None,
-                        help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in "
-                             "--out; sf-accepted: those speedforge accepted in a run; sf-rejected: those speedforge "
-                             "evaluated and accepted in no run")
+    parser.add_argument(
+        "--run-label",
+        default="1",
+        help="cuda-l1 and speedforge steps: which run of that side this is (default 1: cuda_l1.jsonl, "
+        "speedforge.jsonl; label L writes cuda_l1.L.jsonl, speedforge.L.jsonl); report reads them all",
+    )
+    parser.add_argument(
+        "--kernels", default="", help="only these of the selected kernels, comma-separated (e.g. level1/34,level2/14)"
+    )
+    parser.add_argument(
+        "--variants",
+        type=int,
+        default=0,
+        help="speedforge step: this many more candidates for tasks of the sample (a near-copy of a "
+        "kernel, a line appended): the repeats of one task a policy's group holds",
+    )
+    parser.add_argument(
+        "--warm-from",
+        default="",
+        help="speedforge step: sweep again over the build cache of that run's label (warm builds)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["accepted", "sf-accepted", "sf-rejected"],
+        default=None,
+        help="accepted: only the kernels CUDA-L1's run 1 accepted and speedforge accepted in a run in "
+        "--out; sf-accepted: those speedforge accepted in a run; sf-rejected: those speedforge "
+        "evaluated and accepted in no run",
+    )
     args = parser.parse_args()
     for path in (args.jsonl, args.harness):
         if not path.exists():
@@ -962,7 +1220,9 @@ def main() -> int:
     if not args.run_label.replace("-", "").replace("_", "").isalnum():
         raise SystemExit(f"--run-label {args.run_label!r}: letters, digits, - and _ only")
     rows = choose(rows, args)
-    {"cuda-l1": run_cuda_l1, "speedforge": run_speedforge, "repeat": run_repeat, "report": report}[args.step](args, rows)
+    {"cuda-l1": run_cuda_l1, "speedforge": run_speedforge, "repeat": run_repeat, "report": report}[args.step](
+        args, rows
+    )
     return 0
 
 

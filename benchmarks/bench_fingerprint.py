@@ -27,10 +27,17 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent.parent
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
-    p.add_argument("--jsonl", type=Path, default=here.parent / "shared/data/cuda-l1/a100.jsonl",
-                   help="CUDA-L1's corpus (default ../shared/data/cuda-l1/a100.jsonl)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--jsonl",
+        type=Path,
+        default=here.parent / "shared/data/cuda-l1/a100.jsonl",
+        help="CUDA-L1's corpus (default ../shared/data/cuda-l1/a100.jsonl)",
+    )
     p.add_argument("--levels", default="3", help="levels whose references are measured (3)")
     p.add_argument("--repeats", type=int, default=7, help="fingerprints per model and kind (7)")
     p.add_argument("--show-over-ms", type=float, default=3.0, help="list the models slower than this (3 ms)")
@@ -72,12 +79,16 @@ def main(argv: list[str] | None = None) -> int:
             totals[values].append(medians[values])
         if medians[False] * 1e3 >= args.show_over_ms:
             modules = sum(1 for _ in model.named_modules(remove_duplicate=False))
-            print(f"  level{r['level_id']}/{r['task_id']}: {modules} submodules, structure {medians[False] * 1e3:.1f} ms, "
-                  f"with values {medians[True] * 1e3:.1f} ms")  # fmt: skip
+            print(
+                f"  level{r['level_id']}/{r['task_id']}: {modules} submodules, structure {medians[False] * 1e3:.1f} ms, "
+                f"with values {medians[True] * 1e3:.1f} ms"
+            )
     n = len(totals[False])
-    print(f"{n} models ({skipped} skipped): structure {sum(totals[False]) * 1e3:.0f} ms in all "
-          f"(median {statistics.median(totals[False]) * 1e3:.2f} ms, max {max(totals[False]) * 1e3:.1f} ms); "
-          f"with values {sum(totals[True]) * 1e3:.0f} ms in all")  # fmt: skip
+    print(
+        f"{n} models ({skipped} skipped): structure {sum(totals[False]) * 1e3:.0f} ms in all "
+        f"(median {statistics.median(totals[False]) * 1e3:.2f} ms, max {max(totals[False]) * 1e3:.1f} ms); "
+        f"with values {sum(totals[True]) * 1e3:.0f} ms in all"
+    )
     return 0
 
 

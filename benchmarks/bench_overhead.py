@@ -35,7 +35,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,8 +58,10 @@ def load(args: argparse.Namespace):
         family = "cuda" if args.device == "cuda" else "cpp"
         tasks = {t.task_id: t for t in builtin_tasks(family)}
         # the reference itself, renamed: nothing to compile, a speedup of about 1
-        candidates = [Candidate.make(t.task_id, t.source.replace("class Model(", "class ModelNew("), origin="identity")
-                      for t in tasks.values()]  # fmt: skip
+        candidates = [
+            Candidate.make(t.task_id, t.source.replace("class Model(", "class ModelNew("), origin="identity")
+            for t in tasks.values()
+        ]
         if args.builtin_candidates:  # the suite's own (inline C++/CUDA: built first, cached by content)
             candidates = builtin_candidates(family) + candidates
         if args.tasks:
@@ -103,7 +104,6 @@ def step_table(runs: list[list[tuple[str, float]]]) -> list[tuple[str, float, fl
 def profile(task, candidate, build, config, device: str) -> None:
     """One run job under cProfile (a zygote of its own, started with SPEEDFORGE_PHASE_LOG=profile);
     prints the summary the job wrote to its stderr."""
-    import dataclasses
 
     from speedforge.evaluator.buildcache import BuildCache
     from speedforge.evaluator.evaluate import _run_pinned
@@ -111,8 +111,16 @@ def profile(task, candidate, build, config, device: str) -> None:
     from speedforge.evaluator.sandbox import Zygote
 
     os.environ["SPEEDFORGE_PHASE_LOG"] = "profile"
-    job = Job(kind="run", task=task, candidate=candidate, device=device, seed=1, workdir="", build_dir=build.build_dir,
-              config=config)  # fmt: skip
+    job = Job(
+        kind="run",
+        task=task,
+        candidate=candidate,
+        device=device,
+        seed=1,
+        workdir="",
+        build_dir=build.build_dir,
+        config=config,
+    )
     with Zygote() as zygote:
         outcome = _run_pinned(BuildCache(config.cache_dir), job, task, config, device, zygote)
     os.environ["SPEEDFORGE_PHASE_LOG"] = "1"
@@ -125,17 +133,27 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--n", type=int, default=8, help="candidates (one per task)")
     parser.add_argument("--repeats", type=int, default=3, help="evaluations per candidate; the first is cold")
-    parser.add_argument("--source", choices=["builtin", "cuda-l1"], default="builtin",
-                        help="builtin suite tasks, or CUDA-L1 kernels (--device cuda)")
+    parser.add_argument(
+        "--source",
+        choices=["builtin", "cuda-l1"],
+        default="builtin",
+        help="builtin suite tasks, or CUDA-L1 kernels (--device cuda)",
+    )
     parser.add_argument("--tasks", help="--source builtin: only tasks whose id contains one of these (comma-separated)")
-    parser.add_argument("--builtin-candidates", action="store_true",
-                        help="--source builtin: the suite's compiled candidates where a task has one (else each "
-                             "task's reference renamed, which compiles nothing)")
+    parser.add_argument(
+        "--builtin-candidates",
+        action="store_true",
+        help="--source builtin: the suite's compiled candidates where a task has one (else each "
+        "task's reference renamed, which compiles nothing)",
+    )
     parser.add_argument("--corpus", default=str(CUDA_L1), help="CUDA-L1 JSONL (--source cuda-l1)")
     parser.add_argument("--levels", default="1,2,3", help="CUDA-L1 levels (--source cuda-l1)")
     parser.add_argument("--cache-dir", help="build and pristine cache (default: a fresh temporary folder)")
-    parser.add_argument("--max-timed-calls", type=int,
-                        help="cap the timed pairs per round (evaluator.max_timed_calls; default: the config's)")
+    parser.add_argument(
+        "--max-timed-calls",
+        type=int,
+        help="cap the timed pairs per round (evaluator.max_timed_calls; default: the config's)",
+    )
     parser.add_argument("--profile", action="store_true", help="add a cProfile summary of one warm sandboxed run")
     parser.add_argument("--out", help="write every run's figures as JSON here")
     args = parser.parse_args()
@@ -153,16 +171,23 @@ def main() -> int:
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="bench-overhead-cache-")
     config = EvaluatorConfig(cache_dir=cache_dir)
     if args.max_timed_calls:
-        config = dataclasses.replace(config, max_timed_calls=args.max_timed_calls,
-                                     cpu_timed_calls=min(config.cpu_timed_calls, args.max_timed_calls))  # fmt: skip
+        config = dataclasses.replace(
+            config,
+            max_timed_calls=args.max_timed_calls,
+            cpu_timed_calls=min(config.cpu_timed_calls, args.max_timed_calls),
+        )
     tasks, candidates = load(args)
-    print(f"{len(candidates)} candidates ({args.source}) on {args.device}, {args.repeats} evaluations each; "
-          f"cache {cache_dir}; load average before {os.getloadavg()}", flush=True)
+    print(
+        f"{len(candidates)} candidates ({args.source}) on {args.device}, {args.repeats} evaluations each; "
+        f"cache {cache_dir}; load average before {os.getloadavg()}",
+        flush=True,
+    )
     loads = [os.getloadavg()[0]]
     with Zygote() as zygote:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            builds = list(pool.map(lambda c: build_candidate(tasks[c.task_id], c, config, args.device, zygote=zygote),
-                                   candidates))  # fmt: skip
+            builds = list(
+                pool.map(lambda c: build_candidate(tasks[c.task_id], c, config, args.device, zygote=zygote), candidates)
+            )
         if phases is not None:
             phases.take()
             phases.take_totals()
@@ -175,24 +200,40 @@ def main() -> int:
                     totals[name].append((seconds, count))
                 cold = repeat == 0 and not args.cache_dir  # a fresh cache: no pristine reference kept yet
                 overhead = result.wall_s - result.build_s - result.timed_s
-                record = dict(task=candidate.task_id, repeat=repeat, status=result.status, speedup=result.speedup,
-                              wall_s=result.wall_s, build_s=result.build_s, run_s=result.run_s,
-                              timed_s=result.timed_s, overhead_s=overhead, sandbox_s=result.run_s - result.timed_s,
-                              pristine_s=result.wall_s - result.run_s - result.build_s, cold=cold, marks=marks)
+                record = dict(
+                    task=candidate.task_id,
+                    repeat=repeat,
+                    status=result.status,
+                    speedup=result.speedup,
+                    wall_s=result.wall_s,
+                    build_s=result.build_s,
+                    run_s=result.run_s,
+                    timed_s=result.timed_s,
+                    overhead_s=overhead,
+                    sandbox_s=result.run_s - result.timed_s,
+                    pristine_s=result.wall_s - result.run_s - result.build_s,
+                    cold=cold,
+                    marks=marks,
+                )
                 records.append(record)
                 if result.status in ("ok", "incorrect", "hack_detected") and build.ok:
                     steps["cold" if cold else "warm"].append(marks)
-                print(f"  {candidate.task_id[:40]:40s} #{repeat} {result.status:14s} wall {result.wall_s:6.2f}s "
-                      f"run {result.run_s:6.2f}s timed {result.timed_s:5.2f}s overhead {overhead:5.2f}s"
-                      f"{' (pristine run)' if cold else ''}", flush=True)
+                print(
+                    f"  {candidate.task_id[:40]:40s} #{repeat} {result.status:14s} wall {result.wall_s:6.2f}s "
+                    f"run {result.run_s:6.2f}s timed {result.timed_s:5.2f}s overhead {overhead:5.2f}s"
+                    f"{' (pristine run)' if cold else ''}",
+                    flush=True,
+                )
                 loads.append(os.getloadavg()[0])
         if args.profile and candidates and phases is not None:
             profile(tasks[candidates[0].task_id], candidates[0], builds[0], config, args.device)
 
     ok = [r for r in records if r["status"] == "ok"]
     print()
-    for label, chosen in (("cold (pristine reference timed)", [r for r in ok if r["cold"]]),
-                          ("warm (pristine reference cached)", [r for r in ok if not r["cold"]])):
+    for label, chosen in (
+        ("cold (pristine reference timed)", [r for r in ok if r["cold"]]),
+        ("warm (pristine reference cached)", [r for r in ok if not r["cold"]]),
+    ):
         print(f"{label}:")
         print(f"  overhead = wall - build - timed   {spread([r['overhead_s'] for r in chosen])}")
         print(f"  sandbox  = run_s - timed          {spread([r['sandbox_s'] for r in chosen])}")
@@ -208,11 +249,15 @@ def main() -> int:
     if totals:
         print("\nfrequent calls inside the sandboxes (median per job: seconds in total, calls):")
         for name in sorted(totals, key=lambda n: -statistics.median(s for s, _ in totals[n])):
-            print(f"  {name:36s} {statistics.median(s for s, _ in totals[name]):7.3f} s  "
-                  f"{statistics.median(c for _, c in totals[name]):7.0f} calls")
-    print(f"\nload average during the runs: median {statistics.median(loads):.2f}, max {max(loads):.2f} "
-          f"({os.cpu_count()} CPUs); statuses: " + ", ".join(f"{s} {sum(r['status'] == s for r in records)}"
-                                                              for s in sorted({r['status'] for r in records})))
+            print(
+                f"  {name:36s} {statistics.median(s for s, _ in totals[name]):7.3f} s  "
+                f"{statistics.median(c for _, c in totals[name]):7.0f} calls"
+            )
+    print(
+        f"\nload average during the runs: median {statistics.median(loads):.2f}, max {max(loads):.2f} "
+        f"({os.cpu_count()} CPUs); statuses: "
+        + ", ".join(f"{s} {sum(r['status'] == s for r in records)}" for s in sorted({r["status"] for r in records}))
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=1, default=str))
     return 0

@@ -83,14 +83,17 @@ def main() -> None:
     cache = Path(tempfile.mkdtemp(prefix="bench-overlap-cache-"))
     base = EvaluatorConfig(cache_dir=str(cache))
     if args.max_timed_calls:
-        base = dataclasses.replace(base, max_timed_calls=args.max_timed_calls,
-                                   cpu_timed_calls=min(base.cpu_timed_calls, args.max_timed_calls))  # fmt: skip
+        base = dataclasses.replace(
+            base, max_timed_calls=args.max_timed_calls, cpu_timed_calls=min(base.cpu_timed_calls, args.max_timed_calls)
+        )
     tasks, candidates = load(args)
     ordered = [tasks[c.task_id] for c in candidates]
     pool = args.pool or args.device
-    print(f"{len(candidates)} candidates on {args.device} ({os.cpu_count()} CPUs), overlap 1 against "
-          f"{args.overlap}, {args.rounds} rounds; construct {args.construct_s} s; load average {os.getloadavg()}",
-          flush=True)  # fmt: skip
+    print(
+        f"{len(candidates)} candidates on {args.device} ({os.cpu_count()} CPUs), overlap 1 against "
+        f"{args.overlap}, {args.rounds} rounds; construct {args.construct_s} s; load average {os.getloadavg()}",
+        flush=True,
+    )
     with ThreadPoolExecutor(max_workers=2) as builders:
         builds = list(builders.map(lambda tc: build_candidate(*tc, base, args.device), zip(ordered, candidates)))
     print(f"built: {sum(b.ok for b in builds)} of {len(builds)} ok", flush=True)
@@ -99,7 +102,7 @@ def main() -> None:
     runs: dict[int, list] = {1: [], args.overlap: []}
     speedups: dict[int, dict[str, list[float]]] = {1: {}, args.overlap: {}}
     for round_ in range(args.rounds):
-        for overlap in ((1, args.overlap) if round_ % 2 == 0 else (args.overlap, 1)):
+        for overlap in (1, args.overlap) if round_ % 2 == 0 else (args.overlap, 1):
             shutil.rmtree(cache / "pristine", ignore_errors=True)  # cold: no pristine reference kept
             config = dataclasses.replace(base, overlap_runs=overlap)
             start = time.perf_counter()
@@ -112,9 +115,12 @@ def main() -> None:
                 if r.ok and r.speedup:
                     speedups[overlap].setdefault(r.candidate_id, []).append(r.speedup)
             statuses = ", ".join(sorted({r.status for r in results}))
-            print(f"round {round_ + 1} overlap {overlap}: {wall:6.1f} s ({statuses}); run_s {sum(r.run_s for r in results):.1f}, "
-                  f"held {sum(r.turn_held_s for r in results):.1f}, waited {sum(r.turn_wait_s for r in results):.1f}; "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+            print(
+                f"round {round_ + 1} overlap {overlap}: {wall:6.1f} s ({statuses}); run_s {sum(r.run_s for r in results):.1f}, "
+                f"held {sum(r.turn_held_s for r in results):.1f}, waited {sum(r.turn_wait_s for r in results):.1f}; "
+                f"load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
 
     print()
     for overlap in (1, args.overlap):
@@ -123,16 +129,23 @@ def main() -> None:
         run_s = sum(r.run_s for r in results) / max(1, args.rounds)
         held = sum(r.turn_held_s for r in results) / max(1, args.rounds)
         waited = sum(r.turn_wait_s for r in results) / max(1, args.rounds)
-        print(f"overlap {overlap}: batch wall {spread(walls[overlap])} s for {per_round:.0f} candidates; per batch "
-              f"the runs' run_s {run_s:.1f} s = held {held:.1f} + waited {waited:.1f} + prepared "
-              f"{run_s - held - waited:.1f}")  # fmt: skip
+        print(
+            f"overlap {overlap}: batch wall {spread(walls[overlap])} s for {per_round:.0f} candidates; per batch "
+            f"the runs' run_s {run_s:.1f} s = held {held:.1f} + waited {waited:.1f} + prepared "
+            f"{run_s - held - waited:.1f}"
+        )
     ratio = statistics.median(walls[1]) / statistics.median(walls[args.overlap])
     print(f"throughput overlap {args.overlap} / overlap 1 (median batch walls): {ratio:.2f}x")
-    agree = [statistics.median(speedups[args.overlap][c]) / statistics.median(speedups[1][c])
-             for c in speedups[1] if c in speedups[args.overlap]]  # fmt: skip
+    agree = [
+        statistics.median(speedups[args.overlap][c]) / statistics.median(speedups[1][c])
+        for c in speedups[1]
+        if c in speedups[args.overlap]
+    ]
     if agree:
-        print(f"speedup with overlap {args.overlap} / with overlap 1, per candidate (medians over rounds): "
-              f"median {statistics.median(agree):.3f}, min {min(agree):.3f}, max {max(agree):.3f} (n={len(agree)})")
+        print(
+            f"speedup with overlap {args.overlap} / with overlap 1, per candidate (medians over rounds): "
+            f"median {statistics.median(agree):.3f}, min {min(agree):.3f}, max {max(agree):.3f} (n={len(agree)})"
+        )
     unstable = {o: sum(r.unstable for r in runs[o]) for o in runs}
     print("unstable results: " + ", ".join(f"overlap {o}: {n} of {len(runs[o])}" for o, n in unstable.items()))
 

@@ -73,14 +73,22 @@ def main() -> int:
     parser.add_argument("--min-us", type=float, default=200.0, help="kernels whose reference takes at least this count")
     parser.add_argument("--only", choices=["all", "example"], default="all")
     parser.add_argument("--match", default="", help="only kernels whose task id contains this")
-    parser.add_argument("--variant", type=variant, action="append", default=[],
-                        help="NAME:KEY=VALUE,... evaluator overrides; repeat to compare configs interleaved")
+    parser.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        default=[],
+        help="NAME:KEY=VALUE,... evaluator overrides; repeat to compare configs interleaved",
+    )
     args = parser.parse_args()
     cache = os.environ.get("SPEEDFORGE_CACHE") or tempfile.mkdtemp(prefix="sf-repro-")
     variants = args.variant or [("default", {})]
     configs = {name: EvaluatorConfig(**{"cache_dir": cache, **overrides}) for name, overrides in variants}
-    print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.repeats} sandboxes per kernel and variant "
-          f"({', '.join(configs)})", flush=True)  # fmt: skip
+    print(
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {args.repeats} sandboxes per kernel and variant "
+        f"({', '.join(configs)})",
+        flush=True,
+    )
     rows, cvs = [], {name: [] for name in configs}
     for task, candidate in (k for k in kernels(args.only) if args.match in k[0].task_id):
         results: dict[str, list] = {name: [] for name in configs}
@@ -88,8 +96,11 @@ def main() -> int:
             for name, config in configs.items():
                 result = evaluate(task, candidate, config)
                 results[name].append(result)
-                print(f"  {task.task_id} {name} [{i + 1}/{args.repeats}] {result.status} "
-                      f"{result.speedup or 0:.3f}x {result.reason[:80]}", flush=True)  # fmt: skip
+                print(
+                    f"  {task.task_id} {name} [{i + 1}/{args.repeats}] {result.status} "
+                    f"{result.speedup or 0:.3f}x {result.reason[:80]}",
+                    flush=True,
+                )
         for name in configs:
             ok = [r for r in results[name] if r.status == "ok" and r.speedup]
             if len(ok) < 2:
@@ -100,17 +111,31 @@ def main() -> int:
             spread = cv(speedups)
             if ref_us >= args.min_us:
                 cvs[name].append(spread)
-            rows.append([task.task_id, name, f"{len(ok)}/{args.repeats}", f"{ref_us:.0f}",
-                         f"{min(speedups):.3f}-{max(speedups):.3f}", f"{spread:.2%}",
-                         str(sum(r.unstable for r in ok)), f"{statistics.median(r.timed_calls for r in ok):.0f}",
-                         f"{statistics.median(r.timed_s for r in ok):.2f}"])  # fmt: skip
-    print(format_table(["kernel", "variant", "ok", "ref us", "speedup min-max", "CV", "unstable", "pairs", "timed s"],
-                       rows))  # fmt: skip
+            rows.append(
+                [
+                    task.task_id,
+                    name,
+                    f"{len(ok)}/{args.repeats}",
+                    f"{ref_us:.0f}",
+                    f"{min(speedups):.3f}-{max(speedups):.3f}",
+                    f"{spread:.2%}",
+                    str(sum(r.unstable for r in ok)),
+                    f"{statistics.median(r.timed_calls for r in ok):.0f}",
+                    f"{statistics.median(r.timed_s for r in ok):.2f}",
+                ]
+            )
+    print(
+        format_table(
+            ["kernel", "variant", "ok", "ref us", "speedup min-max", "CV", "unstable", "pairs", "timed s"], rows
+        )
+    )
     for name, values in cvs.items():
         if values:
-            print(f"{name}: CV over kernels with a reference >= {args.min_us:.0f} us: median "
-                  f"{statistics.median(values):.2%}, max {max(values):.2%} (n={len(values)}); "
-                  f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            print(
+                f"{name}: CV over kernels with a reference >= {args.min_us:.0f} us: median "
+                f"{statistics.median(values):.2%}, max {max(values):.2%} (n={len(values)}); "
+                f"load {os.getloadavg()[0]:.1f}"
+            )
     return 0
 
 

@@ -108,8 +108,12 @@ class GpuSampler:
             return None
 
         def read():
-            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
             return [float(v) for v in out.split()] or None
 
         return read
@@ -177,8 +181,12 @@ def run_service(tasks, candidates, config: Config, pool: str, mode: str = "servi
         (p,) = progress.pools
         clock.setdefault(p.done, progress.elapsed_s)
         if p.done != last[0] or progress.input_done and not progress.in_flight:
-            print(f"{mode} [{progress.elapsed_s:6.1f}s] build {p.building} queue {p.queued} run {p.running} "
-                  f"done {p.done}/{p.submitted}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{mode} [{progress.elapsed_s:6.1f}s] build {p.building} queue {p.queued} run {p.running} "
+                f"done {p.done}/{p.submitted}",
+                file=sys.stderr,
+                flush=True,
+            )
             last[0] = p.done
 
     start = time.perf_counter()
@@ -204,8 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=16, help="candidates (the same N in both modes)")
     parser.add_argument("--pools", help="bench pool (default: this machine's GPU's pool, else cpu)")
-    parser.add_argument("--device", choices=["cpu", "cuda"],
-                        help="cuda: this machine's GPU pool; cpu: the cpu pool (default: cuda when a GPU is present)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        help="cuda: this machine's GPU pool; cpu: the cpu pool (default: cuda when a GPU is present)",
+    )
     parser.add_argument("--family", choices=["cpp", "cuda"], help="default: cuda for a GPU pool, else cpp")
     parser.add_argument("--serial", action="store_true", help="run the serial loop (default: both modes)")
     parser.add_argument("--service", action="store_true", help="run the service (default: both modes)")
@@ -213,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", action="store_true", help="reuse --cache-dir as it is (bench-bound throughput)")
     parser.add_argument("--workers", type=int, default=0, help="bench workers of the pool (0: one per GPU)")
     parser.add_argument("--config", help="YAML config (default: embedded defaults)")
-    parser.add_argument("--bench-bound", action="store_true",
-                        help="build once, then 1 bench worker vs one per GPU on the warm cache")  # fmt: skip
+    parser.add_argument(
+        "--bench-bound", action="store_true", help="build once, then 1 bench worker vs one per GPU on the warm cache"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="--bench-bound: sweeps per worker count")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
@@ -233,13 +245,17 @@ def main(argv: list[str] | None = None) -> int:
     evaluator = sweep_evaluator_config(config.evaluator, {pool: pool_config})  # same targets in both modes
     base = Path(args.cache_dir or tempfile.mkdtemp(prefix="bench-service-"))
     modes = [m for m in ("service", "serial") if getattr(args, m)] or ["service", "serial"]
-    print(f"{len(candidates)} {family} candidates ({by_block} block-size variants, {len(candidates) - by_block} "
-          f"comment variants) on pool {pool}, cache under {base}, cuda_arch_list={evaluator.cuda_arch_list!r}, "
-          f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
+    print(
+        f"{len(candidates)} {family} candidates ({by_block} block-size variants, {len(candidates) - by_block} "
+        f"comment variants) on pool {pool}, cache under {base}, cuda_arch_list={evaluator.cuda_arch_list!r}, "
+        f"{os.cpu_count()} CPUs",
+        file=sys.stderr,
+    )
 
     if args.bench_bound:
-        mode_config = dataclasses.replace(config, service=service,
-                                          evaluator=dataclasses.replace(evaluator, cache_dir=str(base)))  # fmt: skip
+        mode_config = dataclasses.replace(
+            config, service=service, evaluator=dataclasses.replace(evaluator, cache_dir=str(base))
+        )
         return bench_bound(tasks, candidates, mode_config, pool, args.repeats, args.json)
 
     runs = []
@@ -247,18 +263,23 @@ def main(argv: list[str] | None = None) -> int:
         cache = base if args.warm else base / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
         if not args.warm and cache.exists() and any(cache.iterdir()):
             raise SystemExit(f"{cache} is not empty: a cold-cache run needs a fresh folder")
-        mode_config = dataclasses.replace(config, service=service,
-                                          evaluator=dataclasses.replace(evaluator, cache_dir=str(cache)))  # fmt: skip
+        mode_config = dataclasses.replace(
+            config, service=service, evaluator=dataclasses.replace(evaluator, cache_dir=str(cache))
+        )
         if mode == "serial":
             runs.append(run_serial(tasks, candidates, mode_config, pool_config.device, pool))
         else:
             runs.append(run_service(tasks, candidates, mode_config, pool))
         # after each mode, so a run cut short by a time limit still leaves what it finished
-        print(f"{mode} done: {runs[-1].wall_s:.1f} s for {runs[-1].n} candidates, build cache {cache}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{mode} done: {runs[-1].wall_s:.1f} s for {runs[-1].n} candidates, build cache {cache}",
+            file=sys.stderr,
+            flush=True,
+        )
         if args.json:
-            Path(args.json).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs],
-                                                  indent=2))  # fmt: skip
+            Path(args.json).write_text(
+                json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs], indent=2)
+            )
 
     print_table(runs, pool)
     return 0
@@ -274,15 +295,20 @@ def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json
         # reserves half a CPU (a dry run of the path; its figures measure no GPU)
         cpu_pool = config.service.pools[pool]
         share = min(cpu_pool.num_cpus, max(0.5, ((os.cpu_count() or 2) - config.service.build_num_cpus) / 2))
-        service = dataclasses.replace(config.service, local_cpu_bench_slots=max(2, config.service.local_cpu_bench_slots),
-                                      pools={**config.service.pools, pool: dataclasses.replace(cpu_pool, num_cpus=share)})  # fmt: skip
+        service = dataclasses.replace(
+            config.service,
+            local_cpu_bench_slots=max(2, config.service.local_cpu_bench_slots),
+            pools={**config.service.pools, pool: dataclasses.replace(cpu_pool, num_cpus=share)},
+        )
         config = dataclasses.replace(config, service=service)
     else:
         gpus = len(local_gpu_names())
         one, many = "1 GPU", f"{gpus} GPUs"
         if gpus < 2:
-            raise SystemExit(f"--bench-bound compares 1 GPU with all of them: this machine has {gpus} "
-                             "(--pools cpu runs the same comparison on 1 against 2 CPU bench workers)")  # fmt: skip
+            raise SystemExit(
+                f"--bench-bound compares 1 GPU with all of them: this machine has {gpus} "
+                "(--pools cpu runs the same comparison on 1 against 2 CPU bench workers)"
+            )
 
     def sweep(mode: str, workers: int) -> Run:
         pool_config = dataclasses.replace(config.service.pools[pool], workers=workers)
@@ -295,19 +321,29 @@ def bench_bound(tasks, candidates, config: Config, pool: str, repeats: int, json
     for _ in range(repeats):  # alternating, so drift hits both counts alike
         runs += [sweep(one, 1), sweep(many, gpus)]
         if json_path:
-            Path(json_path).write_text(json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs],
-                                                  indent=2))  # fmt: skip
+            Path(json_path).write_text(
+                json.dumps([dataclasses.asdict(r) | {"per_min": r.per_min} for r in runs], indent=2)
+            )
     print_table(runs, pool)
     print()
     modes = (one, many)
     whole = {m: [r.per_min for r in runs if r.mode == m] for m in modes}
-    steady = {m: [r.extra["steady_per_min"] for r in runs if r.mode == m and "steady_per_min" in r.extra] for m in modes}
-    for label, per_mode in (("whole sweeps, worker start included", whole), ("steady state, first result to last", steady)):
+    steady = {
+        m: [r.extra["steady_per_min"] for r in runs if r.mode == m and "steady_per_min" in r.extra] for m in modes
+    }
+    for label, per_mode in (
+        ("whole sweeps, worker start included", whole),
+        ("steady state, first result to last", steady),
+    ):
         if all(per_mode.values()):
             medians = [statistics.median(v) for v in per_mode.values()]
-            spread = ", ".join(f"{m} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for m, v in per_mode.items())
-            print(f"bench-bound throughput ({label}), candidates/min, median (min-max) of {repeats}: {spread}; "
-                  f"ratio of medians {medians[1] / medians[0]:.2f}x")
+            spread = ", ".join(
+                f"{m} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for m, v in per_mode.items()
+            )
+            print(
+                f"bench-bound throughput ({label}), candidates/min, median (min-max) of {repeats}: {spread}; "
+                f"ratio of medians {medians[1] / medians[0]:.2f}x"
+            )
     return 0
 
 

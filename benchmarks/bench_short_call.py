@@ -155,18 +155,27 @@ def time_call(torch, regime: str, model, inputs, flush, gap_us: float, sync_gap:
 
 def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--jsonl", type=Path, default=here.parent.parent / "shared/data/cuda-l1/a100.jsonl",
-                   help="CUDA-L1's corpus (default ../shared/data/cuda-l1/a100.jsonl)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--jsonl",
+        type=Path,
+        default=here.parent.parent / "shared/data/cuda-l1/a100.jsonl",
+        help="CUDA-L1's corpus (default ../shared/data/cuda-l1/a100.jsonl)",
+    )
     p.add_argument("--kernel", action="append", help="levelL/T, repeatable (default level2/14)")
     p.add_argument("--pairs", type=int, default=100, help="timed pairs per regime and repeat (100)")
     p.add_argument("--repeats", type=int, default=5, help="repeats of every regime, interleaved (5)")
     p.add_argument("--gap-us", type=float, default=300.0, help="host work between calls in host-gap (300 us)")
     p.add_argument("--flush-mb", type=int, default=256, help="L2 flush size (256, speedforge's default)")
-    p.add_argument("--regimes", default=",".join(REGIMES),
-                   help=f"comma-separated, from {', '.join(REGIMES + EXTRA)} (default all but {', '.join(EXTRA)})")
+    p.add_argument(
+        "--regimes",
+        default=",".join(REGIMES),
+        help=f"comma-separated, from {', '.join(REGIMES + EXTRA)} (default all but {', '.join(EXTRA)})",
+    )
     p.add_argument("--train", action="store_true", help="both models in train mode (CUDA-L1's performance step)")
     args = p.parse_args(argv)
     regimes = [r for r in args.regimes.split(",") if r]
@@ -184,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_short_call: {args.jsonl} is absent (CUDA-L1's corpus; see ../shared/data/README)")
         return 2
     flush = torch.empty(args.flush_mb << 20, dtype=torch.uint8, device="cuda")
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"{args.pairs} pairs x {args.repeats} repeats")
+    print(
+        f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.pairs} pairs x {args.repeats} repeats"
+    )
     start = process_state.capture()
     for kernel in args.kernel or ["level2/14"]:
         # each kernel from the process's own state: an earlier candidate's knobs (cudnn.benchmark)
@@ -228,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         for regime in regimes:
             g = got[regime]
             s = g["speedup"]
-            print(f"  {regime:15s} {statistics.median(g['ref']):9.1f} {statistics.median(g['cand']):9.1f} "
-                  f"{statistics.median(s):8.3f}  {min(s):6.3f}-{max(s):6.3f}")
+            print(
+                f"  {regime:15s} {statistics.median(g['ref']):9.1f} {statistics.median(g['cand']):9.1f} "
+                f"{statistics.median(s):8.3f}  {min(s):6.3f}-{max(s):6.3f}"
+            )
     return 0
 
 

@@ -87,8 +87,9 @@ def generate(root: Path, count: int, seed: int = 0) -> tuple[Path, Path]:
         padding = "".join(f"# note {rng.getrandbits(64):016x}\n" for _ in range(rng.randint(10, 40)))
         folder = checkout / f"level{level}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.py").write_text(REFERENCE.format(i=i, op=OPS[i % len(OPS)], n=256 + i, scale=scale,
-                                                            padding=padding))  # fmt: skip
+        (folder / f"{name}.py").write_text(
+            REFERENCE.format(i=i, op=OPS[i % len(OPS)], n=256 + i, scale=scale, padding=padding)
+        )
         kernel = "\n".join(KERNEL_LINE.format(j=j) for j in range(rng.randint(20, 60)))
         (candidates / f"level{level}").mkdir(parents=True, exist_ok=True)
         (candidates / f"level{level}" / f"{name}.py").write_text(CANDIDATE.format(i=i, scale=scale, kernel=kernel))
@@ -96,8 +97,10 @@ def generate(root: Path, count: int, seed: int = 0) -> tuple[Path, Path]:
 
 
 def load_candidates(folder: Path) -> list[Candidate]:
-    return [Candidate.make(f"kernelbench/{path.parent.name}/{path.stem}", path.read_text(), origin="bench",
-                           created_at=0.0) for path in sorted(folder.glob("level*/*.py"))]  # fmt: skip
+    return [
+        Candidate.make(f"kernelbench/{path.parent.name}/{path.stem}", path.read_text(), origin="bench", created_at=0.0)
+        for path in sorted(folder.glob("level*/*.py"))
+    ]
 
 
 def plain_upload(client, bucket: str, prefix: str, files: list[Path], root: Path, threads: int) -> int:
@@ -137,8 +140,9 @@ def main() -> None:
                 times["plain-seq"].append(time.perf_counter() - t0)
 
                 t0 = time.perf_counter()
-                objects["plain-par"] = plain_upload(client, "bench", f"plain-par-{rep}", files, root / "src",
-                                                    args.threads)  # fmt: skip
+                objects["plain-par"] = plain_upload(
+                    client, "bench", f"plain-par-{rep}", files, root / "src", args.threads
+                )
                 times["plain-par"].append(time.perf_counter() - t0)
 
                 for label in ("stage", "restage"):
@@ -146,15 +150,24 @@ def main() -> None:
                     imported = import_source(str(checkout))
                     candidates = load_candidates(cand_dir)
                     store = open_store(f"s3://bench/staged-{rep}", config=config)
-                    result = stage_dataset(store, "kb", imported.tasks, candidates, source=str(checkout),
-                                           upload_threads=args.threads, progress=False)  # fmt: skip
+                    result = stage_dataset(
+                        store,
+                        "kb",
+                        imported.tasks,
+                        candidates,
+                        source=str(checkout),
+                        upload_threads=args.threads,
+                        progress=False,
+                    )
                     times[label].append(time.perf_counter() - t0)
                     objects[label] = result.objects_written
                     assert result.created == (label == "stage"), result
                     assert result.counts == {"tasks": args.tasks, "candidates": args.tasks}, result.counts
 
-    print(f"{args.tasks} tasks + {args.tasks} candidates, {len(files)} files, {total_mb:.2f} MB; "
-          f"SeaweedFS on 127.0.0.1; {args.reps} reps; {args.threads} upload threads where parallel")  # fmt: skip
+    print(
+        f"{args.tasks} tasks + {args.tasks} candidates, {len(files)} files, {total_mb:.2f} MB; "
+        f"SeaweedFS on 127.0.0.1; {args.reps} reps; {args.threads} upload threads where parallel"
+    )
     seq, par = statistics.median(times["plain-seq"]), statistics.median(times["plain-par"])
     print(f"{'operation':<48}{'median s':>9}{'min s':>8}{'max s':>8}{'objects':>8}{'/ seq':>8}{'/ par':>8}")
     labels = {
@@ -166,8 +179,10 @@ def main() -> None:
     for key, label in labels.items():
         values = times[key]
         median = statistics.median(values)
-        print(f"{label:<48}{median:>9.3f}{min(values):>8.3f}{max(values):>8.3f}{objects[key]:>8}"
-              f"{median / seq:>8.3f}{median / par:>8.3f}")  # fmt: skip
+        print(
+            f"{label:<48}{median:>9.3f}{min(values):>8.3f}{max(values):>8.3f}{objects[key]:>8}"
+            f"{median / seq:>8.3f}{median / par:>8.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,19 +44,29 @@ def split(metrics: list[dict], stage: str) -> dict:
         if not values:
             continue
         q1, median, q3 = quartiles(values)
-        out[part] = {"median": median, "q1": q1, "q3": q3, "min": min(values), "max": max(values),
-                     "share": sum(values) / total}  # fmt: skip
+        out[part] = {
+            "median": median,
+            "q1": q1,
+            "q3": q3,
+            "min": min(values),
+            "max": max(values),
+            "share": sum(values) / total,
+        }
     return out
 
 
 def split_table(row: dict) -> str:
-    lines = [f"{row['stage']}: {row['steps']} step(s)",
-             f"  {'part':<11} {'median s':>9} {'IQR s':>15} {'min-max s':>17} {'share':>6}"]  # fmt: skip
+    lines = [
+        f"{row['stage']}: {row['steps']} step(s)",
+        f"  {'part':<11} {'median s':>9} {'IQR s':>15} {'min-max s':>17} {'share':>6}",
+    ]
     for part in PARTS:
         if part in row:
             p = row[part]
-            lines.append(f"  {part[:-2]:<11} {p['median']:>9.2f} {p['q1']:>7.2f}-{p['q3']:<7.2f} "
-                         f"{p['min']:>8.2f}-{p['max']:<8.2f} {p['share']:>6.0%}")  # fmt: skip
+            lines.append(
+                f"  {part[:-2]:<11} {p['median']:>9.2f} {p['q1']:>7.2f}-{p['q3']:<7.2f} "
+                f"{p['min']:>8.2f}-{p['max']:<8.2f} {p['share']:>6.0%}"
+            )
     return "\n".join(lines)
 
 
@@ -66,11 +76,16 @@ def rewards(metrics: list[dict], stage: str) -> dict:
         return {}
     speedups = [m["speedup_max"] for m in rows if m.get("speedup_max") is not None]
     rates = [m["generation_tokens_per_s"] for m in rows if m.get("generation_tokens_per_s")]
-    return {"generation_tokens_per_s_median": statistics.median(rates) if rates else None,"first_reward_mean": rows[0]["reward_mean"], "last_reward_mean": rows[-1]["reward_mean"],
-            "best_reward": max(m["reward_max"] for m in rows),
-            "valid_fraction": statistics.fmean(m["valid_fraction"] for m in rows),
-            "compiled_fraction": statistics.fmean(m.get("compiled_fraction", 0.0) for m in rows),
-            "best_speedup": max(speedups, default=None), "samples": sum(m.get("samples", 0) for m in rows)}  # fmt: skip
+    return {
+        "generation_tokens_per_s_median": statistics.median(rates) if rates else None,
+        "first_reward_mean": rows[0]["reward_mean"],
+        "last_reward_mean": rows[-1]["reward_mean"],
+        "best_reward": max(m["reward_max"] for m in rows),
+        "valid_fraction": statistics.fmean(m["valid_fraction"] for m in rows),
+        "compiled_fraction": statistics.fmean(m.get("compiled_fraction", 0.0) for m in rows),
+        "best_speedup": max(speedups, default=None),
+        "samples": sum(m.get("samples", 0) for m in rows),
+    }
 
 
 def read_heldout(spec: str) -> tuple[str, dict | None]:
@@ -88,27 +103,36 @@ def markdown(summary: dict) -> str:
     for key in ("device", "note"):
         if summary.get(key):
             lines.append(f"- {key}: {summary[key]}")
-    lines += ["", "## Held-out tasks", "",
-              "| when | model | tasks x samples | compiled | correct | faster | median speedup (correct) | best speedup "
-              "| cut at max tokens | most common failure |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Held-out tasks",
+        "",
+        "| when | model | tasks x samples | compiled | correct | faster | median speedup (correct) | best speedup "
+        "| cut at max tokens | most common failure |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for label, report in summary["heldout"].items():
         if report is None:
             lines.append(f"| {label} | (missing: that step failed or ran out of time) | | | | | | | | |")
             continue
         samples = sum(t["samples"] for t in report["tasks"])
         best, median = report["best_speedup"], report.get("median_speedup")
-        lines.append(f"| {label} | {report['model']} | {len(report['tasks'])} x {samples // max(1, len(report['tasks']))} "
-                     f"| {report['compiled_fraction']:.0%} | {report['valid_fraction']:.0%} | "
-                     f"{report.get('faster_fraction', 0):.0%} | {'-' if median is None else f'{median:.2f}x'} | "
-                     f"{'-' if best is None else f'{best:.2f}x'} | {report.get('truncated_fraction', 0):.0%} | "
-                     f"{report.get('top_failure', '')[:160].replace('|', '/')} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {report['model']} | {len(report['tasks'])} x {samples // max(1, len(report['tasks']))} "
+            f"| {report['compiled_fraction']:.0%} | {report['valid_fraction']:.0%} | "
+            f"{report.get('faster_fraction', 0):.0%} | {'-' if median is None else f'{median:.2f}x'} | "
+            f"{'-' if best is None else f'{best:.2f}x'} | {report.get('truncated_fraction', 0):.0%} | "
+            f"{report.get('top_failure', '')[:160].replace('|', '/')} |"
+        )
     lines += ["", "## Step time", ""]
     for row in summary["split"]:
         lines += ["```", split_table(row), "```", ""]
     for stage, figures in summary["rewards"].items():
         if figures:
-            lines.append(f"- {stage} rewards: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                             for k, v in figures.items()))  # fmt: skip
+            lines.append(
+                f"- {stage} rewards: "
+                + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())
+            )
     if summary.get("reward_curve"):
         lines += ["", f"![reward curve]({Path(summary['reward_curve']).name})"]
     return "\n".join(lines) + "\n"
@@ -133,18 +157,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"(no metrics file {path}: that stage did not run)")
     metrics = read_metrics(lines)
     stages = list(dict.fromkeys(m.get("stage", "") for m in metrics))
-    summary = {"device": args.device, "note": args.note, "metrics": args.metrics,
-               "split": [split(metrics, s) for s in stages], "rewards": {s: rewards(metrics, s) for s in stages},
-               "heldout": dict(read_heldout(h) for h in args.heldout), "reward_curve": None}  # fmt: skip
+    summary = {
+        "device": args.device,
+        "note": args.note,
+        "metrics": args.metrics,
+        "split": [split(metrics, s) for s in stages],
+        "rewards": {s: rewards(metrics, s) for s in stages},
+        "heldout": dict(read_heldout(h) for h in args.heldout),
+        "reward_curve": None,
+    }
     for row in summary["split"]:
         print(split_table(row))
     for label, report in summary["heldout"].items():
         if report is None:
             print(f"held-out {label}: missing")
         else:
-            print(f"held-out {label}: compiled {report['compiled_fraction']:.0%}, correct {report['valid_fraction']:.0%}, "
-                  f"faster {report.get('faster_fraction', 0):.0%}, median speedup {report.get('median_speedup')}, "
-                  f"best speedup {report['best_speedup']}; most common failure: {report.get('top_failure', '')}")  # fmt: skip
+            print(
+                f"held-out {label}: compiled {report['compiled_fraction']:.0%}, correct {report['valid_fraction']:.0%}, "
+                f"faster {report.get('faster_fraction', 0):.0%}, median speedup {report.get('median_speedup')}, "
+                f"best speedup {report['best_speedup']}; most common failure: {report.get('top_failure', '')}"
+            )
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

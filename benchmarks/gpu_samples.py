@@ -72,8 +72,10 @@ def summary(gpus: dict[str, GpuSamples]) -> list[str]:
         held = [u for stamp, u in gpu.utilization.items() if stamp in gpu.held_at]
         load = f"{len(all_util)} samples"
         if held:
-            load += (f", {len(held)} while the run held it: utilization.gpu median {statistics.median(held):.0f}%, "
-                     f"mean {statistics.mean(held):.0f}%")  # fmt: skip
+            load += (
+                f", {len(held)} while the run held it: utilization.gpu median {statistics.median(held):.0f}%, "
+                f"mean {statistics.mean(held):.0f}%"
+            )
         elif all_util:
             load += ", none while a process held it"
         lines.append(f"gpu {gpu.index} ({name}): pids {pids}; {load}")
@@ -81,11 +83,16 @@ def summary(gpus: dict[str, GpuSamples]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("file", help="the sampler's output (gpu-samples-*.txt)")
-    parser.add_argument("--held-mib", type=float, default=1024,
-                        help="a sample counts as held when a process had at least this many MiB on the GPU (1024)")  # fmt: skip
+    parser.add_argument(
+        "--held-mib",
+        type=float,
+        default=1024,
+        help="a sample counts as held when a process had at least this many MiB on the GPU (1024)",
+    )
     args = parser.parse_args(argv)
     try:
         with open(args.file, errors="replace") as f:

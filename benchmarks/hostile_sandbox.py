@@ -44,7 +44,8 @@ import torch.nn as nn
 with open('/dev/shm/{name}', 'wb') as f:
     for _ in range(64):
         f.write(b'x' * (16 << 20))
-""" + HONEST,
+"""
+    + HONEST,
     "disk_5x1g": """import torch
 import torch.nn as nn
 
@@ -52,7 +53,8 @@ for i in range(5):
     with open(f'fill{{i}}.bin', 'wb') as f:
         for _ in range(64):
             f.write(b'x' * (16 << 20))
-""" + HONEST,
+"""
+    + HONEST,
     "kill_during_1g": """import torch
 import torch.nn as nn
 
@@ -61,7 +63,8 @@ with open('big.bin', 'wb') as f:
         for _ in range(64):
             f.write(b'x' * (16 << 20))
         f.seek(0)
-""" + HONEST,
+"""
+    + HONEST,
 }
 
 
@@ -78,8 +81,17 @@ def run_case(case: str, root: Path) -> dict:
     candidate.write_text(CASES[case].format(name=name))
     config = root / "config.yaml"
     config.write_text(json.dumps({"evaluator": {"cache_dir": str(root / "cache")}}))
-    command = [SPEEDFORGE, "--config", str(config), "eval", "--task", "cpp/silu_scale", "--candidate",
-               str(candidate), "--json"]  # fmt: skip
+    command = [
+        SPEEDFORGE,
+        "--config",
+        str(config),
+        "eval",
+        "--task",
+        "cpp/silu_scale",
+        "--candidate",
+        str(candidate),
+        "--json",
+    ]
     shm_before = shmem_mib()
     start = time.monotonic()
     cli = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -98,17 +110,26 @@ def run_case(case: str, root: Path) -> dict:
         status, reason = result["status"], result["reason"]
     wall_s = time.monotonic() - start
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (any((root / "cache" / "tmp").glob("job-*"))
-                                           or any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                                  for p in tree)):  # fmt: skip
+    while time.monotonic() < deadline and (
+        any((root / "cache" / "tmp").glob("job-*"))
+        or any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)
+    ):
         time.sleep(0.1)
     left = sorted(p.name for p in (root / "cache" / "tmp").glob("job-*"))
     alive = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     on_host = os.path.exists(f"/dev/shm/{name}")
-    return {"case": case, "status": status, "reason": reason, "wall_s": round(wall_s, 1),
-            "shm_file_on_host": on_host, "scratch_left": left, "processes_left": alive,
-            "host_clean": not (on_host or left or alive), "shmem_mib_before": shm_before,
-            "shmem_mib_after": shmem_mib()}  # fmt: skip
+    return {
+        "case": case,
+        "status": status,
+        "reason": reason,
+        "wall_s": round(wall_s, 1),
+        "shm_file_on_host": on_host,
+        "scratch_left": left,
+        "processes_left": alive,
+        "host_clean": not (on_host or left or alive),
+        "shmem_mib_before": shm_before,
+        "shmem_mib_after": shmem_mib(),
+    }
 
 
 def main() -> int:
@@ -119,8 +140,10 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'case':16} {'status':14} {'host clean':10} {'Shmem MiB before/after':22} reason")
     for r in rows:
-        print(f"{r['case']:16} {r['status']:14} {str(r['host_clean']):10} "
-              f"{r['shmem_mib_before']:>6} / {r['shmem_mib_after']:<13} {r['reason'][:90]}")
+        print(
+            f"{r['case']:16} {r['status']:14} {str(r['host_clean']):10} "
+            f"{r['shmem_mib_before']:>6} / {r['shmem_mib_after']:<13} {r['reason'][:90]}"
+        )
     return 0 if all(r["host_clean"] for r in rows) else 1
 
 

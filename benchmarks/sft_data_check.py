@@ -55,8 +55,10 @@ def main() -> int:
     model = default_model_file()
     tokenizer = training_tokenizer(str(model.parent), model.name)
     eos = tokenizer.eos_token
-    print(f"{args.corpus}: {len(tasks)} tasks, {len(imported.candidates)} kernels "
-          f"({len(imported.problems)} line(s) skipped by the importer)")  # fmt: skip
+    print(
+        f"{args.corpus}: {len(tasks)} tasks, {len(imported.candidates)} kernels "
+        f"({len(imported.problems)} line(s) skipped by the importer)"
+    )
 
     counts: collections.Counter[str] = collections.Counter()
     answer_tokens: list[int] = []
@@ -78,12 +80,14 @@ def main() -> int:
         counts["lowers float32 precision (TF32 ...)"] += bool(lowered_precision(candidate.source))
         counts["forward returns a kept tensor (self.X)"] += bool(kept_output(candidate.source))
         messages = prompt.messages()
-        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                   return_dict=True)["input_ids"]  # fmt: skip
-        full_ids = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": answer}], tokenize=True,
-                                                 return_dict=True)["input_ids"]  # fmt: skip
+        prompt_ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        full_ids = tokenizer.apply_chat_template(
+            messages + [{"role": "assistant", "content": answer}], tokenize=True, return_dict=True
+        )["input_ids"]
         counts["prompt tokens not a prefix (loss mask)"] += full_ids[: len(prompt_ids)] != prompt_ids
-        completion = full_ids[len(prompt_ids):]
+        completion = full_ids[len(prompt_ids) :]
         counts["completion is not answer + end of turn"] += tokenizer.decode(completion) != answer + eos + "\n"
         tokens = len(tokenizer(answer + eos, add_special_tokens=False)["input_ids"])
         answer_tokens.append(tokens)
@@ -95,37 +99,57 @@ def main() -> int:
         print(f"  {key:<{width}}  {value}")
     print(f"  answer tokens: median {statistics.median(answer_tokens):.0f}, max {max(answer_tokens)}")
 
-    config = TrainConfig(family="cuda", tasks_uri=f"cuda-l1:{args.corpus}", heldout_count=args.heldout, train_count=0,
-                         seed=args.seed)  # fmt: skip
+    config = TrainConfig(
+        family="cuda", tasks_uri=f"cuda-l1:{args.corpus}", heldout_count=args.heldout, train_count=0, seed=args.seed
+    )
     split = split_tasks(imported.tasks, config)
     wanted = {t.task_id for t in split.train}
     trusted = [c for c in imported.candidates if c.task_id in wanted]
-    print(f"split (seed {args.seed}): {len(split.train)} training, {len(split.heldout)} held-out tasks; "
-          f"{len(trusted)} kernels of training tasks")  # fmt: skip
+    print(
+        f"split (seed {args.seed}): {len(split.train)} training, {len(split.heldout)} held-out tasks; "
+        f"{len(trusted)} kernels of training tasks"
+    )
     fits = token_budget(tokenizer, args.max_length)
-    now = sft_pairs(split.train, VariantsTable(), "a100", 0, args.seed, fits, trusted,
-                    answer_budget(tokenizer, args.new_tokens))  # fmt: skip
+    now = sft_pairs(
+        split.train, VariantsTable(), "a100", 0, args.seed, fits, trusted, answer_budget(tokenizer, args.new_tokens)
+    )
     kept = sft_pairs(split.train, VariantsTable(), "a100", 0, args.seed, fits, trusted).pairs  # no budget
     refused = {u.split(": ", 1)[0] for u in now.unusable}
-    refused_fitting = sum(fits(render_prompt(tasks[c.task_id]), _answer(tasks[c.task_id], c.source, "", "x"))
-                          for c in trusted if c.task_id in refused)  # fmt: skip
+    refused_fitting = sum(
+        fits(render_prompt(tasks[c.task_id]), _answer(tasks[c.task_id], c.source, "", "x"))
+        for c in trusted
+        if c.task_id in refused
+    )
     long = sum(len(tokenizer(p.answer + eos, add_special_tokens=False)["input_ids"]) > args.new_tokens for p in kept)
-    print(f"  before (answers unchecked): {len(kept) + refused_fitting} pairs within {args.max_length} tokens, "
-          f"{refused_fitting} of them unusable (answer_checks), {long} with an answer over "
-          f"{args.new_tokens} tokens")  # fmt: skip
+    print(
+        f"  before (answers unchecked): {len(kept) + refused_fitting} pairs within {args.max_length} tokens, "
+        f"{refused_fitting} of them unusable (answer_checks), {long} with an answer over "
+        f"{args.new_tokens} tokens"
+    )
     print(f"  now: {now.counts()}")
     for reason in now.unusable:
         print(f"    unusable: {reason}")
-    differ = sum((p.system, p.prompt) != (render_prompt(tasks[p.task_id]).system, render_prompt(tasks[p.task_id]).user)
-                 for p in now.pairs)  # fmt: skip
+    differ = sum(
+        (p.system, p.prompt) != (render_prompt(tasks[p.task_id]).system, render_prompt(tasks[p.task_id]).user)
+        for p in now.pairs
+    )
     print(f"  pairs whose prompt is not the held-out check's prompt for the task: {differ} of {len(now.pairs)}")
     held = {t.task_id for t in split.heldout}
-    tokens_of = lambda c: len(tokenizer(_answer(tasks[c.task_id], c.source, "", "x") + eos,  # noqa: E731
-                                        add_special_tokens=False)["input_ids"])  # fmt: skip
+
+    def tokens_of(c):
+        return len(
+            tokenizer(
+                _answer(tasks[c.task_id], c.source, "", "x") + eos,  # noqa: E731
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+
     over = [c.task_id for c in imported.candidates if c.task_id in held and tokens_of(c) > args.new_tokens]
-    print(f"  held-out tasks whose published kernel, as an answer, is over {args.new_tokens} tokens: {len(over)} of "
-          f"{len(held)} ({sum(c.task_id in held for c in imported.candidates)} have one){': ' if over else ''}"
-          f"{', '.join(over)}")  # fmt: skip
+    print(
+        f"  held-out tasks whose published kernel, as an answer, is over {args.new_tokens} tokens: {len(over)} of "
+        f"{len(held)} ({sum(c.task_id in held for c in imported.candidates)} have one){': ' if over else ''}"
+        f"{', '.join(over)}"
+    )
     return 0
 
 

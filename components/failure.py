@@ -12,9 +12,15 @@ def run_report(config: str, store: str, run_id: str, status: dsl.PipelineTaskFin
     from speedforge.config import loads_config
     from speedforge.recipes.run_steps import RunStatus, write_run_report
 
-    report = write_run_report(loads_config(config, where="the config parameter"), store, run_id,
-                              RunStatus(status.state, status.error_message or "", status.pipeline_task_name or ""))
+    report = write_run_report(
+        loads_config(config, where="the config parameter"),
+        store,
+        run_id,
+        RunStatus(status.state, status.error_message or "", status.pipeline_task_name or ""),
+    )
     if report.state != "SUCCEEDED":
-        print(f"run {run_id} {report.state}: step {report.failed_step or '?'}: {report.error}; "
-              f"failure report: {report.report_uri}")
+        print(
+            f"run {run_id} {report.state}: step {report.failed_step or '?'}: {report.error}; "
+            f"failure report: {report.report_uri}"
+        )
     return report.to_dict()

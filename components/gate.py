@@ -18,5 +18,15 @@ def gate(config: str, train_config: str, store: str, outcome: dict, dataset_uri:
     from speedforge.recipes.run_steps import run_step
 
     settings = loads_config(config, where="the config parameter")
-    return run_step(settings, store, run_id, "gate", gate_training_outcome, train_config, outcome, store,
-                    settings.store, dataset=dataset_uri)
+    return run_step(
+        settings,
+        store,
+        run_id,
+        "gate",
+        gate_training_outcome,
+        train_config,
+        outcome,
+        store,
+        settings.store,
+        dataset=dataset_uri,
+    )

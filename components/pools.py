@@ -19,8 +19,9 @@ def check_pools(config: str, pools: str, store: str, run_id: str) -> list:
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def pool_placement(config: str, pool: str,
-                   ray_address: str) -> NamedTuple("Placement", node_selector=dict, tolerations=list, gpus=int):
+def pool_placement(config: str, pool: str, ray_address: str) -> NamedTuple(
+    "Placement", node_selector=dict, tolerations=list, gpus=int
+):
     """Node selector, tolerations and GPU count for a step that evaluates on `pool` in its own pod
     (none when it joins the Ray cluster at `ray_address`)."""
     from collections import namedtuple
@@ -30,5 +31,5 @@ def pool_placement(config: str, pool: str,
 
     placement = placement_of(loads_config(config, where="the config parameter"), pool, joins_cluster=bool(ray_address))
     return namedtuple("Placement", "node_selector tolerations gpus")(
-        placement.node_selector, placement.tolerations, placement.gpus)
-
+        placement.node_selector, placement.tolerations, placement.gpus
+    )

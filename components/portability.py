@@ -7,8 +7,17 @@ from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def portability(config: str, variants: Input[Dataset], pool: str, store: str, ray_address: str, run_id: str,
-                metrics: Output[Metrics], results: Output[Dataset], namespace: str = "") -> dict:
+def portability(
+    config: str,
+    variants: Input[Dataset],
+    pool: str,
+    store: str,
+    ray_address: str,
+    run_id: str,
+    metrics: Output[Metrics],
+    results: Output[Dataset],
+    namespace: str = "",
+) -> dict:
     """Evaluate every variant of the selected `variants` and its reference on `pool`, on the Ray cluster at
     `ray_address` (`{namespace}` in it: the Ray cluster's `namespace`; "" = a local Ray in this pod); results
     in <store>/portability/<pool> (the `results` artifact, the pool's summary as metadata); returns results_uri and the pool's summary; `metrics`: the
@@ -22,8 +31,18 @@ def portability(config: str, variants: Input[Dataset], pool: str, store: str, ra
     from speedforge.recipes.placement import joined_cluster
 
     address, settings = joined_cluster(loads_config(config, where="the config parameter"), ray_address, namespace)
-    outcome = run_step(settings, store, run_id, f"portability-{pool}", run_portability, settings, store_uri(variants),
-                       [pool], f"{store.rstrip('/')}/portability/{pool}", address=address or None)
+    outcome = run_step(
+        settings,
+        store,
+        run_id,
+        f"portability-{pool}",
+        run_portability,
+        settings,
+        store_uri(variants),
+        [pool],
+        f"{store.rstrip('/')}/portability/{pool}",
+        address=address or None,
+    )
     for name, value in step_metrics("portability", outcome).items():
         metrics.log_metric(name, value)
     record(results, outcome["results_uri"], pool=pool, summary=outcome["summary"][pool], variants=outcome["variants"])

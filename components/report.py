@@ -10,8 +10,15 @@ from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def report(config: str, portability: Input[List[Dataset]], store: str, run_id: str, report_dir: Output[Artifact],
-           report_html: Output[HTML], report_markdown: Output[Markdown]) -> dict:
+def report(
+    config: str,
+    portability: Input[List[Dataset]],
+    store: str,
+    run_id: str,
+    report_dir: Output[Artifact],
+    report_html: Output[HTML],
+    report_markdown: Output[Markdown],
+) -> dict:
     """Write the report of the pools' portability results (`portability`: each pool's results artifact)
     into the `report_dir` artifact, and its HTML (figures inlined) and Markdown as the
     `report_html` and `report_markdown` artifacts; returns the paths of its html, markdown and json."""
@@ -23,8 +30,16 @@ def report(config: str, portability: Input[List[Dataset]], store: str, run_id: s
     from speedforge.recipes.store_artifacts import store_uri
 
     settings = loads_config(config, where="the config parameter")
-    outcome = run_step(settings, store, run_id, "report", write_report, settings,
-                       [store_uri(results) for results in portability], report_dir.path)
+    outcome = run_step(
+        settings,
+        store,
+        run_id,
+        "report",
+        write_report,
+        settings,
+        [store_uri(results) for results in portability],
+        report_dir.path,
+    )
     shutil.copyfile(outcome["html"], report_html.path)
     shutil.copyfile(outcome["markdown"], report_markdown.path)
     return outcome

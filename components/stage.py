@@ -9,8 +9,9 @@ from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def stage_dataset(config: str, source: str, dataset: str, store: str, run_id: str,
-                  staged: Output[Dataset]) -> NamedTuple("Staged", summary=dict, dataset_uri=str):
+def stage_dataset(
+    config: str, source: str, dataset: str, store: str, run_id: str, staged: Output[Dataset]
+) -> NamedTuple("Staged", summary=dict, dataset_uri=str):
     """Import `source` (builtin[:FAMILY], a KernelBench checkout or parquet, CUDA-L1 JSONL) and stage
     it as data set `dataset` ("" = named after the source) in `store`; returns its dataset_uri, which
     the `staged` artifact names too (the steps that read the data set take it, for KFP's lineage)."""
@@ -22,7 +23,8 @@ def stage_dataset(config: str, source: str, dataset: str, store: str, run_id: st
     from speedforge.recipes.store_artifacts import record
 
     settings = loads_config(config, where="the config parameter")
-    summary = run_step(settings, store, run_id, "stage", stage_source, settings.store, source, dest=store,
-                       name=dataset or None)
+    summary = run_step(
+        settings, store, run_id, "stage", stage_source, settings.store, source, dest=store, name=dataset or None
+    )
     record(staged, summary["dataset_uri"], **{k: v for k, v in summary.items() if k != "dataset_uri"})
     return namedtuple("Staged", "summary dataset_uri")(summary, summary["dataset_uri"])

@@ -9,9 +9,21 @@ from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def train(config: str, train_config: str, stage: str, mode: str, store: str, ray_cluster: str, namespace: str,
-          ray_dashboard: str, image: str, timeout_s: float, baselines: Input[List[Dataset]], run_id: str,
-          checkpoint: Output[Model]) -> NamedTuple("Training", outcome=dict, final_checkpoint_uri=str):
+def train(
+    config: str,
+    train_config: str,
+    stage: str,
+    mode: str,
+    store: str,
+    ray_cluster: str,
+    namespace: str,
+    ray_dashboard: str,
+    image: str,
+    timeout_s: float,
+    baselines: Input[List[Dataset]],
+    run_id: str,
+    checkpoint: Output[Model],
+) -> NamedTuple("Training", outcome=dict, final_checkpoint_uri=str):
     """Run training stage `stage` on `train_config` (YAML text; "" = embedded defaults): mode local (in this
     pod), rayjob (a RayJob on RayCluster `ray_cluster`, followed to its end) or ray (the Job Submission API
     at `ray_dashboard`). Fails with the job's reason and message when the job fails. `baselines`: the
@@ -30,9 +42,34 @@ def train(config: str, train_config: str, stage: str, mode: str, store: str, ray
 
     print(describe_baselines([dict(results.metadata) for results in baselines]))
     settings = loads_config(config, where="the config parameter")
-    outcome = run_step(settings, store, run_id, f"train-{stage}", lambda: run_training_job(TrainingJob(
-        stage=stage, store=store, config_text=train_config, mode=mode, cluster=ray_cluster, namespace=namespace,
-        image=image, address=ray_dashboard, timeout_s=timeout_s, run=f"pipeline-{run_id}"), settings.store))
-    record(checkpoint, outcome["final_checkpoint_uri"], stage=outcome["stage"], steps=outcome["steps"],
-           run=outcome["run"], init_model=outcome.get("init_model", ""), resumed=outcome["resumed"])
+    outcome = run_step(
+        settings,
+        store,
+        run_id,
+        f"train-{stage}",
+        lambda: run_training_job(
+            TrainingJob(
+                stage=stage,
+                store=store,
+                config_text=train_config,
+                mode=mode,
+                cluster=ray_cluster,
+                namespace=namespace,
+                image=image,
+                address=ray_dashboard,
+                timeout_s=timeout_s,
+                run=f"pipeline-{run_id}",
+            ),
+            settings.store,
+        ),
+    )
+    record(
+        checkpoint,
+        outcome["final_checkpoint_uri"],
+        stage=outcome["stage"],
+        steps=outcome["steps"],
+        run=outcome["run"],
+        init_model=outcome.get("init_model", ""),
+        resumed=outcome["resumed"],
+    )
     return namedtuple("Training", "outcome final_checkpoint_uri")(outcome, outcome["final_checkpoint_uri"])

@@ -32,9 +32,19 @@ class PipelineEntry:
 
 
 PIPELINES = {
-    "training": PipelineEntry("training", "pipelines.training", "training", HERE / "training.yaml",
-                              "stage -> baselines per pool -> train -> promotion gate -> optimize -> select -> "
-                              "portability per pool -> report"),
-    "cross-arch": PipelineEntry("cross-arch", "pipelines.cross_arch", "cross_arch", HERE / "cross_arch.yaml",
-                                "a run's best variants -> portability on every pool -> report"),
-}  # fmt: skip
+    "training": PipelineEntry(
+        "training",
+        "pipelines.training",
+        "training",
+        HERE / "training.yaml",
+        "stage -> baselines per pool -> train -> promotion gate -> optimize -> select -> "
+        "portability per pool -> report",
+    ),
+    "cross-arch": PipelineEntry(
+        "cross-arch",
+        "pipelines.cross_arch",
+        "cross_arch",
+        HERE / "cross_arch.yaml",
+        "a run's best variants -> portability on every pool -> report",
+    ),
+}

@@ -31,16 +31,27 @@ CLUSTER_ADDRESS = "ray://speedforge-head-svc.{namespace}.svc.cluster.local:10001
 # the family and tasks of the pipeline's default source (builtin:cuda); rewards measured by the
 # evaluation service on the bench pools (the training group runs no candidate code), which waits for
 # a pool the autoscaler has yet to start.
-CLUSTER_TRAIN_CONFIG = yaml.safe_dump({
-    "service": {"autoscaling": True},
-    "train": {"family": "cuda", "tasks_uri": "builtin:cuda", "evaluation": "service", "pool": "H100",
-              "ray": {"use_gpu": True, "resources": {TRAIN_RESOURCE: 1.0}}},
-}, sort_keys=False, default_flow_style=True, width=1 << 16).strip()  # one line: KFP copies defaults into a YAML comment  # fmt: skip
+CLUSTER_TRAIN_CONFIG = yaml.safe_dump(
+    {
+        "service": {"autoscaling": True},
+        "train": {
+            "family": "cuda",
+            "tasks_uri": "builtin:cuda",
+            "evaluation": "service",
+            "pool": "H100",
+            "ray": {"use_gpu": True, "resources": {TRAIN_RESOURCE: 1.0}},
+        },
+    },
+    sort_keys=False,
+    default_flow_style=True,
+    width=1 << 16,
+).strip()  # one line: KFP copies defaults into a YAML comment
 
 # Keys of the secret (`s3_secret` parameter, see k8s/base/secret-s3.example.yaml), each the
 # environment variable it becomes. Optional: on AWS with pod identities there is no secret.
-S3_SECRET_KEYS = {key: key for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                                       "SPEEDFORGE_S3_ENDPOINT")}  # fmt: skip
+S3_SECRET_KEYS = {
+    key: key for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "SPEEDFORGE_S3_ENDPOINT")
+}
 
 
 # Retries: KFP runs a step again after a transient failure (its pod evicted or preempted, the
@@ -53,8 +64,13 @@ RETRY = dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_
 # Timeouts (the pod's activeDeadlineSeconds): a step past its limit is stopped and fails, so a hung
 # step cannot hold a nightly run for ever. Evaluations and searches run a day at most; training
 # has its own limit (train_timeout_s, 1 day by default) and this one only backs it up.
-TIMEOUT_S = {"baselines": 86400, "optimize": 86400, "portability": 86400, "train": 7 * 86400,
-             "stage data set": 4 * 3600}  # fmt: skip
+TIMEOUT_S = {
+    "baselines": 86400,
+    "optimize": 86400,
+    "portability": 86400,
+    "train": 7 * 86400,
+    "stage data set": 4 * 3600,
+}
 DEFAULT_TIMEOUT_S = 3600
 
 ROLE_LABEL = "speedforge.dev/role"
@@ -101,7 +117,11 @@ def step(task, s3_secret, cpu: str = "1", memory: str = "2Gi", name: str = ""):
 
 def pod_identity(task):
     """The pod's name, uid and namespace in POD_NAME, POD_UID and POD_NAMESPACE (the downward API)."""
-    for env, field in (("POD_NAME", "metadata.name"), ("POD_UID", "metadata.uid"), ("POD_NAMESPACE", "metadata.namespace")):
+    for env, field in (
+        ("POD_NAME", "metadata.name"),
+        ("POD_UID", "metadata.uid"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ):
         kubernetes.use_field_path_as_env(task, env, field)
     return task
 
@@ -119,10 +139,33 @@ def portability_and_report(config, pools, selected, store, s3_secret, run_id, ra
     every pool (one ParallelFor branch per pool: on the Ray cluster at `ray_address` in `namespace`, or
     placed on its pool's nodes when that is ""), then one report over them."""
     with dsl.ParallelFor(pools, name="portability-per-pool") as pool:  # the variants: selected's artifact
-        placed = step(pool_placement(config=config, pool=pool, ray_address=ray_address), None, cpu="500m",
-                      memory="1Gi", name="placement")
-        ported = on_pool(step(portability(config=config, variants=selected.outputs["selected"], pool=pool,
-                                          store=store, ray_address=ray_address, run_id=run_id, namespace=namespace), s3_secret, cpu="4",
-                              memory="16Gi", name="portability"), placed)
-    return step(report(config=config, portability=dsl.Collected(ported.outputs["results"]), store=store, run_id=run_id),
-                s3_secret, name="report")
+        placed = step(
+            pool_placement(config=config, pool=pool, ray_address=ray_address),
+            None,
+            cpu="500m",
+            memory="1Gi",
+            name="placement",
+        )
+        ported = on_pool(
+            step(
+                portability(
+                    config=config,
+                    variants=selected.outputs["selected"],
+                    pool=pool,
+                    store=store,
+                    ray_address=ray_address,
+                    run_id=run_id,
+                    namespace=namespace,
+                ),
+                s3_secret,
+                cpu="4",
+                memory="16Gi",
+                name="portability",
+            ),
+            placed,
+        )
+    return step(
+        report(config=config, portability=dsl.Collected(ported.outputs["results"]), store=store, run_id=run_id),
+        s3_secret,
+        name="report",
+    )

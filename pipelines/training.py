@@ -23,13 +23,22 @@ from components.pools import check_pools, pool_placement
 from components.select import select_best
 from components.stage import stage_dataset
 from components.train import train
-from pipelines.steps import (CLUSTER_ADDRESS, CLUSTER_NAMESPACE, CLUSTER_TRAIN_CONFIG, on_pool, pod_identity,
-                             portability_and_report, step)
+from pipelines.steps import (
+    CLUSTER_ADDRESS,
+    CLUSTER_NAMESPACE,
+    CLUSTER_TRAIN_CONFIG,
+    on_pool,
+    pod_identity,
+    portability_and_report,
+    step,
+)
 
 
-@dsl.pipeline(name="speedforge-training",
-              description="Stage tasks, measure baselines per pool, train the policy (SFT, self-training or GRPO), "
-                          "search with it, select the best variant per task, evaluate them on every pool, report.")
+@dsl.pipeline(
+    name="speedforge-training",
+    description="Stage tasks, measure baselines per pool, train the policy (SFT, self-training or GRPO), "
+    "search with it, select the best variant per task, evaluate them on every pool, report.",
+)
 def training(
     source: str = "builtin:cuda",  # task source: builtin[:FAMILY], a KernelBench folder or parquet, CUDA-L1 JSONL
     dataset: str = "",  # data set name ("" = from the source)
@@ -57,35 +66,120 @@ def training(
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     failure = step(run_report(config=config, store=store, run_id=run_id), s3_secret, name="run report")
     with dsl.ExitHandler(failure, name="training"):
-        checked = step(check_pools(config=config, pools=pools, store=store, run_id=run_id), s3_secret,
-                       cpu="500m", memory="1Gi", name="check pools")
-        staged = step(stage_dataset(config=config, source=source, dataset=dataset, store=store, run_id=run_id),
-                      s3_secret, name="stage data set")
+        checked = step(
+            check_pools(config=config, pools=pools, store=store, run_id=run_id),
+            s3_secret,
+            cpu="500m",
+            memory="1Gi",
+            name="check pools",
+        )
+        staged = step(
+            stage_dataset(config=config, source=source, dataset=dataset, store=store, run_id=run_id),
+            s3_secret,
+            name="stage data set",
+        )
         with dsl.ParallelFor(checked.output, name="baselines-per-pool") as pool:  # the data set: staged's artifact
-            placed = step(pool_placement(config=config, pool=pool, ray_address=ray_address), None, cpu="500m",
-                          memory="1Gi", name="placement")
-            baselines = on_pool(step(measure_baselines(
-                config=config, dataset=staged.outputs["staged"], pool=pool, store=store,
-                ray_address=ray_address, limit=baseline_candidates, run_id=run_id, namespace=namespace), s3_secret, cpu="4", memory="16Gi",
-                name="baselines"), placed)
-        trained = step(train(
-            config=config, train_config=train_config, stage=train_stage, mode=train_mode, store=store,
-            ray_cluster=ray_cluster, namespace=namespace, ray_dashboard=ray_dashboard, image=image,
-            timeout_s=train_timeout_s, baselines=dsl.Collected(baselines.outputs["results"]), run_id=run_id), s3_secret,
-            name="train")
+            placed = step(
+                pool_placement(config=config, pool=pool, ray_address=ray_address),
+                None,
+                cpu="500m",
+                memory="1Gi",
+                name="placement",
+            )
+            baselines = on_pool(
+                step(
+                    measure_baselines(
+                        config=config,
+                        dataset=staged.outputs["staged"],
+                        pool=pool,
+                        store=store,
+                        ray_address=ray_address,
+                        limit=baseline_candidates,
+                        run_id=run_id,
+                        namespace=namespace,
+                    ),
+                    s3_secret,
+                    cpu="4",
+                    memory="16Gi",
+                    name="baselines",
+                ),
+                placed,
+            )
+        trained = step(
+            train(
+                config=config,
+                train_config=train_config,
+                stage=train_stage,
+                mode=train_mode,
+                store=store,
+                ray_cluster=ray_cluster,
+                namespace=namespace,
+                ray_dashboard=ray_dashboard,
+                image=image,
+                timeout_s=train_timeout_s,
+                baselines=dsl.Collected(baselines.outputs["results"]),
+                run_id=run_id,
+            ),
+            s3_secret,
+            name="train",
+        )
         pod_identity(trained)  # the RayJob's owner reference, where the pod shares its namespace
-        gated = step(gate(config=config, train_config=train_config, store=store, outcome=trained.outputs["outcome"],
-                          dataset_uri=staged.outputs["dataset_uri"], run_id=run_id), s3_secret, cpu="4", memory="16Gi",
-                     name="promotion gate")
-        searched = step(optimize(
-            config=config, dataset=staged.outputs["staged"], store=store, model=model,
-            checkpoint=trained.outputs["checkpoint"], tasks=search_tasks, rounds=search_rounds,
-            samples=search_samples, max_new_tokens=max_new_tokens, pool=search_pool, ray_address=ray_address,
-            run_id=run_id, namespace=namespace), s3_secret, cpu="4", memory="16Gi", name="optimize")
-        selected = step(select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"],
-                                    pool="", store=store, run_id=run_id, searched=searched.outputs["variants"]),
-                        s3_secret, name="select best variants")  # fmt: skip
+        gated = step(
+            gate(
+                config=config,
+                train_config=train_config,
+                store=store,
+                outcome=trained.outputs["outcome"],
+                dataset_uri=staged.outputs["dataset_uri"],
+                run_id=run_id,
+            ),
+            s3_secret,
+            cpu="4",
+            memory="16Gi",
+            name="promotion gate",
+        )
+        searched = step(
+            optimize(
+                config=config,
+                dataset=staged.outputs["staged"],
+                store=store,
+                model=model,
+                checkpoint=trained.outputs["checkpoint"],
+                tasks=search_tasks,
+                rounds=search_rounds,
+                samples=search_samples,
+                max_new_tokens=max_new_tokens,
+                pool=search_pool,
+                ray_address=ray_address,
+                run_id=run_id,
+                namespace=namespace,
+            ),
+            s3_secret,
+            cpu="4",
+            memory="16Gi",
+            name="optimize",
+        )
+        selected = step(
+            select_best(
+                config=config,
+                source_store=store,
+                dataset_uri=staged.outputs["dataset_uri"],
+                pool="",
+                store=store,
+                run_id=run_id,
+                searched=searched.outputs["variants"],
+            ),
+            s3_secret,
+            name="select best variants",
+        )
         searched.after(gated)
-        portability_and_report(config=config, pools=checked.output, selected=selected,
-                               store=store, s3_secret=s3_secret, run_id=run_id, ray_address=ray_address,
-                               namespace=namespace)
+        portability_and_report(
+            config=config,
+            pools=checked.output,
+            selected=selected,
+            store=store,
+            s3_secret=s3_secret,
+            run_id=run_id,
+            ray_address=ray_address,
+            namespace=namespace,
+        )

@@ -66,7 +66,7 @@ def clip(text: str, limit: int = SHOWN_CHARS) -> str:
 def name_problem(name: object) -> str | None:
     """What is wrong with `name` as a name that becomes part of file and object names
     (NAME_RULE), or None when nothing is."""
-    shown = clip(repr(name[: SHOWN_CHARS] if isinstance(name, str) else name))
+    shown = clip(repr(name[:SHOWN_CHARS] if isinstance(name, str) else name))
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         return f"expected {NAME_RULE}, got {shown}"
     if len(name) > NAME_MAX_CHARS:

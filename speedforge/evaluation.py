@@ -30,8 +30,9 @@ Opener = Callable[..., contextlib.AbstractContextManager]  # (config, tasks, poo
 EVALUATIONS: Registry[Opener] = Registry("batch evaluation")
 
 
-def open_evaluation(name: str, config: Config, tasks: Mapping[str, Task], pool: str, *, build_workers: int = 0,
-                    store=None, service=None) -> contextlib.AbstractContextManager:  # fmt: skip
+def open_evaluation(
+    name: str, config: Config, tasks: Mapping[str, Task], pool: str, *, build_workers: int = 0, store=None, service=None
+) -> contextlib.AbstractContextManager:
     """The evaluation registered as `name` for `tasks` on `pool` (a `with` block yielding a
     BatchEvaluate). `store`: the service also writes its results table there; `service`: an
     EvaluationService already open (else the service evaluation opens one)."""
@@ -77,8 +78,9 @@ def service_batch(service, tasks: Mapping[str, Task], pool: str, store=None) -> 
 
 @EVALUATIONS.register("local")
 @contextlib.contextmanager
-def local_evaluation(config: Config, tasks: Mapping[str, Task], pool: str, *, build_workers: int = 0, store=None,
-                     service=None) -> Iterator[BatchEvaluate]:  # fmt: skip
+def local_evaluation(
+    config: Config, tasks: Mapping[str, Task], pool: str, *, build_workers: int = 0, store=None, service=None
+) -> Iterator[BatchEvaluate]:
     """One candidate after another; with `build_workers` > 1 a batch's builds (nvcc or the C++
     compiler, a minute each when cold) first overlap in that many spawned processes, and then
     the runs, evaluator.overlap_runs at once, each timing only in the device's turn."""
@@ -108,8 +110,9 @@ def build_processes(workers: int):
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
-def build_then_run(builders, tasks: list[Task], candidates: list[Candidate], config: EvaluatorConfig,
-                   pool: str) -> list[EvalResult]:  # fmt: skip
+def build_then_run(
+    builders, tasks: list[Task], candidates: list[Candidate], config: EvaluatorConfig, pool: str
+) -> list[EvalResult]:
     """Every build of the batch in `builders` (each into the content-hash cache), then the runs
     here, `config.overlap_runs` at once: each prepares while another holds the device's turn to
     time (speedforge.evaluator.turns); one that ran out of device memory beside another runs again
@@ -128,8 +131,13 @@ def build_then_run(builders, tasks: list[Task], candidates: list[Candidate], con
         try:
             build = futures[index].result()
         except Exception as exc:  # the process pool broke (a build process was killed): not the candidate's fault
-            return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=pool,
-                              status="infra_error", reason=f"build process failed: {type(exc).__name__}: {exc}")  # fmt: skip
+            return EvalResult(
+                candidate_id=candidate.candidate_id,
+                task_id=task.task_id,
+                pool=pool,
+                status="infra_error",
+                reason=f"build process failed: {type(exc).__name__}: {exc}",
+            )
         result = run_overlapped(lambda: run_candidate(task, candidate, build, config, device, pool))
         return dataclasses.replace(result, wall_s=build.build_s + result.wall_s)
 
@@ -139,8 +147,9 @@ def build_then_run(builders, tasks: list[Task], candidates: list[Candidate], con
 
 @EVALUATIONS.register("service")
 @contextlib.contextmanager
-def service_evaluation(config: Config, tasks: Mapping[str, Task], pool: str, *, build_workers: int = 0, store=None,
-                       service=None) -> Iterator[BatchEvaluate]:  # fmt: skip
+def service_evaluation(
+    config: Config, tasks: Mapping[str, Task], pool: str, *, build_workers: int = 0, store=None, service=None
+) -> Iterator[BatchEvaluate]:
     """The Ray evaluation service of the Ray session this process is in (a Ray Train worker is)."""
     from speedforge.cluster.pools import resolve_pools
 

@@ -26,6 +26,5 @@ def require(extra: str, *modules: str, purpose: str = "this") -> None:
             importlib.import_module(module)
         except ImportError as exc:
             raise UserError(
-                f"{purpose} needs the '{extra}' extra ({module}: {first_line(exc)}): "
-                f"pip install 'speedforge[{extra}]'"
+                f"{purpose} needs the '{extra}' extra ({module}: {first_line(exc)}): pip install 'speedforge[{extra}]'"
             ) from None

@@ -178,7 +178,9 @@ class EvalResult(Record):
     speedup: float | None = None  # ref_us / cand_us
     speedup_lo: float | None = None  # 95% confidence interval of the speedup (bootstrap over pairs)
     speedup_hi: float | None = None
-    unstable: bool = False  # the interval stayed wider than the target after measuring again, or at max_timed_s: discount it
+    unstable: bool = (
+        False  # the interval stayed wider than the target after measuring again, or at max_timed_s: discount it
+    )
     ref_us: float | None = None  # time of the reference, microseconds: the median (GPU), the cpu_time_quantile (CPU)
     cand_us: float | None = None  # time of the candidate, microseconds, the same statistic
     ref_iqr_us: float | None = None  # interquartile range of the reference times
@@ -261,7 +263,9 @@ class Rollout(Record):
     candidate_id: str  # the parsed candidate (evaluated; its result below)
     candidate_source: str
     missing: tuple[str, ...] = ()  # answer sections or "code" the parser did not find
-    status: str = "infra_error"  # the result's status (infra_error never reaches the table: see speedforge.train.scoring)
+    status: str = (
+        "infra_error"  # the result's status (infra_error never reaches the table: see speedforge.train.scoring)
+    )
     speedup: float | None = None
     unstable: bool = False
     reward: float | None = None  # the weighted sum the trainer used
@@ -299,6 +303,12 @@ class PoolInfo(Record):
 # The one mapping from a store table's name to the record class of its rows: every reader and
 # writer of a table (staging, the results and variants tables, `speedforge evaluate`'s inputs)
 # looks the class up here instead of naming it again.
-TABLES: dict[str, type[Record]] = {"tasks": Task, "candidates": Candidate, "results": EvalResult, "variants": Variant,
-                                   "variant_set": Variant, "pools": PoolInfo}  # the last two: a portability run's
+TABLES: dict[str, type[Record]] = {
+    "tasks": Task,
+    "candidates": Candidate,
+    "results": EvalResult,
+    "variants": Variant,
+    "variant_set": Variant,
+    "pools": PoolInfo,
+}  # the last two: a portability run's
 TABLES["rollouts"] = Rollout

@@ -52,8 +52,9 @@ def test_config(tmp_path: Path, **service: object) -> Config:
     }
     defaults = dict(pools=pools, build_workers=1, build_num_cpus=0.25, worker_start_timeout_s=60.0, flush_every=1)
     defaults.update(service)
-    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), cpu_timed_calls=3, min_timed_s=0.01,
-                                correctness_trials=1)  # fmt: skip
+    evaluator = EvaluatorConfig(
+        cache_dir=str(tmp_path / "cache"), cpu_timed_calls=3, min_timed_s=0.01, correctness_trials=1
+    )
     return Config(evaluator=evaluator, service=ServiceConfig(**defaults))
 
 
@@ -68,19 +69,36 @@ def cheap_build(task: Task, candidate: Candidate, config: EvaluatorConfig, devic
     builds = Path(config.cache_dir, "builds")
     builds.mkdir(parents=True, exist_ok=True)
     (builds / f"{candidate.candidate_id}-{uuid.uuid4().hex}").touch()
-    return Build(candidate_id=candidate.candidate_id, task_id=task.task_id, ok=True, failure=None, build_dir="",
-                 key=candidate.candidate_id, build_s=0.0, cached=False)  # fmt: skip
+    return Build(
+        candidate_id=candidate.candidate_id,
+        task_id=task.task_id,
+        ok=True,
+        failure=None,
+        build_dir="",
+        key=candidate.candidate_id,
+        build_s=0.0,
+        cached=False,
+    )
 
 
-def cheap_run(task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig, device: str,
-              pool: str) -> EvalResult:  # fmt: skip
+def cheap_run(
+    task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig, device: str, pool: str
+) -> EvalResult:
     """An ok result whose speedup is the source length (so tests can check it came from here)."""
-    return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=pool, status="ok",
-                      correct=True, speedup=float(len(candidate.source)), device_name=device)  # fmt: skip
+    return EvalResult(
+        candidate_id=candidate.candidate_id,
+        task_id=task.task_id,
+        pool=pool,
+        status="ok",
+        correct=True,
+        speedup=float(len(candidate.source)),
+        device_name=device,
+    )
 
 
-def hang_once_run(task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig, device: str,
-                  pool: str) -> EvalResult:  # fmt: skip
+def hang_once_run(
+    task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig, device: str, pool: str
+) -> EvalResult:
     """Hangs on the first attempt at each candidate (a marker under cache_dir remembers), then runs."""
     marker = Path(config.cache_dir, f"attempted-{candidate.candidate_id}-{pool}")
     if not marker.exists():
@@ -99,8 +117,7 @@ def local_ray():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, resources=RAY_RESOURCES, logging_level="WARNING",
-             log_to_driver=False)  # fmt: skip
+    ray.init(num_cpus=2, include_dashboard=False, resources=RAY_RESOURCES, logging_level="WARNING", log_to_driver=False)
     try:
         yield
     finally:

@@ -87,10 +87,18 @@ def tiny_model(tmp_path_factory):
 
     folder, gguf_file, _ = resolve_model("")
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                      max_position_embeddings=4096, tie_word_embeddings=True,
-                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny-model")
     transformers.LlamaForCausalLM(config).save_pretrained(path)
@@ -128,9 +136,19 @@ def warm_cache(tmp_path_factory) -> WarmCache:
 # in collection order (the Makefile passes --no-loadscope-reorder; xdist otherwise orders files by their
 # number of tests, which put a 5-minute file 70th of 84); a long file handed out last keeps one worker busy
 # while the other has nothing left. Every other module keeps its place after these.
-LONGEST_FIRST = ("test_train_stages.py", "test_cluster_service.py", "test_evaluator.py", "test_sandbox_confinement.py",
-                 "test_sandbox_lifetime.py", "test_extensions_prebuilt.py", "test_evaluator_adversarial.py",
-                 "test_s3server.py", "test_evaluator_modes.py", "test_train_ray_job.py", "test_cluster_cli.py")  # fmt: skip
+LONGEST_FIRST = (
+    "test_train_stages.py",
+    "test_cluster_service.py",
+    "test_evaluator.py",
+    "test_sandbox_confinement.py",
+    "test_sandbox_lifetime.py",
+    "test_extensions_prebuilt.py",
+    "test_evaluator_adversarial.py",
+    "test_s3server.py",
+    "test_evaluator_modes.py",
+    "test_train_ray_job.py",
+    "test_cluster_cli.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

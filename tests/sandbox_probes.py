@@ -41,6 +41,15 @@ class ModelNew(nn.Module):
 def probe(name: str, forward_body: str, cache_dir: str, **config) -> EvalResult:
     """Evaluate the probe whose reference forward is `forward_body` (indented 8 spaces)."""
     task = Task(task_id=f"probe/{name}", family="cpp", name=name, source=TASK.format(body=forward_body))
-    settings = dict(cache_dir=cache_dir, correctness_trials=1, cpu_timed_calls=3, min_timed_s=0.0,
-                    max_timed_calls=3, warmup_calls=1) | config  # fmt: skip
+    settings = (
+        dict(
+            cache_dir=cache_dir,
+            correctness_trials=1,
+            cpu_timed_calls=3,
+            min_timed_s=0.0,
+            max_timed_calls=3,
+            warmup_calls=1,
+        )
+        | config
+    )
     return evaluate(task, Candidate.make(task.task_id, ONES), EvaluatorConfig(**settings))

@@ -19,6 +19,8 @@ CUDA_L1_HARNESS = SHARED_DATA / "cuda-l1" / "eval_cuda.py"
 def require(path: Path) -> Path:
     """`path`, or skip the test saying where the data was looked for."""
     if not path.exists():
-        pytest.skip(f"real-world data not found at {path} (see ../shared/data/README.md; SPEEDFORGE_SHARED_DATA names "
-                    "its folder for a checkout elsewhere)")
+        pytest.skip(
+            f"real-world data not found at {path} (see ../shared/data/README.md; SPEEDFORGE_SHARED_DATA names "
+            "its folder for a checkout elsewhere)"
+        )
     return path

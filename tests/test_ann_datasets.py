@@ -3,8 +3,15 @@
 import numpy as np
 import pytest
 
-from speedforge.ann.datasets import (DatasetError, load_dataset, read_hdf5, read_vecs, read_vectors, synthetic,
-                                     write_vecs)
+from speedforge.ann.datasets import (
+    DatasetError,
+    load_dataset,
+    read_hdf5,
+    read_vecs,
+    read_vectors,
+    synthetic,
+    write_vecs,
+)
 from speedforge.ann.groundtruth import exact_knn, recall_at_k
 from speedforge.ann.sweep import sweep
 
@@ -65,12 +72,16 @@ def test_ann_benchmarks_hdf5_is_read(tmp_path):
         read_hdf5(tmp_path / "bad.hdf5")
 
 
-@pytest.mark.parametrize("name,dim,metric", [
-    ("sift", 128, "l2"), ("glove", 25, "angular"),
-    # three 960-d worlds take ~40 s on 2 cores; the quick suite checks the gist shape's dimensions, seed
-    # and range in test_clustered_sets_keep_the_real_dimensions_and_are_seeded
-    pytest.param("gist", 960, "l2", marks=pytest.mark.slow),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,dim,metric",
+    [
+        ("sift", 128, "l2"),
+        ("glove", 25, "angular"),
+        # three 960-d worlds take ~40 s on 2 cores; the quick suite checks the gist shape's dimensions, seed
+        # and range in test_clustered_sets_keep_the_real_dimensions_and_are_seeded
+        pytest.param("gist", 960, "l2", marks=pytest.mark.slow),
+    ],
+)
 def test_synthetic_sets_have_the_shape_of_the_real_ones_and_are_seeded(name, dim, metric):
     a = synthetic(name, 300, 20, seed=5)
     b = synthetic(name, 300, 20, seed=5)
@@ -113,8 +124,14 @@ def test_sweep_gives_rising_recall_and_stops_once_recall_is_reached():
     index = baseline().Index(ds.dim, "l2", M=8, ef_construction=40)
     index.build(ds.base, threads=1)
     truth = exact_knn(ds.base, ds.queries, 10)
-    points = sweep(lambda q, k, ef: index.search(q, k, ef)[0], ds.queries, truth, efs=(10, 20, 40, 80, 160, 320, 640),
-                   repeats=1, stop_recall=0.99)
+    points = sweep(
+        lambda q, k, ef: index.search(q, k, ef)[0],
+        ds.queries,
+        truth,
+        efs=(10, 20, 40, 80, 160, 320, 640),
+        repeats=1,
+        stop_recall=0.99,
+    )
     assert points[0].recall < points[-1].recall
     # stopped at the first ef that reached the recall (ef 20 on this set), not at the end of the list
     assert points[-1].recall >= 0.99 and points[-1].ef < 640

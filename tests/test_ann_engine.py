@@ -15,7 +15,9 @@ def sift():
     return synthetic("sift", 4000, 200, seed=7)
 
 
-@pytest.mark.parametrize("shape_name,quantization", [("sift", "sq8"), ("sift", "none"), ("glove", "sq8"), ("glove", "none")])
+@pytest.mark.parametrize(
+    "shape_name,quantization", [("sift", "sq8"), ("sift", "none"), ("glove", "sq8"), ("glove", "none")]
+)
 def test_recall_at_high_ef_matches_exact_search(shape_name, quantization):
     ds = synthetic(shape_name, 4000, 200, seed=3)
     index = eng.Index(ds.dim, ds.metric, M=12, ef_construction=80, quantization=quantization)
@@ -77,7 +79,8 @@ def test_every_simd_level_computes_the_integer_code_distances_exactly():
                 continue
             assert got == pytest.approx(want_l2, rel=1e-6)
             assert eng.sq8_distance(q // 8, c, "ip", level) == pytest.approx(
-                -float(((q // 8).astype(np.int64) * c).sum()), rel=1e-6)
+                -float(((q // 8).astype(np.int64) * c).sum()), rel=1e-6
+            )
 
 
 def test_save_load_round_trip_gives_identical_results(sift, tmp_path):

@@ -87,7 +87,9 @@ def off_thread_failing_engine(tmp_path_factory):
     """The engine with a search module that fails on any thread but the one that loaded it (the
     caller's), and is slow on that one, so that workers take some of the queries."""
     source = module_source("search").replace('"beam-prefetch"', '"fails-off-thread"')
-    source = source.replace("namespace sfann {\nnamespace {\n", """#include <chrono>
+    source = source.replace(
+        "namespace sfann {\nnamespace {\n",
+        """#include <chrono>
 #include <stdexcept>
 #include <thread>
 
@@ -95,11 +97,17 @@ namespace sfann {
 namespace {
 
 const std::thread::id kLoader = std::this_thread::get_id();
-""", 1)
-    source = source.replace("SearchScratch& scratch) const override {\n", """SearchScratch& scratch) const override {
+""",
+        1,
+    )
+    source = source.replace(
+        "SearchScratch& scratch) const override {\n",
+        """SearchScratch& scratch) const override {
     if (std::this_thread::get_id() != kLoader) throw std::runtime_error("search failed on a worker thread");
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-""", 1)
+""",
+        1,
+    )
     assert "kLoader" in source and "failed on a worker" in source
     return load_extension(build_candidate(source, "search", tmp_path_factory.mktemp("failing")).path)
 

@@ -40,19 +40,25 @@ PRECOMPUTED = searcher("""
     for (uint32_t j = 1; j <= l[0]; ++j) s.pool.insert(l[j], static_cast<float>(j));""")
 
 # The baseline search, but it looks at only the first two neighbours of each node: fast, wrong.
-SKIPS_DISTANCES = module_source("search").replace("for (uint32_t j = 0; j < count; ++j) {",
-                                                  "for (uint32_t j = 0; j < count && j < 2; ++j) {")
+SKIPS_DISTANCES = module_source("search").replace(
+    "for (uint32_t j = 0; j < count; ++j) {", "for (uint32_t j = 0; j < count && j < 2; ++j) {"
+)
 
 # The baseline search, run on a thread of its own for every query: the calling thread, whose
 # CPU time is measured, only waits.
-OFF_THREAD = module_source("search").replace("#include <algorithm>", "#include <algorithm>\n#include <thread>").replace(
-    "std::unique_ptr<Searcher> make_searcher() { return std::make_unique<BeamSearcher>(); }",
-    "namespace {\nclass OffThread final : public Searcher {\n public:\n"
-    '  const char* name() const override { return "off-thread"; }\n'
-    "  void search(const Graph& g, const SearchSpace& sp, const void* p, int ef, SearchScratch& s) const override {\n"
-    "    std::thread worker([&] { inner_.search(g, sp, p, ef, s); });\n    worker.join();\n  }\n"
-    " private:\n  BeamSearcher inner_;\n};\n}  // namespace\n"
-    "std::unique_ptr<Searcher> make_searcher() { return std::make_unique<OffThread>(); }")
+OFF_THREAD = (
+    module_source("search")
+    .replace("#include <algorithm>", "#include <algorithm>\n#include <thread>")
+    .replace(
+        "std::unique_ptr<Searcher> make_searcher() { return std::make_unique<BeamSearcher>(); }",
+        "namespace {\nclass OffThread final : public Searcher {\n public:\n"
+        '  const char* name() const override { return "off-thread"; }\n'
+        "  void search(const Graph& g, const SearchSpace& sp, const void* p, int ef, SearchScratch& s) const override {\n"
+        "    std::thread worker([&] { inner_.search(g, sp, p, ef, s); });\n    worker.join();\n  }\n"
+        " private:\n  BeamSearcher inner_;\n};\n}  // namespace\n"
+        "std::unique_ptr<Searcher> make_searcher() { return std::make_unique<OffThread>(); }",
+    )
+)
 
 CRASHES = searcher("    volatile int* p = nullptr;\n    *p = 1;")
 
@@ -91,7 +97,6 @@ def test_precomputed_neighbours_are_caught(task, config):
 
 def test_search_moved_off_the_measured_thread_is_caught(task, config):
     # The static screen refuses std::thread; with it only reporting, the run-time check must catch it.
-    import dataclasses
 
     screened = _evaluate(task, OFF_THREAD, config)
     assert screened.status == "screen_rejected" and "std::thread" in screened.reason
@@ -112,8 +117,17 @@ def _timed(thread_cpu: float, process_cpu: float, wall: float, threads: int = 1)
         return {"base": [base] * 8, "cand": [cand] * 8}
 
     measured = thread_cpu if threads == 1 else wall
-    return [Run(10, np.zeros((8, 2)), sides(None, None), sides(1e-3, measured), sides(1e-3, wall),
-                sides(1e-3, thread_cpu), sides(1e-3, process_cpu))]  # fmt: skip
+    return [
+        Run(
+            10,
+            np.zeros((8, 2)),
+            sides(None, None),
+            sides(1e-3, measured),
+            sides(1e-3, wall),
+            sides(1e-3, thread_cpu),
+            sides(1e-3, process_cpu),
+        )
+    ]
 
 
 def test_the_time_checks_flag_work_the_measure_does_not_see_and_nothing_else():
@@ -140,8 +154,17 @@ def test_a_few_chunks_that_waited_for_the_cpu_are_not_work_done_elsewhere():
     def run(cand_wall):  # 8 chunks; the baseline's 1 ms each, all on the calling thread
         base = [1e-3] * 8
         cand = [0.2e-3] * 8  # a fast candidate: short calls, which one wait for the CPU inflates most
-        return [Run(10, np.zeros((8, 2)), {"base": None, "cand": None}, {"base": base, "cand": cand},
-                    {"base": base, "cand": cand_wall}, {"base": base, "cand": cand}, {"base": base, "cand": cand})]
+        return [
+            Run(
+                10,
+                np.zeros((8, 2)),
+                {"base": None, "cand": None},
+                {"base": base, "cand": cand},
+                {"base": base, "cand": cand_wall},
+                {"base": base, "cand": cand},
+                {"base": base, "cand": cand},
+            )
+        ]
 
     # a loaded machine: 3 of the candidate's 8 calls waited 4 ms (a scheduler tick) each for the CPU,
     # which left it on the CPU for 12% of its summed wall-clock time (the old check flagged that)
@@ -220,8 +243,12 @@ def test_a_bad_task_spec_is_reported_in_one_line(config):
 def test_one_source_built_for_another_module_is_rebuilt_for_this_task(task, config):
     # The evaluator caches builds by source: the search baseline offered to a refinement task
     # fails there (no make_refiner), and must still build and score on a search task afterwards.
-    refine_task = Task(task_id="ann/test-refine", family="ann", name="test-refine",
-                       source=SPEC.replace("module: search", "module: refinement"))
+    refine_task = Task(
+        task_id="ann/test-refine",
+        family="ann",
+        name="test-refine",
+        source=SPEC.replace("module: search", "module: refinement"),
+    )
     source = module_source("search") + "\n// shared source\n"
     failed = evaluate(refine_task, Candidate.make(refine_task.task_id, source), config)
     assert failed.status == "compile_error" and "make_refiner" in failed.reason

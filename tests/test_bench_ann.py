@@ -75,8 +75,9 @@ def test_top_engine_adapter_finds_the_true_neighbours(bench, small_sets, lib, sh
     index.build(ds.base, 1)
     settings = index.settings(bench.DEFAULT_EFS, 10)
     assert len(settings) > 3
-    recalls = [recall_at_k(np.asarray(index.search(ds.queries, 10, s, 1)), truth, 10)
-               for s in (settings[0], settings[-1])]
+    recalls = [
+        recall_at_k(np.asarray(index.search(ds.queries, 10, s, 1)), truth, 10) for s in (settings[0], settings[-1])
+    ]
     assert recalls[-1] >= 0.95, (lib, shape, recalls)
     assert recalls[0] < recalls[-1] + 1e-9
     two = np.asarray(index.search(ds.queries, 10, settings[-1], 2))
@@ -87,8 +88,14 @@ def test_the_build_grid_gives_a_row_per_ladder_point(bench):
     libs = bench.expand_grid(["sfann", "glass", "diskann"])
     assert libs[0] == "sfann"
     assert libs[1:7] == ["glass:R8", "glass:R16", "glass:R32", "glass:R48", "glass:R64", "glass:R96"]
-    assert libs[7:] == ["diskann:R32-alpha1", "diskann:R32-alpha1.1", "diskann:R32-alpha1.2", "diskann:R64-alpha1",
-                        "diskann:R64-alpha1.1", "diskann:R64-alpha1.2"]
+    assert libs[7:] == [
+        "diskann:R32-alpha1",
+        "diskann:R32-alpha1.1",
+        "diskann:R32-alpha1.2",
+        "diskann:R64-alpha1",
+        "diskann:R64-alpha1.1",
+        "diskann:R64-alpha1.2",
+    ]
     assert bench.IMPORTS.get("glass:R48") is None  # the grid comes after the import check
 
 
@@ -99,8 +106,11 @@ def test_a_build_grid_point_builds_with_its_parameters(bench, small_sets, lib):
     bench.expand_grid([family])
     ds, truth = small_sets["sift"]
     index = bench.LIBS[lib](ds.dim, ds.metric, 16, 60, "sq8")
-    assert {"glass": lambda: index.R == 48, "vsag": lambda: (index.M, index.efc) == (24, 300),
-            "diskann": lambda: (index.degree, index.alpha, index.complexity) == (32, 1.0, 125)}[family]()
+    assert {
+        "glass": lambda: index.R == 48,
+        "vsag": lambda: (index.M, index.efc) == (24, 300),
+        "diskann": lambda: (index.degree, index.alpha, index.complexity) == (32, 1.0, 125),
+    }[family]()
     index.build(ds.base, 1)
     labels = np.asarray(index.search(ds.queries, 10, index.settings(bench.DEFAULT_EFS, 10)[-1], 1))
     assert recall_at_k(labels, truth, 10) >= 0.95
@@ -135,7 +145,10 @@ def test_auto_size_fits_the_memory(bench):
     assert bench.fitting_n(128, 14, 120 * gib) == 1_000_000  # capped
     assert bench.fitting_n(960, 14, gib) == bench.FIT_STEP  # never below one step
     assert bench._sizes("sift=1000000,gist=auto", ["sift", "glove", "gist"]) == {
-        "sift": 1_000_000, "glove": 1_000_000, "gist": None}
+        "sift": 1_000_000,
+        "glove": 1_000_000,
+        "gist": None,
+    }
     with pytest.raises(ValueError, match="positive integers or auto"):
         bench._sizes("gist=lots", ["gist"])
 
@@ -167,9 +180,31 @@ def test_the_budget_stops_further_builds_with_a_note(bench, capsys, monkeypatch)
             return OneBuild.calls > 2
 
     monkeypatch.setattr(bench, "Budget", OneBuild)
-    assert bench.main(["--n", "800", "--queries", "20", "--shapes", "glove", "--data", "clustered",
-                       "--threads", "1", "--repeats", "1", "--ef-construction", "40", "--libs", "sfann,faiss",
-                       "--budget-s", "100"]) == 0
+    assert (
+        bench.main(
+            [
+                "--n",
+                "800",
+                "--queries",
+                "20",
+                "--shapes",
+                "glove",
+                "--data",
+                "clustered",
+                "--threads",
+                "1",
+                "--repeats",
+                "1",
+                "--ef-construction",
+                "40",
+                "--libs",
+                "sfann,faiss",
+                "--budget-s",
+                "100",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "# note: clustered/glove faiss: not built, over the 100 s budget" in text
     rows = [line.split() for line in text.splitlines() if line.startswith("clustered ")]
@@ -178,14 +213,35 @@ def test_the_budget_stops_further_builds_with_a_note(bench, capsys, monkeypatch)
 
 def test_merge_prints_earlier_runs_together(bench, capsys, tmp_path):
     def row(shape, lib, qps):
-        return {"data": "clustered", "shape": shape, "lib": lib, "n": 1000, "dim": 8, "threads": 16, "build_s": 1.0,
-                "mem_mb": 2.0, "peak_mb": 3.0, "cut": False, "qps90_1t": qps, "auc_1t": qps / 10,
-                "qps90_all": 4 * qps, "auc_all": 0.4 * qps, "spread_1t": 0.1, "spread_all": 0.1}
+        return {
+            "data": "clustered",
+            "shape": shape,
+            "lib": lib,
+            "n": 1000,
+            "dim": 8,
+            "threads": 16,
+            "build_s": 1.0,
+            "mem_mb": 2.0,
+            "peak_mb": 3.0,
+            "cut": False,
+            "qps90_1t": qps,
+            "auc_1t": qps / 10,
+            "qps90_all": 4 * qps,
+            "auc_all": 0.4 * qps,
+            "spread_1t": 0.1,
+            "spread_all": 0.1,
+        }
 
     import json
 
-    (tmp_path / "a.json").write_text(json.dumps([{**row("sift", "sfann", 300.0), "run": "host A, 16 cores"},
-                                                 {**row("sift", "glass", 200.0), "run": "host A, 16 cores"}]))
+    (tmp_path / "a.json").write_text(
+        json.dumps(
+            [
+                {**row("sift", "sfann", 300.0), "run": "host A, 16 cores"},
+                {**row("sift", "glass", 200.0), "run": "host A, 16 cores"},
+            ]
+        )
+    )
     (tmp_path / "b.json").write_text(json.dumps([row("glove", "sfann", 100.0), row("glove", "diskann", 400.0)]))
     assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     text = capsys.readouterr().out
@@ -206,9 +262,29 @@ def test_a_missing_library_is_skipped_with_a_note(bench, monkeypatch):
 
 def test_the_benchmark_reports_both_data_kinds_and_ratios(bench, capsys, tmp_path):
     out = tmp_path / "rows.json"
-    assert bench.main(["--n", "glove=1500", "--queries", "50", "--shapes", "glove", "--threads", "1",
-                       "--repeats", "1", "--ef-construction", "60", "--libs", "sfann,faiss",
-                       "--json", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                "--n",
+                "glove=1500",
+                "--queries",
+                "50",
+                "--shapes",
+                "glove",
+                "--threads",
+                "1",
+                "--repeats",
+                "1",
+                "--ef-construction",
+                "60",
+                "--libs",
+                "sfann,faiss",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     lines = [line.split() for line in text.splitlines() if line.startswith(("clustered ", "uniform "))]
     kinds = {(f[0], f[3]) for f in lines}
@@ -268,17 +344,38 @@ def test_the_scale_script_runs_a_stage_and_reports(tmp_path):
     import subprocess
 
     script = BENCH.parent / "ann_scale_check.sh"
-    env = {**os.environ, "OUT": str(tmp_path), "PY": sys.executable, "ANN_SCALE_N": "800", "ANN_SCALE_QUERIES": "20",
-           "ANN_SCALE_REPEATS": "1", "ANN_SCALE_THREADS": "1", "ANN_SCALE_LIBS": "sfann,faiss",
-           "ANN_SCALE_ARGS": "--ef-construction 40", "ANN_SCALE_BUDGET_S": "120"}
-    done = subprocess.run(["bash", str(script), "glove", "report"], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=BENCH.parent.parent)
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PY": sys.executable,
+        "ANN_SCALE_N": "800",
+        "ANN_SCALE_QUERIES": "20",
+        "ANN_SCALE_REPEATS": "1",
+        "ANN_SCALE_THREADS": "1",
+        "ANN_SCALE_LIBS": "sfann,faiss",
+        "ANN_SCALE_ARGS": "--ef-construction 40",
+        "ANN_SCALE_BUDGET_S": "120",
+    }
+    done = subprocess.run(
+        ["bash", str(script), "glove", "report"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=BENCH.parent.parent,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = (tmp_path / "ann_scale_report.txt").read_text()
     assert "clustered/glove (n=800): 1T sfann" in report and " vs faiss " in report
     assert "# AUC of QPS over recall@10" in report and "# targets (issue 29" in report
-    missing = subprocess.run(["bash", str(script), "report"], env={**env, "OUT": str(tmp_path / "none")},
-                             capture_output=True, text=True, timeout=60, cwd=BENCH.parent.parent)
+    missing = subprocess.run(
+        ["bash", str(script), "report"],
+        env={**env, "OUT": str(tmp_path / "none")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=BENCH.parent.parent,
+    )
     assert missing.returncode == 1 and "no ann_scale_*.json" in missing.stderr
 
 

@@ -31,7 +31,8 @@ DATA = Path(__file__).parent / "data"
 GCC_DISK_FULL = (
     "FAILED: [code=1] main.o \nc++ -MMD -MF main.o.d -fPIC -std=c++20 -O2 -c /c/builds/k/sf_1/main.cpp -o main.o \n"
     "/c/builds/k/sf_1/main.cpp:16:1: fatal error: error writing to /c/tmp/job-1/ccnj9KpO.s: No space left on device\n"
-    "   16 | }\n      | ^\ncompilation terminated.\nninja: build stopped: subcommand failed.\n")
+    "   16 | }\n      | ^\ncompilation terminated.\nninja: build stopped: subcommand failed.\n"
+)
 
 
 def _add_task() -> Task:
@@ -39,43 +40,62 @@ def _add_task() -> Task:
 
 
 def _config(cache_dir: Path) -> EvaluatorConfig:
-    return EvaluatorConfig(cache_dir=str(cache_dir), run_timeout_s=60.0, correctness_trials=2, cpu_timed_calls=5,
-                           min_timed_s=0.0, max_timed_calls=5, warmup_calls=1)
+    return EvaluatorConfig(
+        cache_dir=str(cache_dir),
+        run_timeout_s=60.0,
+        correctness_trials=2,
+        cpu_timed_calls=5,
+        min_timed_s=0.0,
+        max_timed_calls=5,
+        warmup_calls=1,
+    )
 
 
 # -- what reads as the host's fault ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, kind", [
-    (GCC_DISK_FULL, "disk full"),
-    ("/usr/bin/ld: final link failed: No space left on device\ncollect2: error: ld returned 1 exit status", "disk full"),
-    ("{standard input}: Assembler messages:\n{standard input}:1234: Fatal error: can't write 8 bytes to section "
-     ".text of main.o: 'Disk quota exceeded'", "disk quota exceeded"),
-    ("cc1plus: fatal error: /c/builds/k/sf_1/main.cpp: Input/output error", "I/O error"),
-    ("OSError: [Errno 28] No space left on device: '/c/builds/k/sf_1/main.cpp'", "disk full"),
-    ("c++: fatal error: Killed signal terminated program cc1plus\ncompilation terminated.", "compiler killed"),
-    ("c++: internal compiler error: Killed (program cc1plus)", "compiler killed"),
-    ("nvcc error   : 'cicc' died due to signal 9 (Kill signal)", "compiler killed"),
-    ("[1/2] c++ -c main.cpp\nFAILED: [code=137] main.o \nc++ -c main.cpp\nKilled\n", "compiler killed"),
-])
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        (GCC_DISK_FULL, "disk full"),
+        (
+            "/usr/bin/ld: final link failed: No space left on device\ncollect2: error: ld returned 1 exit status",
+            "disk full",
+        ),
+        (
+            "{standard input}: Assembler messages:\n{standard input}:1234: Fatal error: can't write 8 bytes to section "
+            ".text of main.o: 'Disk quota exceeded'",
+            "disk quota exceeded",
+        ),
+        ("cc1plus: fatal error: /c/builds/k/sf_1/main.cpp: Input/output error", "I/O error"),
+        ("OSError: [Errno 28] No space left on device: '/c/builds/k/sf_1/main.cpp'", "disk full"),
+        ("c++: fatal error: Killed signal terminated program cc1plus\ncompilation terminated.", "compiler killed"),
+        ("c++: internal compiler error: Killed (program cc1plus)", "compiler killed"),
+        ("nvcc error   : 'cicc' died due to signal 9 (Kill signal)", "compiler killed"),
+        ("[1/2] c++ -c main.cpp\nFAILED: [code=137] main.o \nc++ -c main.cpp\nKilled\n", "compiler killed"),
+    ],
+)
 def test_the_hosts_fault_is_read_from_the_tools_own_lines(text, kind):
     found = host_fault(text)
     assert found is not None and found[0] == kind
     assert found[1] and found[1] in text
 
 
-@pytest.mark.parametrize("text", [
-    "/c/main.cpp:3:2: error: #error x: No space left on device\n    3 | #error x: No space left on device",  # #error
-    "/c/main.cpp:1:9: error: fatal error: x: No space left on device",  # #pragma GCC error "..."
-    "/c/main.cpp:1:1: error: static assertion failed: x: No space left on device",
-    "/c/main.cpp:1:10: fatal error: x: No space left on device: No such file or directory",  # #include "x: ..."
-    "/c/main.cpp:5:3: error: call to 'f' declared with attribute error: x: Disk quota exceeded",
-    "/c/main.cpp:1:9: note: '#pragma message: c++: fatal error: Killed signal terminated program cc1plus'",
-    "    3 | c++: fatal error: Killed signal terminated program cc1plus",  # an echoed source line
-    "/usr/bin/ld: main.o: in function `f': main.cpp:(.text+0x5): warning: x: No space left on device",
-    "RuntimeError: the candidate says OSError: [Errno 28] No space left on device",
-    "/c/main.cpp:16:1: error: 'undefined_name' was not declared in this scope",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/c/main.cpp:3:2: error: #error x: No space left on device\n    3 | #error x: No space left on device",  # #error
+        "/c/main.cpp:1:9: error: fatal error: x: No space left on device",  # #pragma GCC error "..."
+        "/c/main.cpp:1:1: error: static assertion failed: x: No space left on device",
+        "/c/main.cpp:1:10: fatal error: x: No space left on device: No such file or directory",  # #include "x: ..."
+        "/c/main.cpp:5:3: error: call to 'f' declared with attribute error: x: Disk quota exceeded",
+        "/c/main.cpp:1:9: note: '#pragma message: c++: fatal error: Killed signal terminated program cc1plus'",
+        "    3 | c++: fatal error: Killed signal terminated program cc1plus",  # an echoed source line
+        "/usr/bin/ld: main.o: in function `f': main.cpp:(.text+0x5): warning: x: No space left on device",
+        "RuntimeError: the candidate says OSError: [Errno 28] No space left on device",
+        "/c/main.cpp:16:1: error: 'undefined_name' was not declared in this scope",
+    ],
+)
 def test_what_a_candidate_makes_a_compiler_print_is_not_a_host_fault(text):
     assert host_fault(text) is None
 
@@ -99,26 +119,35 @@ def test_a_host_fault_the_host_does_not_show_stays_the_candidates_and_is_not_cac
     roomy = HostWatch(tmp_path, need_mb=1)
     compile_error = _failed("compile_error", "RuntimeError: Error building extension", GCC_DISK_FULL)
     assert roomy.judge(compile_error) == compile_error
-    claimed = _failed("infra_error", buildcache.host_fault_reason("disk full", "fatal error: ...: No space left on device"))
+    claimed = _failed(
+        "infra_error", buildcache.host_fault_reason("disk full", "fatal error: ...: No space left on device")
+    )
     judged = roomy.judge(claimed)
     assert judged.status == "compile_error" and "does not show" in judged.reason
     cache = BuildCache(tmp_path / "cache")
     for result in (compile_error, judged):
         cache.record("k", result.to_dict())
         assert cache.lookup("k") is None  # tried again next time: a fault that came and went
-    plain = _failed("compile_error", "RuntimeError: Error building extension", "main.cpp:1:1: error: 'x' was not declared")
+    plain = _failed(
+        "compile_error", "RuntimeError: Error building extension", "main.cpp:1:1: error: 'x' was not declared"
+    )
     assert roomy.judge(plain) == plain
     cache.record("k", plain.to_dict())
     assert cache.lookup("k")["status"] == "compile_error"
 
 
 def test_a_killed_compiler_is_the_hosts_only_when_the_kernel_killed_for_memory_meanwhile(tmp_path):
-    killed = _failed("compile_error", "RuntimeError: Error building extension",
-                     "c++: fatal error: Killed signal terminated program cc1plus\ncompilation terminated.")
+    killed = _failed(
+        "compile_error",
+        "RuntimeError: Error building extension",
+        "c++: fatal error: Killed signal terminated program cc1plus\ncompilation terminated.",
+    )
     counts = iter([3, 4])
     assert HostWatch(tmp_path, 1, kills=lambda: next(counts)).judge(killed).status == "infra_error"
     assert HostWatch(tmp_path, 1, kills=lambda: 3).judge(killed).status == "compile_error"
-    assert HostWatch(tmp_path, 1, kills=lambda: None).judge(killed).status == "compile_error"  # unreadable: not believed
+    assert (
+        HostWatch(tmp_path, 1, kills=lambda: None).judge(killed).status == "compile_error"
+    )  # unreadable: not believed
 
 
 def test_the_cache_never_keeps_an_infra_error(tmp_path):
@@ -207,8 +236,16 @@ def build_job(tmp_path, monkeypatch):
 
         monkeypatch.setattr(cpp_extension, "load_inline", fake_load_inline)
         task = _add_task()
-        return Job(kind="build", task=task, candidate=Candidate.make(task.task_id, source), device="cpu", seed=0,
-                   workdir=str(tmp_path / "work"), build_dir=str(tmp_path / "build"), config=EvaluatorConfig())
+        return Job(
+            kind="build",
+            task=task,
+            candidate=Candidate.make(task.task_id, source),
+            device="cpu",
+            seed=0,
+            workdir=str(tmp_path / "work"),
+            build_dir=str(tmp_path / "build"),
+            config=EvaluatorConfig(),
+        )
 
     yield make
     for name in ("sf_candidate", "sf_reference"):
@@ -216,7 +253,9 @@ def build_job(tmp_path, monkeypatch):
 
 
 MODEL = "\nimport torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, a, b):\n        return a + 2 * b\n"
-LOADS = "from torch.utils.cpp_extension import load_inline\n_ext = load_inline(name='x', cpp_sources='', functions=[])\n"
+LOADS = (
+    "from torch.utils.cpp_extension import load_inline\n_ext = load_inline(name='x', cpp_sources='', functions=[])\n"
+)
 
 
 def test_a_compile_the_host_failed_is_an_infra_error(build_job):
@@ -226,8 +265,10 @@ def test_a_compile_the_host_failed_is_an_infra_error(build_job):
 
 
 def test_a_compile_the_host_failed_is_an_infra_error_also_where_the_candidate_caught_it(build_job):
-    source = ("from torch.utils.cpp_extension import load_inline\ntry:\n"
-              "    _ext = load_inline(name='x', cpp_sources='', functions=[])\nexcept Exception:\n    _ext = None\n")
+    source = (
+        "from torch.utils.cpp_extension import load_inline\ntry:\n"
+        "    _ext = load_inline(name='x', cpp_sources='', functions=[])\nexcept Exception:\n    _ext = None\n"
+    )
     result = harness.build(build_job(source + MODEL, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/b/main.cpp")))
     assert result["status"] == "infra_error" and "(disk full;" in result["reason"]
 
@@ -307,7 +348,9 @@ def test_a_damaged_cached_build_is_rebuilt_and_said_once(tmp_path):
     assert not damaged.build_cached
     name = library.relative_to(next((tmp_path / "cache" / "builds").iterdir()))
     said = [w for w in damaged.warnings if "failed its checksum" in w]
-    assert said and said[0].startswith("cached build of ") and said[0].endswith(f"failed its checksum ({name}): rebuilt")
+    assert (
+        said and said[0].startswith("cached build of ") and said[0].endswith(f"failed its checksum ({name}): rebuilt")
+    )
     again = evaluate(task, candidate, config)
     assert again.status == "ok" and again.build_cached
     assert not [w for w in again.warnings if "checksum" in w]

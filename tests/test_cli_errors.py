@@ -37,8 +37,11 @@ BAD_CONFIGS = {
     "bad value": b"evaluator:\n  screen: off\n",
     "bad range": b"evaluator:\n  run_timeout_s: -1\n",
     # YAML's "billion laughs" inside one value: lists of nine aliases to the list before, 9**9 strings expanded
-    "alias bomb": ("evaluator:\n  screen: [&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"
-                   + "".join(f",\n    &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)) + "]\n").encode(),
+    "alias bomb": (
+        "evaluator:\n  screen: [&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"
+        + "".join(f",\n    &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9))
+        + "]\n"
+    ).encode(),
     "deep nesting": b"[" * 100_000,
     "NUL in a path": b'evaluator:\n  cache_dir: "/tmp/cache\\0x"\n',
 }
@@ -95,32 +98,39 @@ def test_config_may_follow_the_subcommand(run_cli, tmp_path):
     assert_one_line_error(code, err, "tasks", "policy.device: expected auto, cpu, cuda or cuda:N, got 'gpu'")
 
 
-@pytest.mark.parametrize("command, words", [
-    (["eval", "--task", "cpp/rmsnorm", "--candidate", "{binary}"], ["is not UTF-8 text"]),
-    (["eval", "--task", "cpp/rmsnorm", "--candidate", "{missing}"], ["candidate file not found"]),
-    (["eval", "--task", "cpp/rmsnorm", "--candidate", "{tmp}"], ["is not a file"]),
-    (["eval", "--task", "{binary}", "--candidate", "{good}"], ["task file", "is not UTF-8 text"]),
-    (["eval", "--task", "{missing}", "--candidate", "{good}"], ["task file not found"]),
-    (["eval", "--task", "cpp/no_such_task", "--candidate", "{good}"], ["unknown task id"]),
-    (["stage", "--source", "{missing}", "--dest", "{tmp}/store"], ["not found"]),
-    (["stage", "--source", "{binary}", "--dest", "{tmp}/store", "--kind", "cuda-l1-jsonl"], ["cannot read"]),
-    (["evaluate", "--tasks", "builtin", "--candidates", "builtin", "--pools", "Z99", "--out", "{tmp}/out"],
-     ["unknown pool(s) Z99"]),
-    (["evaluate", "--tasks", "{binary}", "--candidates", "builtin", "--pools", "cpu", "--out", "{tmp}/out"],
-     ["is not a folder"]),
-    (["tasks", "show", "cpp/no_such_task"], ["unknown task id"]),
-    (["optimize", "--task", "cpp/no_such_task"], ["unknown task id"]),
-    (["optimize", "--task", "cpp/rmsnorm", "--samples", "0"], ["--samples must be at least 1"]),
-    (["optimize", "--task", "cpp/rmsnorm", "--backend", "vllm"], ["unknown generation backend 'vllm'"]),
-    (["optimize", "--task", "cpp/rmsnorm", "--model", "{missing}.gguf"], ["does not exist"]),
-    (["run", "--family", "cpp", "--tasks", "cpp/no_such_task"], ["not cpp tasks: cpp/no_such_task"]),
-    (["run", "--family", "cpp", "--search-samples", "0"], ["--search-samples must be at least 1"]),
-    (["serve-policy", "--model", "{missing}.gguf"], ["does not exist"]),
-    (["s3", "serve", "--dir", "{binary}"], ["is a file, not a folder"]),
-    (["ann", "reference", "ann/no_such_task"], ["unknown ann task"]),
-    (["ann", "sweep", "--base", "{missing}.fvecs", "--queries", "{missing}.fvecs"], ["not found"]),
-    (["ann", "sweep", "--base", "{binary}", "--queries", "{binary}"], ["unknown vector file type"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        (["eval", "--task", "cpp/rmsnorm", "--candidate", "{binary}"], ["is not UTF-8 text"]),
+        (["eval", "--task", "cpp/rmsnorm", "--candidate", "{missing}"], ["candidate file not found"]),
+        (["eval", "--task", "cpp/rmsnorm", "--candidate", "{tmp}"], ["is not a file"]),
+        (["eval", "--task", "{binary}", "--candidate", "{good}"], ["task file", "is not UTF-8 text"]),
+        (["eval", "--task", "{missing}", "--candidate", "{good}"], ["task file not found"]),
+        (["eval", "--task", "cpp/no_such_task", "--candidate", "{good}"], ["unknown task id"]),
+        (["stage", "--source", "{missing}", "--dest", "{tmp}/store"], ["not found"]),
+        (["stage", "--source", "{binary}", "--dest", "{tmp}/store", "--kind", "cuda-l1-jsonl"], ["cannot read"]),
+        (
+            ["evaluate", "--tasks", "builtin", "--candidates", "builtin", "--pools", "Z99", "--out", "{tmp}/out"],
+            ["unknown pool(s) Z99"],
+        ),
+        (
+            ["evaluate", "--tasks", "{binary}", "--candidates", "builtin", "--pools", "cpu", "--out", "{tmp}/out"],
+            ["is not a folder"],
+        ),
+        (["tasks", "show", "cpp/no_such_task"], ["unknown task id"]),
+        (["optimize", "--task", "cpp/no_such_task"], ["unknown task id"]),
+        (["optimize", "--task", "cpp/rmsnorm", "--samples", "0"], ["--samples must be at least 1"]),
+        (["optimize", "--task", "cpp/rmsnorm", "--backend", "vllm"], ["unknown generation backend 'vllm'"]),
+        (["optimize", "--task", "cpp/rmsnorm", "--model", "{missing}.gguf"], ["does not exist"]),
+        (["run", "--family", "cpp", "--tasks", "cpp/no_such_task"], ["not cpp tasks: cpp/no_such_task"]),
+        (["run", "--family", "cpp", "--search-samples", "0"], ["--search-samples must be at least 1"]),
+        (["serve-policy", "--model", "{missing}.gguf"], ["does not exist"]),
+        (["s3", "serve", "--dir", "{binary}"], ["is a file, not a folder"]),
+        (["ann", "reference", "ann/no_such_task"], ["unknown ann task"]),
+        (["ann", "sweep", "--base", "{missing}.fvecs", "--queries", "{missing}.fvecs"], ["not found"]),
+        (["ann", "sweep", "--base", "{binary}", "--queries", "{binary}"], ["unknown vector file type"]),
+    ],
+)
 def test_bad_input_files_and_values_are_one_line(run_cli, files, command, words):
     code, err, _ = run_cli([a.format(**files) for a in command])
     assert_one_line_error(code, err, command[0], *words)
@@ -129,7 +139,9 @@ def test_bad_input_files_and_values_are_one_line(run_cli, files, command, words)
 def test_run_checks_the_policy_model_before_evaluating_anything(run_cli, files, tmp_path, monkeypatch):
     import speedforge.evaluator
 
-    monkeypatch.setattr(speedforge.evaluator, "evaluate", lambda *a, **k: pytest.fail("evaluated before the model check"))
+    monkeypatch.setattr(
+        speedforge.evaluator, "evaluate", lambda *a, **k: pytest.fail("evaluated before the model check")
+    )
     config = tmp_path / "speedforge.yaml"
     config.write_text(f"policy:\n  model: {files['missing']}.gguf\n")
     code, err, out = run_cli(["--config", str(config), "run", "--family", "cpp"])
@@ -171,29 +183,45 @@ def test_sigterm_is_one_interrupted_line_and_exit_143(run_cli, monkeypatch):
 def test_the_installed_command_prints_one_line_without_a_traceback(tmp_path):
     config = tmp_path / "speedforge.yaml"
     config.write_text("evaluator:\n  screen: bogus\n")
-    proc = subprocess.run([sys.executable, "-m", "speedforge.cli", "--config", str(config), "tasks", "list"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "speedforge.cli", "--config", str(config), "tasks", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [f"speedforge tasks: error: {config}: evaluator.screen: expected one of "
-                                        "enforce, report, got 'bogus'"]  # fmt: skip
+    assert proc.stderr.splitlines() == [
+        f"speedforge tasks: error: {config}: evaluator.screen: expected one of enforce, report, got 'bogus'"
+    ]
 
 
 LONG = "n" * 300
 
 
-@pytest.mark.parametrize("command, words", [
-    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", LONG],
-     ["--name: expected at most 100 characters, got 300"]),
-    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", "../escape"], ["--name: expected 1 to 100"]),
-    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", "a b"], ["--name: expected 1 to 100"]),
-    (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", ""], ["--name: expected 1 to 100"]),
-    (["stage", "--source", "{tmp}/" + LONG + ".jsonl", "--dest", "{tmp}/store"], ["cannot read", "File name too long"]),
-    (["--config", "{tmp}/" + LONG + ".yaml", "tasks", "list"], ["cannot read config file", "File name too long"]),
-    (["eval", "--task", "cpp/rmsnorm", "--candidate", "{tmp}/" + LONG], ["cannot read candidate file", "too long"]),
-    (["models", "list", "--registry", "{tmp}/store", "--name", LONG], ["--name: expected at most 100 characters"]),
-    (["train", "status", LONG], ["run: not a run name: expected at most 100 characters, got 300"]),
-    (["train", "tensorboard", "../../etc"], ["run: not a run name: expected 1 to 100 letters"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        (
+            ["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", LONG],
+            ["--name: expected at most 100 characters, got 300"],
+        ),
+        (
+            ["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", "../escape"],
+            ["--name: expected 1 to 100"],
+        ),
+        (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", "a b"], ["--name: expected 1 to 100"]),
+        (["stage", "--source", "builtin:cpp", "--dest", "{tmp}/store", "--name", ""], ["--name: expected 1 to 100"]),
+        (
+            ["stage", "--source", "{tmp}/" + LONG + ".jsonl", "--dest", "{tmp}/store"],
+            ["cannot read", "File name too long"],
+        ),
+        (["--config", "{tmp}/" + LONG + ".yaml", "tasks", "list"], ["cannot read config file", "File name too long"]),
+        (["eval", "--task", "cpp/rmsnorm", "--candidate", "{tmp}/" + LONG], ["cannot read candidate file", "too long"]),
+        (["models", "list", "--registry", "{tmp}/store", "--name", LONG], ["--name: expected at most 100 characters"]),
+        (["train", "status", LONG], ["run: not a run name: expected at most 100 characters, got 300"]),
+        (["train", "tensorboard", "../../etc"], ["run: not a run name: expected 1 to 100 letters"]),
+    ],
+)
 def test_an_over_long_or_unsafe_name_or_path_is_one_line(run_cli, files, tmp_path, command, words):
     code, err, out = run_cli([a.format(**files) for a in command])
     assert_one_line_error(code, err, command[2] if command[0] == "--config" else command[0], *words)
@@ -202,7 +230,9 @@ def test_an_over_long_or_unsafe_name_or_path_is_one_line(run_cli, files, tmp_pat
 
 
 def test_a_name_of_the_longest_allowed_length_stages(run_cli, tmp_path):
-    code, err, out = run_cli(["stage", "--source", "builtin:cpp", "--dest", str(tmp_path / "store"), "--name", "n" * 100])
+    code, err, out = run_cli(
+        ["stage", "--source", "builtin:cpp", "--dest", str(tmp_path / "store"), "--name", "n" * 100]
+    )
     assert code == 0, err
     assert out.startswith(f"staged {'n' * 100} v1")
 
@@ -210,9 +240,15 @@ def test_a_name_of_the_longest_allowed_length_stages(run_cli, tmp_path):
 def test_the_installed_command_refuses_an_alias_bomb_at_once(tmp_path):
     config = tmp_path / "speedforge.yaml"
     config.write_bytes(BAD_CONFIGS["alias bomb"])
-    proc = subprocess.run([sys.executable, "-m", "speedforge.cli", "--config", str(config), "tasks", "list"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "speedforge.cli", "--config", str(config), "tasks", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [f"speedforge tasks: error: {config}: line 6: more than 10000 values, each "
-                                        "use of an alias counting its anchor's values again; a config needs far "
-                                        "fewer: write fewer values or aliases"]  # fmt: skip
+    assert proc.stderr.splitlines() == [
+        f"speedforge tasks: error: {config}: line 6: more than 10000 values, each "
+        "use of an alias counting its anchor's values again; a config needs far "
+        "fewer: write fewer values or aliases"
+    ]

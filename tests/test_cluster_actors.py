@@ -67,8 +67,9 @@ def test_bench_worker_rebuilds_a_build_whose_folder_is_on_another_node(tmp_path)
     candidate = fx.plain_candidate(task, 0)
     remote = dataclasses.replace(fx.cheap_build(task, candidate, config, "cpu"), build_dir=str(tmp_path / "gone"))
     seen = []
-    worker = BenchWorker(lambda t, c, b, *rest: seen.append(b) or fx.cheap_run(t, c, b, *rest), "cpu", "cpu",
-                         build_fn=fx.cheap_build)  # fmt: skip
+    worker = BenchWorker(
+        lambda t, c, b, *rest: seen.append(b) or fx.cheap_run(t, c, b, *rest), "cpu", "cpu", build_fn=fx.cheap_build
+    )
     worker.run([(task, candidate, remote)], config)
     assert seen[0].build_dir == "" and len(list((tmp_path / "builds").iterdir())) == 2  # built again, here
     here = dataclasses.replace(remote, build_dir=str(tmp_path))

@@ -37,9 +37,24 @@ class LateNodes:
 
     def __call__(self, address: str, resources: dict[str, float]) -> None:
         ray_cli = Path(sys.executable).parent / "ray"
-        self.started.append(subprocess.Popen([str(ray_cli), "start", "--address", address, "--num-cpus", "1",
-                                              "--resources", json.dumps(resources), "--block", "--disable-usage-stats"],
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        self.started.append(
+            subprocess.Popen(
+                [
+                    str(ray_cli),
+                    "start",
+                    "--address",
+                    address,
+                    "--num-cpus",
+                    "1",
+                    "--resources",
+                    json.dumps(resources),
+                    "--block",
+                    "--disable-usage-stats",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
 
     def stop(self) -> None:
         """Before the head goes: a node whose head is gone took about 30 s to stop."""
@@ -68,8 +83,10 @@ def cluster(late_nodes):
     ray.cloudpickle.register_pickle_by_value(fx)
     if ray.is_initialized():
         ray.shutdown()
-    head = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {CPU_POOL_RESOURCE: 1.0},
-                                                         "include_dashboard": False})  # fmt: skip
+    head = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": {CPU_POOL_RESOURCE: 1.0}, "include_dashboard": False},
+    )
     try:
         ray.init(address=head.address, logging_level="WARNING", log_to_driver=False)
         yield head
@@ -81,8 +98,15 @@ def cluster(late_nodes):
 
 def node_run(task, candidate, build, config, device, pool) -> EvalResult:
     """An ok result that names the Ray node it ran on (device_name), to tell which node served it."""
-    return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=pool, status="ok", correct=True,
-                      speedup=1.0, device_name=ray.get_runtime_context().get_node_id())  # fmt: skip
+    return EvalResult(
+        candidate_id=candidate.candidate_id,
+        task_id=task.task_id,
+        pool=pool,
+        status="ok",
+        correct=True,
+        speedup=1.0,
+        device_name=ray.get_runtime_context().get_node_id(),
+    )
 
 
 def test_a_pool_without_a_node_is_waited_for_then_used_once_its_node_joins(cluster, late_nodes, tmp_path, capfd):

@@ -39,8 +39,20 @@ def test_evaluate_command_records_results_and_a_rerun_skips_them(tmp_path, capsy
     candidates = [fx.plain_candidate(task, i) for i in range(2)]
     stage_dataset(open_store(tmp_path / "data"), "mini", [task], candidates, progress=False)
     dataset, out = f"{tmp_path / 'data'}/datasets/mini", str(tmp_path / "out")
-    argv = ["--config", write_config(tmp_path), "evaluate", "--tasks", dataset, "--candidates", dataset,
-            "--pools", "cpu", "--out", out, "--no-live"]  # fmt: skip
+    argv = [
+        "--config",
+        write_config(tmp_path),
+        "evaluate",
+        "--tasks",
+        dataset,
+        "--candidates",
+        dataset,
+        "--pools",
+        "cpu",
+        "--out",
+        out,
+        "--no-live",
+    ]
 
     assert main(argv) == 0
     first = open_store(out).read_records("results", EvalResult)
@@ -55,8 +67,17 @@ def test_evaluate_command_records_results_and_a_rerun_skips_them(tmp_path, capsy
 
 
 def test_unknown_pool_fails_in_one_line_before_ray_starts(tmp_path, capsys):
-    argv = ["evaluate", "--tasks", "builtin:cpp", "--candidates", "builtin:cpp", "--pools", "cpu,Z99",
-            "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--tasks",
+        "builtin:cpp",
+        "--candidates",
+        "builtin:cpp",
+        "--pools",
+        "cpu,Z99",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown pool(s) Z99" in err
@@ -88,18 +109,34 @@ def test_evaluate_command_joins_an_existing_cluster_at_address(tmp_path):
     # Both the cluster and the command run in processes of their own: Ray keeps the
     # authentication mode of the first cluster a process touched, so this one cannot share ours.
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # this test's cluster: no token to hand over
-    head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
+    head = subprocess.Popen(
+        [sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         address = head.stdout.readline().strip()
         assert address, "the head process did not start Ray"
         task = fx.task()
         stage_dataset(open_store(tmp_path / "data"), "mini", [task], [fx.plain_candidate(task, 0)], progress=False)
         dataset = f"{tmp_path / 'data'}/datasets/mini"
-        argv = ["--config", write_config(tmp_path), "evaluate", "--tasks", dataset, "--candidates", dataset,
-                "--pools", "cpu", "--out", str(tmp_path / "out"), "--no-live", "--address", address]  # fmt: skip
-        command = subprocess.run([sys.executable, "-m", "speedforge.cli", *argv], env=env, capture_output=True,
-                                 text=True, timeout=600)  # fmt: skip
+        argv = [
+            "--config",
+            write_config(tmp_path),
+            "evaluate",
+            "--tasks",
+            dataset,
+            "--candidates",
+            dataset,
+            "--pools",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-live",
+            "--address",
+            address,
+        ]
+        command = subprocess.run(
+            [sys.executable, "-m", "speedforge.cli", *argv], env=env, capture_output=True, text=True, timeout=600
+        )
         assert command.returncode == 0, command.stderr[-2000:]
         assert head.poll() is None  # the command left the cluster it joined running
     finally:

@@ -37,8 +37,15 @@ RAY_CLUSTER = "overlays/production"  # the README's step 3 (dev and operations h
 # Where the pipeline's pods run (README step 4): standalone KFP's namespace, a profile's namespace.
 PIPELINE_INSTALLS = {"kfp/standalone": "kubeflow", "kfp/multi-user": "team-a"}
 # Kinds the README's folders hold that are not namespaced (everything else is).
-CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding", "StorageClass",
-                  "CustomResourceDefinition", "PersistentVolume"}  # fmt: skip
+CLUSTER_SCOPED = {
+    "Namespace",
+    "PriorityClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+}
 DNS, API_SERVER_PORTS = ("UDP", 53), (443, 6443)  # kubeadm's API server listens on 6443, a managed one on 443
 KUBE_DNS = {"k8s-app": "kube-dns"}
 
@@ -115,7 +122,8 @@ def test_every_ray_address_a_pipeline_pod_dials_resolves_from_the_namespace_it_r
             reached = resolves(url.hostname, pod_namespace, {(namespace, service)})
             assert reached == (namespace, service), (
                 f"{name}: {address} does not resolve from namespace {pod_namespace} (pipeline pods run there; "
-                f"the head service is {service}.{namespace}.svc.cluster.local)")
+                f"the head service is {service}.{namespace}.svc.cluster.local)"
+            )
             assert url.port in ports, f"{address}: the head listens on {sorted(ports)}"
 
 
@@ -125,7 +133,10 @@ def test_the_components_fill_in_the_namespace_as_this_test_does():
 
     assert ray_address_in(CLUSTER_ADDRESS, "ray-team") == "ray://speedforge-head-svc.ray-team.svc.cluster.local:10001"
     assert ray_address_in("", "ray-team") == ""  # a local Ray in the step's pod
-    assert ray_address_in("ray://head.elsewhere.svc.cluster.local:10001", "x") == "ray://head.elsewhere.svc.cluster.local:10001"
+    assert (
+        ray_address_in("ray://head.elsewhere.svc.cluster.local:10001", "x")
+        == "ray://head.elsewhere.svc.cluster.local:10001"
+    )
 
 
 def test_the_ray_clusters_namespace_is_one_parameter_of_each_pipeline_defaulting_to_the_bases(installed):
@@ -141,11 +152,19 @@ def pods(installed) -> dict[str, tuple[str, dict[str, str]]]:
     """Every kind of pod the install runs: (namespace, labels as the pod gets them)."""
     cluster = the_ray_cluster(installed)
     namespace, ray = cluster["metadata"]["namespace"], {"ray.io/cluster": cluster["metadata"]["name"]}
-    found = {"head": (namespace, {**cluster["spec"]["headGroupSpec"]["template"]["metadata"]["labels"], **ray,
-                                  "ray.io/node-type": "head"})}  # fmt: skip
+    found = {
+        "head": (
+            namespace,
+            {**cluster["spec"]["headGroupSpec"]["template"]["metadata"]["labels"], **ray, "ray.io/node-type": "head"},
+        )
+    }
     for group in cluster["spec"]["workerGroupSpecs"]:
-        labels = {**group["template"]["metadata"]["labels"], **ray, "ray.io/node-type": "worker",
-                  "ray.io/group": group["groupName"]}  # fmt: skip
+        labels = {
+            **group["template"]["metadata"]["labels"],
+            **ray,
+            "ray.io/node-type": "worker",
+            "ray.io/group": group["groupName"],
+        }
         found[group["groupName"]] = (namespace, labels)
     spec, platform = yaml.safe_load_all(PIPELINES["training"].package.read_text())
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
@@ -175,15 +194,21 @@ def allowed(policies: list[dict], pod_namespace: str, labels: dict[str, str], pe
     (namespace, labels) or "ip": an address outside the pod network) under the policies in its
     namespace that select it (none: everything is allowed). An ipBlock matches an address outside
     the cluster's pods only, as every CNI reads it."""
-    mine = [p for p in policies if p["metadata"].get("namespace") == pod_namespace
-            and "Egress" in p["spec"].get("policyTypes", []) and selected_by(p["spec"]["podSelector"], labels)]
+    mine = [
+        p
+        for p in policies
+        if p["metadata"].get("namespace") == pod_namespace
+        and "Egress" in p["spec"].get("policyTypes", [])
+        and selected_by(p["spec"]["podSelector"], labels)
+    ]
     if not mine:
         return True
     for policy in mine:
         for rule in policy["spec"].get("egress", []):
             ports = rule.get("ports")
-            if ports and not any(p.get("protocol", "TCP") == peer["protocol"] and p.get("port") == peer["port"]
-                                 for p in ports):  # fmt: skip
+            if ports and not any(
+                p.get("protocol", "TCP") == peer["protocol"] and p.get("port") == peer["port"] for p in ports
+            ):
                 continue
             for to in rule.get("to", [{}]):
                 if "pod" in peer and "ipBlock" not in to:
@@ -198,7 +223,8 @@ def allowed(policies: list[dict], pod_namespace: str, labels: dict[str, str], pe
                     block = to["ipBlock"]
                     address = ipaddress.ip_address(peer["ip"])
                     if address in ipaddress.ip_network(block["cidr"]) and not any(
-                            address in ipaddress.ip_network(c) for c in block.get("except", [])):  # fmt: skip
+                        address in ipaddress.ip_network(c) for c in block.get("except", [])
+                    ):
                         return True
     return False
 
@@ -223,8 +249,11 @@ def connections(installed) -> dict[str, list[tuple[str, dict]]]:
             out += api + store
         else:
             others = [other for other in everything if not other.startswith("pipeline") and other != name]
-            out += [(f"Ray {other} :6379", {"pod": everything[other], "protocol": "TCP", "port": 6379})
-                    for other in others if other == "head"]  # fmt: skip
+            out += [
+                (f"Ray {other} :6379", {"pod": everything[other], "protocol": "TCP", "port": 6379})
+                for other in others
+                if other == "head"
+            ]
             if name == "head":
                 out += api  # the autoscaler sidecar: KubeRay's in-tree autoscaler scales through the API
             if labels.get("speedforge.dev/role") in ("head", "train"):
@@ -235,10 +264,16 @@ def connections(installed) -> dict[str, list[tuple[str, dict]]]:
 
 
 def test_every_connection_a_pod_makes_is_allowed_by_the_egress_policies_that_select_it(installed):
-    policies = [d for folder in (RAY_CLUSTER, *PIPELINE_INSTALLS) for d in installed[folder] if d["kind"] == "NetworkPolicy"]
+    policies = [
+        d for folder in (RAY_CLUSTER, *PIPELINE_INSTALLS) for d in installed[folder] if d["kind"] == "NetworkPolicy"
+    ]
     everything = pods(installed)
-    refused = [f"{name} -> {what}" for name, dialed in connections(installed).items()
-               for what, peer in dialed if not allowed(policies, *everything[name], peer)]  # fmt: skip
+    refused = [
+        f"{name} -> {what}"
+        for name, dialed in connections(installed).items()
+        for what, peer in dialed
+        if not allowed(policies, *everything[name], peer)
+    ]
     assert not refused, f"refused by the egress policies: {refused}"
 
 
@@ -246,13 +281,23 @@ def test_the_api_server_has_a_rule_of_its_own_in_every_policy_of_a_pod_that_call
     """The API server (443 and 6443) is allowed by a rule that names only its ports, apart from the
     store's rule, so that narrowing the store's CIDR or port never cuts the autoscaler or the train
     step off; the README says the one setting to make where the API server is elsewhere."""
-    policies = [d for folder in (RAY_CLUSTER, *PIPELINE_INSTALLS) for d in installed[folder] if d["kind"] == "NetworkPolicy"]
+    policies = [
+        d for folder in (RAY_CLUSTER, *PIPELINE_INSTALLS) for d in installed[folder] if d["kind"] == "NetworkPolicy"
+    ]
     everything = pods(installed)
     for name in ("head", *[p for p in everything if p.startswith("pipeline")]):
         namespace, labels = everything[name]
-        mine = [p for p in policies if p["metadata"]["namespace"] == namespace and selected_by(p["spec"]["podSelector"], labels)]
-        rules = [r for p in mine for r in p["spec"].get("egress", [])
-                 if sorted(port["port"] for port in r.get("ports", [])) == sorted(API_SERVER_PORTS)]  # fmt: skip
+        mine = [
+            p
+            for p in policies
+            if p["metadata"]["namespace"] == namespace and selected_by(p["spec"]["podSelector"], labels)
+        ]
+        rules = [
+            r
+            for p in mine
+            for r in p["spec"].get("egress", [])
+            if sorted(port["port"] for port in r.get("ports", [])) == sorted(API_SERVER_PORTS)
+        ]
         assert rules, f"{name}: no egress rule for the API server alone (ports {API_SERVER_PORTS})"
     readme = (ROOT / "docs" / "guides" / "cluster-install.md").read_text()
     assert "policy-cidr-match-mode" in readme and "kubectl get endpointslices -n default" in readme
@@ -262,8 +307,12 @@ def test_the_api_server_has_a_rule_of_its_own_in_every_policy_of_a_pod_that_call
 
 
 def test_every_namespaced_object_has_a_namespace(installed):
-    missing = [f"{folder}: {d['kind']}/{d['metadata']['name']}" for folder, docs in installed.items() for d in docs
-               if d["kind"] not in CLUSTER_SCOPED and not d["metadata"].get("namespace")]  # fmt: skip
+    missing = [
+        f"{folder}: {d['kind']}/{d['metadata']['name']}"
+        for folder, docs in installed.items()
+        for d in docs
+        if d["kind"] not in CLUSTER_SCOPED and not d["metadata"].get("namespace")
+    ]
     assert not missing, f"rendered without a namespace (kubectl would put them in the current context's): {missing}"
 
 
@@ -276,15 +325,22 @@ def test_no_disruption_budget_is_ignored_or_blocks_every_drain(installed):
     groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
     for budget in [d for d in installed["overlays/operations"] if d["kind"] == "PodDisruptionBudget"]:
         name, spec = budget["metadata"]["name"], budget["spec"]
-        chosen = [pod for pod, (namespace, labels) in everything.items()
-                  if namespace == budget["metadata"].get("namespace", cluster["metadata"]["namespace"])
-                  and selected_by(spec["selector"], labels)]  # fmt: skip
+        chosen = [
+            pod
+            for pod, (namespace, labels) in everything.items()
+            if namespace == budget["metadata"].get("namespace", cluster["metadata"]["namespace"])
+            and selected_by(spec["selector"], labels)
+        ]
         assert chosen, f"{name} selects no pod"
         assert "maxUnavailable" not in spec, f"{name}: maxUnavailable is ignored for RayCluster pods"
         assert isinstance(spec.get("minAvailable"), int), f"{name}: only an integer minAvailable applies"
         most = sum(1 if pod == "head" else groups[pod]["maxReplicas"] for pod in chosen)
-        assert spec["minAvailable"] < most, f"{name}: minAvailable {spec['minAvailable']} of at most {most} pods blocks every drain"
-        assert "head" not in chosen or spec["minAvailable"] == 0, f"{name}: a budget on the one head pod blocks its node's drain"
+        assert spec["minAvailable"] < most, (
+            f"{name}: minAvailable {spec['minAvailable']} of at most {most} pods blocks every drain"
+        )
+        assert "head" not in chosen or spec["minAvailable"] == 0, (
+            f"{name}: a budget on the one head pod blocks its node's drain"
+        )
 
 
 # -- Ray resources and autoscaling ----------------------------------------------------------
@@ -302,8 +358,11 @@ def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(
 
     from speedforge.train.raytrain import scaling_config
 
-    (train_group,) = [g for g in the_ray_cluster(installed)["spec"]["workerGroupSpecs"]
-                      if g["template"]["metadata"]["labels"].get("speedforge.dev/role") == "train"]
+    (train_group,) = [
+        g
+        for g in the_ray_cluster(installed)["spec"]["workerGroupSpecs"]
+        if g["template"]["metadata"]["labels"].get("speedforge.dev/role") == "train"
+    ]
     (TRAIN_RESOURCE,) = [r for r in train_group.get("resources", {}) if not r.startswith("accelerator_type:")]
 
     def no_cluster_here():
@@ -379,8 +438,15 @@ def pod_specs(installed) -> dict[str, dict]:
     found = {"head": cluster["spec"]["headGroupSpec"]["template"]["spec"]}
     for group in cluster["spec"]["workerGroupSpecs"]:
         found[group["groupName"]] = group["template"]["spec"]
-    job = rayjob_manifest(RayJobSpec(name="j", namespace="speedforge", entrypoint="e", cluster="speedforge",
-                                     image="registry.example.com/speedforge:0.1.0"))  # fmt: skip
+    job = rayjob_manifest(
+        RayJobSpec(
+            name="j",
+            namespace="speedforge",
+            entrypoint="e",
+            cluster="speedforge",
+            image="registry.example.com/speedforge:0.1.0",
+        )
+    )
     found["submitter"] = job["spec"]["submitterPodTemplate"]["spec"]
     return found
 
@@ -393,12 +459,16 @@ def test_every_image_from_the_private_registry_is_pulled_with_the_pull_secret(in
     for name, spec in pod_specs(installed).items():
         images = {c["image"] for c in spec["containers"]}
         if any(i.split("/")[0] not in ("docker.io", "speedforge") and "." in i.split("/")[0] for i in images):
-            assert {"name": PULL_SECRET_NAME} in spec.get("imagePullSecrets", []), f"{name}: no pull secret for {images}"
+            assert {"name": PULL_SECRET_NAME} in spec.get("imagePullSecrets", []), (
+                f"{name}: no pull secret for {images}"
+            )
     for pipeline in PIPELINES:
         _, platform = yaml.safe_load_all(PIPELINES[pipeline].package.read_text())
         for executor, config in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
-            secrets = [s.get("secretName") or s.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
-                       for s in config.get("imagePullSecret", [])]  # fmt: skip
+            secrets = [
+                s.get("secretName") or s.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
+                for s in config.get("imagePullSecret", [])
+            ]
             assert PULL_SECRET_NAME in secrets, f"{pipeline}/{executor}: no image pull secret"
 
 
@@ -411,11 +481,19 @@ def test_the_store_credentials_are_only_on_pods_whose_code_talks_to_the_store(in
     for group in cluster["spec"]["workerGroupSpecs"]:
         roles[group["groupName"]] = group["template"]["metadata"]["labels"]["speedforge.dev/role"]
     for name, spec in pod_specs(installed).items():
-        has = any(source.get("secretRef", {}).get("name") == "speedforge-s3"
-                  for c in spec["containers"] for source in c.get("envFrom", []))  # fmt: skip
-        has |= any(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "speedforge-s3"
-                   for c in spec["containers"] for e in c.get("env", []))  # fmt: skip
-        assert has == (roles[name] in ("head", "train")), f"{name} ({roles[name]}): S3 secret {'present' if has else 'missing'}"
+        has = any(
+            source.get("secretRef", {}).get("name") == "speedforge-s3"
+            for c in spec["containers"]
+            for source in c.get("envFrom", [])
+        )
+        has |= any(
+            e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "speedforge-s3"
+            for c in spec["containers"]
+            for e in c.get("env", [])
+        )
+        assert has == (roles[name] in ("head", "train")), (
+            f"{name} ({roles[name]}): S3 secret {'present' if has else 'missing'}"
+        )
     # nothing the bench and build workers run reads the store
     actors = (ROOT / "speedforge" / "cluster" / "actors.py").read_text()
     assert "open_store" not in actors and "speedforge.store" not in actors
@@ -432,12 +510,18 @@ def test_the_autoscaler_owns_the_worker_groups_replicas(installed):
             assert group["minReplicas"] <= group["maxReplicas"], group["groupName"]
 
 
-def ingress_allowed(policies: list[dict], pod_namespace: str, labels: dict[str, str], source: tuple[str, dict],
-                    port: int) -> bool:  # fmt: skip
+def ingress_allowed(
+    policies: list[dict], pod_namespace: str, labels: dict[str, str], source: tuple[str, dict], port: int
+) -> bool:
     """Whether a pod (source: namespace, labels) may connect to `port` of a pod under the ingress
     policies that select the latter (none: everything is allowed)."""
-    mine = [p for p in policies if p["metadata"].get("namespace") == pod_namespace
-            and "Ingress" in p["spec"].get("policyTypes", []) and selected_by(p["spec"]["podSelector"], labels)]
+    mine = [
+        p
+        for p in policies
+        if p["metadata"].get("namespace") == pod_namespace
+        and "Ingress" in p["spec"].get("policyTypes", [])
+        and selected_by(p["spec"]["podSelector"], labels)
+    ]
     if not mine:
         return True
     namespace, peer = source
@@ -461,13 +545,25 @@ def test_the_heads_dashboard_job_api_and_client_port_admit_only_the_pods_that_ne
     policies = [d for d in installed[RAY_CLUSTER] if d["kind"] == "NetworkPolicy"]
     everything = pods(installed)
     namespace, head = everything["head"]
-    needed = {f"{name} :{port}": (everything[name], port) for name in everything if name.startswith("pipeline")
-              for port in (10001, 8265)}  # fmt: skip
-    needed.update({f"{name} :{port}": (everything[name], port) for name in everything if not name.startswith("pipeline")
-                   for port in (6379, 8265)})  # fmt: skip
+    needed = {
+        f"{name} :{port}": (everything[name], port)
+        for name in everything
+        if name.startswith("pipeline")
+        for port in (10001, 8265)
+    }
+    needed.update(
+        {
+            f"{name} :{port}": (everything[name], port)
+            for name in everything
+            if not name.startswith("pipeline")
+            for port in (6379, 8265)
+        }
+    )
     needed["submitter :8265"] = ((namespace, SUBMITTER_LABELS), 8265)
     needed["KubeRay operator :8265"] = (("ray-system", {"app.kubernetes.io/name": "kuberay-operator"}), 8265)
-    refused = [what for what, (source, port) in needed.items() if not ingress_allowed(policies, namespace, head, source, port)]
+    refused = [
+        what for what, (source, port) in needed.items() if not ingress_allowed(policies, namespace, head, source, port)
+    ]
     assert not refused, f"the head refuses: {refused}"
     strangers = {"a pod of another team": ("team-b", {"app": "notebook"}), "an unlabelled pod here": (namespace, {})}
     for who, source in strangers.items():
@@ -475,7 +571,9 @@ def test_the_heads_dashboard_job_api_and_client_port_admit_only_the_pods_that_ne
             assert not ingress_allowed(policies, namespace, head, source, port), f"{who} reaches the head's port {port}"
     for group in the_ray_cluster(installed)["spec"]["workerGroupSpecs"]:
         worker = everything[group["groupName"]][1]
-        assert not ingress_allowed(policies, namespace, worker, strangers["a pod of another team"], 52365), group["groupName"]
+        assert not ingress_allowed(policies, namespace, worker, strangers["a pod of another team"], 52365), group[
+            "groupName"
+        ]
         assert ingress_allowed(policies, namespace, worker, everything["head"], 52365), group["groupName"]
     readme = (ROOT / "docs" / "guides" / "cluster-install.md").read_text()
     assert "authOptions" in readme  # KubeRay 1.6+ token auth, the option beyond the policy
@@ -486,7 +584,10 @@ def test_the_build_cache_is_writable_by_the_image_user_on_every_pod_that_mounts_
     recursive chown of a large cache at every start: OnRootMismatch); NFS-like provisioners ignore
     fsGroup, and the README names the storage class setting that makes their volumes writable."""
     for name, spec in pod_specs(installed).items():
-        if any(v.get("persistentVolumeClaim", {}).get("claimName") == "speedforge-build-cache" for v in spec.get("volumes", [])):
+        if any(
+            v.get("persistentVolumeClaim", {}).get("claimName") == "speedforge-build-cache"
+            for v in spec.get("volumes", [])
+        ):
             security = spec["securityContext"]
             assert security["fsGroup"] == security["runAsUser"] == 1000, name
             assert security.get("fsGroupChangePolicy") == "OnRootMismatch", name
@@ -524,8 +625,14 @@ def test_the_train_steps_rayjob_is_deleted_however_it_ends_and_never_owned_acros
     api = Api()
     monkeypatch.setattr(rayjob, "custom_objects_api", lambda: api)
     monkeypatch.setattr(training_job, "pod_namespace", lambda: "kubeflow")
-    job = training_job.TrainingJob(stage="grpo", store="s3://b/r", mode="rayjob", namespace="speedforge",
-                                   image="registry.example.com/speedforge:0.1.0", poll_s=0.01)  # fmt: skip
+    job = training_job.TrainingJob(
+        stage="grpo",
+        store="s3://b/r",
+        mode="rayjob",
+        namespace="speedforge",
+        image="registry.example.com/speedforge:0.1.0",
+        poll_s=0.01,
+    )
     with pytest.raises(rayjob.RayJobFailed):
         training_job._run_rayjob(job, {}, lambda line: None)
     assert not api.jobs, "a failed RayJob is left behind: KubeRay never deletes one with clusterSelector"
@@ -541,13 +648,20 @@ def test_every_kubernetes_call_in_the_code_is_granted_and_nothing_else(installed
     from speedforge.cluster.rayjob import API_CALLS, CLIENT_VERBS, GROUP, PLURAL
 
     called = set()
-    for path in [*(ROOT / "speedforge").rglob("*.py"), *(ROOT / "components").rglob("*.py"), *(ROOT / "pipelines").rglob("*.py")]:
-        for method in re.findall(r"\.((?:create|get|list|delete|patch|replace|delete_collection)_\w*namespaced_\w+)\(",
-                                 path.read_text()):  # fmt: skip
+    for path in [
+        *(ROOT / "speedforge").rglob("*.py"),
+        *(ROOT / "components").rglob("*.py"),
+        *(ROOT / "pipelines").rglob("*.py"),
+    ]:
+        for method in re.findall(
+            r"\.((?:create|get|list|delete|patch|replace|delete_collection)_\w*namespaced_\w+)\(", path.read_text()
+        ):
             assert method in CLIENT_VERBS, f"{path.relative_to(ROOT)} calls {method}, which API_CALLS does not list"
             called.add((GROUP, PLURAL, CLIENT_VERBS[method]))
     (role,) = [d for d in installed[RAY_CLUSTER] if d["kind"] == "Role"]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
     assert called == granted == {(c.group, c.resource, c.verb) for c in API_CALLS}
 
 

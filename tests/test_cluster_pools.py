@@ -50,21 +50,28 @@ def test_unknown_pool_name_lists_the_configured_pools():
 def test_gpu_pools_pin_to_accelerator_type_and_one_gpu_and_leave_the_cpus_to_builds():
     need = worker_need(ServiceConfig().pools["H100"])
     assert need == {"GPU": 1.0, "accelerator_type:H100": 0.001, GPU_BENCH_RESOURCE: 0.001}
-    assert actor_options(need) == {"num_cpus": 0.0, "num_gpus": 1.0,
-                                   "resources": {"accelerator_type:H100": 0.001, GPU_BENCH_RESOURCE: 0.001}}  # fmt: skip
+    assert actor_options(need) == {
+        "num_cpus": 0.0,
+        "num_gpus": 1.0,
+        "resources": {"accelerator_type:H100": 0.001, GPU_BENCH_RESOURCE: 0.001},
+    }
     pools = resolve_pools(["H100"], ServiceConfig())
     bench_cpus = sum(worker_need(p).get("CPU", 0.0) for p in pools.values())
     assert plan_build_workers(ServiceConfig(), [{"CPU": 16.0, "GPU": 1.0}], bench_cpus) == 16
 
 
 def test_a_gpu_bench_worker_asks_for_the_bench_resource_so_a_training_node_with_its_gpu_hosts_none():
-    pools = {"H100": ServiceConfig().pools["H100"],
-             "mine": PoolConfig(resources={"accelerator_type:H100": 0.001})}  # a pool of the user's config too
+    pools = {
+        "H100": ServiceConfig().pools["H100"],
+        "mine": PoolConfig(resources={"accelerator_type:H100": 0.001}),
+    }  # a pool of the user's config too
     for pool in pools.values():
         assert GPU_BENCH_RESOURCE in actor_options(worker_need(pool))["resources"]
     assert fit_count([H100_TRAIN_NODE], worker_need(pools["H100"])) == 0
     assert plan_bench_workers(pools, [H100_TRAIN_NODE, H100_NODE]) == {"H100": 2, "mine": 2}  # the bench node's GPUs
-    with pytest.raises(UserError, match=rf"do not declare {GPU_BENCH_RESOURCE} .*resources={{'{GPU_BENCH_RESOURCE}': 1}}"):
+    with pytest.raises(
+        UserError, match=rf"do not declare {GPU_BENCH_RESOURCE} .*resources={{'{GPU_BENCH_RESOURCE}': 1}}"
+    ):
         plan_bench_workers(pools, [H100_TRAIN_NODE])
     assert GPU_BENCH_RESOURCE not in worker_need(ServiceConfig().pools["cpu"])  # the cpu pool has a resource of its own
     assert local_ray_resources(ServiceConfig())[GPU_BENCH_RESOURCE] > 0  # a local Ray's GPUs bench as before
@@ -82,8 +89,10 @@ def test_one_bench_worker_per_gpu_of_the_pool_type():
 
 
 def test_configured_worker_count_is_capped_by_what_fits():
-    pools = {"H100": PoolConfig(workers=1, resources={"accelerator_type:H100": 0.001}),
-             "L40": PoolConfig(workers=5, resources={"accelerator_type:L40": 0.001})}  # fmt: skip
+    pools = {
+        "H100": PoolConfig(workers=1, resources={"accelerator_type:H100": 0.001}),
+        "L40": PoolConfig(workers=5, resources={"accelerator_type:L40": 0.001}),
+    }
     assert plan_bench_workers(pools, [H100_NODE, L40_NODE]) == {"H100": 1, "L40": 1}
 
 
@@ -141,13 +150,16 @@ def test_service_config_loads_pools_strictly_from_a_mapping():
         from_mapping(Config, {"service": {"pools": {"A10": {"gpus": 1}}}})
 
 
-@pytest.mark.parametrize("names, pool", [
-    (["NVIDIA H100 80GB HBM3"], "H100"),
-    (["NVIDIA L40S", "NVIDIA L40S"], "L40S"),  # not L40: a pool name matches whole words only
-    (["NVIDIA A100-SXM4-80GB"], "A100"),
-    (["NVIDIA GeForce RTX 4090"], None),  # a GPU no pool names
-    ([], None),  # no GPU
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "names, pool",
+    [
+        (["NVIDIA H100 80GB HBM3"], "H100"),
+        (["NVIDIA L40S", "NVIDIA L40S"], "L40S"),  # not L40: a pool name matches whole words only
+        (["NVIDIA A100-SXM4-80GB"], "A100"),
+        (["NVIDIA GeForce RTX 4090"], None),  # a GPU no pool names
+        ([], None),  # no GPU
+    ],
+)
 def test_the_local_gpu_pool_is_the_pool_named_in_the_gpu_name(monkeypatch, names, pool):
     from speedforge.cluster import pools
 

@@ -37,16 +37,22 @@ def test_routes_to_pools_builds_once_and_deduplicates(tmp_path):
     progress = []
     with EvaluationService(fx.test_config(tmp_path)) as service:
         results = service.submit([good, wrong, good], ["H100", "L40", "H100"], [task], on_progress=progress.append)
-        workers = {pool: ray.get([w.ready.remote() for w, _ in service.bench_workers(pool)])
-                   for pool in ("H100", "L40")}  # fmt: skip
+        workers = {
+            pool: ray.get([w.ready.remote() for w, _ in service.bench_workers(pool)]) for pool in ("H100", "L40")
+        }
         assert service.worker_counts() == {"build": 1, "H100": 1, "L40": 1}
-    assert keys(results) == [(good.candidate_id, "H100"), (good.candidate_id, "L40"),
-                             (wrong.candidate_id, "H100"), (wrong.candidate_id, "L40")]  # fmt: skip
+    assert keys(results) == [
+        (good.candidate_id, "H100"),
+        (good.candidate_id, "L40"),
+        (wrong.candidate_id, "H100"),
+        (wrong.candidate_id, "L40"),
+    ]
     assert [r.status for r in results] == ["ok", "ok", "incorrect", "incorrect"]
     # each pool's bench workers hold that pool's resource, and stamped the results they ran
     for pool, infos in workers.items():
-        assert infos and all(info["pool"] == pool and info["resources"].get(f"accelerator_type:{pool}") == 1.0
-                             for info in infos)  # fmt: skip
+        assert infos and all(
+            info["pool"] == pool and info["resources"].get(f"accelerator_type:{pool}") == 1.0 for info in infos
+        )
     # one build served both pools: a second build would have found the first in the cache
     assert [r.build_cached for r in results] == [False] * 4
     assert results[0].build_s == results[1].build_s and results[2].build_s == results[3].build_s
@@ -137,7 +143,7 @@ def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_pa
     with EvaluationService(config) as service:
         results = service.submit(candidates, ["cpu"], [task], store=store, on_progress=kill_one_mid_batch)
         survivors = [handle for handle, _ in service.bench_workers("cpu")]
-    (handle, items), = killed
+    ((handle, items),) = killed
     assert handle not in survivors and len(survivors) == 2  # replaced
     assert last[0].retries == items  # the killed worker's batch was run again, nothing else
     assert sorted(keys(results)) == sorted((c.candidate_id, "cpu") for c in candidates)
@@ -148,8 +154,9 @@ def test_killed_bench_worker_still_gives_exactly_one_result_per_candidate(tmp_pa
 
 def test_hung_call_is_killed_after_its_time_limit_and_retried(tmp_path):
     config = fx.test_config(tmp_path, call_margin_s=2.0)
-    config = dataclasses.replace(config, evaluator=dataclasses.replace(config.evaluator, build_timeout_s=1.0,
-                                                                       run_timeout_s=1.0))  # fmt: skip
+    config = dataclasses.replace(
+        config, evaluator=dataclasses.replace(config.evaluator, build_timeout_s=1.0, run_timeout_s=1.0)
+    )
     candidate = fx.plain_candidate(fx.task(), 0)
     progress = []
     with EvaluationService(config, build_fn=fx.cheap_build, run_fn=fx.hang_once_run) as service:
@@ -191,8 +198,7 @@ def test_interrupted_sweep_resumes_without_redoing_recorded_pairs(tmp_path):
 
 def test_ten_thousand_candidates_are_taken_only_as_fast_as_they_finish(tmp_path):
     n, max_in_flight, source_bytes = 10_000, 64, 20_000
-    config = fx.test_config(tmp_path, max_in_flight=max_in_flight, batch_size=32, calls_per_worker=2,
-                            flush_every=1000)  # fmt: skip
+    config = fx.test_config(tmp_path, max_in_flight=max_in_flight, batch_size=32, calls_per_worker=2, flush_every=1000)
     task = fx.task()
     finished, ahead, alive = [0], [], [0, 0]  # alive: candidates in driver memory now, most ever
 

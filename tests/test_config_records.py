@@ -40,12 +40,15 @@ def test_configs_are_frozen():
         EvaluatorConfig().screen = "report"
 
 
-@pytest.mark.parametrize("record", [
-    Task(task_id="cpp/x", family="cpp", name="x", source="src", notes="n"),
-    Candidate.make("cpp/x", "class ModelNew: pass", parent_ids=("a", "b")),
-    EvalResult(candidate_id="c", task_id="cpp/x", pool="cpu", status="ok", speedup=1.5, warnings=("w",)),
-    Variant(variant_id="c", task_id="cpp/x", pool="H100", source="s", status="ok", score=2.0),
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        Task(task_id="cpp/x", family="cpp", name="x", source="src", notes="n"),
+        Candidate.make("cpp/x", "class ModelNew: pass", parent_ids=("a", "b")),
+        EvalResult(candidate_id="c", task_id="cpp/x", pool="cpu", status="ok", speedup=1.5, warnings=("w",)),
+        Variant(variant_id="c", task_id="cpp/x", pool="H100", source="s", status="ok", score=2.0),
+    ],
+)
 def test_records_round_trip_through_arrow_and_json(record):
     cls = type(record)
     table = cls.to_table([record])

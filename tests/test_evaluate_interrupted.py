@@ -41,12 +41,40 @@ def _alive(proc: psutil.Process) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_evaluate_stopped_mid_sweep_leaves_no_ray_process_and_no_scratch(tmp_path, sig):
     config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({"evaluator": {"cache_dir": str(tmp_path / "cache"), "correctness_trials": 1,
-                                                "cpu_timed_calls": 3, "min_timed_s": 0.0, "max_timed_calls": 3,
-                                                "warmup_calls": 1}}))  # fmt: skip
-    cli = subprocess.Popen([SPEEDFORGE, "--config", str(config), "evaluate", "--tasks", "builtin:cpp", "--candidates",
-                            "builtin:cpp", "--pools", "cpu", "--out", str(tmp_path / "out"), "--no-live"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "evaluator": {
+                    "cache_dir": str(tmp_path / "cache"),
+                    "correctness_trials": 1,
+                    "cpu_timed_calls": 3,
+                    "min_timed_s": 0.0,
+                    "max_timed_calls": 3,
+                    "warmup_calls": 1,
+                }
+            }
+        )
+    )
+    cli = subprocess.Popen(
+        [
+            SPEEDFORGE,
+            "--config",
+            str(config),
+            "evaluate",
+            "--tasks",
+            "builtin:cpp",
+            "--candidates",
+            "builtin:cpp",
+            "--pools",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-live",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     scratch = tmp_path / "cache" / "tmp"
     deadline = time.monotonic() + 400
     while not (scratch.is_dir() and any(scratch.iterdir())) and cli.poll() is None and time.monotonic() < deadline:

@@ -23,8 +23,15 @@ ADVERSARIAL = Path(__file__).parent / "adversarial"
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> EvaluatorConfig:
-    return EvaluatorConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=60.0, correctness_trials=2,
-                           cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5, warmup_calls=1)
+    return EvaluatorConfig(
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=60.0,
+        correctness_trials=2,
+        cpu_timed_calls=5,
+        min_timed_s=0.0,
+        max_timed_calls=5,
+        warmup_calls=1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +66,10 @@ def test_missing_model_new_is_rejected_or_a_runtime_error(relu_task, config):
 
 
 def test_wrong_forward_signature_is_a_runtime_error(relu_task, config):
-    source = ("import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale):\n        super().__init__()\n"
-              "    def forward(self, x, y):\n        return x\n")
+    source = (
+        "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale):\n        super().__init__()\n"
+        "    def forward(self, x, y):\n        return x\n"
+    )
     result = evaluate(relu_task, _cand(relu_task, source), config)
     assert result.status == "runtime_error"
     assert "forward" in result.reason and "TypeError" in result.reason
@@ -79,9 +88,13 @@ def test_cuda_family_on_cpu_is_refused_with_a_clear_reason(relu_task, config):
 
 
 def test_a_broken_reference_is_an_infra_error_not_the_candidates_fault(config):
-    task = Task(task_id="test/broken", family="cpp", name="broken",
-                source="import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        raise ValueError('bad task')\n"
-                       "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n")
+    task = Task(
+        task_id="test/broken",
+        family="cpp",
+        name="broken",
+        source="import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        raise ValueError('bad task')\n"
+        "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n",
+    )
     result = evaluate(task, _cand(task, (ADVERSARIAL / "good.py").read_text()), config)
     assert result.status == "infra_error"
     assert "reference" in result.reason
@@ -107,17 +120,20 @@ def test_unknown_status_cannot_be_recorded():
 # -- screen -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code, reason", [
-    ("cudaStream_t s; cudaStreamCreate(&s);", "side CUDA streams"),
-    ("auto s = at::cuda::getStreamFromPool();", "side CUDA streams"),
-    ("std::thread t([]{}); t.join();", "threads"),
-    ("#pragma omp parallel for\nfor (int i = 0; i < n; ++i) {}", "threads"),
-    ("static torch::Tensor cached;", "static tensors"),
-    ("FILE* f = fopen(\"/etc/passwd\", \"r\");", "file access"),
-    ("const char* k = getenv(\"AWS_SECRET_ACCESS_KEY\");", "environment"),
-    ("usleep(100);", "sleeps"),
-    ("cudaEventRecord(e);", "CUDA events"),
-])
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        ("cudaStream_t s; cudaStreamCreate(&s);", "side CUDA streams"),
+        ("auto s = at::cuda::getStreamFromPool();", "side CUDA streams"),
+        ("std::thread t([]{}); t.join();", "threads"),
+        ("#pragma omp parallel for\nfor (int i = 0; i < n; ++i) {}", "threads"),
+        ("static torch::Tensor cached;", "static tensors"),
+        ('FILE* f = fopen("/etc/passwd", "r");', "file access"),
+        ('const char* k = getenv("AWS_SECRET_ACCESS_KEY");', "environment"),
+        ("usleep(100);", "sleeps"),
+        ("cudaEventRecord(e);", "CUDA events"),
+    ],
+)
 def test_screen_flags_tricks_in_embedded_cpp(code, reason):
     findings = screen_cpp(code)
     assert any(reason in f for f in findings), findings
@@ -128,8 +144,11 @@ def test_screen_ignores_tricks_named_only_in_comments():
 
 
 def test_screen_passes_an_ordinary_cuda_candidate():
-    source = (DATA / "cpp_add_fast.py").read_text().replace(
-        "torch::Tensor axpb", "// at::cuda::getCurrentCUDAStream() is the current stream\ntorch::Tensor axpb")
+    source = (
+        (DATA / "cpp_add_fast.py")
+        .read_text()
+        .replace("torch::Tensor axpb", "// at::cuda::getCurrentCUDAStream() is the current stream\ntorch::Tensor axpb")
+    )
     assert screen(source, "cuda").passed
 
 
@@ -168,23 +187,39 @@ def _cli(*args: str, env_cache: str) -> subprocess.CompletedProcess:
     import os
 
     env = {**os.environ, "SPEEDFORGE_CACHE": env_cache}
-    return subprocess.run([sys.executable, "-m", "speedforge.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "speedforge.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_cli_eval_prints_a_readable_result_and_json(tmp_path, config):
-    out = _cli("eval", "--task", str(ADVERSARIAL / "task.py"), "--candidate", str(ADVERSARIAL / "good.py"),
-               env_cache=config.cache_dir)
+    out = _cli(
+        "eval",
+        "--task",
+        str(ADVERSARIAL / "task.py"),
+        "--candidate",
+        str(ADVERSARIAL / "good.py"),
+        env_cache=config.cache_dir,
+    )
     assert out.returncode == 0, out.stderr
     assert "status      ok" in out.stdout and "speedup" in out.stdout
-    out = _cli("eval", "--task", str(ADVERSARIAL / "task.py"), "--candidate", str(ADVERSARIAL / "uninitialised_output.py"),
-               "--json", env_cache=config.cache_dir)
+    out = _cli(
+        "eval",
+        "--task",
+        str(ADVERSARIAL / "task.py"),
+        "--candidate",
+        str(ADVERSARIAL / "uninitialised_output.py"),
+        "--json",
+        env_cache=config.cache_dir,
+    )
     assert out.returncode == 1
     assert json.loads(out.stdout)["status"] == "incorrect"
 
 
 def test_cli_unknown_task_id_and_bad_task_file_are_one_line_errors(tmp_path, config):
-    out = _cli("eval", "--task", "cpp/no-such-task", "--candidate", str(ADVERSARIAL / "good.py"), env_cache=config.cache_dir)
+    out = _cli(
+        "eval", "--task", "cpp/no-such-task", "--candidate", str(ADVERSARIAL / "good.py"), env_cache=config.cache_dir
+    )
     assert out.returncode == 2
     assert "unknown task id 'cpp/no-such-task'" in out.stderr and "Traceback" not in out.stderr
     bad = tmp_path / "no_inputs.py"
@@ -192,15 +227,22 @@ def test_cli_unknown_task_id_and_bad_task_file_are_one_line_errors(tmp_path, con
     out = _cli("eval", "--task", str(bad), "--candidate", str(ADVERSARIAL / "good.py"), env_cache=config.cache_dir)
     assert out.returncode == 2
     assert "missing get_inputs" in out.stderr and "Traceback" not in out.stderr
-    out = _cli("eval", "--task", str(ADVERSARIAL / "task.py"), "--candidate", str(tmp_path / "absent.py"),
-               env_cache=config.cache_dir)
+    out = _cli(
+        "eval",
+        "--task",
+        str(ADVERSARIAL / "task.py"),
+        "--candidate",
+        str(tmp_path / "absent.py"),
+        env_cache=config.cache_dir,
+    )
     assert out.returncode == 2 and "candidate file not found" in out.stderr
 
 
 @pytest.mark.parametrize("command", [[], ["tasks"], ["eval"], ["run"]])
 def test_cli_help_works_everywhere(command):
-    out = subprocess.run([sys.executable, "-m", "speedforge.cli", *command, "--help"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "speedforge.cli", *command, "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "usage:" in out.stdout
 
 
@@ -211,7 +253,9 @@ class _ReplayedGraphOutput:
     device = "cuda:0"
 
     def untyped_storage(self):
-        raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run.")
+        raise RuntimeError(
+            "Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run."
+        )
 
 
 def test_an_output_overwritten_by_a_graph_replay_counts_as_aliasing() -> None:
@@ -221,7 +265,9 @@ def test_an_output_overwritten_by_a_graph_replay_counts_as_aliasing() -> None:
 
     fresh = types.SimpleNamespace(device="cuda:0", untyped_storage=lambda: torch.empty(4).untyped_storage())
     assert _overlaps(fresh, _ReplayedGraphOutput())
-    broken = types.SimpleNamespace(device="cuda:0", untyped_storage=lambda: (_ for _ in ()).throw(RuntimeError("other")))
+    broken = types.SimpleNamespace(
+        device="cuda:0", untyped_storage=lambda: (_ for _ in ()).throw(RuntimeError("other"))
+    )
     with pytest.raises(RuntimeError, match="other"):
         _overlaps(fresh, broken)
 

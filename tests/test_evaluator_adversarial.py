@@ -12,7 +12,6 @@ cheater never breaks the evaluator for the next.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import socket
 import threading
@@ -29,7 +28,9 @@ from speedforge.evaluator.screen import RULES, screen
 from speedforge.records import Candidate, Task
 
 HERE = Path(__file__).parent / "adversarial"
-TRICKS = sorted(p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py") and not p.name.endswith("_task.py"))
+TRICKS = sorted(
+    p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py") and not p.name.endswith("_task.py")
+)
 GPU_TRICKS = sorted(p for p in (HERE.parent / "adversarial_gpu").glob("*.py") if p.name not in ("task.py", "good.py"))
 PLANTED_SECRET = "planted-secret-6f1c2e"
 ESCAPE_PROBE = Path("/tmp/speedforge-escape-probe.txt")
@@ -44,15 +45,24 @@ def _expectations(path: Path) -> tuple[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def task() -> Task:
-    return Task(task_id="adversarial/scaled_relu", family="cpp", name="scaled_relu", source=(HERE / "task.py").read_text())
+    return Task(
+        task_id="adversarial/scaled_relu", family="cpp", name="scaled_relu", source=(HERE / "task.py").read_text()
+    )
 
 
 @pytest.fixture(scope="module")
 def report_config(tmp_path_factory) -> EvaluatorConfig:
     """Screen in report mode, so the runtime layers face every trick; small budgets."""
     return EvaluatorConfig(
-        screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=25.0, build_timeout_s=120.0,
-        correctness_trials=3, cpu_timed_calls=8, min_timed_s=0.0, max_timed_calls=8, warmup_calls=1,
+        screen="report",
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=25.0,
+        build_timeout_s=120.0,
+        correctness_trials=3,
+        cpu_timed_calls=8,
+        min_timed_s=0.0,
+        max_timed_calls=8,
+        warmup_calls=1,
         memory_limit_mb=3072,
     )
 
@@ -130,8 +140,9 @@ def test_runtime_layers_catch_the_trick(path: Path, task: Task, report_config, m
 
 
 @pytest.mark.parametrize("path", [p for p in TRICKS if _expectations(p)[0] == "pass"], ids=lambda p: p.stem)
-def test_tricks_past_the_screen_are_caught_at_run_time_with_the_default_screen(path: Path, task: Task, report_config,
-                                                                               monkeypatch) -> None:
+def test_tricks_past_the_screen_are_caught_at_run_time_with_the_default_screen(
+    path: Path, task: Task, report_config, monkeypatch
+) -> None:
     config = dataclasses.replace(report_config, screen=EvaluatorConfig().screen)
     assert config.screen == "enforce"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", PLANTED_SECRET)

@@ -20,13 +20,21 @@ def test_every_check_has_one_id_and_a_result_status():
     ids = [check.id for check in checks.CHECKS]
     assert len(ids) == len(set(ids))
     assert all(check.status in STATUSES and check.status != "ok" for check in checks.CHECKS)
-    assert {check.where for check in checks.CHECKS} == {"guards", "state", "outputs", "outcome", "record", "tripwire", "ann"}
+    assert {check.where for check in checks.CHECKS} == {
+        "guards",
+        "state",
+        "outputs",
+        "outcome",
+        "record",
+        "tripwire",
+        "ann",
+    }
 
 
 def test_every_listed_check_is_given_by_the_code_and_the_code_names_no_other():
     source = Path(checks.__file__).read_text()
-    used = set(re.findall(r'(?:named|fail|_ann)\("([a-z0-9-]+)"', source))
-    used |= set(re.findall(r'check, why = "([a-z0-9-]+)"', source))
+    used = set(re.findall(r'(?:named|fail|_ann)\(\s*"([a-z0-9-]+)"', source))
+    used |= set(re.findall(r'check, why = \(?\s*"([a-z0-9-]+)"', source))
     assert used == set(checks.CHECK)
 
 
@@ -41,7 +49,9 @@ def test_how_a_stage_ended_is_the_first_outcome_check_that_applies():
     ended = dict(timed_out=False, for_memory=False, for_disk=False, for_processes=False, signal_name="", returncode=0)
     assert checks.outcome({"status": "ok"}, **ended) is None
     assert checks.outcome(None, **{**ended, "signal_name": "SIGXCPU"}) == (
-        "timeout", "exceeded its CPU-time limit and was killed [cpu-time-limit]")
+        "timeout",
+        "exceeded its CPU-time limit and was killed [cpu-time-limit]",
+    )
     assert checks.outcome({"status": "ok"}, **{**ended, "for_processes": True})[0] == "hack_detected"
     status, why = checks.outcome(None, **{**ended, "timed_out": True, "for_memory": True})
     assert status == "timeout" and why.endswith("[time-limit]")
@@ -56,8 +66,13 @@ def test_outputs_are_checked_in_order_and_the_reason_names_the_check():
     compare = Correctness(torch, EvaluatorConfig()).compare
     x = torch.randn(4, 4)
     assert compare(x.clone(), x.clone(), [x], [], "trial 1") == 0.0
-    cases = [((x.clone(), x.clone()), x, "output-count"), (("text",), x, "output-type"),
-             (x.double(), x, "output-signature"), (x, x, "aliases-input"), (x.clone() + 1, x, "values")]
+    cases = [
+        ((x.clone(), x.clone()), x, "output-count"),
+        (("text",), x, "output-type"),
+        (x.double(), x, "output-signature"),
+        (x, x, "aliases-input"),
+        (x.clone() + 1, x, "values"),
+    ]
     for out, ref, check in cases:
         with pytest.raises(checks.Verdict) as raised:
             compare(out, ref, [x], [], "trial 1")
@@ -83,7 +98,11 @@ def test_the_tripwire_names_the_slowdown_only_beyond_both_intervals_and_the_limi
 def test_the_tripwire_names_work_beside_the_reference_beyond_the_margin_only():
     clean = SimpleNamespace(ref_company=0.02)
     why = checks.reference_company(SimpleNamespace(ref_company=0.81), clean)
-    assert why.startswith("work ran beside the reference") and "worked 0.81 s for each second" in why and "against 0.02 in a pristine" in why
+    assert (
+        why.startswith("work ran beside the reference")
+        and "worked 0.81 s for each second" in why
+        and "against 0.02 in a pristine" in why
+    )
     assert why.endswith("[reference-company]")
     assert checks.reference_company(SimpleNamespace(ref_company=0.02 + checks.COMPANY_MARGIN), clean) is None
     # no figure on either side (the GPU, more torch threads, too few calls): nothing to judge

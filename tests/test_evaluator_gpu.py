@@ -26,8 +26,9 @@ HERE = Path(__file__).parent / "adversarial_gpu"
 CPU_TRICKS = Path(__file__).parent / "adversarial"
 # GPU-only tricks, plus CPU tricks that behave differently with a caching device allocator
 TRICKS = sorted(p for p in HERE.glob("*.py") if p.name not in ("task.py", "good.py")) + [
-    CPU_TRICKS / name for name in (
-        "cache_by_pointer.py", "cache_by_call_count.py", "alias_input.py", "uninitialised_output.py")]
+    CPU_TRICKS / name
+    for name in ("cache_by_pointer.py", "cache_by_call_count.py", "alias_input.py", "uninitialised_output.py")
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,8 +45,12 @@ def config(tmp_path_factory) -> EvaluatorConfig:
 
 @pytest.fixture(scope="module")
 def task() -> Task:
-    return Task(task_id="adversarial/gpu_scaled_relu", family="cuda", name="gpu_scaled_relu",
-                source=(HERE / "task.py").read_text())
+    return Task(
+        task_id="adversarial/gpu_scaled_relu",
+        family="cuda",
+        name="gpu_scaled_relu",
+        source=(HERE / "task.py").read_text(),
+    )
 
 
 def _expect(path: Path) -> tuple[str, set[str], bool]:
@@ -61,7 +66,10 @@ def test_gpu_trick_is_caught(path: Path, task: Task, config: EvaluatorConfig) ->
     assert screen(path.read_text(), "cuda").passed == (rule == "pass")
     candidate = Candidate.make(task.task_id, path.read_text())
     if rule == "reject":
-        assert evaluate(task, candidate, dataclasses.replace(config, screen="enforce"), device="cuda").status == "screen_rejected"
+        assert (
+            evaluate(task, candidate, dataclasses.replace(config, screen="enforce"), device="cuda").status
+            == "screen_rejected"
+        )
     result = evaluate(task, candidate, config, device="cuda")
     assert result.status in expected, (result.status, result.reason, result.log[-3000:])
     if honest_speed and result.status == "ok":
@@ -87,7 +95,9 @@ def test_every_builtin_cuda_candidate_is_correct(tmp_path) -> None:
     # (each with its own sandbox zygote); the runs stay serial, one at a time on the GPU
     ordered = [tasks[c.task_id] for c in candidates]
     with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as pool:
-        builds = list(pool.map(build_candidate, ordered, candidates, [config] * len(candidates), ["cuda"] * len(candidates)))
+        builds = list(
+            pool.map(build_candidate, ordered, candidates, [config] * len(candidates), ["cuda"] * len(candidates))
+        )
     failures = []
     for task, candidate, build in zip(ordered, candidates, builds):
         result = run_candidate(task, candidate, build, config, device="cuda")
@@ -167,8 +177,9 @@ LINEAR = dict(layer="layer = nn.Linear(1024, 1024)", shape="256, 1024")
 
 
 def _gpu_knob_pair(knob: str, layer: dict) -> tuple[Task, Candidate]:
-    task = Task(task_id=f"test/gpu_knob/{knob}", family="cuda", name="gpu_knob",
-                source=GPU_KNOB_TASK.format(knob=knob, **layer))
+    task = Task(
+        task_id=f"test/gpu_knob/{knob}", family="cuda", name="gpu_knob", source=GPU_KNOB_TASK.format(knob=knob, **layer)
+    )
     return task, Candidate.make(task.task_id, GPU_KNOB_SETTER.format(knob=knob, **layer))
 
 

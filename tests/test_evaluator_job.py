@@ -28,14 +28,29 @@ def config(tmp_path) -> EvaluatorConfig:
 
 @pytest.fixture
 def task() -> Task:
-    return Task(task_id="test/relu", family="cpp", name="relu", source=(ADVERSARIAL / "task.py").read_text(),
-                mode="eval", grad=True)  # fmt: skip
+    return Task(
+        task_id="test/relu",
+        family="cpp",
+        name="relu",
+        source=(ADVERSARIAL / "task.py").read_text(),
+        mode="eval",
+        grad=True,
+    )
 
 
 def _job(task: Task, config: EvaluatorConfig) -> Job:
     candidate = Candidate.make(task.task_id, (ADVERSARIAL / "good.py").read_text(), parent_ids=("a", "b"))
-    return Job(kind="run", task=task, candidate=candidate, device="cpu", seed=123, workdir="/tmp/w", build_dir="/tmp/b",
-               config=config, pristine_first=True)  # fmt: skip
+    return Job(
+        kind="run",
+        task=task,
+        candidate=candidate,
+        device="cpu",
+        seed=123,
+        workdir="/tmp/w",
+        build_dir="/tmp/b",
+        config=config,
+        pristine_first=True,
+    )
 
 
 def test_a_job_comes_back_from_json_as_the_same_record(task, config):
@@ -63,8 +78,20 @@ def test_a_job_with_a_missing_key_is_refused(task, config, where, key):
 
 
 def test_a_stage_result_holds_every_measured_field_of_an_eval_result():
-    parent_set = {"candidate_id", "task_id", "pool", "build_cached", "run_s", "wall_s", "screen_findings",
-                  "harness_version", "build_s", "turn_wait_s", "turn_held_s", "pristine_held_s"}  # fmt: skip
+    parent_set = {
+        "candidate_id",
+        "task_id",
+        "pool",
+        "build_cached",
+        "run_s",
+        "wall_s",
+        "screen_findings",
+        "harness_version",
+        "build_s",
+        "turn_wait_s",
+        "turn_held_s",
+        "pristine_held_s",
+    }
     measured = {f.name for f in dataclasses.fields(EvalResult)} - parent_set
     assert measured <= {f.name for f in dataclasses.fields(StageResult)}
     result = StageResult.from_dict({"status": "ok", "speedup": 2.0, "run_inner_s": 0.5, "warnings": ["w"]})
@@ -84,8 +111,15 @@ def _answering(result: dict):
 
     def run_job(job, workdir, *args, **kwargs) -> Outcome:
         assert Job.from_json(job.to_json()) == job  # what the child would have read
-        return Outcome(result=result, returncode=0, timed_out=False, killed_for_memory=False,
-                       killed_for_processes=False, wall_s=0.1, stderr_tail="")  # fmt: skip
+        return Outcome(
+            result=result,
+            returncode=0,
+            timed_out=False,
+            killed_for_memory=False,
+            killed_for_processes=False,
+            wall_s=0.1,
+            stderr_tail="",
+        )
 
     return run_job
 
@@ -104,9 +138,18 @@ def test_a_run_answer_with_an_unknown_key_is_an_infra_error_naming_it(task, conf
 def test_a_run_answer_with_known_keys_becomes_the_result(task, config, monkeypatch):
     candidate = Candidate.make(task.task_id, (ADVERSARIAL / "good.py").read_text())
     build = build_candidate(task, candidate, config)
-    answer = {"status": "ok", "correct": True, "speedup": 1.5, "ref_us": 3.0, "cand_us": 2.0, "run_inner_s": 0.05,
-              "trials": config.correctness_trials, "timed_calls": 200, "timed_s": 0.01,
-              "warnings": ["from the child"]}  # fmt: skip
+    answer = {
+        "status": "ok",
+        "correct": True,
+        "speedup": 1.5,
+        "ref_us": 3.0,
+        "cand_us": 2.0,
+        "run_inner_s": 0.05,
+        "trials": config.correctness_trials,
+        "timed_calls": 200,
+        "timed_s": 0.01,
+        "warnings": ["from the child"],
+    }
     monkeypatch.setattr(evaluate_module, "run_job", _answering(answer))
     result = run_candidate(task, candidate, build, config)
     assert (result.status, result.speedup, result.ref_us, result.mode) == ("ok", 1.5, 3.0, "eval+grad")

@@ -32,14 +32,24 @@ class ModelNew(nn.Module):
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> EvaluatorConfig:
-    return EvaluatorConfig(screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=60.0,
-                           build_timeout_s=300.0, correctness_trials=2, cpu_timed_calls=5, min_timed_s=0.0,
-                           max_timed_calls=5, warmup_calls=1)
+    return EvaluatorConfig(
+        screen="report",
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=60.0,
+        build_timeout_s=300.0,
+        correctness_trials=2,
+        cpu_timed_calls=5,
+        min_timed_s=0.0,
+        max_timed_calls=5,
+        warmup_calls=1,
+    )
 
 
 @pytest.fixture(scope="module")
 def relu_task() -> Task:
-    return Task(task_id="test/scaled_relu", family="cpp", name="scaled_relu", source=(ADVERSARIAL / "task.py").read_text())
+    return Task(
+        task_id="test/scaled_relu", family="cpp", name="scaled_relu", source=(ADVERSARIAL / "task.py").read_text()
+    )
 
 
 def _task(task_id: str, source: str, **kwargs) -> Task:
@@ -96,8 +106,9 @@ class ModelNew(nn.Module):
 """
 
 
-@pytest.mark.parametrize("mode, grad, status", [("eval", False, "ok"), ("train", False, "incorrect"),
-                                                ("eval", True, "ok")])
+@pytest.mark.parametrize(
+    "mode, grad, status", [("eval", False, "ok"), ("train", False, "incorrect"), ("eval", True, "ok")]
+)
 def test_the_task_mode_decides_how_both_models_run(config, mode, grad, status):
     task = _task("test/batchnorm", BATCHNORM_TASK, mode=mode, grad=grad)
     result = evaluate(task, Candidate.make(task.task_id, BATCHNORM_WITH_RUNNING_STATS), config)
@@ -179,8 +190,10 @@ def test_lowered_matmul_precision_is_rejected_unless_allowed(relu_task, config):
 
 
 def test_a_precision_downgrade_inside_forward_is_caught(relu_task, config):
-    source = SCALED_RELU_NEW.replace("    def forward(self, x):\n",
-                                     "    def forward(self, x):\n        torch.backends.cuda.matmul.allow_tf32 = True\n")
+    source = SCALED_RELU_NEW.replace(
+        "    def forward(self, x):\n",
+        "    def forward(self, x):\n        torch.backends.cuda.matmul.allow_tf32 = True\n",
+    )
     candidate = Candidate.make(relu_task.task_id, "import torch\nimport torch.nn as nn\n" + source.format(init=""))
     result = evaluate(relu_task, candidate, config)
     assert result.status == "hack_detected", _explain(result)
@@ -188,7 +201,9 @@ def test_a_precision_downgrade_inside_forward_is_caught(relu_task, config):
 
 
 def test_other_global_settings_stay_violations(relu_task, config):
-    result = evaluate(relu_task, Candidate.make(relu_task.task_id, (ADVERSARIAL / "more_threads.py").read_text()), config)
+    result = evaluate(
+        relu_task, Candidate.make(relu_task.task_id, (ADVERSARIAL / "more_threads.py").read_text()), config
+    )
     assert result.status == "hack_detected", _explain(result)
     assert "changed global torch settings: num_threads" in result.reason
 
@@ -213,7 +228,7 @@ def test_blas_threads_are_limited_and_put_back_as_process_state():
     controls = blas_threads.controls()
     if not controls:
         pytest.skip("no BLAS library with a known thread API is loaded here (numpy without OpenBLAS)")
-    (name, (read, write)), = list(controls.items())[:1]
+    ((name, (read, write)),) = list(controls.items())[:1]
     saved = dict(os.environ)
     try:
         before = blas_threads.limit(1)
@@ -233,7 +248,9 @@ def test_blas_threads_are_limited_and_put_back_as_process_state():
 
 
 def test_returning_the_input_names_the_input(relu_task, config):
-    result = evaluate(relu_task, Candidate.make(relu_task.task_id, (ADVERSARIAL / "alias_input.py").read_text()), config)
+    result = evaluate(
+        relu_task, Candidate.make(relu_task.task_id, (ADVERSARIAL / "alias_input.py").read_text()), config
+    )
     assert result.status == "hack_detected", _explain(result)
     assert "output 0 is a view of input 0" in result.reason and "fresh tensors" in result.reason
 
@@ -244,9 +261,11 @@ def test_returning_a_cached_buffer_names_the_earlier_output(relu_task, config):
         "        return torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01\n",
         "        if self.out is None:\n            self.out = torch.empty_like(x)\n"
         "        torch.mul(torch.relu(x), self.scale, out=self.out)\n"
-        "        return self.out.add_(x.sum(dim=1, keepdim=True) * 0.01)\n").format(init=init)
-    result = evaluate(relu_task, Candidate.make(relu_task.task_id, "import torch\nimport torch.nn as nn\n" + source),
-                      config)
+        "        return self.out.add_(x.sum(dim=1, keepdim=True) * 0.01)\n",
+    ).format(init=init)
+    result = evaluate(
+        relu_task, Candidate.make(relu_task.task_id, "import torch\nimport torch.nn as nn\n" + source), config
+    )
     assert result.status == "hack_detected", _explain(result)
     assert "shares storage with an earlier call's output" in result.reason
 

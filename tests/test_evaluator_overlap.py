@@ -18,8 +18,10 @@ from speedforge.evaluator.overlap import OverlapGate, out_of_device_memory, run_
 from speedforge.records import Candidate, EvalResult, Task
 
 CAPACITY, NEED = 80, 50
-OOM = ("harness error: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total "
-       "capacity of 79.18 GiB of which 3.20 GiB is free.")  # fmt: skip
+OOM = (
+    "harness error: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total "
+    "capacity of 79.18 GiB of which 3.20 GiB is free."
+)
 
 
 class Device:
@@ -69,8 +71,13 @@ def test_other_failures_are_not_run_again():
     def refused() -> EvalResult:
         calls.append(1)
         time.sleep(0.1)
-        return EvalResult(candidate_id="c", task_id="t", pool="H100", status="runtime_error",
-                          reason="ModelNew.forward raised RuntimeError: CUDA out of memory")  # fmt: skip
+        return EvalResult(
+            candidate_id="c",
+            task_id="t",
+            pool="H100",
+            status="runtime_error",
+            reason="ModelNew.forward raised RuntimeError: CUDA out of memory",
+        )
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _: run_overlapped(refused, gate), range(2)))

@@ -44,14 +44,22 @@ SCRIPTED = TASK.replace("class Model(", "class ModelNew(").replace(
     "        self.classifier = nn.Linear(8 * 8 * 8, 10)\n",
     "        self.classifier = nn.Linear(8 * 8 * 8, 10)\n"
     "        self.features = torch.jit.script(self.features)\n"
-    "        self.classifier = torch.jit.script(self.classifier)\n")
+    "        self.classifier = torch.jit.script(self.classifier)\n",
+)
 
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> EvaluatorConfig:
-    return EvaluatorConfig(screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=120.0,
-                           correctness_trials=3, cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5,
-                           warmup_calls=2)  # fmt: skip
+    return EvaluatorConfig(
+        screen="report",
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=120.0,
+        correctness_trials=3,
+        cpu_timed_calls=5,
+        min_timed_s=0.0,
+        max_timed_calls=5,
+        warmup_calls=2,
+    )
 
 
 def test_a_candidate_that_scripts_its_own_layers_is_ok(config) -> None:
@@ -113,24 +121,32 @@ def test_a_hook_on_one_of_many_submodules_of_one_class_changes_the_fingerprint()
     model = _deep()
     before = fingerprint.take(torch, model, values=False)
     model[41][2].register_forward_hook(lambda module, args, out: out * 0)
-    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
-        "41.2: its attributes changed (_forward_hooks)"
+    assert (
+        fingerprint.changed(before, fingerprint.take(torch, model, values=False))
+        == "41.2: its attributes changed (_forward_hooks)"
+    )
 
 
 def test_a_number_or_flag_changed_in_one_of_many_submodules_is_seen() -> None:
     model = _deep()
     before = fingerprint.take(torch, model, values=False)
     model[57][0].eps = 0.5  # a float in a module's own attributes
-    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
-        "57.0: its attributes changed (eps)"
+    assert (
+        fingerprint.changed(before, fingerprint.take(torch, model, values=False))
+        == "57.0: its attributes changed (eps)"
+    )
     before = fingerprint.take(torch, model, values=False)
     model[3][1].inplace = True  # a bool
-    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
-        "3.1: its attributes changed (inplace)"
+    assert (
+        fingerprint.changed(before, fingerprint.take(torch, model, values=False))
+        == "3.1: its attributes changed (inplace)"
+    )
     before = fingerprint.take(torch, model, values=False)
     model[9][2]._parameters["bias"] = nn.Parameter(torch.zeros(4))  # an entry of an OrderedDict, swapped
-    assert fingerprint.changed(before, fingerprint.take(torch, model, values=False)) == \
-        "9.2: its attributes changed (_parameters)"
+    assert (
+        fingerprint.changed(before, fingerprint.take(torch, model, values=False))
+        == "9.2: its attributes changed (_parameters)"
+    )
 
 
 def test_a_method_swapped_on_a_class_many_submodules_share_is_seen_at_the_first_of_them() -> None:

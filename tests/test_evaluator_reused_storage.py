@@ -23,16 +23,27 @@ RUNS = 5
 
 @pytest.fixture(scope="module")
 def task() -> Task:
-    return Task(task_id="adversarial/scaled_relu", family="cpp", name="scaled_relu",
-                source=(ADVERSARIAL / "task.py").read_text())  # fmt: skip
+    return Task(
+        task_id="adversarial/scaled_relu",
+        family="cpp",
+        name="scaled_relu",
+        source=(ADVERSARIAL / "task.py").read_text(),
+    )
 
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> EvaluatorConfig:
     """The adversarial suite's small budgets (tests/test_evaluator_adversarial.py)."""
     return EvaluatorConfig(
-        screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=25.0, build_timeout_s=120.0,
-        correctness_trials=3, cpu_timed_calls=8, min_timed_s=0.0, max_timed_calls=8, warmup_calls=1,
+        screen="report",
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=25.0,
+        build_timeout_s=120.0,
+        correctness_trials=3,
+        cpu_timed_calls=8,
+        min_timed_s=0.0,
+        max_timed_calls=8,
+        warmup_calls=1,
         memory_limit_mb=3072,
     )
 
@@ -143,12 +154,16 @@ def test_the_last_trials_hand_the_candidate_an_earlier_trials_tensors_holding_ne
         assert cand_ptr != ref_ptr and torch.equal(cand_values, ref_values)  # each side its own copy, same values
 
 
-@pytest.mark.parametrize(("cache", "caught_in"), [
-    (_LastInputCache, "trial 3 (its inputs written into the tensors of trial 2)"),
-    (_AllButLastInputCache, "trial 4 (its inputs written into the tensors of trial 1)"),
-])
+@pytest.mark.parametrize(
+    ("cache", "caught_in"),
+    [
+        (_LastInputCache, "trial 3 (its inputs written into the tensors of trial 2)"),
+        (_AllButLastInputCache, "trial 4 (its inputs written into the tensors of trial 1)"),
+    ],
+)
 def test_a_cache_keyed_by_address_is_caught_whether_it_trusts_its_last_input_or_only_the_earlier_ones(
-        cache, caught_in: str) -> None:
+    cache, caught_in: str
+) -> None:
     with pytest.raises(Verdict) as caught:
         _trials(cache(), _Reference())
     assert caught.value.status == "incorrect"

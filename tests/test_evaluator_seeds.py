@@ -34,12 +34,15 @@ def test_the_ann_indexes_are_built_with_the_index_seed_not_the_datas() -> None:
             self.seen.append(seed)
             return self.mod.Index(*args, seed=seed)
 
-    spec = tasks.parse_spec("""
+    spec = tasks.parse_spec(
+        """
 module: search
 data: {shape: sift, n: 600, queries: 20}
 index: {M: 8, ef_construction: 40}
 sweep: {k: 10, ef: [10, 64], repeats: 1}
-""", "test/seeds")  # fmt: skip
+""",
+        "test/seeds",
+    )
     seen: list[int] = []
     result = family.measure(spec, Recording(baseline(), seen), Recording(baseline(), seen), seed=11, index_seed=987654)
     assert result["status"] == "ok", result

@@ -41,11 +41,20 @@ def _swapped(*args, **kwargs):
     raise AssertionError("a method swapped on the class after the timer was made was called")
 
 
-@pytest.mark.parametrize("cls,name", [(timing.Timer, "_timed_call"), (timing.Timer, "_timed_round"),
-                                      (timing.SchedulerMarks, "read"), (timing.SchedulerMarks, "disturbed"),
-                                      (timing.SchedulerMarks, "elsewhere_s"),
-                                      (Rotation, "keep"), (_Sides, "call"), (_Sides, "switch")],
-                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize(
+    "cls,name",
+    [
+        (timing.Timer, "_timed_call"),
+        (timing.Timer, "_timed_round"),
+        (timing.SchedulerMarks, "read"),
+        (timing.SchedulerMarks, "disturbed"),
+        (timing.SchedulerMarks, "elsewhere_s"),
+        (Rotation, "keep"),
+        (_Sides, "call"),
+        (_Sides, "switch"),
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
 def test_a_timer_calls_the_methods_it_was_made_with(cls, name, monkeypatch) -> None:
     config = EvaluatorConfig(cpu_timed_calls=8, min_timed_s=0.0, max_timed_calls=8, warmup_calls=1)
     timer = timing.Timer(torch, config, torch.device("cpu"), random.Random(0), _Sides())

@@ -71,8 +71,16 @@ def _candidate(task: Task, n: int, sleep_s: float = 1.0, then: str = HONEST) -> 
 
 
 def _config(tmp_path, overlap: int, **settings) -> EvaluatorConfig:
-    base = dict(cache_dir=str(tmp_path / "cache"), overlap_runs=overlap, correctness_trials=1, warmup_calls=1,
-                cpu_timed_calls=4, min_timed_s=0.0, max_timed_calls=4, reference_slowdown_limit=0.0)  # fmt: skip
+    base = dict(
+        cache_dir=str(tmp_path / "cache"),
+        overlap_runs=overlap,
+        correctness_trials=1,
+        warmup_calls=1,
+        cpu_timed_calls=4,
+        min_timed_s=0.0,
+        max_timed_calls=4,
+        reference_slowdown_limit=0.0,
+    )
     return EvaluatorConfig(**(base | settings))
 
 
@@ -81,8 +89,9 @@ def _run(task: Task, candidates: list[Candidate], config: EvaluatorConfig):
     with ThreadPoolExecutor(2) as builders:
         results = build_then_run(builders, [task] * len(candidates), candidates, config, "cpu")
     ids = {c.candidate_id for c in candidates}
-    spans = sorted((s for s in turns.spans() if s.label.split(":")[0] in ids and s.launched >= start),
-                   key=lambda s: s.granted)  # fmt: skip
+    spans = sorted(
+        (s for s in turns.spans() if s.label.split(":")[0] in ids and s.launched >= start), key=lambda s: s.granted
+    )
     return results, spans
 
 
@@ -142,12 +151,15 @@ def test_one_at_a_time_with_overlap_1(tmp_path, task, monkeypatch):
 def test_the_phase_log_names_a_cold_runs_two_turns(tmp_path, task, monkeypatch):
     monkeypatch.setenv(phases.VARIABLE, "1")
     phases.take()
-    (result,), spans = _run(task, [_candidate(task, 0, sleep_s=0.0)],
-                            _config(tmp_path, overlap=1, reference_slowdown_limit=1.5))  # fmt: skip
+    (result,), spans = _run(
+        task, [_candidate(task, 0, sleep_s=0.0)], _config(tmp_path, overlap=1, reference_slowdown_limit=1.5)
+    )
     assert result.status == "ok", (result.status, result.reason)
     assert [s.which for s in spans] == ["pristine", "main"]
     marks = [name for name, _ in phases.take() if name.startswith("turn:")]
-    assert marks == [f"turn:{step}:{which}" for which in ("pristine", "main") for step in ("asked", "granted", "released")]
+    assert marks == [
+        f"turn:{step}:{which}" for which in ("pristine", "main") for step in ("asked", "granted", "released")
+    ]
 
 
 @pytest.mark.parametrize("then, status", [(HANG, "timeout"), (DIE, "crashed")], ids=["hangs", "dies"])

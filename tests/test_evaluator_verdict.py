@@ -58,13 +58,17 @@ def test_a_nonce_asked_for_before_the_harness_makes_the_harness_request_a_misuse
     assert "asked for twice" in reader.problem and reader.result is None and reader.broken.is_set()
 
 
-@pytest.mark.parametrize("frames, why", [
-    ([b'{"status": "ok", "speedup": 42.0}'], "a message of"),  # a bare record: its first bytes are no frame
-    ([_frame(verdict.RESULT, bytes(32) + b'{"status": "ok"}')], "before its nonce"),
-    ([_frame(verdict.FIRST, b'{"status": "ok"}')], "none was due"),
-    ([_frame(b"Z", b"x")], "unknown kind"),
-    ([_frame(verdict.ASK, b"x")], "with a body"),
-], ids=["bare-record", "result-without-nonce", "unexpected-first", "unknown-kind", "ask-with-body"])
+@pytest.mark.parametrize(
+    "frames, why",
+    [
+        ([b'{"status": "ok", "speedup": 42.0}'], "a message of"),  # a bare record: its first bytes are no frame
+        ([_frame(verdict.RESULT, bytes(32) + b'{"status": "ok"}')], "before its nonce"),
+        ([_frame(verdict.FIRST, b'{"status": "ok"}')], "none was due"),
+        ([_frame(b"Z", b"x")], "unknown kind"),
+        ([_frame(verdict.ASK, b"x")], "with a body"),
+    ],
+    ids=["bare-record", "result-without-nonce", "unexpected-first", "unknown-kind", "ask-with-body"],
+)
 def test_bytes_the_harness_would_not_send_are_a_misuse(frames, why):
     reader, child = _pair()
     for data in frames:
@@ -124,8 +128,18 @@ def test_a_channel_closed_or_replaced_by_the_candidate_sends_nothing():
 
 
 def test_encode_is_json_and_does_not_use_what_a_candidate_can_rebind(monkeypatch):
-    record = {"status": "ok", "n": 3, "x": 1.5, "nan": float("nan"), "inf": float("inf"), "flag": True,
-              "none": None, "text": 'q"\\\n\t\x00é\ud800', "list": [1, (2, 3.25)], "other": SimpleNamespace(a=1)}
+    record = {
+        "status": "ok",
+        "n": 3,
+        "x": 1.5,
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "flag": True,
+        "none": None,
+        "text": 'q"\\\n\t\x00é\ud800',
+        "list": [1, (2, 3.25)],
+        "other": SimpleNamespace(a=1),
+    }
     monkeypatch.setattr(json, "dumps", lambda *a, **k: '{"status": "ok", "speedup": 42}')
     monkeypatch.setattr(hashlib, "sha256", lambda *a, **k: None)
     data = verdict.encode(record)
@@ -135,21 +149,37 @@ def test_encode_is_json_and_does_not_use_what_a_candidate_can_rebind(monkeypatch
 
 
 def _stage(**fields):
-    base = dict(status="ok", speedup=2.0, speedup_lo=1.9, speedup_hi=2.1, ref_us=20.0, cand_us=10.0, ref_lo_us=19.0,
-                ref_hi_us=21.0, timed_calls=30, trials=3, correct=True, timed_s=0.5)
+    base = dict(
+        status="ok",
+        speedup=2.0,
+        speedup_lo=1.9,
+        speedup_hi=2.1,
+        ref_us=20.0,
+        cand_us=10.0,
+        ref_lo_us=19.0,
+        ref_hi_us=21.0,
+        timed_calls=30,
+        trials=3,
+        correct=True,
+        timed_s=0.5,
+    )
     return SimpleNamespace(**{**base, **fields}, ok=fields.get("status", "ok") == "ok")
 
 
-@pytest.mark.parametrize("fields, why", [
-    (dict(timed_calls=15), "15 timed pairs"),
-    (dict(trials=1), "correct trial"),
-    (dict(correct=False), "correct trial"),
-    (dict(cand_us=-1.0, speedup=-20.0), "not positive"),
-    (dict(speedup=42.0, speedup_lo=41.0, speedup_hi=43.0), "where its times give"),
-    (dict(speedup_lo=2.5, speedup_hi=3.0), "outside its interval"),
-    (dict(ref_lo_us=25.0), "outside its own interval"),
-    (dict(timed_s=5.0), "in a turn of"),
-], ids=["pairs", "trials", "not-correct", "negative", "ratio", "interval", "ref-interval", "turn"])
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        (dict(timed_calls=15), "15 timed pairs"),
+        (dict(trials=1), "correct trial"),
+        (dict(correct=False), "correct trial"),
+        (dict(cand_us=-1.0, speedup=-20.0), "not positive"),
+        (dict(speedup=42.0, speedup_lo=41.0, speedup_hi=43.0), "where its times give"),
+        (dict(speedup_lo=2.5, speedup_hi=3.0), "outside its interval"),
+        (dict(ref_lo_us=25.0), "outside its own interval"),
+        (dict(timed_s=5.0), "in a turn of"),
+    ],
+    ids=["pairs", "trials", "not-correct", "negative", "ratio", "interval", "ref-interval", "turn"],
+)
 def test_figures_the_harness_cannot_have_measured_are_refused(fields, why):
     found = checks.record_figures(_stage(**fields), fewest_pairs=16, fewest_trials=3, main_turn_s=1.0)
     assert found and why in found and found.endswith("[record-figures]")
@@ -174,12 +204,14 @@ def test_a_flood_of_the_channel_is_cut_without_the_parent_holding_it(tmp_path):
     from speedforge.records import Candidate, Task
 
     here = Path(__file__).parent / "adversarial"
-    task = Task(task_id="adversarial/scaled_relu", family="cpp", name="scaled_relu",
-                source=(here / "task.py").read_text())
+    task = Task(
+        task_id="adversarial/scaled_relu", family="cpp", name="scaled_relu", source=(here / "task.py").read_text()
+    )
     config = EvaluatorConfig(screen="report", cache_dir=str(tmp_path), run_timeout_s=30.0, memory_limit_mb=3072)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
-    result = evaluate(task, Candidate.make(task.task_id, (here / "channel_flood.py").read_text(), origin="test"),
-                      config)
+    result = evaluate(
+        task, Candidate.make(task.task_id, (here / "channel_flood.py").read_text(), origin="test"), config
+    )
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert result.status == "hack_detected" and "[verdict-channel]" in result.reason, result.reason
     assert result.run_s < config.run_timeout_s

@@ -61,9 +61,16 @@ class ModelNew(nn.Module):
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> EvaluatorConfig:
-    return EvaluatorConfig(screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=120.0,
-                           correctness_trials=3, cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5,
-                           warmup_calls=2)
+    return EvaluatorConfig(
+        screen="report",
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=120.0,
+        correctness_trials=3,
+        cpu_timed_calls=5,
+        min_timed_s=0.0,
+        max_timed_calls=5,
+        warmup_calls=2,
+    )
 
 
 def _task(task_id: str, source: str) -> Task:
@@ -85,7 +92,9 @@ def test_a_candidate_with_other_weights_than_the_seed_gives_is_incorrect(config)
     """No copying means no rescue either: weights the task's seed does not give are wrong."""
     task = _task("test/conv_subtract", CONV_SUBTRACT_TASK)
     source = CONV_SUBTRACT_FOLDED.replace("folded once, at init", "and drawn again").replace(
-        "self.conv.bias -= subtract_value", "self.conv.bias -= subtract_value\n            nn.init.normal_(self.conv.weight)")
+        "self.conv.bias -= subtract_value",
+        "self.conv.bias -= subtract_value\n            nn.init.normal_(self.conv.weight)",
+    )
     assert evaluate(task, Candidate.make(task.task_id, source), config).status == "incorrect"
 
 
@@ -100,7 +109,8 @@ def _stateful_rnn_task() -> Task:
 
 def _as_model_new(source: str) -> str:
     return source.replace("class Model(nn.Module)", "class ModelNew(nn.Module)").replace(
-        "super(Model, self)", "super(ModelNew, self)")
+        "super(Model, self)", "super(ModelNew, self)"
+    )
 
 
 def test_a_stateful_reference_and_its_own_code_are_called_in_lockstep(config) -> None:
@@ -117,7 +127,8 @@ def test_a_faithful_candidate_of_a_stateful_reference_is_ok(config) -> None:
         "combined = torch.cat((x, self.hidden), dim=1)  # Concatenate input and hidden state\n"
         "        self.hidden = self.tanh(self.i2h(combined))  # Update hidden state",
         "w_x, w_h = self.i2h.weight.split([self.input_size, self.hidden_size], dim=1)\n"
-        "        self.hidden = torch.tanh(torch.addmm(self.i2h.bias, x, w_x.t()) + self.hidden @ w_h.t())")
+        "        self.hidden = torch.tanh(torch.addmm(self.i2h.bias, x, w_x.t()) + self.hidden @ w_h.t())",
+    )
     assert "addmm" in faithful
     result = evaluate(task, Candidate.make(task.task_id, faithful), config)
     assert result.status == "ok", _explain(result)
@@ -125,9 +136,13 @@ def test_a_faithful_candidate_of_a_stateful_reference_is_ok(config) -> None:
 
 def test_kernelbench_level3_vanilla_rnn_with_its_own_code_is_ok(config) -> None:
     path = require(KERNELBENCH / "level3" / "33_VanillaRNN.py")
-    source = path.read_text().replace("batch_size = 256", "batch_size = 8").replace(
-        "input_size = 16384", "input_size = 1024").replace("hidden_size = 16384", "hidden_size = 256").replace(
-        "output_size = 8192", "output_size = 128")  # the shapes of CUDA-L1's copy: a CPU-sized problem
+    source = (
+        path.read_text()
+        .replace("batch_size = 256", "batch_size = 8")
+        .replace("input_size = 16384", "input_size = 1024")
+        .replace("hidden_size = 16384", "hidden_size = 256")
+        .replace("output_size = 8192", "output_size = 128")
+    )  # the shapes of CUDA-L1's copy: a CPU-sized problem
     task = _task("kernelbench/level3/33_VanillaRNN", source)
     result = evaluate(task, Candidate.make(task.task_id, _as_model_new(source)), config)
     assert result.status == "ok", _explain(result)

@@ -14,7 +14,9 @@ from speedforge.evaluator import build_candidate, extensions, run_candidate
 from speedforge.records import Candidate, Task
 
 HERE = Path(__file__).parent
-TASK = Task(task_id="ext/scaled_relu", family="cpp", name="scaled_relu", source=(HERE / "adversarial" / "task.py").read_text())
+TASK = Task(
+    task_id="ext/scaled_relu", family="cpp", name="scaled_relu", source=(HERE / "adversarial" / "task.py").read_text()
+)
 
 # Compiles `good` from __init__ and tries `broken`, which fails at its first line, in a
 # try/except fallback. The fallback checks that the run stage raised
@@ -72,8 +74,10 @@ def test_static_calls_finds_loads_in_any_function() -> None:
         "def helper():\n    return cpp_extension.load('d', ['d.cpp'])\n"
         "other = loader.load('e')\n"
     )
-    names = [ast_call.args[0].value if ast_call.args else ast_call.keywords[0].value.value
-             for ast_call in extensions.static_calls(source)]
+    names = [
+        ast_call.args[0].value if ast_call.args else ast_call.keywords[0].value.value
+        for ast_call in extensions.static_calls(source)
+    ]
     assert sorted(names) == ["a", "b", "c", "d"]
 
 
@@ -91,8 +95,14 @@ def test_call_key_ignores_where_and_how_loudly_it_builds() -> None:
 
 @pytest.fixture()
 def config(tmp_path) -> EvaluatorConfig:
-    return EvaluatorConfig(cache_dir=str(tmp_path / "cache"), run_timeout_s=120.0, build_timeout_s=600.0,
-                           correctness_trials=2, max_timed_calls=10, warmup_calls=1)
+    return EvaluatorConfig(
+        cache_dir=str(tmp_path / "cache"),
+        run_timeout_s=120.0,
+        build_timeout_s=600.0,
+        correctness_trials=2,
+        max_timed_calls=10,
+        warmup_calls=1,
+    )
 
 
 def test_a_lazy_load_is_built_by_the_build_stage_and_never_compiled_in_the_run_stage(config) -> None:
@@ -117,7 +127,6 @@ def test_a_lazy_load_is_built_by_the_build_stage_and_never_compiled_in_the_run_s
     (Path(build.build_dir) / extensions.OUTCOMES_FILE).unlink()
     unrecorded = run_candidate(TASK, candidate, build, config)
     assert unrecorded.status == "incorrect", (unrecorded.status, unrecorded.reason)
-
 
 
 # Writes its sources (a header beside them) to a fresh temp folder in every process and builds
@@ -228,8 +237,13 @@ def test_prebuild_evaluates_a_load_in_a_function_with_the_locals_that_build_its_
     namespace, seen = _fake_loader_namespace()
     exec(compile(SCOPED, "<candidate>", "exec"), namespace)  # the candidate's import
     extensions.prebuild(SCOPED, namespace)
-    assert seen == [{"name": seen[0]["name"], "cpp_sources": "// shared\n\n        float f(float v) { return v; }\n        ",
-                     "extra_cflags": ["-O3", "-DSCALE=2"]}]
+    assert seen == [
+        {
+            "name": seen[0]["name"],
+            "cpp_sources": "// shared\n\n        float f(float v) { return v; }\n        ",
+            "extra_cflags": ["-O3", "-DSCALE=2"],
+        }
+    ]
     assert "source" not in namespace and "flags" not in namespace, "the module's namespace is left as it was"
 
 

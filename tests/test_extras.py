@@ -17,8 +17,13 @@ import speedforge
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("ray", "kfp", "trl", "transformers", "accelerate", "gguf", "matplotlib")
-CORE_MODULES = ("speedforge.records", "speedforge.config", "speedforge.evaluator", "speedforge.store",
-                "speedforge.tasks")  # fmt: skip
+CORE_MODULES = (
+    "speedforge.records",
+    "speedforge.config",
+    "speedforge.evaluator",
+    "speedforge.store",
+    "speedforge.tasks",
+)
 
 IMPORT_CORE = f"""
 import contextlib, io, sys
@@ -42,10 +47,13 @@ sys.exit(main(sys.argv[2:]))
 
 def python(*args: str) -> subprocess.CompletedProcess:
     """This interpreter on `args`, importing the speedforge under test."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(speedforge.__file__).parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")]))  # fmt: skip
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=300,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(Path(speedforge.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL
+    )
 
 
 def test_core_and_cli_help_import_no_heavy_framework():
@@ -57,8 +65,23 @@ def test_core_and_cli_help_import_no_heavy_framework():
 @pytest.mark.parametrize(
     ("blocked", "args", "extra"),
     [
-        ("ray", ["evaluate", "--tasks", "builtin:cpp", "--candidates", "builtin:cpp", "--pools", "cpu",
-                 "--limit", "1", "--out", "{tmp}/out"], "cluster"),  # fmt: skip
+        (
+            "ray",
+            [
+                "evaluate",
+                "--tasks",
+                "builtin:cpp",
+                "--candidates",
+                "builtin:cpp",
+                "--pools",
+                "cpu",
+                "--limit",
+                "1",
+                "--out",
+                "{tmp}/out",
+            ],
+            "cluster",
+        ),
         ("transformers", ["serve-policy", "--model", "{tmp}"], "train"),
         ("matplotlib", ["report", "--results", "{tmp}", "--out", "{tmp}/out"], "reports"),
     ],

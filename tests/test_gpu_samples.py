@@ -17,17 +17,21 @@ def sample(stamp: str, apps: list[tuple[str, str, int]], utils: tuple[int, int])
 
 
 def test_utilization_counts_only_the_samples_where_a_process_held_the_gpu():
-    lines = (sample("2026-11-27T05:49:42", [], (0, 0))  # start-up: nothing on either GPU
-             + sample("2026-11-27T05:49:44", [("7525", A, 518), ("7526", B, 518)], (0, 0))  # CUDA context only
-             + sample("2026-11-27T05:49:46", [("7525", A, 14524), ("7526", B, 15008)], (12, 20))
-             + sample("2026-11-27T05:49:48", [("7525", A, 14524), ("7526", B, 15008)], (18, 100))
-             + sample("2026-11-27T05:49:50", [("7525", A, 14524), ("9051", A, 3178), ("7526", B, 15008)], (100, 30)))  # fmt: skip
+    lines = (
+        sample("2026-11-27T05:49:42", [], (0, 0))  # start-up: nothing on either GPU
+        + sample("2026-11-27T05:49:44", [("7525", A, 518), ("7526", B, 518)], (0, 0))  # CUDA context only
+        + sample("2026-11-27T05:49:46", [("7525", A, 14524), ("7526", B, 15008)], (12, 20))
+        + sample("2026-11-27T05:49:48", [("7525", A, 14524), ("7526", B, 15008)], (18, 100))
+        + sample("2026-11-27T05:49:50", [("7525", A, 14524), ("9051", A, 3178), ("7526", B, 15008)], (100, 30))
+    )
     gpus = samples.read(lines)
     assert set(gpus) == {"85283b1f", "84d9e1f4"}
     assert gpus["85283b1f"].pids == {"7525", "9051"} and gpus["84d9e1f4"].pids == {"7526"}
     out = samples.summary(gpus)
-    assert out == ["gpu 0 (85283b1f): pids 7525 9051; 5 samples, 3 while the run held it: utilization.gpu median 18%, mean 43%",
-                   "gpu 1 (84d9e1f4): pids 7526; 5 samples, 3 while the run held it: utilization.gpu median 30%, mean 50%"]  # fmt: skip
+    assert out == [
+        "gpu 0 (85283b1f): pids 7525 9051; 5 samples, 3 while the run held it: utilization.gpu median 18%, mean 43%",
+        "gpu 1 (84d9e1f4): pids 7526; 5 samples, 3 while the run held it: utilization.gpu median 30%, mean 50%",
+    ]
 
 
 def test_a_gpu_no_process_held_and_lines_of_other_shapes():

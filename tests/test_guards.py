@@ -49,12 +49,21 @@ def test_algorithm_knobs_are_no_precision_downgrade(knobs):
     assert guards.precision_downgrades(knobs, guards.read_knobs()) == []
 
 
-@pytest.mark.parametrize("change, named", [
-    (lambda: torch.set_float32_matmul_precision("medium"), "torch.set_float32_matmul_precision 'medium'"),
-    (lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True), "torch.backends.cuda.matmul.allow_tf32"),
-    (lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"), "torch.backends.cuda.matmul.fp32_precision"),
-    (lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"), "torch.backends.mkldnn.matmul.fp32_precision"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda: torch.set_float32_matmul_precision("medium"), "torch.set_float32_matmul_precision 'medium'"),
+        (lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True), "torch.backends.cuda.matmul.allow_tf32"),
+        (
+            lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
+            "torch.backends.cuda.matmul.fp32_precision",
+        ),
+        (
+            lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+            "torch.backends.mkldnn.matmul.fp32_precision",
+        ),
+    ],
+)
 def test_precision_downgrades_name_the_knob(knobs, change, named):
     change()
     found = guards.precision_downgrades(knobs, guards.read_knobs())

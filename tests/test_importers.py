@@ -33,13 +33,13 @@ def get_inputs():
 def get_init_inputs():
     return []
 '''
-NEW = '''import torch
+NEW = """import torch
 
 
 class ModelNew(torch.nn.Module):
     def forward(self, x):
         return torch.clamp_min(x, 0) * {k}
-'''
+"""
 NOT_A_TASK = "import torch\n\ndef get_inputs():\n    return []\n"
 
 
@@ -57,14 +57,31 @@ def kernelbench_checkout(root, bad: bool = False):
 
 def cuda_l1_jsonl(path, extra_lines: tuple[str, ...] = ()):
     rows = [
-        {"level_id": 1, "task_id": 19, "ref_code": REF.format(doc="relu", k=1), "custom_code": NEW.format(k=1),
-         "score_default": 1.31, "score_torch_compile_default": 0.9, "score_cuda_graph": float("nan")},
-        {"level_id": 1, "task_id": 19, "ref_code": REF.format(doc="relu", k=1), "custom_code": NEW.format(k=1) + "#2",
-         "score_default": 1.05},
-        {"level_id": 2, "task_id": 7, "ref_code": REF.format(doc="scaled", k=3), "custom_code": None,
-         "score_default": None},
+        {
+            "level_id": 1,
+            "task_id": 19,
+            "ref_code": REF.format(doc="relu", k=1),
+            "custom_code": NEW.format(k=1),
+            "score_default": 1.31,
+            "score_torch_compile_default": 0.9,
+            "score_cuda_graph": float("nan"),
+        },
+        {
+            "level_id": 1,
+            "task_id": 19,
+            "ref_code": REF.format(doc="relu", k=1),
+            "custom_code": NEW.format(k=1) + "#2",
+            "score_default": 1.05,
+        },
+        {
+            "level_id": 2,
+            "task_id": 7,
+            "ref_code": REF.format(doc="scaled", k=3),
+            "custom_code": None,
+            "score_default": None,
+        },
         {"level_id": 3, "task_id": 1, "ref_code": REF.format(doc="third", k=5), "custom_code": "None"},
-    ]  # fmt: skip
+    ]
     path.write_text("\n".join([json.dumps(r) for r in rows] + list(extra_lines)) + "\n")
     return path
 
@@ -125,12 +142,14 @@ def test_cuda_l1_tasks_run_in_eval_mode(tmp_path):
 
 def test_kernelbench_parquet_gives_the_same_tasks_as_the_checkout(tmp_path):
     folder = import_source(str(kernelbench_checkout(tmp_path / "kb")))
-    table = pa.table({
-        "code": [t.source for t in folder.tasks],
-        "level": [t.level for t in folder.tasks],
-        "name": ["19_ReLU", "7_Scale.py"],
-        "problem_id": [19, 7],
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "code": [t.source for t in folder.tasks],
+            "level": [t.level for t in folder.tasks],
+            "name": ["19_ReLU", "7_Scale.py"],
+            "problem_id": [19, 7],
+        }
+    )
     pq.write_table(table, tmp_path / "kernelbench.parquet")
     imported = import_source(str(tmp_path / "kernelbench.parquet"))
     assert imported.kind == "kernelbench-parquet"
@@ -140,8 +159,14 @@ def test_kernelbench_parquet_gives_the_same_tasks_as_the_checkout(tmp_path):
 
 
 def test_kernelbench_parquet_bad_rows_and_wrong_columns(tmp_path):
-    table = pa.table({"code": [REF.format(doc="", k=1), NOT_A_TASK, REF.format(doc="", k=2)],
-                      "level": [1, 1, 0], "name": ["1_A", "2_B", "3_C"], "problem_id": [1, 2, 3]})  # fmt: skip
+    table = pa.table(
+        {
+            "code": [REF.format(doc="", k=1), NOT_A_TASK, REF.format(doc="", k=2)],
+            "level": [1, 1, 0],
+            "name": ["1_A", "2_B", "3_C"],
+            "problem_id": [1, 2, 3],
+        }
+    )
     pq.write_table(table, tmp_path / "kb.parquet")
     with pytest.raises(ImportProblems) as info:
         import_source(str(tmp_path / "kb.parquet"))
@@ -162,7 +187,10 @@ def test_cuda_l1_jsonl_gives_tasks_and_candidates_with_published_scores(tmp_path
     first = imported.candidates[0]
     assert first.task_id == "cuda-l1/level1/19" and first.origin == "import:cuda-l1" and first.created_at == 0.0
     assert json.loads(first.meta_json)["published"] == {
-        "score_cuda_graph": None, "score_default": 1.31, "score_torch_compile_default": 0.9}  # fmt: skip
+        "score_cuda_graph": None,
+        "score_default": 1.31,
+        "score_torch_compile_default": 0.9,
+    }
 
 
 def test_cuda_l1_bad_lines_are_reported_by_line(tmp_path):
@@ -216,8 +244,9 @@ def test_stage_command_refuses_bad_input_then_stages_the_rest_with_skip_bad(tmp_
     assert "skipped: l1.jsonl: line 5: not valid JSON" in captured.err
     assert "staged l1 v1 (3 tasks, 2 candidates" in captured.out
     dataset = load_dataset(open_store(dest), "l1")
-    assert dataset.manifest["skipped"] == ["l1.jsonl: line 5: not valid JSON: Expecting property name enclosed "
-                                           "in double quotes at column 2"]  # fmt: skip
+    assert dataset.manifest["skipped"] == [
+        "l1.jsonl: line 5: not valid JSON: Expecting property name enclosed in double quotes at column 2"
+    ]
 
 
 BINARY = bytes(range(256)) * 4  # not UTF-8, NUL bytes included
@@ -272,36 +301,45 @@ def test_a_binary_task_or_candidate_given_to_eval_is_one_line(tmp_path, capsys):
 FIFTH = REF.format(doc="fifth", k=2)
 
 
-@pytest.mark.parametrize("field, value, shown", [
-    ("task_id", 2.9, "2.9"),  # not task 2
-    ("task_id", 2.0, "2.0"),
-    ("task_id", True, "true"),  # not task 1
-    ("task_id", "2.9", '"2.9"'),
-    ("task_id", "2", '"2"'),
-    ("task_id", 0, "0"),
-    ("task_id", -3, "-3"),
-    ("task_id", 2**64, str(2**64)),  # past the 64-bit integer it is stored as
-    ("task_id", [2], "a JSON array"),
-    ("task_id", {"id": 2}, "a JSON object"),
-    ("level_id", False, "false"),
-    ("level_id", 1.5, "1.5"),
-    ("level_id", "x" * 500, '"' + "x" * 36 + "..."),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("task_id", 2.9, "2.9"),  # not task 2
+        ("task_id", 2.0, "2.0"),
+        ("task_id", True, "true"),  # not task 1
+        ("task_id", "2.9", '"2.9"'),
+        ("task_id", "2", '"2"'),
+        ("task_id", 0, "0"),
+        ("task_id", -3, "-3"),
+        ("task_id", 2**64, str(2**64)),  # past the 64-bit integer it is stored as
+        ("task_id", [2], "a JSON array"),
+        ("task_id", {"id": 2}, "a JSON object"),
+        ("level_id", False, "false"),
+        ("level_id", 1.5, "1.5"),
+        ("level_id", "x" * 500, '"' + "x" * 36 + "..."),
+    ],
+)
 def test_a_cuda_l1_id_that_is_not_a_json_integer_is_a_bad_item_naming_the_line_and_field(tmp_path, field, value, shown):
     row = {"level_id": 1, "task_id": 5, "ref_code": FIFTH, field: value}
     path = cuda_l1_jsonl(tmp_path / "l1.jsonl", (json.dumps(row),))
     with pytest.raises(ImportProblems) as info:
         import_source(str(path))
     (problem,) = info.value.imported.problems
-    assert problem == f"l1.jsonl: line 5: {field} must be a whole number from 1 up (a JSON integer such as 19), got {shown}"
+    assert (
+        problem
+        == f"l1.jsonl: line 5: {field} must be a whole number from 1 up (a JSON integer such as 19), got {shown}"
+    )
     kept = import_source(str(path), skip_bad=True)
     assert [t.task_id for t in kept.tasks] == ["cuda-l1/level1/19", "cuda-l1/level2/7", "cuda-l1/level3/1"]
 
 
-@pytest.mark.parametrize("line, words", [
-    ("[" * 100_000, "not a CUDA-L1 row: JSON nested too deep"),
-    ('{"level_id": 1, "task_id": ' + "9" * 5000 + "}", "not a CUDA-L1 row: Exceeds the limit (4300 digits)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("[" * 100_000, "not a CUDA-L1 row: JSON nested too deep"),
+        ('{"level_id": 1, "task_id": ' + "9" * 5000 + "}", "not a CUDA-L1 row: Exceeds the limit (4300 digits)"),
+    ],
+)
 def test_a_cuda_l1_line_python_cannot_read_is_one_bad_item(tmp_path, line, words):
     path = cuda_l1_jsonl(tmp_path / "l1.jsonl", (line,))
     with pytest.raises(ImportProblems) as info:
@@ -320,8 +358,10 @@ def test_stage_refuses_a_float_task_id_in_one_line(tmp_path, capsys):
 
 
 def test_a_kernelbench_parquet_row_shows_a_long_name_cut_short(tmp_path):
-    pq.write_table(pa.table({"code": [REF.format(doc="a", k=1)], "level": [0], "name": ["n" * 10_000],
-                             "problem_id": [1]}), tmp_path / "kb.parquet")  # fmt: skip
+    pq.write_table(
+        pa.table({"code": [REF.format(doc="a", k=1)], "level": [0], "name": ["n" * 10_000], "problem_id": [1]}),
+        tmp_path / "kb.parquet",
+    )
     with pytest.raises(ImportProblems) as info:
         import_source(str(tmp_path / "kb.parquet"))
     (problem,) = info.value.imported.problems

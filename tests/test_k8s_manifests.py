@@ -58,8 +58,12 @@ def strict(schema):
     if not isinstance(schema, dict):
         return schema
     out = {k: strict(v) for k, v in schema.items()}
-    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out \
-            and not out.get("x-kubernetes-preserve-unknown-fields"):  # fmt: skip
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -86,7 +90,9 @@ def errors(doc: dict, crd_validators) -> list[str]:
     if doc["kind"] in NO_OFFLINE_SCHEMA:
         return []
     if doc["kind"] in crd_validators:
-        return [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in crd_validators[doc["kind"]].iter_errors(doc)]
+        return [
+            f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in crd_validators[doc["kind"]].iter_errors(doc)
+        ]
     import kubernetes_validate
 
     try:
@@ -97,8 +103,16 @@ def errors(doc: dict, crd_validators) -> list[str]:
 
 
 def test_every_kustomization_renders_and_every_object_validates(rendered, crd_validators):
-    assert set(KUSTOMIZATIONS) == {"base", "jobs", "overlays/dev", "overlays/production", "overlays/operations",
-                                   "kfp/standalone", "kfp/multi-user", "kfp/pipeline-pods"}  # fmt: skip
+    assert set(KUSTOMIZATIONS) == {
+        "base",
+        "jobs",
+        "overlays/dev",
+        "overlays/production",
+        "overlays/operations",
+        "kfp/standalone",
+        "kfp/multi-user",
+        "kfp/pipeline-pods",
+    }
     for folder, docs in rendered.items():
         for doc in docs:
             assert errors(doc, crd_validators) == [], f"{folder}: {doc['kind']} {doc['metadata']['name']}"
@@ -147,14 +161,20 @@ def test_each_gpu_pool_is_a_worker_group_on_its_gpu_nodes_with_the_configs_value
     for pool in ("A100", "H100", "L40"):
         group = groups[f"gpu-{pool.lower()}"]
         pod = group["template"]["spec"]
-        assert pod["nodeSelector"] == pools[pool].node_selector == {GPU_PRODUCT_LABEL: pod["nodeSelector"][GPU_PRODUCT_LABEL]}
+        assert (
+            pod["nodeSelector"]
+            == pools[pool].node_selector
+            == {GPU_PRODUCT_LABEL: pod["nodeSelector"][GPU_PRODUCT_LABEL]}
+        )
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
         (accelerator,) = [k for k in pools[pool].resources if k.startswith("accelerator_type:")]
         assert group["resources"] == {accelerator: "1", GPU_BENCH_RESOURCE: "1"}  # what bench workers are pinned with
         assert group["template"]["metadata"]["labels"]["speedforge.dev/role"] == "bench"
     assert "nodeSelector" not in groups["build"]["template"]["spec"]
-    for pod in [cluster["spec"]["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups.values()]:
+    for pod in [cluster["spec"]["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in groups.values()
+    ]:
         assert {"mountPath": "/cache", "name": "build-cache"} in pod["containers"][0]["volumeMounts"]
         assert pod["securityContext"]["runAsNonRoot"] is True
 
@@ -174,8 +194,12 @@ def test_bench_workers_fit_only_on_their_pools_bench_group_never_on_the_training
         cpu, gpus = resources["requests"]["cpu"], float(resources["limits"].get("nvidia.com/gpu", 0))
         product = pod.get("nodeSelector", {}).get(GPU_PRODUCT_LABEL)
         detected = {f"accelerator_type:{pool_of_product[product]}": 1.0} if gpus and product else {}
-        return {"CPU": float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu), "GPU": gpus, **detected,
-                **{k: float(v) for k, v in group.get("resources", {}).items()}}  # fmt: skip
+        return {
+            "CPU": float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu),
+            "GPU": gpus,
+            **detected,
+            **{k: float(v) for k, v in group.get("resources", {}).items()},
+        }
 
     nodes = {g["groupName"]: as_node(g) for g in cluster["spec"]["workerGroupSpecs"]}
     assert nodes["gpu-train"]["accelerator_type:H100"] == 1.0 and nodes["gpu-train"]["GPU"] == 1.0
@@ -229,7 +253,10 @@ def reaches(policy: dict) -> set[str]:
     for rule in policy["spec"]["egress"]:
         ports = {(p["protocol"], p["port"]) for p in rule.get("ports", [])}
         for peer in rule["to"]:
-            if peer.get("podSelector", {}).get("matchLabels") == {"k8s-app": "kube-dns"} and ports == {("UDP", 53), ("TCP", 53)}:
+            if peer.get("podSelector", {}).get("matchLabels") == {"k8s-app": "kube-dns"} and ports == {
+                ("UDP", 53),
+                ("TCP", 53),
+            }:
                 found.add("dns")
             elif peer.get("ipBlock") == {"cidr": "169.254.20.10/32"} and ports == {("UDP", 53), ("TCP", 53)}:
                 found.add("node-local-dns")
@@ -245,22 +272,43 @@ def reaches(policy: dict) -> set[str]:
 
 
 def test_each_role_reaches_what_its_work_needs_and_bench_workers_only_the_cluster(rendered):
-    policies = [d for folder in ("base", "kfp/standalone") for d in rendered[folder] if d["kind"] == "NetworkPolicy"
-                and "Egress" in d["spec"]["policyTypes"]]  # fmt: skip
+    policies = [
+        d
+        for folder in ("base", "kfp/standalone")
+        for d in rendered[folder]
+        if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]
+    ]
     pods = role_pods(rendered)
-    selected = {pod: sorted(p["metadata"]["name"] for p in policies if selects(p, labels)) for pod, labels in pods.items()}
-    assert selected == {"head": ["speedforge-autoscaler", "speedforge-train"], "build": [], "gpu-a100": ["speedforge-bench"],
-                        "gpu-h100": ["speedforge-bench"], "gpu-l40": ["speedforge-bench"],
-                        "gpu-train": ["speedforge-train"], "pipeline": ["speedforge-pipeline-pods"]}  # fmt: skip
+    selected = {
+        pod: sorted(p["metadata"]["name"] for p in policies if selects(p, labels)) for pod, labels in pods.items()
+    }
+    assert selected == {
+        "head": ["speedforge-autoscaler", "speedforge-train"],
+        "build": [],
+        "gpu-a100": ["speedforge-bench"],
+        "gpu-h100": ["speedforge-bench"],
+        "gpu-l40": ["speedforge-bench"],
+        "gpu-train": ["speedforge-train"],
+        "pipeline": ["speedforge-pipeline-pods"],
+    }
     by_name = {p["metadata"]["name"]: p for p in policies}
     assert all(p["spec"]["policyTypes"] == ["Egress"] for p in policies)
     assert reaches(by_name["speedforge-bench"]) == {"ray", "dns", "node-local-dns"}  # in-cluster only: no store
     assert reaches(by_name["speedforge-train"]) == {"ray", "dns", "node-local-dns", "store"}
     assert reaches(by_name["speedforge-autoscaler"]) == {"store", "api-server"}  # 443 and 6443: the API server, alone
-    assert reaches(by_name["speedforge-pipeline-pods"]) == {"ray", "dns", "node-local-dns", "store", "api-server",
-                                                            "kubeflow"}  # fmt: skip
-    (pipeline_rule,) = [r for r in by_name["speedforge-pipeline-pods"]["spec"]["egress"]
-                        if r["to"][0].get("podSelector", {}).get("matchLabels") == {"ray.io/cluster": "speedforge"}]
+    assert reaches(by_name["speedforge-pipeline-pods"]) == {
+        "ray",
+        "dns",
+        "node-local-dns",
+        "store",
+        "api-server",
+        "kubeflow",
+    }
+    (pipeline_rule,) = [
+        r
+        for r in by_name["speedforge-pipeline-pods"]["spec"]["egress"]
+        if r["to"][0].get("podSelector", {}).get("matchLabels") == {"ray.io/cluster": "speedforge"}
+    ]
     assert pipeline_rule["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "speedforge"}}
 
 
@@ -270,7 +318,9 @@ def test_training_workers_are_placed_on_the_training_group():
     from speedforge.train.raytrain import scaling_config
 
     (cluster,) = [d for d in render("base") if d["kind"] == "RayCluster"]
-    offering = [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"] if "speedforge_train" in g.get("resources", {})]
+    offering = [
+        g["groupName"] for g in cluster["spec"]["workerGroupSpecs"] if "speedforge_train" in g.get("resources", {})
+    ]
     assert offering == ["gpu-train"]
     scaling = scaling_config(RayTrainConfig(use_gpu=False, resources={"speedforge_train": 1.0}))
     assert scaling.resources_per_worker == {"CPU": 1.0, "speedforge_train": 1.0}
@@ -290,14 +340,25 @@ def test_the_pipeline_pods_service_account_may_make_exactly_the_calls_the_code_m
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in everything if d["kind"] == "Role"}
     (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
     pipeline, _ = yaml.safe_load_all(PIPELINES["training"].package.read_text())
-    assert pipeline["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == cluster["metadata"]["namespace"]
-    for folder, subject in (("kfp/standalone", ("kubeflow", "pipeline-runner")), ("kfp/multi-user", ("team-a", "default-editor"))):
+    assert (
+        pipeline["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"]
+        == cluster["metadata"]["namespace"]
+    )
+    for folder, subject in (
+        ("kfp/standalone", ("kubeflow", "pipeline-runner")),
+        ("kfp/multi-user", ("team-a", "default-editor")),
+    ):
         (binding,) = [d for d in rendered[folder] if d["kind"] == "RoleBinding"]
         assert [(s["kind"], s["namespace"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", *subject)]
         assert binding["metadata"]["namespace"] == cluster["metadata"]["namespace"]  # where the RayJobs are made
         role = roles[(binding["metadata"]["namespace"], binding["roleRef"]["name"])]
-        granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-                   for v in rule["verbs"]}  # fmt: skip
+        granted = {
+            (g, r, v)
+            for rule in role["rules"]
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
         assert granted == {(c.group, c.resource, c.verb) for c in API_CALLS}
         assert {c.namespace for c in API_CALLS} == {"ray"}
 
@@ -311,7 +372,8 @@ def test_an_overlays_namespace_moves_the_objects_and_renames_no_namespace(tmp_pa
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: team-b\n"
-        f"resources:\n  - {os.path.relpath(K8S / 'overlays' / 'production', overlay)}\n")  # fmt: skip
+        f"resources:\n  - {os.path.relpath(K8S / 'overlays' / 'production', overlay)}\n"
+    )
     done = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -325,7 +387,9 @@ def test_every_ray_container_has_http_probes(rendered):
     (cluster,) = [d for d in rendered["overlays/production"] if d["kind"] == "RayCluster"]
     for container in containers(cluster):
         for probe in ("readinessProbe", "livenessProbe"):
-            assert "exec" not in container[probe] and container[probe]["httpGet"]["port"] in (8265, 52365), container["name"]
+            assert "exec" not in container[probe] and container[probe]["httpGet"]["port"] in (8265, 52365), container[
+                "name"
+            ]
             assert container[probe]["httpGet"]["path"] in ("/api/gcs_healthz", "/api/local_raylet_healthz")
 
 
@@ -333,6 +397,7 @@ def test_the_readme_states_the_versions_the_manifests_need():
     readme = (ROOT / "docs" / "guides" / "cluster-install.md").read_text()
     assert "KubeRay 1.5.0" in readme  # the group-level `resources` field of the GPU groups
     assert "Ray 2.53" in readme and "KubeRay 1.6.0" in readme  # KubeRay's own HTTP probes
+
 
 def test_the_overlays_change_the_groups_bounds_and_image_only_where_they_say(rendered):
     def workers(folder):
@@ -351,9 +416,16 @@ def test_the_rayjob_by_hand_is_the_one_the_train_step_creates(rendered):
 
     (by_hand,) = rendered["jobs"]
     entrypoint = TrainingJob(stage="grpo", store="s3://speedforge/runs/training").entrypoint()
-    made = rayjob_manifest(RayJobSpec(name="speedforge-grpo", namespace="speedforge", entrypoint=entrypoint,
-                                      cluster="speedforge", image="registry.example.com/speedforge:0.1.0",
-                                      labels={"speedforge.dev/stage": "grpo"}))  # fmt: skip
+    made = rayjob_manifest(
+        RayJobSpec(
+            name="speedforge-grpo",
+            namespace="speedforge",
+            entrypoint=entrypoint,
+            cluster="speedforge",
+            image="registry.example.com/speedforge:0.1.0",
+            labels={"speedforge.dev/stage": "grpo"},
+        )
+    )
     assert by_hand == made
     (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
     assert by_hand["spec"]["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}
@@ -369,10 +441,16 @@ def test_the_rayjobs_submitter_pod_runs_with_the_restricted_security_fields(rend
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (container,) = pod["containers"]
     context = container["securityContext"]
-    assert context == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+    assert context == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert {m["mountPath"]: "emptyDir" in volumes[m["name"]] for m in container["volumeMounts"]} == {
-        "/tmp": True, "/home/speedforge": True}
+        "/tmp": True,
+        "/home/speedforge": True,
+    }
     # the uid is the image's own user
     assert "USER 1000:1000" in (ROOT / "Dockerfile").read_text()
 
@@ -442,11 +520,16 @@ def test_every_ray_container_runs_with_the_restricted_security_fields(rendered):
                 assert "emptyDir" in writable[path], (name, path)
             assert "persistentVolumeClaim" in writable["/cache"]
     autoscaler = cluster["spec"]["autoscalerOptions"]["securityContext"]
-    assert autoscaler["seccompProfile"] == {"type": "RuntimeDefault"} and autoscaler["capabilities"] == {"drop": ["ALL"]}
+    assert autoscaler["seccompProfile"] == {"type": "RuntimeDefault"} and autoscaler["capabilities"] == {
+        "drop": ["ALL"]
+    }
     assert autoscaler["runAsNonRoot"] is True and autoscaler["allowPrivilegeEscalation"] is False
     # no Namespace object ships (an overlay's `namespace:` would rename it): the README's step labels it
     readme = (ROOT / "docs" / "guides" / "cluster-install.md").read_text()
-    assert "pod-security.kubernetes.io/enforce=baseline" in readme and "pod-security.kubernetes.io/warn=restricted" in readme
+    assert (
+        "pod-security.kubernetes.io/enforce=baseline" in readme
+        and "pod-security.kubernetes.io/warn=restricted" in readme
+    )
 
 
 def test_the_operations_overlay_adds_priority_disruption_budgets_quota_metrics_and_pull_secrets(rendered):
@@ -461,8 +544,11 @@ def test_the_operations_overlay_adds_priority_disruption_budgets_quota_metrics_a
         assert pod["imagePullSecrets"] == [{"name": "speedforge-registry"}], name
     assert not [d for d in docs if d["kind"] == "ServiceAccount"]  # the pipeline pods run as KFP's account
     budgets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"}
-    bench = {g: group for g, group in groups(cluster).items() if group["template"]["metadata"]["labels"].get(
-        "speedforge.dev/role") == "bench"}  # fmt: skip
+    bench = {
+        g: group
+        for g, group in groups(cluster).items()
+        if group["template"]["metadata"]["labels"].get("speedforge.dev/role") == "bench"
+    }
     assert sorted(budgets) == sorted(f"speedforge-bench-{g.removeprefix('gpu-')}" for g in bench)  # none for the head
     for name, spec in budgets.items():  # RayCluster pods: only an integer minAvailable is honoured
         assert spec["minAvailable"] == 1 and "maxUnavailable" not in spec, name
@@ -474,7 +560,9 @@ def test_the_operations_overlay_adds_priority_disruption_budgets_quota_metrics_a
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["selector"] == {"matchLabels": {"ray.io/cluster": cluster["metadata"]["name"]}}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    head_ports = {p["name"]: p["containerPort"] for p in groups(cluster)["head"]["template"]["spec"]["containers"][0]["ports"]}
+    head_ports = {
+        p["name"]: p["containerPort"] for p in groups(cluster)["head"]["template"]["spec"]["containers"][0]["ports"]
+    }
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     for name, group in groups(cluster).items():
         assert int(group["rayStartParams"]["metrics-export-port"]) == head_ports["metrics"], name

@@ -18,8 +18,14 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     if lint is None:
         pytest.skip("import-linter is not installed (pip install 'speedforge[dev]')")
-    return subprocess.run([lint, "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root, text=True,
-                          capture_output=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [lint, "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        text=True,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)},
+        timeout=300,
+    )
 
 
 def test_the_package_keeps_the_readmes_layers():
@@ -28,11 +34,14 @@ def test_the_package_keeps_the_readmes_layers():
     assert "1 kept, 0 broken" in done.stdout
 
 
-@pytest.mark.parametrize("module, upward", [
-    ("speedforge/train/rewards.py", "from speedforge.recipes import training"),  # train -> recipes
-    ("speedforge/config.py", "from speedforge.train import rewards"),  # the core -> train
-    ("speedforge/train/scoring.py", "from speedforge.search import loop"),  # train -> its sibling search
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "module, upward",
+    [
+        ("speedforge/train/rewards.py", "from speedforge.recipes import training"),  # train -> recipes
+        ("speedforge/config.py", "from speedforge.train import rewards"),  # the core -> train
+        ("speedforge/train/scoring.py", "from speedforge.search import loop"),  # train -> its sibling search
+    ],
+)
 def test_an_upward_import_breaks_the_contract(tmp_path, module, upward):
     for name in ("speedforge", "components", "pipelines"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.yaml"))

@@ -31,16 +31,27 @@ from speedforge.store.models import model_files
 FILES = {"config.json": "0" * 64}
 
 
-def heldout(model: str, statuses: list[str], speedups: list[float | None], tasks=("cpp/a", "cpp/b"),
-            samples: int = 0, **kwargs) -> HeldoutEval:  # fmt: skip
+def heldout(
+    model: str, statuses: list[str], speedups: list[float | None], tasks=("cpp/a", "cpp/b"), samples: int = 0, **kwargs
+) -> HeldoutEval:
     samples = samples or len(statuses) // len(tasks)
-    return HeldoutEval(model=model, pool="cpu", split_id="split-1", tasks=tuple(tasks), samples=samples, seed=0,
-                       statuses=tuple(statuses), speedups=tuple(speedups), **kwargs)  # fmt: skip
+    return HeldoutEval(
+        model=model,
+        pool="cpu",
+        split_id="split-1",
+        tasks=tuple(tasks),
+        samples=samples,
+        seed=0,
+        statuses=tuple(statuses),
+        speedups=tuple(speedups),
+        **kwargs,
+    )
 
 
 def local_config(tmp_path: Path, **models) -> Config:
-    return Config(store=StoreConfig(uri=str(tmp_path / "store")),
-                  models=ModelsConfig(cache_dir=str(tmp_path / "cache"), **models))  # fmt: skip
+    return Config(
+        store=StoreConfig(uri=str(tmp_path / "store")), models=ModelsConfig(cache_dir=str(tmp_path / "cache"), **models)
+    )
 
 
 # -- the registry ------------------------------------------------------------------------------
@@ -56,8 +67,10 @@ def test_versions_champion_and_history_are_append_only_records(tmp_path):
     reg.promote(1, "first")
     reg.promote(2, "better")
     assert reg.champion() == two and reg.get("champion") == two and reg.get("v1") == one
-    assert [(c.seq, c.version, c.previous, c.action) for c in reg.history()] == [(1, 1, 0, "promote"),
-                                                                                 (2, 2, 1, "promote")]  # fmt: skip
+    assert [(c.seq, c.version, c.previous, c.action) for c in reg.history()] == [
+        (1, 1, 0, "promote"),
+        (2, 2, 1, "promote"),
+    ]
     before = set(store.list("models/"))
     reg.rollback("v2 writes broken code")
     assert reg.alias() == 1
@@ -100,7 +113,9 @@ def test_two_writers_on_s3_lose_no_record(s3_uri):
 
 def test_gate_promotes_on_correct_fraction_and_refuses_when_worse():
     gate = GateConfig(samples=4, resamples=500)
-    champion = heldout("models:/policy@1", ["ok", "incorrect", "compile_error", "incorrect"] * 8, [1.1, None, None, None] * 8)
+    champion = heldout(
+        "models:/policy@1", ["ok", "incorrect", "compile_error", "incorrect"] * 8, [1.1, None, None, None] * 8
+    )
     better = heldout("models:/policy@2", ["ok", "ok", "ok", "incorrect"] * 8, [1.2, 0.9, 1.3, None] * 8)
     verdict = judge(better, champion, gate)
     assert verdict.promote and "correct_fraction 0.75 vs 0.25" in verdict.reason
@@ -143,9 +158,11 @@ def test_gate_version_records_a_promotion_and_a_refusal_with_their_figures(tmp_p
     reg = open_registry(config)
     for run in ("r1", "r2", "r3"):
         reg.register(f"/ckpt/{run}", FILES, run_id=run)
-    figures = {"models:/policy@1": (["ok", "incorrect", "incorrect", "incorrect"], [1.1, None, None, None]),
-               "models:/policy@2": (["ok", "ok", "ok", "incorrect"], [1.2, 1.3, 1.1, None]),
-               "models:/policy@3": (["incorrect"] * 4, [None] * 4)}  # fmt: skip
+    figures = {
+        "models:/policy@1": (["ok", "incorrect", "incorrect", "incorrect"], [1.1, None, None, None]),
+        "models:/policy@2": (["ok", "ok", "ok", "incorrect"], [1.2, 1.3, 1.1, None]),
+        "models:/policy@3": (["incorrect"] * 4, [None] * 4),
+    }
     checks = []
 
     def check(config, version, say):
@@ -156,8 +173,13 @@ def test_gate_version_records_a_promotion_and_a_refusal_with_their_figures(tmp_p
     assert first.promoted and first.champion == 0 and "no champion yet" in first.reason
     second = gate_version(config, 2, check=check, say=lambda _: None)
     third = gate_version(config, 3, check=check, say=lambda _: None)
-    assert checks == ["models:/policy@1", "models:/policy@2", "models:/policy@1", "models:/policy@3",
-                      "models:/policy@2"]  # the champion checked again each time, with the same check  # fmt: skip
+    assert checks == [
+        "models:/policy@1",
+        "models:/policy@2",
+        "models:/policy@1",
+        "models:/policy@3",
+        "models:/policy@2",
+    ]  # the champion checked again each time, with the same check
     assert second.promoted and second.champion == 1 and reg.alias() == 2
     assert not third.promoted and third.champion == 2 and "worse than the champion" in third.reason
     recorded = {d.candidate: d for d in reg.decisions()}
@@ -168,7 +190,10 @@ def test_gate_version_records_a_promotion_and_a_refusal_with_their_figures(tmp_p
     assert (lost.new, lost.champion, lost.verdict) == (0.0, 0.75, "worse")
     assert HeldoutEval.from_json(recorded[3].champion_eval_json).model == "models:/policy@2"
     assert json.loads(recorded[3].rule)["metrics"] == ["correct_fraction", "median_speedup"]
-    assert [c.decision_id for c in reg.history()] == [first.decision_id, second.decision_id]  # the refusal moved nothing
+    assert [c.decision_id for c in reg.history()] == [
+        first.decision_id,
+        second.decision_id,
+    ]  # the refusal moved nothing
 
 
 def test_the_held_out_split_is_fixed_per_data_set_version(tmp_path):
@@ -187,7 +212,8 @@ def test_the_held_out_split_is_fixed_per_data_set_version(tmp_path):
     moved = dataclasses.replace(config, train=dataclasses.replace(config.train, heldout=("cpp/rmsnorm",)))
     decision = gate_version(moved, 2, check=lambda *a: pytest.fail("checked a moved split"), say=lambda _: None)
     assert not decision.promoted and decision.reason.startswith(
-        "the held-out split moved: this data set version's was fixed as cpp/sum_squares")
+        "the held-out split moved: this data set version's was fixed as cpp/sum_squares"
+    )
     assert "this night's is cpp/rmsnorm" in decision.reason and reg.decisions()[-1] == decision
     assert reg.alias() == 1
 
@@ -221,18 +247,22 @@ def test_a_version_is_fetched_from_s3_checked_and_cached(s3_uri, tmp_path):
     assert sorted(files) == ["config.json", "weights.bin"]
     version = reg.register(f"{s3_uri}/runs/r1/grpo/final", files, run_id="r1")
     reg.promote(version.version, "first")
-    resolved = with_registered_model(dataclasses.replace(config, policy=dataclasses.replace(config.policy,
-                                                                                            model="champion")))  # fmt: skip
+    resolved = with_registered_model(
+        dataclasses.replace(config, policy=dataclasses.replace(config.policy, model="champion"))
+    )
     folder = Path(resolved.policy.model)
     assert folder.is_relative_to(tmp_path / "cache") and (folder / "weights.bin").read_bytes() == b"w" * 1000
     open_store(f"{s3_uri}/runs/r1/grpo/final").put_bytes("weights.bin", b"x" * 1000)  # changed after registration
     assert fetch_version(version, config.models.cache_dir) == str(folder)  # the complete copy: read from the cache
     shutil.rmtree(folder)
-    with pytest.raises(UserError, match=r"models:/policy@1: the checkpoint .* changed or lost files since it was registered"):
+    with pytest.raises(
+        UserError, match=r"models:/policy@1: the checkpoint .* changed or lost files since it was registered"
+    ):
         fetch_version(version, config.models.cache_dir)
     with pytest.raises(UserError, match="has no champion .* yet"):
-        with_registered_model(dataclasses.replace(config, policy=dataclasses.replace(config.policy,
-                                                                                     model="models:/other@champion")))  # fmt: skip
+        with_registered_model(
+            dataclasses.replace(config, policy=dataclasses.replace(config.policy, model="models:/other@champion"))
+        )
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -243,8 +273,9 @@ def test_models_command_lists_shows_promotes_and_rolls_back(tmp_path, capsys):
     config.write_text(f"store:\n  uri: {tmp_path / 'store'}\n")
     reg = ModelRegistry(open_store(tmp_path / "store"), "policy")
     evaluation = heldout("/ckpt/r1", ["ok", "incorrect"] * 2, [1.4, None] * 2)
-    reg.register("/ckpt/r1", FILES, run_id="pipeline-1", stage="grpo",
-                 evaluations_json=json.dumps({"cpu": evaluation.to_dict()}))  # fmt: skip
+    reg.register(
+        "/ckpt/r1", FILES, run_id="pipeline-1", stage="grpo", evaluations_json=json.dumps({"cpu": evaluation.to_dict()})
+    )
     reg.register("/ckpt/r2", FILES, run_id="pipeline-2", stage="grpo", parent="models:/policy@1")
     assert main(["--config", str(config), "models", "promote", "1", "--reason", "first night"]) == 0
     assert main(["--config", str(config), "models", "promote", "2", "--reason", "second night"]) == 0
@@ -259,10 +290,13 @@ def test_models_command_lists_shows_promotes_and_rolls_back(tmp_path, capsys):
     assert "models:/policy@1  (champion)" in out and "pipeline-1" in out
     assert main(["--config", str(config), "models", "show", "2", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["version"]["parent"] == "models:/policy@1" and len(shown["champion_changes"]) == 2  # made champion, rolled back
+    assert (
+        shown["version"]["parent"] == "models:/policy@1" and len(shown["champion_changes"]) == 2
+    )  # made champion, rolled back
     assert main(["--config", str(config), "models", "promote", "9", "--reason", "x"]) == 2
-    assert capsys.readouterr().err.strip() == (f"speedforge models: error: model 'policy' has no version 9 in "
-                                               f"{tmp_path / 'store'}; versions: 1, 2")  # fmt: skip
+    assert capsys.readouterr().err.strip() == (
+        f"speedforge models: error: model 'policy' has no version 9 in {tmp_path / 'store'}; versions: 1, 2"
+    )
     assert main(["--config", str(config), "models", "show", "champion", "--name", "other"]) == 2
     assert "model 'other' has no champion" in capsys.readouterr().err
 
@@ -274,10 +308,14 @@ def test_registered_tiny_model_is_checked_gated_and_refused_when_no_better(tiny_
     """The real held-out check: the tiny model on the first held-out cpp task, two samples of a few
     tokens each; the first version becomes champion, the second (the same weights) is refused."""
     push_folder(tiny_model, f"{s3_uri}/runs/r1/grpo/final")
-    config = dataclasses.replace(local_config(tmp_path, gate=GateConfig(samples=2, resamples=200)),
-                                 store=StoreConfig(uri=s3_uri))  # fmt: skip
-    config = dataclasses.replace(config, policy=dataclasses.replace(config.policy, max_new_tokens=16, device="cpu"),
-                                 evaluator=dataclasses.replace(config.evaluator, cache_dir=str(tmp_path / "build")))  # fmt: skip
+    config = dataclasses.replace(
+        local_config(tmp_path, gate=GateConfig(samples=2, resamples=200)), store=StoreConfig(uri=s3_uri)
+    )
+    config = dataclasses.replace(
+        config,
+        policy=dataclasses.replace(config.policy, max_new_tokens=16, device="cpu"),
+        evaluator=dataclasses.replace(config.evaluator, cache_dir=str(tmp_path / "build")),
+    )
     lines = []
     one = register_checkpoint(config, f"{s3_uri}/runs/r1/grpo/final", run_id="r1", stage="grpo", say=lines.append)
     (evaluation,) = one.evaluations.values()
@@ -285,8 +323,9 @@ def test_registered_tiny_model_is_checked_gated_and_refused_when_no_better(tiny_
     assert evaluation.split_id and one.split_id == evaluation.split_id and one.code_version.startswith("0.1.0")
     first = gate_version(config, 1, say=lines.append)
     assert first.promoted and "no champion yet" in first.reason
-    two = register_checkpoint(config, f"{s3_uri}/runs/r1/grpo/final", run_id="r2", stage="grpo", parent=one.ref,
-                              say=lines.append)  # fmt: skip
+    two = register_checkpoint(
+        config, f"{s3_uri}/runs/r1/grpo/final", run_id="r2", stage="grpo", parent=one.ref, say=lines.append
+    )
     second = gate_version(config, two.version, say=lines.append)
     assert not second.promoted and second.champion == 1
     assert [f.metric for f in second.figures][0] == "correct_fraction"
@@ -313,8 +352,11 @@ def test_training_starts_from_the_champion_when_there_is_one(tiny_model, tmp_pat
     from speedforge.recipes.training import starting_model
 
     config = local_config(tmp_path)
-    config = dataclasses.replace(config, policy=dataclasses.replace(config.policy, model=tiny_model),
-                                 train=dataclasses.replace(config.train, store=str(tmp_path / "run-store")))  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        policy=dataclasses.replace(config.policy, model=tiny_model),
+        train=dataclasses.replace(config.train, store=str(tmp_path / "run-store")),
+    )
     store = open_store(tmp_path / "run-store")
     assert starting_model(config, "sft", store) == tiny_model  # no champion: the base model
     reg = open_registry(config)
@@ -351,11 +393,30 @@ def test_serve_policy_loads_the_champion_through_the_store(tiny_model, s3_uri, t
     version = reg.register(f"{s3_uri}/runs/r1/grpo/final", model_files(f"{s3_uri}/runs/r1/grpo/final"))
     reg.promote(version.version, "first")
     config = tmp_path / "config.yaml"
-    config.write_text(f"store:\n  uri: {s3_uri}\nmodels:\n  cache_dir: {tmp_path / 'cache'}\n"
-                      "policy:\n  device: cpu\n  cpu_threads: 1\n")  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "speedforge.cli", "--config", str(config), "serve-policy",
-                                "--model", "champion", "--port", "0", "--quiet", "--max-new-tokens", "4"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    config.write_text(
+        f"store:\n  uri: {s3_uri}\nmodels:\n  cache_dir: {tmp_path / 'cache'}\n"
+        "policy:\n  device: cpu\n  cpu_threads: 1\n"
+    )
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "speedforge.cli",
+            "--config",
+            str(config),
+            "serve-policy",
+            "--model",
+            "champion",
+            "--port",
+            "0",
+            "--quiet",
+            "--max-new-tokens",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = process.stdout.readline()
         match = re.search(r"serving models:/policy@1 \(cpu\) at (http://127\.0\.0\.1:\d+/v1)", line)
@@ -363,8 +424,9 @@ def test_serve_policy_loads_the_champion_through_the_store(tiny_model, s3_uri, t
         with urllib.request.urlopen(f"{match.group(1)}/models", timeout=60) as response:
             assert json.loads(response.read())["data"][0]["id"] == "models:/policy@1"
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
-        request = urllib.request.Request(f"{match.group(1)}/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{match.group(1)}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             assert json.loads(response.read())["object"] == "chat.completion"
     finally:

@@ -27,25 +27,39 @@ from speedforge.store.s3server import SeaweedServer  # noqa: E402
 # pipeline test's runs (model line "policy") share.
 NAME = f"nightly-{uuid.uuid4().hex[:8]}"
 MEASURE = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
-BUDGET = {"source": "builtin:cpp", "pools": "cpu", "search_pool": "cpu", "train_stage": "grpo",
-          "baseline_candidates": 1, "search_tasks": 1, "search_rounds": 1, "search_samples": 1,
-          "max_new_tokens": 16}  # fmt: skip
+BUDGET = {
+    "source": "builtin:cpp",
+    "pools": "cpu",
+    "search_pool": "cpu",
+    "train_stage": "grpo",
+    "baseline_candidates": 1,
+    "search_tasks": 1,
+    "search_rounds": 1,
+    "search_samples": 1,
+    "max_new_tokens": 16,
+}
 
 
 @pytest.mark.slow  # two whole pipeline runs: about 6 min each on 2 cores at a load of 20
 @pytest.mark.timeout(2700)  # more than the suite's 900 s per test
 def test_the_second_night_warm_starts_from_the_first_nights_champion(tmp_path, tiny_model, warm_cache):
-    config_text = (f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
-                   f'models: {{cache_dir: "{tmp_path / "models"}"}}\n')  # the search step's copy of the champion
-    train = (f'policy: {{model: "{tiny_model}", device: cpu, max_new_tokens: 16}}\n'
-             f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
-             f'models: {{name: {NAME}, cache_dir: "{tmp_path / "models"}", gate: {{samples: 2, resamples: 200}}}}\n'
-             f'train:\n  work_dir: "{tmp_path / "train"}"\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
-             "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
+    config_text = (
+        f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
+        f'models: {{cache_dir: "{tmp_path / "models"}"}}\n'
+    )  # the search step's copy of the champion
+    train = (
+        f'policy: {{model: "{tiny_model}", device: cpu, max_new_tokens: 16}}\n'
+        f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
+        f'models: {{name: {NAME}, cache_dir: "{tmp_path / "models"}", gate: {{samples: 2, resamples: 200}}}}\n'
+        f'train:\n  work_dir: "{tmp_path / "train"}"\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
+        "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n"
+    )
     config = loads_config(config_text)
     arguments = {**BUDGET, "train_config": train, "model": f"models:/{NAME}@champion"}  # the search: the champion
-    nights = [run_pipeline_locally(PIPELINES["training"].func, arguments, config, config_text, ray_head=True)
-              for _ in range(2)]  # as `speedforge pipeline run-local`: the train step through a Ray head of its own
+    nights = [
+        run_pipeline_locally(PIPELINES["training"].func, arguments, config, config_text, ray_head=True)
+        for _ in range(2)
+    ]  # as `speedforge pipeline run-local`: the train step through a Ray head of its own
     first, second = ({s.step: s for s in night.steps} for night in nights)
     assert all(s.status == "ok" for night in (first, second) for s in night.values())
     assert first["train-grpo"].outcome["init_model"] == tiny_model  # no champion yet: the base model
@@ -66,7 +80,10 @@ def test_the_second_night_warm_starts_from_the_first_nights_champion(tmp_path, t
         assert (decision_one.candidate, decision_one.champion, decision_one.promoted) == (1, 0, True)
         assert (decision_two.candidate, decision_two.champion, decision_two.promoted) == (2, 1, False)
         assert "not better by the margin" in decision_two.reason
-        checked = HeldoutEval.from_json(decision_two.champion_eval_json), HeldoutEval.from_json(decision_two.candidate_eval_json)
+        checked = (
+            HeldoutEval.from_json(decision_two.champion_eval_json),
+            HeldoutEval.from_json(decision_two.candidate_eval_json),
+        )
         assert checked[0].same_check(checked[1]) == "" and checked[0].tasks == ("cpp/sum_squares",)
         assert [f.metric for f in decision_two.figures] == ["correct_fraction", "median_speedup"]
         assert [(c.version, c.action) for c in registry.history()] == [(1, "promote")]

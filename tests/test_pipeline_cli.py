@@ -50,8 +50,12 @@ class FakeKfp:
         if path == "/apis/v2beta1/runs" and method == "POST":
             return 200, {**body, "run_id": "run-1", "state": "PENDING"}
         if path == "/apis/v2beta1/runs/run-1":
-            return 200, {"run_id": "run-1", "display_name": "nightly", "state": "FAILED",
-                         "error": {"message": "step train-grpo failed: RayJob ended Failed/FAILED\ntraceback..."}}
+            return 200, {
+                "run_id": "run-1",
+                "display_name": "nightly",
+                "state": "FAILED",
+                "error": {"message": "step train-grpo failed: RayJob ended Failed/FAILED\ntraceback..."},
+            }
         return 404, {"error": "not found", "message": f"no {path}"}
 
 
@@ -79,16 +83,36 @@ def test_schedule_twice_is_refused_rather_than_starting_two_competing_nightly_ru
 
 def test_schedule_creates_a_nightly_recurring_run_with_a_service_account(capsys):
     with FakeApi(FakeKfp()) as api:
-        code = main(["pipeline", "schedule", "--host", api.url, "--param", "pools=H100,L40", "--image", IMAGE,
-                     "--param", "search_tasks=8", "--service-account", "pipeline-runner"])  # fmt: skip
+        code = main(
+            [
+                "pipeline",
+                "schedule",
+                "--host",
+                api.url,
+                "--param",
+                "pools=H100,L40",
+                "--image",
+                IMAGE,
+                "--param",
+                "search_tasks=8",
+                "--service-account",
+                "pipeline-runner",
+            ]
+        )
     assert code == 0
     body = posted(api, "/apis/v2beta1/recurringruns")
     assert body["trigger"] == {"cron_schedule": {"cron": DEFAULT_CRON}}
     assert (body["service_account"], body["max_concurrency"], body["no_catchup"], body["mode"]) == (
-        "pipeline-runner", 1, True, "ENABLE")
+        "pipeline-runner",
+        1,
+        True,
+        "ENABLE",
+    )
     assert executor_images(body) == {IMAGE}  # every step, and the RayJob's submitter by the image parameter:
-    assert body["pipeline_spec"]["pipeline_spec"]["root"]["inputDefinitions"]["parameters"]["image"][
-        "defaultValue"] == IMAGE
+    assert (
+        body["pipeline_spec"]["pipeline_spec"]["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"]
+        == IMAGE
+    )
     assert body["runtime_config"]["parameters"] == {"pools": "H100,L40", "search_tasks": 8}
     assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "speedforge-training"
     assert body["experiment_id"] == "exp-1"  # made, since none of that name existed
@@ -99,10 +123,26 @@ def test_schedule_creates_a_nightly_recurring_run_with_a_service_account(capsys)
 
 def test_submit_creates_a_run_and_status_reports_its_error(capsys):
     with FakeApi(FakeKfp()) as api:
-        assert main(["pipeline", "submit", "--host", api.url, "--name", "cross-arch", "--param", "pools=A100",
-                     "--image", IMAGE]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "pipeline",
+                    "submit",
+                    "--host",
+                    api.url,
+                    "--name",
+                    "cross-arch",
+                    "--param",
+                    "pools=A100",
+                    "--image",
+                    IMAGE,
+                ]
+            )
+            == 0
+        )
         assert posted(api, "/apis/v2beta1/runs")["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == (
-            "speedforge-cross-arch")
+            "speedforge-cross-arch"
+        )
         assert executor_images(posted(api, "/apis/v2beta1/runs")) == {IMAGE}
         assert "run run-1 (nightly): FAILED" in capsys.readouterr().out
         assert main(["pipeline", "status", "run-1", "--host", api.url]) == 1
@@ -145,24 +185,45 @@ def test_a_five_field_cron_is_refused_before_any_endpoint_is_tried(capsys):
 def test_cron_takes_what_kfps_scheduler_takes():
     assert check_cron(DEFAULT_CRON) == "0 0 2 * * *"
     assert check_cron("0  30 1 * * 1-5") == "0 30 1 * * 1-5"
-    for good in ("@daily", "@hourly", "@weekly", "@monthly", "@yearly", "@annually", "@midnight", "@every 6h",
-                 "@every 1h30m", "@every 90s", "0 */15 * * * *", "0 0 2 ? * MON-FRI", "0 0 3 1 JAN,JUL *",
-                 "30 0 0 1-7 1 *", "0 0 2 29 2 *"):  # fmt: skip
+    for good in (
+        "@daily",
+        "@hourly",
+        "@weekly",
+        "@monthly",
+        "@yearly",
+        "@annually",
+        "@midnight",
+        "@every 6h",
+        "@every 1h30m",
+        "@every 90s",
+        "0 */15 * * * *",
+        "0 0 2 ? * MON-FRI",
+        "0 0 3 1 JAN,JUL *",
+        "30 0 0 1-7 1 *",
+        "0 0 2 29 2 *",
+    ):
         assert check_cron(good) == " ".join(good.split())
 
 
 def test_cron_refuses_what_never_fires_or_kfp_does_not_read_naming_the_field():
-    for bad, message in (("0 0 2 * * * *", "has 7 fields; KFP needs 6"), ("75 0 2 * * *", "seconds field '75' is "
-                         "out of range 0-59"), ("0 0 25 * * *", "hours field '25' is out of range 0-23"),
-                         ("0 0 2 * * $", "day of week field '$' is not a cron field"),
-                         ("0 0 2 0 * *", "day of month field '0' is out of range 1-31"),
-                         ("0 0 2 * 13 *", "month field '13' is out of range 1-12"),
-                         ("0 0 2 * * 7", "day of week field '7' is out of range 0-6"),
-                         ("0 0 2 30 2 *", "never fires"), ("0 0 2 L * *", "has 'L', which KFP's cron does not know"),
-                         ("0 0 2 * * 1#2", "is not a cron field"), ("0 0 2 * FOO *", "has 'FOO'"),
-                         ("? 0 2 * * *", "'?' is for the day fields only"), ("@nightly", "KFP knows the descriptors"),
-                         ("@every", "@every needs a positive Go duration"), ("@every 2 days", "Go duration"),
-                         ("@every 0s", "positive")):  # fmt: skip
+    for bad, message in (
+        ("0 0 2 * * * *", "has 7 fields; KFP needs 6"),
+        ("75 0 2 * * *", "seconds field '75' is out of range 0-59"),
+        ("0 0 25 * * *", "hours field '25' is out of range 0-23"),
+        ("0 0 2 * * $", "day of week field '$' is not a cron field"),
+        ("0 0 2 0 * *", "day of month field '0' is out of range 1-31"),
+        ("0 0 2 * 13 *", "month field '13' is out of range 1-12"),
+        ("0 0 2 * * 7", "day of week field '7' is out of range 0-6"),
+        ("0 0 2 30 2 *", "never fires"),
+        ("0 0 2 L * *", "has 'L', which KFP's cron does not know"),
+        ("0 0 2 * * 1#2", "is not a cron field"),
+        ("0 0 2 * FOO *", "has 'FOO'"),
+        ("? 0 2 * * *", "'?' is for the day fields only"),
+        ("@nightly", "KFP knows the descriptors"),
+        ("@every", "@every needs a positive Go duration"),
+        ("@every 2 days", "Go duration"),
+        ("@every 0s", "positive"),
+    ):
         with pytest.raises(UserError, match=re.escape(message)):
             check_cron(bad)
 
@@ -171,8 +232,10 @@ def test_next_runs_are_counted_in_utc_as_kfp_does():
     after = datetime.datetime(2026, 11, 24, 20, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=-5)))
     utc = datetime.timezone.utc
     assert next_runs(DEFAULT_CRON, after) == [datetime.datetime(2026, 11, 25, 2, 0, tzinfo=utc)]  # after 01:30 UTC
-    assert next_runs("@daily", after, 2) == [datetime.datetime(2026, 11, 26, tzinfo=utc),
-                                             datetime.datetime(2026, 11, 27, tzinfo=utc)]  # fmt: skip
+    assert next_runs("@daily", after, 2) == [
+        datetime.datetime(2026, 11, 26, tzinfo=utc),
+        datetime.datetime(2026, 11, 27, tzinfo=utc),
+    ]
     assert next_runs("@every 1h30m", after) == [datetime.datetime(2026, 11, 25, 3, 0, tzinfo=utc)]
 
 
@@ -194,8 +257,9 @@ def test_no_endpoint_at_all_says_how_to_give_one(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["compile", "submit", "schedule"])
-def test_a_bare_or_missing_image_is_refused_in_one_line_before_any_endpoint_is_tried(command, capsys, monkeypatch,
-                                                                                    tmp_path):  # fmt: skip
+def test_a_bare_or_missing_image_is_refused_in_one_line_before_any_endpoint_is_tried(
+    command, capsys, monkeypatch, tmp_path
+):
     monkeypatch.delenv("SPEEDFORGE_IMAGE", raising=False)
     where = ["--out", str(tmp_path)] if command == "compile" else ["--host", f"http://127.0.0.1:{closed_port()}"]
     for image in ("speedforge:0.1.0", "speedforge", "registry.example.com/speedforge"):
@@ -210,26 +274,35 @@ def test_a_bare_or_missing_image_is_refused_in_one_line_before_any_endpoint_is_t
         monkeypatch.delenv("SPEEDFORGE_IMAGE")
         assert main(["pipeline", command, *where]) == 2
         assert "no image for the run's steps: give --image REGISTRY/speedforge:TAG or set $SPEEDFORGE_IMAGE" in (
-            capsys.readouterr().err)
+            capsys.readouterr().err
+        )
 
 
 def test_fully_qualified_images_pass(monkeypatch):
     from speedforge.recipes.kfp_runs import check_image
 
-    for image in ("registry.example.com/speedforge:0.1.0", "ghcr.io/org/team/speedforge:v1", "localhost:5000/sf:1",
-                  "123456789.dkr.ecr.us-east-1.amazonaws.com/speedforge@sha256:" + "a" * 64):  # fmt: skip
+    for image in (
+        "registry.example.com/speedforge:0.1.0",
+        "ghcr.io/org/team/speedforge:v1",
+        "localhost:5000/sf:1",
+        "123456789.dkr.ecr.us-east-1.amazonaws.com/speedforge@sha256:" + "a" * 64,
+    ):
         assert check_image(image) == image
 
 
 def test_an_unknown_pool_or_parameter_is_refused_before_a_run_is_made(capsys):
     assert main(["pipeline", "submit", "--param", "pools=H100,H9000", "--image", IMAGE]) == 2
     assert "unknown pool(s) H9000; configured pools:" in capsys.readouterr().err
-    with pytest.raises(UserError, match="--param searchtasks: the pipeline has no such parameter; known: .*search_tasks"):
+    with pytest.raises(
+        UserError, match="--param searchtasks: the pipeline has no such parameter; known: .*search_tasks"
+    ):
         parse_params(TRAINING, ["searchtasks=3"])
     with pytest.raises(UserError, match="--param search_tasks='many': expected an integer"):
         parse_params(TRAINING, ["search_tasks=many"])
-    assert parse_params(TRAINING, ["train_timeout_s=60", "store=s3://b/p"]) == {"train_timeout_s": 60.0,
-                                                                                 "store": "s3://b/p"}
+    assert parse_params(TRAINING, ["train_timeout_s=60", "store=s3://b/p"]) == {
+        "train_timeout_s": 60.0,
+        "store": "s3://b/p",
+    }
 
 
 @pytest.mark.parametrize("command", ["compile", "submit", "schedule", "status", "run-local"])

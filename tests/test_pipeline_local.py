@@ -63,8 +63,10 @@ def test_a_run_naming_an_unknown_pool_fails_at_its_first_step_with_a_failure_rep
     config_file.write_text(text)
     assert main(["--config", str(config_file), "pipeline", "run-local", "--pools", "cpu,nosuch"]) == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
-    assert message.startswith("speedforge pipeline: error: the pipeline failed at step check-pools: unknown pool(s) "
-                              "nosuch; configured pools: cpu, cpu2")  # fmt: skip
+    assert message.startswith(
+        "speedforge pipeline: error: the pipeline failed at step check-pools: unknown pool(s) "
+        "nosuch; configured pools: cpu, cpu2"
+    )
     report_uri = message.rsplit("failure report: ", 1)[1].rstrip(")")
     key = report_uri.removeprefix(f"s3://{BUCKET}/{PREFIX}/")
     with SeaweedServer(tmp_path / "cache" / "pipeline-s3", bucket=BUCKET) as server, environment(server.env()):
@@ -114,8 +116,11 @@ def test_a_step_that_reads_a_path_another_step_wrote_fails_as_on_a_cluster(tmp_p
     disk): a local path handed to the next step does not exist there, and the error says why; the
     failed task's log file (its traceback) is named before the error."""
     text, config = two_pool_config(tmp_path)
-    with pytest.raises(UserError, match=r"the pipeline failed at step load: model path (/\S+)/model does not exist .*"
-                                        r"another step's folder, gone when that step ended: steps share only the store"):
+    with pytest.raises(
+        UserError,
+        match=r"the pipeline failed at step load: model path (/\S+)/model does not exist .*"
+        r"another step's folder, gone when that step ended: steps share only the store",
+    ):
         run_pipeline_locally(local_path_between_steps, {}, config, text)
     out = capfd.readouterr().out.splitlines()
     assert [line.split()[:2] for line in out[:2]] == [["write", "ok"], ["load", "failed"]]
@@ -133,9 +138,19 @@ def where_am_i(config: str, store: str, run_id: str, name: str) -> dict:
     from speedforge.config import loads_config
     from speedforge.recipes.run_steps import run_step
 
-    return run_step(loads_config(config), store, run_id, name, lambda: {
-        "home": os.path.expanduser("~"), "cwd": os.getcwd(), "tmp": tempfile.gettempdir(),
-        "cache": os.environ.get("SPEEDFORGE_CACHE", ""), "cache_dir": loads_config(config).evaluator.cache_dir})
+    return run_step(
+        loads_config(config),
+        store,
+        run_id,
+        name,
+        lambda: {
+            "home": os.path.expanduser("~"),
+            "cwd": os.getcwd(),
+            "tmp": tempfile.gettempdir(),
+            "cache": os.environ.get("SPEEDFORGE_CACHE", ""),
+            "cache_dir": loads_config(config).evaluator.cache_dir,
+        },
+    )
 
 
 @dsl.pipeline(name="speedforge-two-steps")
@@ -167,17 +182,31 @@ def baselines_and_selection(source: str, pools: str, store: str, config: str, ba
     staged = stage_dataset(config=config, source=source, dataset="", store=store, run_id=run_id)
     with dsl.ParallelFor(checked.output) as pool:
         pool_placement(config=config, pool=pool, ray_address="")
-        measured = measure_baselines(config=config, dataset=staged.outputs["staged"], pool=pool, store=store, ray_address="",
-                                     limit=baseline_candidates, run_id=run_id)  # fmt: skip
-    select_best(config=config, source_store=store, dataset_uri=staged.outputs["dataset_uri"], pool="", store=store,
-                run_id=run_id).after(measured)
+        measured = measure_baselines(
+            config=config,
+            dataset=staged.outputs["staged"],
+            pool=pool,
+            store=store,
+            ray_address="",
+            limit=baseline_candidates,
+            run_id=run_id,
+        )
+    select_best(
+        config=config,
+        source_store=store,
+        dataset_uri=staged.outputs["dataset_uri"],
+        pool="",
+        store=store,
+        run_id=run_id,
+    ).after(measured)
 
 
 @pytest.mark.slow
 def test_baselines_fan_out_over_two_pools_and_the_best_variants_are_selected(tmp_path):
     text, config = two_pool_config(tmp_path)
-    run = run_pipeline_locally(baselines_and_selection, {"source": "builtin:cpp", "pools": "cpu,cpu2",
-                                                         "baseline_candidates": 1}, config, text)  # fmt: skip
+    run = run_pipeline_locally(
+        baselines_and_selection, {"source": "builtin:cpp", "pools": "cpu,cpu2", "baseline_candidates": 1}, config, text
+    )
     steps = {s.step: s for s in run.steps}
     assert {"check-pools", "stage", "baselines-cpu", "baselines-cpu2", "select"} == set(steps)
     assert all(s.status == "ok" for s in steps.values())
@@ -194,17 +223,37 @@ def test_baselines_fan_out_over_two_pools_and_the_best_variants_are_selected(tmp
 NEEDS = ("speedforge.recipes.training", "speedforge.recipes.portability", "speedforge.recipes.report")
 needs_training = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in NEEDS),
-    reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS))
-TINY_BUDGET = {"source": "builtin:cpp", "pools": "cpu,cpu2", "search_pool": "cpu",
-               "train_stage": "grpo", "baseline_candidates": 1, "search_tasks": 1, "search_rounds": 1,
-               "search_samples": 1, "ray_address": ""}  # fmt: skip
+    reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS),
+)
+TINY_BUDGET = {
+    "source": "builtin:cpp",
+    "pools": "cpu,cpu2",
+    "search_pool": "cpu",
+    "train_stage": "grpo",
+    "baseline_candidates": 1,
+    "search_tasks": 1,
+    "search_rounds": 1,
+    "search_samples": 1,
+    "ray_address": "",
+}
 
 
 def check_training_run(run) -> dict:
     """Every step of the training pipeline ran and ended ok, on both pools; the report is written."""
     steps = {s.step: s for s in run.steps}
-    assert {"check-pools", "stage", "baselines-cpu", "baselines-cpu2", "train-grpo", "gate", "optimize", "select",
-            "portability-cpu", "portability-cpu2", "report"} == set(steps)  # fmt: skip
+    assert {
+        "check-pools",
+        "stage",
+        "baselines-cpu",
+        "baselines-cpu2",
+        "train-grpo",
+        "gate",
+        "optimize",
+        "select",
+        "portability-cpu",
+        "portability-cpu2",
+        "report",
+    } == set(steps)
     assert all(s.status == "ok" for s in steps.values()), [(s.step, s.status, s.error) for s in steps.values()]
     trained = steps["train-grpo"].outcome
     assert trained["stage"] == "grpo" and trained["final_checkpoint_uri"].startswith(f"s3://{BUCKET}/{PREFIX}/runs/")
@@ -212,7 +261,9 @@ def check_training_run(run) -> dict:
         handed = [v for k, v in step.outcome.items() if k.endswith("_uri")] if isinstance(step.outcome, dict) else []
         assert all(v.startswith(f"s3://{BUCKET}/{PREFIX}") for v in handed), (step.step, handed)
     assert {steps[f"portability-{p}"].outcome["results_uri"] for p in ("cpu", "cpu2")} == {
-        f"s3://{BUCKET}/{PREFIX}/portability/cpu", f"s3://{BUCKET}/{PREFIX}/portability/cpu2"}
+        f"s3://{BUCKET}/{PREFIX}/portability/cpu",
+        f"s3://{BUCKET}/{PREFIX}/portability/cpu2",
+    }
     for kind in ("html", "markdown", "json"):
         assert run.report[kind].startswith(run.pipeline_root)
     assert "<html" in open(run.report["html"]).read().lower()
@@ -221,22 +272,28 @@ def check_training_run(run) -> dict:
     assert (task_dir / "report_html").read_text() == Path(run.report["html"]).read_text()
     assert (task_dir / "report_markdown").read_text() == Path(run.report["markdown"]).read_text()
     outputs = {p.parent.name: json.loads(p.read_text()) for p in task_dir.parent.rglob("executor_output.json")}
-    metrics = {task: output["artifacts"]["metrics"]["artifacts"][0]["metadata"] for task, output in outputs.items()
-               if "metrics" in output.get("artifacts", {})}  # a Metrics artifact's figures are its metadata
+    metrics = {
+        task: output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+        for task, output in outputs.items()
+        if "metrics" in output.get("artifacts", {})
+    }  # a Metrics artifact's figures are its metadata
     assert {m.rstrip("-0123456789") for m in metrics} == {"measure-baselines", "optimize", "portability"}
     for name, values in metrics.items():
         assert 0.0 <= values["valid_fraction"] <= 1.0 and values["valid"] >= 0, name
     # the typed artifacts KFP's lineage is drawn from: each names what its step made in the store
-    written = [(p.parent.name, key, artifact["artifacts"][0]["metadata"].get("store_uri"))
-               for p in task_dir.parent.rglob("executor_output.json")  # each iteration of a loop has a folder
-               for key, artifact in json.loads(p.read_text()).get("artifacts", {}).items()]  # fmt: skip
+    written = [
+        (p.parent.name, key, artifact["artifacts"][0]["metadata"].get("store_uri"))
+        for p in task_dir.parent.rglob("executor_output.json")  # each iteration of a loop has a folder
+        for key, artifact in json.loads(p.read_text()).get("artifacts", {}).items()
+    ]
     named = {(task, key): uri for task, key, uri in written}
     assert named[("stage-dataset", "staged")] == steps["stage"].outcome["dataset_uri"]
     assert named[("train", "checkpoint")] == trained["final_checkpoint_uri"]
     assert named[("optimize", "variants")] == steps["optimize"].outcome["store_uri"]
     assert named[("select-best", "selected")] == steps["select"].outcome["variants_uri"]
     assert sorted(uri for _, key, uri in written if key == "results") == sorted(
-        steps[s].outcome["results_uri"] for s in steps if s.startswith(("baselines-", "portability-")))
+        steps[s].outcome["results_uri"] for s in steps if s.startswith(("baselines-", "portability-"))
+    )
     return steps
 
 
@@ -244,15 +301,17 @@ def check_training_run(run) -> dict:
 @needs_training
 def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools(tmp_path, capsys):
     text, config = two_pool_config(tmp_path)
-    run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 64}, config, text,
-                               ray_head=True)  # fmt: skip
+    run = run_pipeline_locally(
+        PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 64}, config, text, ray_head=True
+    )
     check_training_run(run)
 
 
 @pytest.mark.slow  # ~5 min of the CI machine's 2 cores (2026-11-27): `make test` ran past its 20 minutes with it
 @needs_training
-def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(tmp_path, tiny_model, warm_cache,
-                                                                                  capfd):  # fmt: skip
+def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_model(
+    tmp_path, tiny_model, warm_cache, capfd
+):
     """The same run on a tiny budget: the session's tiny model trained for one GRPO step, quick
     measurements, the one candidate measured already built (warm_cache). As on a cluster: each
     step in folders of its own, gone when it ends; the train step submitted to a Ray head of its
@@ -260,12 +319,19 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
     (a local path would not exist in the search's step)."""
     measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
     text, config = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
-    train = (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
-             f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {measure}}}\n'
-             f'train:\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
-             "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
-    run = run_pipeline_locally(PIPELINES["training"].func, {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
-                               config, text, ray_head=True)  # fmt: skip
+    train = (
+        f'policy: {{model: "{tiny_model}", device: cpu}}\n'
+        f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {measure}}}\n'
+        f"train:\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n"
+        "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n"
+    )
+    run = run_pipeline_locally(
+        PIPELINES["training"].func,
+        {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
+        config,
+        text,
+        ray_head=True,
+    )
     steps = check_training_run(run)
     # quiet: one line per step as it ended, its figure after the seconds; the tasks' output in log files
     said = {line.split()[0]: line for line in capfd.readouterr().out.splitlines()}
@@ -283,4 +349,6 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
     assert run.report["pools"] == ["cpu", "cpu2"] and run.report["variants"] == 1
     pools = json.loads(open(run.report["json"]).read())["pools"]
     assert [(p["pool"], p["summary"]["evaluated"], p["summary"]["correct"]) for p in pools] == [
-        ("cpu", 1, 1), ("cpu2", 1, 1)]
+        ("cpu", 1, 1),
+        ("cpu2", 1, 1),
+    ]

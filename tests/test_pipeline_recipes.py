@@ -48,7 +48,11 @@ def test_a_gpu_pool_step_lands_on_its_gpu_nodes_unless_it_joins_the_ray_cluster(
     assert h100.node_selector == {GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"}
     assert (h100.tolerations, h100.gpus) == ([GPU_TOLERATION], 1)
     assert pool_placement(config, "H100", joins_cluster=True).to_dict() == {
-        "pool": "H100", "node_selector": {}, "tolerations": [], "gpus": 0}
+        "pool": "H100",
+        "node_selector": {},
+        "tolerations": [],
+        "gpus": 0,
+    }
     assert pool_placement(config, "cpu", joins_cluster=False).gpus == 0
     custom = loads_config("service: {pools: {H100: {node_selector: {nvidia.com/gpu.product: NVIDIA-H100-PCIe}}}}")
     assert pool_placement(custom, "H100", False).node_selector == {GPU_PRODUCT_LABEL: "NVIDIA-H100-PCIe"}
@@ -62,22 +66,35 @@ def test_the_search_budget_replaces_only_what_is_given():
 
 
 def _variant(task_id: str, pool: str, score: float | None, vid: str) -> Variant:
-    return Variant(variant_id=vid, task_id=task_id, pool=pool, source=f"# {vid}\n", status="ok" if score else "incorrect",
-                   score=score, origin="builtin", created_at=1.0)  # fmt: skip
+    return Variant(
+        variant_id=vid,
+        task_id=task_id,
+        pool=pool,
+        source=f"# {vid}\n",
+        status="ok" if score else "incorrect",
+        score=score,
+        origin="builtin",
+        created_at=1.0,
+    )
 
 
 def test_the_best_variant_per_task_is_selected_over_pools_with_its_task(tmp_path):
     run, out = tmp_path / "run", tmp_path / "run" / "selected"
-    VariantsTable.append(open_store(run), [
-        _variant("cpp/rmsnorm", "cpu", 1.2, "a"), _variant("cpp/rmsnorm", "cpu2", 1.5, "b"),
-        _variant("cpp/silu_scale", "cpu", None, "c"), _variant("cpp/silu_scale", "cpu", 2.0, "d")])  # fmt: skip
+    VariantsTable.append(
+        open_store(run),
+        [
+            _variant("cpp/rmsnorm", "cpu", 1.2, "a"),
+            _variant("cpp/rmsnorm", "cpu2", 1.5, "b"),
+            _variant("cpp/silu_scale", "cpu", None, "c"),
+            _variant("cpp/silu_scale", "cpu", 2.0, "d"),
+        ],
+    )
     selection = select_best_variants(Config(), str(run), "builtin:cpp", str(out))
     assert selection.best == {"cpp/rmsnorm": 1.5, "cpp/silu_scale": 2.0}
     assert selection.pools == {"cpp/rmsnorm": "cpu2", "cpp/silu_scale": "cpu"}
     store = open_store(out)
     assert sorted(v.variant_id for v in VariantsTable.load(store)) == ["b", "d"]
-    assert sorted(t.task_id for t in store.read_records("tasks", Task)) == [
-        "cpp/rmsnorm", "cpp/silu_scale"]
+    assert sorted(t.task_id for t in store.read_records("tasks", Task)) == ["cpp/rmsnorm", "cpp/silu_scale"]
     only_cpu = select_best_variants(Config(), str(run), "builtin:cpp", str(tmp_path / "cpu-only"), pool="cpu")
     assert only_cpu.best == {"cpp/rmsnorm": 1.2, "cpp/silu_scale": 2.0}
 

@@ -8,7 +8,6 @@ image whatever this session imported before."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +25,23 @@ ROOT = Path(__file__).resolve().parents[1]
 def compile_in_child(out: Path, *extra: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SPEEDFORGE_IMAGE"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    child = subprocess.run([sys.executable, "-c", "import sys; from speedforge.cli import main; sys.exit(main())",
-                            "pipeline", "compile", "--out", str(out), *extra], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from speedforge.cli import main; sys.exit(main())",
+            "pipeline",
+            "compile",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert child.returncode == 0, child.stderr
 
 
@@ -37,7 +50,8 @@ def test_the_compiled_pipelines_match_the_checked_in_yaml_byte_for_byte(tmp_path
     for entry in PIPELINES.values():
         fresh = (tmp_path / entry.package.name).read_bytes()
         assert fresh == entry.package.read_bytes(), (
-            f"{entry.package.relative_to(ROOT)} is stale: run `speedforge pipeline compile` and commit it")
+            f"{entry.package.relative_to(ROOT)} is stale: run `speedforge pipeline compile` and commit it"
+        )
 
 
 def test_another_image_changes_only_the_image_lines(tmp_path):
@@ -46,9 +60,11 @@ def test_another_image_changes_only_the_image_lines(tmp_path):
     checked_in = PIPELINES["cross-arch"].package.read_text().splitlines()
     changed = [(a, b) for a, b in zip(checked_in, fresh) if a != b]
     assert len(fresh) == len(checked_in) and changed
-    assert all(a.strip() == "image: registry.example.com/speedforge:0.1.0"
-               and b.strip() == "image: registry.example.com/speedforge:7"
-               for a, b in changed)  # fmt: skip
+    assert all(
+        a.strip() == "image: registry.example.com/speedforge:0.1.0"
+        and b.strip() == "image: registry.example.com/speedforge:7"
+        for a, b in changed
+    )
 
 
 def load(name: str) -> tuple[dict, dict]:
@@ -81,14 +97,27 @@ def test_pools_fan_out_and_gpu_steps_are_placed_on_their_pool(name):
         resources = spec["deploymentSpec"]["executors"][executor]["container"]["resources"]
         assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
         assert resources["accelerator"]["resourceCount"] == (
-            f"{{{{$.inputs.parameters['pipelinechannel--{selector['producerTask']}-gpus']}}}}")
+            f"{{{{$.inputs.parameters['pipelinechannel--{selector['producerTask']}-gpus']}}}}"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_every_step_reaching_the_store_gets_the_s3_secret_and_none_is_baked_in(name):
     spec, executors = load(name)
-    store_steps = {f"exec-{n}" for n in ("check-pools", "stage-dataset", "measure-baselines", "train", "optimize",
-                                         "select-best", "portability", "report", "run-report")}  # fmt: skip
+    store_steps = {
+        f"exec-{n}"
+        for n in (
+            "check-pools",
+            "stage-dataset",
+            "measure-baselines",
+            "train",
+            "optimize",
+            "select-best",
+            "portability",
+            "report",
+            "run-report",
+        )
+    }
     for executor in store_steps & set(spec["deploymentSpec"]["executors"]):
         secret = executors[executor]["secretAsEnv"][0]
         assert secret["secretNameParameter"]["componentInputParameter"] in ("s3_secret", "pipelinechannel--s3_secret")
@@ -104,13 +133,18 @@ def test_a_failure_report_runs_on_exit_and_nothing_is_cached_or_unrequested(name
     assert exit_task["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert exit_task["inputs"]["parameters"]["status"] == {"taskFinalStatus": {"producerTask": "exit-handler-1"}}
     for task_name, task in all_tasks(spec).items():
-        if "componentRef" in task and task["componentRef"]["name"].startswith("comp-") and "dag" not in \
-                spec["components"][task["componentRef"]["name"]]:  # fmt: skip
+        if (
+            "componentRef" in task
+            and task["componentRef"]["name"].startswith("comp-")
+            and "dag" not in spec["components"][task["componentRef"]["name"]]
+        ):
             assert task["cachingOptions"] == {}, task_name  # enableCaching false is written as an empty object
     for executor, body in spec["deploymentSpec"]["executors"].items():
         assert "resourceCpuRequest" in body["container"]["resources"], executor
         assert "resourceMemoryRequest" in body["container"]["resources"], executor
-        assert body["container"]["image"] == "registry.example.com/speedforge:0.1.0"  # fully qualified (a bare name is Docker Hub)
+        assert (
+            body["container"]["image"] == "registry.example.com/speedforge:0.1.0"
+        )  # fully qualified (a bare name is Docker Hub)
         assert "pip install" not in " ".join(body["container"]["command"])  # install_kfp_package=False
 
 
@@ -126,8 +160,21 @@ def test_every_step_runs_as_the_images_non_root_user(name):
 def test_the_training_pipeline_takes_data_set_model_pools_budgets_and_store():
     spec, _ = load("training")
     params = spec["root"]["inputDefinitions"]["parameters"]
-    assert {"source", "dataset", "model", "pools", "store", "baseline_candidates", "search_tasks", "search_rounds",
-            "search_samples", "max_new_tokens", "train_stage", "train_mode", "s3_secret"} <= set(params)  # fmt: skip
+    assert {
+        "source",
+        "dataset",
+        "model",
+        "pools",
+        "store",
+        "baseline_candidates",
+        "search_tasks",
+        "search_rounds",
+        "search_samples",
+        "max_new_tokens",
+        "train_stage",
+        "train_mode",
+        "s3_secret",
+    } <= set(params)
     assert params["pools"]["defaultValue"] == "A100,H100,L40"
 
 
@@ -153,9 +200,15 @@ def test_evaluating_steps_send_work_to_the_ray_cluster_by_default_and_take_no_gp
     assert pool_placement(Config(), "H100", joins_cluster=False).gpus == 1  # ray_address="": the step's own GPU
     k8s = yaml.safe_load_all((ROOT / "k8s" / "base" / "raycluster.yaml").read_text())
     (cluster,) = [d for d in k8s if d and d["kind"] == "RayCluster"]
-    ports = {p["name"]: p["containerPort"] for p in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]
+    }
     # KubeRay's head service, fully qualified (the steps run in KFP's namespace), in the namespace k8s/base installs into
-    assert CLUSTER_ADDRESS == f"ray://{cluster['metadata']['name']}-head-svc.{{namespace}}.svc.cluster.local:{ports['client']}"
+    assert (
+        CLUSTER_ADDRESS
+        == f"ray://{cluster['metadata']['name']}-head-svc.{{namespace}}.svc.cluster.local:{ports['client']}"
+    )
     base = yaml.safe_load((ROOT / "k8s" / "base" / "kustomization.yaml").read_text())
     assert spec["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == base["namespace"]
     for task_name, task in all_tasks(spec).items():  # every step that dials ray_address gets the namespace too
@@ -186,8 +239,11 @@ def test_the_report_is_an_html_and_a_markdown_artifact_and_evaluating_steps_writ
         outputs = spec["components"][component]["outputDefinitions"]["artifacts"]
         return {n: a["artifactType"]["schemaTitle"] for n, a in outputs.items()}
 
-    assert artifacts("comp-report") == {"report_dir": "system.Artifact", "report_html": "system.HTML",
-                                        "report_markdown": "system.Markdown"}  # fmt: skip
+    assert artifacts("comp-report") == {
+        "report_dir": "system.Artifact",
+        "report_html": "system.HTML",
+        "report_markdown": "system.Markdown",
+    }
     evaluating = ["comp-portability", *(["comp-measure-baselines", "comp-optimize"] if name == "training" else [])]
     for component in evaluating:
         assert artifacts(component)["metrics"] == "system.Metrics", component
@@ -206,7 +262,9 @@ def artifact_edges(spec: dict) -> set[tuple[str, str, str, str]]:
     def source(dag_name: str, ref: dict) -> tuple[str, str]:
         if "componentInputArtifact" in ref:  # from the DAG's parent: what the parent's task gets
             parent_dag, task = parent_of[dag_name]
-            return source(parent_dag, dags[parent_dag]["tasks"][task]["inputs"]["artifacts"][ref["componentInputArtifact"]])
+            return source(
+                parent_dag, dags[parent_dag]["tasks"][task]["inputs"]["artifacts"][ref["componentInputArtifact"]]
+            )
         producer, key = ref["taskOutputArtifact"]["producerTask"], ref["taskOutputArtifact"]["outputArtifactKey"]
         body = dags[dag_name]["tasks"][producer]["componentRef"]["name"]
         if body in dags:  # a loop's collected output: its body's task
@@ -214,9 +272,13 @@ def artifact_edges(spec: dict) -> set[tuple[str, str, str, str]]:
             return selector["producerSubtask"], selector["outputArtifactKey"]
         return producer, key
 
-    return {(*source(dag_name, ref), task_name, name) for dag_name, dag in dags.items()
-            for task_name, task in dag["tasks"].items() if task["componentRef"]["name"] not in dags
-            for name, ref in task.get("inputs", {}).get("artifacts", {}).items()}  # fmt: skip
+    return {
+        (*source(dag_name, ref), task_name, name)
+        for dag_name, dag in dags.items()
+        for task_name, task in dag["tasks"].items()
+        if task["componentRef"]["name"] not in dags
+        for name, ref in task.get("inputs", {}).get("artifacts", {}).items()
+    }
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
@@ -230,14 +292,19 @@ def test_steps_hand_over_typed_artifacts_so_kfp_shows_lineage_from_data_set_to_r
         assert edges == tail
         return
     assert edges == tail | {
-        ("stage-dataset", "staged", "measure-baselines", "dataset"), ("stage-dataset", "staged", "optimize", "dataset"),
-        ("measure-baselines", "results", "train", "baselines"), ("train", "checkpoint", "optimize", "checkpoint"),
-        ("optimize", "variants", "select-best", "searched")}  # fmt: skip
+        ("stage-dataset", "staged", "measure-baselines", "dataset"),
+        ("stage-dataset", "staged", "optimize", "dataset"),
+        ("measure-baselines", "results", "train", "baselines"),
+        ("train", "checkpoint", "optimize", "checkpoint"),
+        ("optimize", "variants", "select-best", "searched"),
+    }
 
     def types(component: str, side: str) -> dict[str, str]:
         artifacts = spec["components"][component][side]["artifacts"]
-        return {n: a["artifactType"]["schemaTitle"] + ("[]" if a.get("isArtifactList") else "")
-                for n, a in artifacts.items()}  # fmt: skip
+        return {
+            n: a["artifactType"]["schemaTitle"] + ("[]" if a.get("isArtifactList") else "")
+            for n, a in artifacts.items()
+        }
 
     assert types("comp-stage-dataset", "outputDefinitions") == {"staged": "system.Dataset"}
     assert types("comp-train", "inputDefinitions") == {"baselines": "system.Dataset[]"}

@@ -38,10 +38,23 @@ def policy_server(tmp_path_factory):
     config = tmp_path_factory.mktemp("serve") / "config.yaml"
     config.write_text("policy:\n  cpu_threads: 1\n  device: cpu\n")
     process = subprocess.Popen(
-        [sys.executable, "-m", "speedforge.cli", "--config", str(config), "serve-policy", "--port", "0", "--quiet",
-         "--max-new-tokens", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "speedforge.cli",
+            "--config",
+            str(config),
+            "serve-policy",
+            "--port",
+            "0",
+            "--quiet",
+            "--max-new-tokens",
+            "8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = process.stdout.readline()  # blocks until the model is loaded and the port bound
         match = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
@@ -229,8 +242,11 @@ def test_base_url_from_the_environment(garbage, monkeypatch):
 def test_serve_policy_with_a_missing_model_exits_with_one_line(tmp_path):
     process = subprocess.run(
         [sys.executable, "-m", "speedforge.cli", "serve-policy", "--model", str(tmp_path / "missing.gguf")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert process.returncode == 2
     assert process.stderr.strip().splitlines()[-1] == (
         f"speedforge serve-policy: error: model path {tmp_path / 'missing.gguf'} does not exist "
@@ -244,11 +260,15 @@ def test_generate_batch_samples_every_prompt_in_one_call_as_each_prompt_alone(ti
     from speedforge.policy.backends import HFBackend
 
     backend = HFBackend(PolicyConfig(model=tiny_model, device="cpu", max_new_tokens=6))
-    conversations = [[{"role": "user", "content": "hi"}],
-                     [{"role": "user", "content": "write a fast kernel for the sum of squares of a long vector"}]]  # fmt: skip
+    conversations = [
+        [{"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "write a fast kernel for the sum of squares of a long vector"}],
+    ]
     calls = []
     generate = backend.model.generate
-    backend.model.generate = lambda *a, **k: calls.append((k.get("input_ids", a[0] if a else None)).shape) or generate(*a, **k)
+    backend.model.generate = lambda *a, **k: (
+        calls.append((k.get("input_ids", a[0] if a else None)).shape) or generate(*a, **k)
+    )
     together = backend.generate_batch(conversations, 2, temperature=0)
     assert len(calls) == 1 and calls[0][0] == 2  # one call, both prompts
     alone = [backend.generate(c, 1, temperature=0)[0].text for c in conversations]

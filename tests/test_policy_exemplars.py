@@ -17,7 +17,11 @@ def variant(name: str, score: float | None, status: str = "ok") -> Variant:
 
 
 # Four buckets over [1, 4] (width 0.75): three variants each, bucket means 1.1, 2.1, 3.1, 3.9.
-FOUR_BUCKETS = [variant(f"b{b}v{i}", s) for b, scores in enumerate([(1.0, 1.1, 1.2), (2.0, 2.1, 2.2), (3.0, 3.1, 3.2), (3.8, 3.9, 4.0)]) for i, s in enumerate(scores)]
+FOUR_BUCKETS = [
+    variant(f"b{b}v{i}", s)
+    for b, scores in enumerate([(1.0, 1.1, 1.2), (2.0, 2.1, 2.2), (3.0, 3.1, 3.2), (3.8, 3.9, 4.0)])
+    for i, s in enumerate(scores)
+]
 
 
 def bucket_of(v: Variant) -> int:

@@ -136,7 +136,11 @@ def test_code_that_lacks_the_marker_is_noted():
 
 
 def test_empty_repeated_heading_does_not_erase_the_section():
-    text = "### Performance Analysis\nreal analysis\n### Performance Analysis\n### Algorithm Design\nplan\n```python\n" + CODE_A + "\n```"
+    text = (
+        "### Performance Analysis\nreal analysis\n### Performance Analysis\n### Algorithm Design\nplan\n```python\n"
+        + CODE_A
+        + "\n```"
+    )
     parsed = parse_response(text)
     assert parsed.analysis == "real analysis"
     assert parsed.design.startswith("plan")

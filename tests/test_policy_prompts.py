@@ -45,7 +45,13 @@ def test_prompt_holds_reference_exemplars_scores_devices_rules_and_sections():
     assert "1.23x speedup, measured on AMD EPYC 7B13" in text
     assert "3.50x speedup, measured on NVIDIA H100 80GB HBM3" in text
     assert text.index("1.23x") < text.index("3.50x")
-    for rule in ("Same function", "Keep the inputs, sizes and hyperparameters", "No caching", "No side streams", "must compile"):
+    for rule in (
+        "Same function",
+        "Keep the inputs, sizes and hyperparameters",
+        "No caching",
+        "No side streams",
+        "must compile",
+    ):
         assert rule in text
     positions = [text.index(s) for s in SECTIONS]
     assert positions == sorted(positions)
@@ -97,8 +103,12 @@ def test_unknown_family_is_a_clear_error():
 
 def test_feedback_shows_the_status_reason_and_log_tail():
     result = EvalResult(
-        candidate_id="c", task_id="cpp/add_relu", pool="cpu", status="compile_error",
-        reason="the C++ extension did not build", log="x" * 5000 + "\nerror: 'foo' was not declared",
+        candidate_id="c",
+        task_id="cpp/add_relu",
+        pool="cpu",
+        status="compile_error",
+        reason="the C++ extension did not build",
+        log="x" * 5000 + "\nerror: 'foo' was not declared",
     )
     feedback = feedback_from_result(result, log_chars=200)
     assert len(feedback.log) == 200
@@ -132,12 +142,16 @@ def test_the_prompt_repeats_the_references_constructor_for_model_new() -> None:
     held-out samples (issue 26); the rule now names the reference's own parameters."""
     from speedforge.policy.prompts import init_signature
 
-    source = ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self, in_channels, out_channels, "
-              "kernel_size=3, *, bias: bool = True):\n        super().__init__()\n")  # fmt: skip
+    source = (
+        "import torch\nclass Model(torch.nn.Module):\n    def __init__(self, in_channels, out_channels, "
+        "kernel_size=3, *, bias: bool = True):\n        super().__init__()\n"
+    )
     assert init_signature(source) == "self, in_channels, out_channels, kernel_size=3, *, bias: bool=True"
     task = Task(task_id="cuda/conv", family="cuda", name="conv", source=source)
-    assert "`ModelNew`'s constructor is `def __init__(self, in_channels, out_channels, kernel_size=3, *, bias: bool=True):`" \
-        in render_prompt(task).user  # fmt: skip
+    assert (
+        "`ModelNew`'s constructor is `def __init__(self, in_channels, out_channels, kernel_size=3, *, bias: bool=True):`"
+        in render_prompt(task).user
+    )
 
 
 def test_no_constructor_line_when_the_reference_has_none_or_does_not_parse() -> None:

@@ -33,29 +33,54 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def variant(n: int, score: float | None = None, pool: str = "A100", origin: str = "import:cuda-l1") -> Variant:
-    return Variant(variant_id=f"v{n}", task_id=f"cuda-l1/level1/{n}", pool=pool if score else "", source="src",
-                   status="ok" if score else "unmeasured", score=score, origin=origin)  # fmt: skip
+    return Variant(
+        variant_id=f"v{n}",
+        task_id=f"cuda-l1/level1/{n}",
+        pool=pool if score else "",
+        source="src",
+        status="ok" if score else "unmeasured",
+        score=score,
+        origin=origin,
+    )
 
 
-def result(n: int, pool: str, speedup: float | None = None, status: str = "ok", reason: str = "",
-           log: str = "") -> EvalResult:  # fmt: skip
-    return EvalResult(candidate_id=f"v{n}", task_id=f"cuda-l1/level1/{n}", pool=pool, status=status,
-                      correct=status == "ok", speedup=speedup if status == "ok" else None, reason=reason,
-                      device_name=f"{pool} device", log=log)  # fmt: skip
+def result(
+    n: int, pool: str, speedup: float | None = None, status: str = "ok", reason: str = "", log: str = ""
+) -> EvalResult:
+    return EvalResult(
+        candidate_id=f"v{n}",
+        task_id=f"cuda-l1/level1/{n}",
+        pool=pool,
+        status=status,
+        correct=status == "ok",
+        speedup=speedup if status == "ok" else None,
+        reason=reason,
+        device_name=f"{pool} device",
+        log=log,
+    )
 
 
 def info(pool: str, driver: str = "550.54", torch: str = "2.5.1", at: float = 1000.0) -> PoolInfo:
-    return PoolInfo(pool=pool, device_name=f"NVIDIA {pool}", driver=driver, torch_version=torch, cuda_version="12.4",
-                    measured_at=at)  # fmt: skip
+    return PoolInfo(
+        pool=pool, device_name=f"NVIDIA {pool}", driver=driver, torch_version=torch, cuda_version="12.4", measured_at=at
+    )
 
 
 # -- arithmetic ---------------------------------------------------------------------------------
 
 
 def test_pool_figures_count_tasks_and_correct_results_and_average_the_correct_speedups():
-    run = PortabilityRun("run", [result(1, "H100", 2.0), result(2, "H100", 8.0), result(3, "H100", 1.005),
-                                 result(4, "H100", status="incorrect", reason="max abs err 3.1")],
-                         [variant(n) for n in range(1, 5)], [info("H100")])  # fmt: skip
+    run = PortabilityRun(
+        "run",
+        [
+            result(1, "H100", 2.0),
+            result(2, "H100", 8.0),
+            result(3, "H100", 1.005),
+            result(4, "H100", status="incorrect", reason="max abs err 3.1"),
+        ],
+        [variant(n) for n in range(1, 5)],
+        [info("H100")],
+    )
     summary = merge_runs([run]).summary("H100")
     assert (summary.tasks, summary.evaluated, summary.correct, summary.not_run) == (4, 4, 3, 0)
     assert summary.mean == pytest.approx((2.0 + 8.0 + 1.005) / 3)
@@ -72,11 +97,15 @@ def test_speedup_stats_of_nothing_are_empty_not_zero():
 def test_regressions_are_failures_or_slowdowns_on_one_pool_that_are_fast_on_another_or_at_their_source():
     variants = [variant(1, 3.0), variant(2, 0.9), variant(3, 1.5), variant(4, 2.0)]
     results = [
-        result(1, "H100", 2.5), result(1, "L40", status="compile_error", reason="ptxas: sm_90 only"),
-        result(2, "H100", 1.4), result(2, "L40", 0.8),  # slow on L40, fast on H100 (its source was slow too)
-        result(3, "H100", 0.95), result(3, "L40", 0.97),  # slow on both pools, fast only where published
-        result(4, "H100", 1.0), result(4, "L40", 1.005),  # never slow (1.0 is not below 1.0), never fast on a pool
-    ]  # fmt: skip
+        result(1, "H100", 2.5),
+        result(1, "L40", status="compile_error", reason="ptxas: sm_90 only"),
+        result(2, "H100", 1.4),
+        result(2, "L40", 0.8),  # slow on L40, fast on H100 (its source was slow too)
+        result(3, "H100", 0.95),
+        result(3, "L40", 0.97),  # slow on both pools, fast only where published
+        result(4, "H100", 1.0),
+        result(4, "L40", 1.005),  # never slow (1.0 is not below 1.0), never fast on a pool
+    ]
     table = merge_runs([PortabilityRun("run", results, variants, [info("H100"), info("L40")])])
     l40 = {r.variant_id: r for r in table.regressions("L40")}
     assert sorted(l40) == ["v1", "v2", "v3"]
@@ -91,8 +120,9 @@ def test_regressions_are_failures_or_slowdowns_on_one_pool_that_are_fast_on_anot
 
 def test_published_scores_are_a_row_of_their_own_over_the_variants_measured():
     variants = [variant(1, 4.0), variant(2, 2.0), variant(3, 9.0)]  # v3 was not measured here
-    table = merge_runs([PortabilityRun("run", [result(1, "H100", 3.0), result(2, "H100", 1.0)], variants,
-                                       [info("H100")])])  # fmt: skip
+    table = merge_runs(
+        [PortabilityRun("run", [result(1, "H100", 3.0), result(2, "H100", 1.0)], variants, [info("H100")])]
+    )
     (published,) = table.source_summaries()
     assert published.pool == "published on A100 (cuda-l1)" and published.kind == "published"
     assert (published.tasks, published.mean, published.max) == (2, 3.0, 4.0)
@@ -116,8 +146,11 @@ def test_correlations_pair_each_source_with_each_pool_and_the_pools_with_each_ot
     results = [result(n, "H100", float(n)) for n in range(1, 5)] + [result(n, "L40", 5.0 - n) for n in range(1, 5)]
     table = merge_runs([PortabilityRun("r", results, variants, [])])
     correlations = {(c.source, c.target): c for c in table.correlations()}
-    assert set(correlations) == {("published on A100 (cuda-l1)", "H100"), ("published on A100 (cuda-l1)", "L40"),
-                                 ("H100", "L40")}  # fmt: skip
+    assert set(correlations) == {
+        ("published on A100 (cuda-l1)", "H100"),
+        ("published on A100 (cuda-l1)", "L40"),
+        ("H100", "L40"),
+    }
     assert correlations[("published on A100 (cuda-l1)", "H100")].spearman == pytest.approx(1.0)
     assert correlations[("H100", "L40")].spearman == pytest.approx(-1.0)
     assert len(correlations[("H100", "L40")].pairs) == 4
@@ -133,10 +166,15 @@ def test_task_ids_sort_with_their_numbers_in_numeric_order():
 
 def test_runs_on_separate_machines_merge_into_one_table_keyed_by_pool_with_each_environment():
     variants = [variant(1, 2.0), variant(2, 3.0)]
-    h100 = PortabilityRun("s3://b/h100", [result(1, "H100", 2.2), result(2, "H100", 2.9)], variants,
-                          [info("H100", driver="550.54", torch="2.5.1")])  # fmt: skip
-    h200 = PortabilityRun("s3://b/h200", [result(1, "H200", 2.4)], variants,
-                          [info("H200", driver="560.28", torch="2.6.0")])  # fmt: skip
+    h100 = PortabilityRun(
+        "s3://b/h100",
+        [result(1, "H100", 2.2), result(2, "H100", 2.9)],
+        variants,
+        [info("H100", driver="550.54", torch="2.5.1")],
+    )
+    h200 = PortabilityRun(
+        "s3://b/h200", [result(1, "H200", 2.4)], variants, [info("H200", driver="560.28", torch="2.6.0")]
+    )
     table = merge_runs([h100, h200])
     assert list(table.pools) == ["H100", "H200"]
     assert (table.pools["H100"].driver, table.pools["H200"].driver) == ("550.54", "560.28")
@@ -146,8 +184,12 @@ def test_runs_on_separate_machines_merge_into_one_table_keyed_by_pool_with_each_
 
 
 def test_a_later_run_replaces_the_same_pairs_and_a_changed_environment_is_noted():
-    first = PortabilityRun("a", [result(1, "H100", 1.5), result(2, "H100", 2.0)], [variant(1), variant(2)],
-                           [info("H100", driver="550.54", at=1000.0)])  # fmt: skip
+    first = PortabilityRun(
+        "a",
+        [result(1, "H100", 1.5), result(2, "H100", 2.0)],
+        [variant(1), variant(2)],
+        [info("H100", driver="550.54", at=1000.0)],
+    )
     second = PortabilityRun("b", [result(1, "H100", 1.8)], [variant(1)], [info("H100", driver="560.28", at=2000.0)])
     table = merge_runs([first, second])
     assert table.speedups("H100") == {"v1": 1.8, "v2": 2.0}
@@ -212,10 +254,19 @@ def write_runs(tmp_path) -> list[str]:
     variants = [variant(n, 1.0 + n / 2) for n in range(1, 6)]
     base = [SweepPoint(ef, 0.80 + ef / 1000, 20000.0 / ef) for ef in (10, 40, 160)]
     cand = [SweepPoint(ef, 0.81 + ef / 1000, 26000.0 / ef) for ef in (10, 40, 160)]
-    ann = EvalResult(candidate_id="a1", task_id="ann/sift-search", pool="H100", status="ok", correct=True,
-                     speedup=1.3, log="\n".join(format_curves(base, cand)))  # fmt: skip
-    h100 = [result(n, "H100", 1.2 * n) for n in range(1, 5)] + [result(5, "H100", status="compile_error",
-                                                                        reason="nvcc | exit 1"), ann]  # fmt: skip
+    ann = EvalResult(
+        candidate_id="a1",
+        task_id="ann/sift-search",
+        pool="H100",
+        status="ok",
+        correct=True,
+        speedup=1.3,
+        log="\n".join(format_curves(base, cand)),
+    )
+    h100 = [result(n, "H100", 1.2 * n) for n in range(1, 5)] + [
+        result(5, "H100", status="compile_error", reason="nvcc | exit 1"),
+        ann,
+    ]
     h200 = [result(n, "H200", 1.1 * n) for n in range(1, 6)]
     uris = []
     for name, results, pools in (("h100", h100, [info("H100")]), ("h200", h200, [info("H200"), info("L40")])):
@@ -236,8 +287,15 @@ def test_report_files_are_well_formed_with_figures_inlined_and_json_valid_agains
     assert [p["summary"]["state"] for p in data["pools"]] == ["ok", "ok", "no results"]
     assert data["pools"][0]["driver"] == "550.54" and data["pools"][0]["summary"]["correct"] == 5
     assert data["sources"][0]["pool"] == "published on A100 (cuda-l1)"
-    assert data["failures"] == [{"pool": "H100", "task_id": "cuda-l1/level1/5", "variant_id": "v5",
-                                 "status": "compile_error", "reason": "nvcc | exit 1"}]  # fmt: skip
+    assert data["failures"] == [
+        {
+            "pool": "H100",
+            "task_id": "cuda-l1/level1/5",
+            "variant_id": "v5",
+            "status": "compile_error",
+            "reason": "nvcc | exit 1",
+        }
+    ]
     assert data["ann_curves"][0]["task_id"] == "ann/sift-search" and len(data["ann_curves"][0]["candidate"]) == 3
     assert set(data["images"]) == {"heatmap", "distribution", "scatter", "ann_curves"}
 
@@ -249,7 +307,7 @@ def test_report_files_are_well_formed_with_figures_inlined_and_json_valid_agains
     for src in page.images:
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix)
-        assert base64.b64decode(src[len(prefix):]).startswith(PNG_SIGNATURE)
+        assert base64.b64decode(src[len(prefix) :]).startswith(PNG_SIGNATURE)
     text = " ".join(page.text)
     assert "NVIDIA H100" in text and "no results" in text and "compile_error" in text
 
@@ -274,4 +332,3 @@ def test_a_results_store_with_nothing_in_it_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="no results in .*empty.*speedforge portability"):
         write_report(Config(), [str(tmp_path / "empty")], str(tmp_path / "report"))
     assert not (tmp_path / "report").exists()
-

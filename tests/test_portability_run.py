@@ -42,21 +42,34 @@ def local_ray():
         yield
 
 
-def variant(task_id: str, source: str, score: float | None, pool: str = "cpu", status: str = "ok",
-            created_at: float = 1.0) -> Variant:  # fmt: skip
+def variant(
+    task_id: str, source: str, score: float | None, pool: str = "cpu", status: str = "ok", created_at: float = 1.0
+) -> Variant:
     candidate = fx.plain_candidate(find_task(task_id), 0)
-    return Variant(variant_id=content_id(task_id, source), task_id=task_id, pool=pool, source=candidate.source + source,
-                   status=status, score=score, origin="model:test@1", created_at=created_at)  # fmt: skip
+    return Variant(
+        variant_id=content_id(task_id, source),
+        task_id=task_id,
+        pool=pool,
+        source=candidate.source + source,
+        status=status,
+        score=score,
+        origin="model:test@1",
+        created_at=created_at,
+    )
 
 
 def search_store(path: Path) -> str:
     """A store as a search leaves it: a variants table of two tasks, several variants each."""
     store = open_store(path)
-    store.append_records("variants", [
-        variant("cpp/silu_scale", "# a\n", 1.4), variant("cpp/silu_scale", "# b\n", 2.1),
-        variant("cpp/silu_scale", "# c\n", None, status="incorrect"),
-        variant("cpp/add_relu_scale", "# d\n", 1.2),
-    ])  # fmt: skip
+    store.append_records(
+        "variants",
+        [
+            variant("cpp/silu_scale", "# a\n", 1.4),
+            variant("cpp/silu_scale", "# b\n", 2.1),
+            variant("cpp/silu_scale", "# c\n", None, status="incorrect"),
+            variant("cpp/add_relu_scale", "# d\n", 1.2),
+        ],
+    )
     return str(path)
 
 
@@ -97,16 +110,25 @@ def test_cuda_l1_jsonl_becomes_a_variant_set_with_the_published_scores():
 
 def test_published_files_are_named_after_their_gpu():
     assert [published_pool(n) for n in ("a100", "cuda_l1_h100", "L40S", "rtx3090", "h20")] == [
-        "A100", "H100", "L40S", "", ""]  # fmt: skip
+        "A100",
+        "H100",
+        "L40S",
+        "",
+        "",
+    ]
 
 
 def test_variants_whose_tasks_are_missing_from_the_tasks_table_are_refused_before_anything_is_written(tmp_path):
     store = open_store(tmp_path / "search")
     store.append_records("variants", [variant("cpp/silu_scale", "", 1.5)])
-    store.append_records("variants", [dataclasses.replace(variant("cpp/silu_scale", "#x\n", 1.3),
-                                                          task_id="cpp/not_a_task")])  # fmt: skip
-    with pytest.raises(UserError, match=r"1 task\(s\) of the variant set .* not in the tasks table of builtin: "
-                                        r"cpp/not_a_task; give the tasks .* --tasks"):  # fmt: skip
+    store.append_records(
+        "variants", [dataclasses.replace(variant("cpp/silu_scale", "#x\n", 1.3), task_id="cpp/not_a_task")]
+    )
+    with pytest.raises(
+        UserError,
+        match=r"1 task\(s\) of the variant set .* not in the tasks table of builtin: "
+        r"cpp/not_a_task; give the tasks .* --tasks",
+    ):
         run_portability(Config(), str(tmp_path / "search"), ["cpu"], str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
@@ -130,11 +152,15 @@ def test_pools_are_grouped_by_architecture_unless_one_fat_build_is_configured():
     config = Config()
     pools = {name: config.service.pools[name] for name in ("A100", "H100", "L40", "H200")}
     groups = architecture_groups(pools, config.evaluator)
-    assert [(e.cuda_arch_list, names) for e, names in groups] == [("8.0", ["A100"]), ("9.0", ["H100", "H200"]),
-                                                                  ("8.9", ["L40"])]  # fmt: skip
+    assert [(e.cuda_arch_list, names) for e, names in groups] == [
+        ("8.0", ["A100"]),
+        ("9.0", ["H100", "H200"]),
+        ("8.9", ["L40"]),
+    ]
     fat = dataclasses.replace(config.evaluator, cuda_arch_list="8.0;9.0")
     assert [(e.cuda_arch_list, names) for e, names in architecture_groups(pools, fat)] == [
-        ("8.0;9.0", ["A100", "H100", "L40", "H200"])]  # fmt: skip
+        ("8.0;9.0", ["A100", "H100", "L40", "H200"])
+    ]
 
 
 def recording_build(task, candidate, config, device):
@@ -142,22 +168,33 @@ def recording_build(task, candidate, config, device):
     builds = Path(config.cache_dir, "builds")
     builds.mkdir(parents=True, exist_ok=True)
     (builds / f"{candidate.candidate_id}@{config.cuda_arch_list or 'none'}@{uuid.uuid4().hex}").touch()
-    return fx.cheap_build(task, candidate, dataclasses.replace(config, cache_dir=str(Path(config.cache_dir, "x"))),
-                          device)  # fmt: skip
+    return fx.cheap_build(
+        task, candidate, dataclasses.replace(config, cache_dir=str(Path(config.cache_dir, "x"))), device
+    )
 
 
 def test_each_candidate_is_built_once_per_architecture_and_measured_on_every_pool(tmp_path, local_ray):
-    config = fx.test_config(tmp_path, pools={"cpu": PoolConfig(**SIMULATED),
-                                             "sim-a": PoolConfig(**SIMULATED, cuda_arch="8.0"),
-                                             "sim-b": PoolConfig(**SIMULATED, cuda_arch="8.0")})  # fmt: skip
-    outcome = run_portability(config, search_store(tmp_path / "search"), ["cpu", "sim-a", "sim-b"],
-                              str(tmp_path / "out"),
-                              service_factory=lambda c: EvaluationService(c, recording_build, fx.cheap_run))  # fmt: skip
+    config = fx.test_config(
+        tmp_path,
+        pools={
+            "cpu": PoolConfig(**SIMULATED),
+            "sim-a": PoolConfig(**SIMULATED, cuda_arch="8.0"),
+            "sim-b": PoolConfig(**SIMULATED, cuda_arch="8.0"),
+        },
+    )
+    outcome = run_portability(
+        config,
+        search_store(tmp_path / "search"),
+        ["cpu", "sim-a", "sim-b"],
+        str(tmp_path / "out"),
+        service_factory=lambda c: EvaluationService(c, recording_build, fx.cheap_run),
+    )
     builds = sorted(p.name.rsplit("@", 1)[0] for p in (tmp_path / "cache" / "builds").iterdir())
     ids = sorted(v.variant_id for v in read_variant_set(config, str(tmp_path / "search")).variants)
     assert builds == sorted(f"{i}@{arch}" for i in ids for arch in ("none", "8.0"))  # 2 architectures, 3 pools
     assert sorted((r.candidate_id, r.pool) for r in outcome.results) == sorted(
-        (i, p) for i in ids for p in ("cpu", "sim-a", "sim-b"))  # fmt: skip
+        (i, p) for i in ids for p in ("cpu", "sim-a", "sim-b")
+    )
     assert [p.pool for p in outcome.pools] == ["cpu", "sim-a", "sim-b"]
     assert outcome.pools[1].cuda_arch == "8.0" and outcome.pools[0].torch_version
     assert outcome.summary["sim-b"].correct == 2 and outcome.to_dict()["summary"]["cpu"]["tasks"] == 2
@@ -176,15 +213,38 @@ def test_two_runs_on_two_pools_merge_into_one_report(tmp_path, local_ray, capsys
     pytest.importorskip("matplotlib", reason="the report needs the 'reports' extra")
     config, variants = write_config(tmp_path), search_store(tmp_path / "search")
     for pool in ("cpu", "cpu-b"):
-        argv = ["--config", config, "portability", "--variants", variants, "--pools", pool, "--limit", "1",
-                "--out", str(tmp_path / pool)]  # fmt: skip
+        argv = [
+            "--config",
+            config,
+            "portability",
+            "--variants",
+            variants,
+            "--pools",
+            pool,
+            "--limit",
+            "1",
+            "--out",
+            str(tmp_path / pool),
+        ]
         assert main(argv) == 0
         results = open_store(tmp_path / pool).read_records("results", EvalResult)
         assert [(r.task_id, r.pool, r.status) for r in results] == [("cpp/add_relu_scale", pool, "ok")]
     assert "kept the first 1 tasks by id" in capsys.readouterr().err
 
-    assert main(["report", "--results", str(tmp_path / "cpu"), "--results", str(tmp_path / "cpu-b"),
-                 "--out", str(tmp_path / "report")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "report",
+                "--results",
+                str(tmp_path / "cpu"),
+                "--results",
+                str(tmp_path / "cpu-b"),
+                "--out",
+                str(tmp_path / "report"),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     assert [p["pool"] for p in data["pools"]] == ["cpu", "cpu-b"]
     environment = probe_environment("cpu", "cpu")
@@ -193,7 +253,8 @@ def test_two_runs_on_two_pools_merge_into_one_report(tmp_path, local_ray, capsys
         assert pool["summary"]["tasks"] == 1 and pool["summary"]["correct"] == 1
     assert [s["pool"] for s in data["sources"]] == ["recorded on cpu"]
     assert [(v["task_id"], v["source"]["speedup"], sorted(v["pools"])) for v in data["variants"]] == [
-        ("cpp/add_relu_scale", 1.2, ["cpu", "cpu-b"])]  # fmt: skip
+        ("cpp/add_relu_scale", 1.2, ["cpu", "cpu-b"])
+    ]
     assert "1 variant(s) on 2 pool(s) (cpu, cpu-b)" in capsys.readouterr().out
 
 
@@ -207,7 +268,12 @@ def test_a_gpu_pool_probe_reads_the_name_and_driver_of_the_gpu_it_was_given(tmp_
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     info = probe_environment("H100", "cuda", cuda_arch="9.0", run_id="r1")
     assert (info.device_name, info.driver, info.cuda_arch, info.run_id, info.note) == (
-        "NVIDIA H100 80GB HBM3", "550.54.15", "9.0", "r1", "")  # fmt: skip
+        "NVIDIA H100 80GB HBM3",
+        "550.54.15",
+        "9.0",
+        "r1",
+        "",
+    )
     assert (tmp_path / "args").read_text().split()[-2:] == ["-i", "3"]
     fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     failed = probe_environment("H100", "cuda")

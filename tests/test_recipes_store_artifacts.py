@@ -21,8 +21,11 @@ def test_an_artifact_names_the_store_uri_and_the_next_step_reads_it(tmp_path):
     (tmp_path / "pipeline-root" / "run" / "train").mkdir(parents=True)
     record(made, "s3://speedforge/runs/n1/runs/pipeline-1/grpo/final", stage="grpo", steps=2)
     assert made.uri == made.path == kfps  # KFP's own, which its launcher uploads the file to
-    assert made.metadata == {"store_uri": "s3://speedforge/runs/n1/runs/pipeline-1/grpo/final", "stage": "grpo",
-                             "steps": 2}  # fmt: skip
+    assert made.metadata == {
+        "store_uri": "s3://speedforge/runs/n1/runs/pipeline-1/grpo/final",
+        "stage": "grpo",
+        "steps": 2,
+    }
     assert json.loads(open(kfps).read()) == made.metadata
     taken = Model(name="checkpoint", uri=made.uri, metadata=dict(made.metadata))  # what the next step gets
     assert store_uri(taken) == "s3://speedforge/runs/n1/runs/pipeline-1/grpo/final"

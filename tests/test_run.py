@@ -36,8 +36,10 @@ class ScriptedBackend:
     def __init__(self) -> None:
         self.prompts: list[str] = []
         fast = next(c for c in builtin_candidates("cpp") if c.task_id == TASK_ID).source
-        self.answer = (f"### Performance Analysis\nOne pass.\n### Algorithm Design\nFuse.\n"
-                       f"### Code Implementation\n```python\n{POLICY_MARK}\n{fast}```\n")  # fmt: skip
+        self.answer = (
+            f"### Performance Analysis\nOne pass.\n### Algorithm Design\nFuse.\n"
+            f"### Code Implementation\n```python\n{POLICY_MARK}\n{fast}```\n"
+        )
 
     def generate(self, messages, n=1, **kwargs):
         self.prompts.append(messages[-1]["content"])
@@ -46,21 +48,39 @@ class ScriptedBackend:
 
 def scripted_evaluator(candidates, pool="cpu"):
     """ok for every candidate: the policy's at POLICY_SPEEDUP, the built-in ones at BUILTIN_SPEEDUP."""
-    return [EvalResult(candidate_id=c.candidate_id, task_id=c.task_id, pool=pool, status="ok", device_name="Test CPU",
-                       speedup=POLICY_SPEEDUP if POLICY_MARK in c.source else BUILTIN_SPEEDUP)
-            for c in candidates]  # fmt: skip
+    return [
+        EvalResult(
+            candidate_id=c.candidate_id,
+            task_id=c.task_id,
+            pool=pool,
+            status="ok",
+            device_name="Test CPU",
+            speedup=POLICY_SPEEDUP if POLICY_MARK in c.source else BUILTIN_SPEEDUP,
+        )
+        for c in candidates
+    ]
 
 
 def tiny_config(tmp_path) -> Config:
-    return Config(evaluator=EvaluatorConfig(cache_dir=str(tmp_path / "cache")),
-                  search=SearchConfig(rounds=1, samples=2), policy=PolicyConfig(max_new_tokens=16))  # fmt: skip
+    return Config(
+        evaluator=EvaluatorConfig(cache_dir=str(tmp_path / "cache")),
+        search=SearchConfig(rounds=1, samples=2),
+        policy=PolicyConfig(max_new_tokens=16),
+    )
 
 
 def test_the_main_job_measures_stages_and_searches_and_a_second_run_goes_on_from_the_first(tmp_path, capsys):
     config = tiny_config(tmp_path)
     backend = ScriptedBackend()
-    outcome = run_suite(config, RunPrinter(), family="cpp", task_ids=[TASK_ID], search_tasks=1, backend=backend,
-                        evaluate_fn=scripted_evaluator)  # fmt: skip
+    outcome = run_suite(
+        config,
+        RunPrinter(),
+        family="cpp",
+        task_ids=[TASK_ID],
+        search_tasks=1,
+        backend=backend,
+        evaluate_fn=scripted_evaluator,
+    )
     out = capsys.readouterr().out
     assert [(r.task_id, r.status, r.speedup) for r in outcome.results] == [(TASK_ID, "ok", BUILTIN_SPEEDUP)]
     assert outcome.all_ok
@@ -72,8 +92,15 @@ def test_the_main_job_measures_stages_and_searches_and_a_second_run_goes_on_from
     assert (task, best, origin, valid) == (TASK_ID, "3.00x", "model:scripted-model@round1", "2/2")
 
     again = ScriptedBackend()
-    run_suite(config, RunPrinter(), family="cpp", task_ids=[TASK_ID], search_tasks=1, backend=again,
-              evaluate_fn=scripted_evaluator)  # fmt: skip
+    run_suite(
+        config,
+        RunPrinter(),
+        family="cpp",
+        task_ids=[TASK_ID],
+        search_tasks=1,
+        backend=again,
+        evaluate_fn=scripted_evaluator,
+    )
     out = capsys.readouterr().out
     assert "staged builtin-cpp v1 (14 tasks)" in out  # unchanged suite: the same version
     assert "3.00x speedup, measured on cpu" in again.prompts[0]  # the first run's variant is an exemplar
@@ -81,8 +108,9 @@ def test_the_main_job_measures_stages_and_searches_and_a_second_run_goes_on_from
 
 def test_the_main_job_without_a_search_makes_no_backend_and_stages_nothing(tmp_path, capsys):
     config = dataclasses.replace(tiny_config(tmp_path), policy=PolicyConfig(model=str(tmp_path / "missing.gguf")))
-    outcome = run_suite(config, RunPrinter(), family="cpp", task_ids=[TASK_ID], search_tasks=0,
-                        evaluate_fn=scripted_evaluator)  # fmt: skip
+    outcome = run_suite(
+        config, RunPrinter(), family="cpp", task_ids=[TASK_ID], search_tasks=0, evaluate_fn=scripted_evaluator
+    )
     assert outcome.searches == [] and outcome.all_ok
     assert "staged" not in capsys.readouterr().out
     assert not (tmp_path / "cache" / "run-s3").exists()
@@ -96,8 +124,23 @@ def test_speedforge_run_end_to_end_on_one_task_with_a_tiny_model(tmp_path, warm_
         f"policy:\n  model: {tiny_model}\n  cpu_threads: 1\n  device: cpu\n"
     )
     task_id = warm_cache.task_id
-    code = main(["--config", str(config), "run", "--family", "cpp", "--tasks", task_id, "--search-tasks", "1",
-                 "--search-samples", "1", "--search-tokens", "16"])  # fmt: skip
+    code = main(
+        [
+            "--config",
+            str(config),
+            "run",
+            "--family",
+            "cpp",
+            "--tasks",
+            task_id,
+            "--search-tasks",
+            "1",
+            "--search-samples",
+            "1",
+            "--search-tokens",
+            "16",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "1/1 ok" in out and "staged builtin-cpp v1 (14 tasks)" in out

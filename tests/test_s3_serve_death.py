@@ -16,7 +16,17 @@ from speedforge.store.s3server import SeaweedServer
 
 def start_serve(tmp_path) -> tuple[subprocess.Popen, str]:
     """`speedforge s3 serve` in its own process, once it has printed its endpoint."""
-    command = [sys.executable, "-m", "speedforge.cli", "s3", "serve", "--dir", str(tmp_path / "s3"), "--bucket", "watched"]
+    command = [
+        sys.executable,
+        "-m",
+        "speedforge.cli",
+        "s3",
+        "serve",
+        "--dir",
+        str(tmp_path / "s3"),
+        "--bucket",
+        "watched",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -42,7 +52,9 @@ def test_serve_exits_with_one_line_when_its_server_is_killed(tmp_path):
             process.wait()
     lines = process.stderr.read().strip().splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith(f"speedforge s3: error: the S3 server stopped: weed (pid {weed.pid}) was killed by SIGKILL")
+    assert lines[0].startswith(
+        f"speedforge s3: error: the S3 server stopped: weed (pid {weed.pid}) was killed by SIGKILL"
+    )
     assert f"{endpoint} is down" in lines[0] and "start `speedforge s3 serve` again" in lines[0]
     assert "stopping" not in process.stdout.read()
 

@@ -99,13 +99,26 @@ def test_a_restarted_server_serves_the_objects_it_had_as_soon_as_start_returns(t
 
 
 def test_serve_command_prints_a_usable_endpoint_and_stops_cleanly_on_sigterm(tmp_path, monkeypatch):
-    command = [sys.executable, "-m", "speedforge.cli", "s3", "serve", "--dir", str(tmp_path / "s3"),
-               "--bucket", "served", "--env-file", str(tmp_path / "s3.env")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "speedforge.cli",
+        "s3",
+        "serve",
+        "--dir",
+        str(tmp_path / "s3"),
+        "--bucket",
+        "served",
+        "--env-file",
+        str(tmp_path / "s3.env"),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(line.startswith("export SPEEDFORGE_S3_ENDPOINT") for line in lines):
+        while time.monotonic() < deadline and not any(
+            line.startswith("export SPEEDFORGE_S3_ENDPOINT") for line in lines
+        ):
             line = process.stdout.readline()
             if not line:
                 break
@@ -135,10 +148,12 @@ def test_invalid_bucket_name_is_refused_before_starting(tmp_path):
 
 
 def test_server_dies_with_a_killed_parent(tmp_path):
-    script = (f"from speedforge.store.s3server import SeaweedServer\n"
-              f"s = SeaweedServer({str(tmp_path / 's3')!r}, bucket='orphan-check').start()\n"
-              f"print(s.process.pid, flush=True)\n"
-              f"import time; time.sleep(600)\n")  # fmt: skip
+    script = (
+        f"from speedforge.store.s3server import SeaweedServer\n"
+        f"s = SeaweedServer({str(tmp_path / 's3')!r}, bucket='orphan-check').start()\n"
+        f"print(s.process.pid, flush=True)\n"
+        f"import time; time.sleep(600)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         weed_pid = int(parent.stdout.readline())
@@ -153,8 +168,7 @@ def test_server_dies_with_a_killed_parent(tmp_path):
 
 
 def _serve(tmp_path, bucket: str = "served") -> tuple[subprocess.Popen, dict[str, str], str]:
-    command = [sys.executable, "-m", "speedforge.cli", "s3", "serve", "--dir", str(tmp_path / "s3"),
-               "--bucket", bucket]  # fmt: skip
+    command = [sys.executable, "-m", "speedforge.cli", "s3", "serve", "--dir", str(tmp_path / "s3"), "--bucket", bucket]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     deadline = time.monotonic() + 90
@@ -166,7 +180,7 @@ def _serve(tmp_path, bucket: str = "served") -> tuple[subprocess.Popen, dict[str
     if not lines or not lines[0].startswith("S3 endpoint"):
         process.kill()
         pytest.fail(f"s3 serve did not start: {lines} {process.communicate()}")
-    return process, dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export ")), lines[0]
+    return process, dict(line[len("export ") :].split("=", 1) for line in lines if line.startswith("export ")), lines[0]
 
 
 def test_serve_started_again_on_the_same_dir_keeps_its_endpoint_and_a_client_reaches_it(tmp_path, monkeypatch):
@@ -192,8 +206,11 @@ def test_serve_started_again_on_the_same_dir_keeps_its_endpoint_and_a_client_rea
 
 def test_a_port_taken_since_the_last_start_gives_new_ports_and_says_so(tmp_path):
     server = SeaweedServer(tmp_path / "s3", bucket=None)
-    server.ports = {f"{c}.{kind}": p for c, p in zip(("s3", "master", "volume", "filer", "admin"), range(1, 6))
-                    for kind in ("port", "port.grpc")}  # fmt: skip
+    server.ports = {
+        f"{c}.{kind}": p
+        for c, p in zip(("s3", "master", "volume", "filer", "admin"), range(1, 6))
+        for kind in ("port", "port.grpc")
+    }
     server.data_dir.mkdir(parents=True)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -37,7 +37,7 @@ def test_a_cpu_jobs_memory_limit_is_over_what_was_mapped_before_it() -> None:
     assert out.stdout.split("\n")[:2] == ["small ok", "big refused"], (out.stdout, out.stderr[-2000:])
 
 
-BIG_INPUTS = '''
+BIG_INPUTS = """
 import torch
 import torch.nn as nn
 
@@ -53,7 +53,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 def test_inputs_over_the_memory_limit_name_the_limit(tmp_path) -> None:
@@ -65,7 +65,10 @@ def test_inputs_over_the_memory_limit_name_the_limit(tmp_path) -> None:
 
     task = Task(task_id="limits/big_inputs", family="cpp", name="big_inputs", source=BIG_INPUTS)
     config = EvaluatorConfig(cache_dir=str(tmp_path), memory_limit_mb=1024, reference_slowdown_limit=0.0)
-    result = evaluate(task, Candidate.make(task.task_id, BIG_INPUTS.replace("class Model", "class ModelNew"),
-                                           origin="test"), config)  # fmt: skip
+    result = evaluate(
+        task, Candidate.make(task.task_id, BIG_INPUTS.replace("class Model", "class ModelNew"), origin="test"), config
+    )
     assert result.status == "infra_error", (result.status, result.reason)
-    assert "out of memory in the sandbox" in result.reason and "evaluator.memory_limit_mb = 1024" in result.reason, result.reason
+    assert "out of memory in the sandbox" in result.reason and "evaluator.memory_limit_mb = 1024" in result.reason, (
+        result.reason
+    )

@@ -34,7 +34,9 @@ def test_a_freed_tensor_block_is_reused_without_page_faults_in_the_sandbox_envir
         if line:
             size_mib, faults_per_alloc, pages = line.split()
             # a block faulted in afresh costs one fault per 4 KiB page; a reused one, none
-            assert float(faults_per_alloc) < 0.01 * int(pages), f"{size_mib} MiB: {faults_per_alloc} faults per allocation"
+            assert float(faults_per_alloc) < 0.01 * int(pages), (
+                f"{size_mib} MiB: {faults_per_alloc} faults per allocation"
+            )
 
 
 # ten 64 MiB tensors, each freed before the next, fault in (almost) no fresh pages

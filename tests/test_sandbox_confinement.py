@@ -35,27 +35,41 @@ def _shm_name() -> str:
 
 def test_what_a_candidate_writes_to_dev_shm_stays_in_its_own_and_is_gone_after(tmp_path):
     name = _shm_name()
-    written = probe("shm_write", f"""
+    written = probe(
+        "shm_write",
+        f"""
         with open('/dev/shm/{name}', 'wb') as f:
             f.write(b'x' * (8 << 20))
         return torch.ones(1) if os.path.getsize('/dev/shm/{name}') == 8 << 20 else torch.zeros(1)
-""", str(tmp_path))
+""",
+        str(tmp_path),
+    )
     assert written.status == "ok", (written.reason, written.log[-2000:])
     assert not os.path.exists(f"/dev/shm/{name}")  # not on the host...
-    seen = probe("shm_read", f"""
+    seen = probe(
+        "shm_read",
+        f"""
         return torch.zeros(1) if os.path.exists('/dev/shm/{name}') else torch.ones(1)
-""", str(tmp_path))
+""",
+        str(tmp_path),
+    )
     assert seen.status == "ok", (seen.reason, seen.log[-2000:])  # ...nor in the next sandbox's
 
 
 def test_what_a_candidate_keeps_in_dev_shm_counts_against_its_memory_limit(tmp_path):
-    result = probe("shm_fill", """
+    result = probe(
+        "shm_fill",
+        """
         with open('/dev/shm/fill', 'wb') as f:
             for _ in range(30):
                 f.write(b'x' * (16 << 20))
         while True:
             pass
-""", str(tmp_path), memory_limit_mb=512, run_timeout_s=120.0)
+""",
+        str(tmp_path),
+        memory_limit_mb=512,
+        run_timeout_s=120.0,
+    )
     assert result.status == "crashed", (result.reason, result.log[-2000:])
     assert "memory limit" in result.reason
 
@@ -65,17 +79,23 @@ def test_nvlink_multicast_stays_off_in_the_sandbox_whatever_the_parent_says(tmp_
     for name in sandbox.NO_MULTICAST:
         monkeypatch.setenv(name, "1" if name == "NCCL_NVLS_ENABLE" else "0")
     expected = dict(sandbox.NO_MULTICAST)
-    result = probe("no_multicast", f"""
+    result = probe(
+        "no_multicast",
+        f"""
         seen = {{name: os.environ.get(name) for name in {sorted(expected)!r}}}
         return torch.ones(1) if seen == {expected!r} else torch.zeros(1)
-""", str(tmp_path))
+""",
+        str(tmp_path),
+    )
     assert result.status == "ok", (result.reason, result.log[-2000:])
 
 
 @pytest.mark.skipif(landlock.abi_version() < 1, reason="Landlock is not available in this kernel")
 def test_the_rest_of_dev_is_read_only_but_dev_null_is_writable(tmp_path):
     name = _shm_name()
-    result = probe("dev_write", f"""
+    result = probe(
+        "dev_write",
+        f"""
         with open('/dev/null', 'w') as f:
             f.write('fine')
         try:
@@ -83,7 +103,9 @@ def test_the_rest_of_dev_is_read_only_but_dev_null_is_writable(tmp_path):
         except PermissionError:
             return torch.ones(1)
         return torch.zeros(1)
-""", str(tmp_path))
+""",
+        str(tmp_path),
+    )
     assert result.status == "ok", (result.reason, result.log[-2000:])
     assert not os.path.exists(f"/dev/{name}")
 
@@ -121,8 +143,10 @@ def test_a_candidate_writing_past_its_disk_quota_is_killed_with_a_reason(tmp_pat
 
 def _own_scratch(parent: Path) -> Path:
     """A scratch folder made by a process that then ends."""
-    code = "import sys; from pathlib import Path; from speedforge.evaluator import sandbox; " \
-           "print(sandbox.scratch_dir(Path(sys.argv[1])))"
+    code = (
+        "import sys; from pathlib import Path; from speedforge.evaluator import sandbox; "
+        "print(sandbox.scratch_dir(Path(sys.argv[1])))"
+    )
     made = subprocess.run([sys.executable, "-c", code, str(parent)], capture_output=True, text=True, check=True)
     return Path(made.stdout.strip())
 
@@ -141,11 +165,32 @@ def test_scratch_folders_of_an_evaluator_that_has_gone_are_removed_by_the_next(t
 
 def _eval(tmp_path: Path, candidate: Path, cwd: Path | None = None, **evaluator) -> list[str]:
     config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({"evaluator": {"cache_dir": str(tmp_path / "cache"), "correctness_trials": 1,
-                                                "cpu_timed_calls": 3, "min_timed_s": 0.0, "max_timed_calls": 3,
-                                                "warmup_calls": 1, **evaluator}}))  # fmt: skip
-    return [SPEEDFORGE, "--config", str(config), "eval", "--task", "cpp/silu_scale", "--candidate", str(candidate),
-            "--json"]  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "evaluator": {
+                    "cache_dir": str(tmp_path / "cache"),
+                    "correctness_trials": 1,
+                    "cpu_timed_calls": 3,
+                    "min_timed_s": 0.0,
+                    "max_timed_calls": 3,
+                    "warmup_calls": 1,
+                    **evaluator,
+                }
+            }
+        )
+    )
+    return [
+        SPEEDFORGE,
+        "--config",
+        str(config),
+        "eval",
+        "--task",
+        "cpp/silu_scale",
+        "--candidate",
+        str(candidate),
+        "--json",
+    ]
 
 
 WRITE_THEN_SPIN = """
@@ -176,8 +221,9 @@ def test_eval_stopped_during_a_large_write_leaves_the_host_clean(tmp_path, sig):
     shm = _shm_name()
     candidate = tmp_path / "writer.py"
     candidate.write_text(WRITE_THEN_SPIN.format(shm=shm))
-    cli = subprocess.Popen(_eval(tmp_path, candidate, run_timeout_s=300.0), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    cli = subprocess.Popen(
+        _eval(tmp_path, candidate, run_timeout_s=300.0), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     scratch = tmp_path / "cache" / "tmp"
     deadline = time.monotonic() + 180
     while not list(scratch.glob("*/written")) and cli.poll() is None and time.monotonic() < deadline:

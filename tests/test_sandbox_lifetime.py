@@ -107,22 +107,48 @@ def _mentioning(text: str) -> list[psutil.Process]:
 
 def _eval_command(tmp_path: Path, task: str, candidate: Path, *extra: str) -> list[str]:
     config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({"evaluator": {"cache_dir": str(tmp_path / "cache"), "build_timeout_s": 300.0,
-                                                "correctness_trials": 1, "cpu_timed_calls": 3, "min_timed_s": 0.0,
-                                                "max_timed_calls": 3, "warmup_calls": 1}}))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "evaluator": {
+                    "cache_dir": str(tmp_path / "cache"),
+                    "build_timeout_s": 300.0,
+                    "correctness_trials": 1,
+                    "cpu_timed_calls": 3,
+                    "min_timed_s": 0.0,
+                    "max_timed_calls": 3,
+                    "warmup_calls": 1,
+                }
+            }
+        )
+    )
     # SIGINT back to its default first: a shell starts background jobs with it ignored, and
     # Python raises KeyboardInterrupt only when SIGINT was not ignored at its start
-    default_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                      "os.execv(sys.argv[1], sys.argv[1:])")
-    return [sys.executable, "-c", default_sigint, SPEEDFORGE, "--config", str(config), "eval", "--task", task,
-            "--candidate", str(candidate), *extra]  # fmt: skip
+    default_sigint = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [
+        sys.executable,
+        "-c",
+        default_sigint,
+        SPEEDFORGE,
+        "--config",
+        str(config),
+        "eval",
+        "--task",
+        task,
+        "--candidate",
+        str(candidate),
+        *extra,
+    ]
 
 
 def _start_spinning_eval(tmp_path: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
     candidate = tmp_path / "spinning.py"
     candidate.write_text(SPINNING)
-    cli = subprocess.Popen(_eval_command(tmp_path, TASK_ID, candidate), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    cli = subprocess.Popen(
+        _eval_command(tmp_path, TASK_ID, candidate), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         return cli, _sandbox_once_spinning(psutil.Process(cli.pid))
     except BaseException:
@@ -131,8 +157,11 @@ def _start_spinning_eval(tmp_path: Path) -> tuple[subprocess.Popen, list[psutil.
         raise
 
 
-@pytest.mark.parametrize("sig, returncode, says", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "interrupted"),
-                                                  (signal.SIGKILL, -9, None)], ids=["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize(
+    "sig, returncode, says",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "interrupted"), (signal.SIGKILL, -9, None)],
+    ids=["SIGINT", "SIGTERM", "SIGKILL"],
+)
 def test_eval_cli_stopped_mid_run_leaves_no_sandbox_process(tmp_path, sig, returncode, says):
     cli, sandbox = _start_spinning_eval(tmp_path)
     assert len(sandbox) >= 2  # the zygote and its job (and the namespace's first process)
@@ -240,13 +269,24 @@ def test_zygote_started_from_a_thread_that_ends_keeps_serving(tmp_path):
 def test_spinning_candidate_is_stopped_by_its_cpu_time_limit(tmp_path):
     config = EvaluatorConfig(cache_dir=str(tmp_path), cpu_time_limit_s=2.0, run_timeout_s=120.0, correctness_trials=1)
     result = evaluate(find_task(TASK_ID), _spinning_candidate(), config)
-    assert result.status == "timeout" and result.reason == "the run exceeded its CPU-time limit and was killed [cpu-time-limit]"
+    assert (
+        result.status == "timeout"
+        and result.reason == "the run exceeded its CPU-time limit and was killed [cpu-time-limit]"
+    )
 
 
 def test_cpu_time_limit_is_the_stage_time_limit_times_its_threads_unless_set():
     config = EvaluatorConfig(build_timeout_s=100.0, run_timeout_s=30.0, cpu_threads=2)
-    job = Job(kind="run", task=find_task(TASK_ID), candidate=_spinning_candidate(), device="cpu", seed=1,
-              workdir="/tmp", build_dir="", config=config)  # fmt: skip
+    job = Job(
+        kind="run",
+        task=find_task(TASK_ID),
+        candidate=_spinning_candidate(),
+        device="cpu",
+        seed=1,
+        workdir="/tmp",
+        build_dir="",
+        config=config,
+    )
     assert child.cpu_time_limit_s(job) == 60.0
     assert child.cpu_time_limit_s(dataclasses.replace(job, kind="build")) == 100.0  # per process: compilers count apart
     limited = dataclasses.replace(config, cpu_time_limit_s=7.0)
@@ -255,12 +295,23 @@ def test_cpu_time_limit_is_the_stage_time_limit_times_its_threads_unless_set():
 
 def test_closing_a_zygote_kills_its_live_jobs_and_ends_the_wait_on_them(tmp_path):
     config = EvaluatorConfig(cache_dir=str(tmp_path), run_timeout_s=300.0, correctness_trials=1)
-    job = Job(kind="run", task=find_task(TASK_ID), candidate=_spinning_candidate(), device="cpu", seed=1,
-              workdir=str(tmp_path / "work"), build_dir="", config=config)  # fmt: skip
+    job = Job(
+        kind="run",
+        task=find_task(TASK_ID),
+        candidate=_spinning_candidate(),
+        device="cpu",
+        seed=1,
+        workdir=str(tmp_path / "work"),
+        build_dir="",
+        config=config,
+    )
     outcomes: list[sandbox.Outcome] = []
     with sandbox.Zygote() as zygote:
-        runner = threading.Thread(target=lambda: outcomes.append(
-            sandbox.run_job(job, tmp_path / "work", config.run_timeout_s, config.memory_limit_mb, zygote=zygote)))
+        runner = threading.Thread(
+            target=lambda: outcomes.append(
+                sandbox.run_job(job, tmp_path / "work", config.run_timeout_s, config.memory_limit_mb, zygote=zygote)
+            )
+        )
         runner.start()
         doomed = _zygote_once_its_job_spins(zygote)
         assert len(doomed) >= 2  # the zygote and its job

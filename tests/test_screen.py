@@ -30,13 +30,19 @@ CASES = [
     ("patch", "type(torch.ones(1)).__sub__ = abs", "class Fast:\n    def set(self):\n        self.__call__ = abs"),
     ("patch", "import builtins", "import numbers"),
     ("patch", "lib = torch.library.Library('aten', 'IMPL')", "lib = torch.library.Library('mylib', 'DEF')"),
-    ("patch", cpp("cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { return cudaSuccess; }"),
-     cpp("cudaError_t err = cudaEventElapsedTime(&ms, start, stop);")),
+    (
+        "patch",
+        cpp("cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { return cudaSuccess; }"),
+        cpp("cudaError_t err = cudaEventElapsedTime(&ms, start, stop);"),
+    ),
     ("threads", "import threading", "import functools"),
     ("threads", "from concurrent.futures import ThreadPoolExecutor", "from collections import OrderedDict"),
     ("threads", cpp("std::thread worker([]{}); worker.join();"), cpp("int threads = blockDim.x * gridDim.x;")),
-    ("threads", cpp("#pragma omp parallel for\nfor (int i = 0; i < n; ++i) {}"),
-     cpp("#pragma unroll\nfor (int i = 0; i < 4; ++i) {}")),
+    (
+        "threads",
+        cpp("#pragma omp parallel for\nfor (int i = 0; i < n; ++i) {}"),
+        cpp("#pragma unroll\nfor (int i = 0; i < 4; ++i) {}"),
+    ),
     ("processes", "import os\nos.fork()", "import os\nn = os.cpu_count()"),
     ("processes", "from os import system", "from os import cpu_count"),
     ("processes", "import subprocess", "import struct"),
@@ -46,11 +52,22 @@ CASES = [
     ("network", "import socket", "import struct"),
     ("network", cpp("int s = socket(AF_INET, SOCK_STREAM, 0);"), cpp("int sockets = 0;")),
     ("tensor-subclass", "class Lazy(torch.Tensor):\n    pass", "class Lazy(nn.Module):\n    pass"),
-    ("tensor-subclass", "class Lazy:\n    def __torch_function__(cls, func, types, args=(), kwargs=None):\n        pass",
-     "class Lazy:\n    def torch_function(cls, func):\n        pass"),
-    ("tensor-subclass", "t = torch.Tensor._make_subclass(nn.Module, torch.ones(1))", "t = torch.ones(1).as_strided((1,), (1,))"),
+    (
+        "tensor-subclass",
+        "class Lazy:\n    def __torch_function__(cls, func, types, args=(), kwargs=None):\n        pass",
+        "class Lazy:\n    def torch_function(cls, func):\n        pass",
+    ),
+    (
+        "tensor-subclass",
+        "t = torch.Tensor._make_subclass(nn.Module, torch.ones(1))",
+        "t = torch.ones(1).as_strided((1,), (1,))",
+    ),
     ("introspection", "import sys\nframe = sys._getframe(1)", "import sys\nversion = sys.version_info"),
-    ("introspection", "import sys\nharness = sys.modules['speedforge.evaluator.harness']", "import sys\nbig = sys.maxsize"),
+    (
+        "introspection",
+        "import sys\nharness = sys.modules['speedforge.evaluator.harness']",
+        "import sys\nbig = sys.maxsize",
+    ),
     ("introspection", "import gc", "import math"),
     ("introspection", "harness = torch.sys.modules['speedforge.evaluator.harness']", "big = torch.sys.maxsize"),
     ("introspection", "frame = torch.inspect.currentframe()", "window = torch.signal.windows.hann(8)"),
@@ -69,9 +86,16 @@ CASES = [
     ("tensor-subclass", "base = torch.overrides.TorchFunctionMode", "fn = torch.nn.functional.relu"),
     ("sleep", cpp("usleep(1000);"), cpp("int sleep_ms = 0;")),
     ("sleep", "torch.cuda._sleep(1000)", "torch.cuda.synchronize()"),
-    ("exception-fallback", "try:\n    y = 1\nexcept Exception:\n    y = 0", "try:\n    y = 1\nexcept Exception:\n    raise"),
-    ("exception-fallback", "import contextlib\nwith contextlib.suppress(Exception):\n    y = 1",
-     "import contextlib\nwith contextlib.nullcontext():\n    y = 1"),
+    (
+        "exception-fallback",
+        "try:\n    y = 1\nexcept Exception:\n    y = 0",
+        "try:\n    y = 1\nexcept Exception:\n    raise",
+    ),
+    (
+        "exception-fallback",
+        "import contextlib\nwith contextlib.suppress(Exception):\n    y = 1",
+        "import contextlib\nwith contextlib.nullcontext():\n    y = 1",
+    ),
     ("os-sys", "import os", "import math"),
     ("environment", "import os\nhome = os.environ.get('HOME')", "import os\nn = os.cpu_count()"),
     ("environment", "import os\nos.environ['CUDA_MODULE_LOADING'] = 'LAZY'", "import os\nsep = os.sep"),
@@ -86,18 +110,37 @@ CASES = [
     ("global-state", "def f():\n    global CACHE\n    CACHE = 1", "def f():\n    cache = 1"),
     ("weakref", "import weakref", "import functools"),
     ("computed-getattr", "fn = getattr(torch, 'rel' + 'u')", "fn = getattr(torch, 'relu')"),
-    ("computed-getattr", "class Held(nn.Module):\n    def forward(self, x):\n        return getattr(self.t, 's' + 'ys')",
-     "class Stack(nn.Module):\n    def forward(self, x):\n        return getattr(self, f'b{len(x)}')(x)"),
-    ("introspection", "class Held(nn.Module):\n    def forward(self, x):\n        return self.t.sys.modules",
-     "class Held(nn.Module):\n    def forward(self, x):\n        return self.t.nn.modules"),
-    ("raw-memory", "class Held(nn.Module):\n    def forward(self, x):\n        return self.t.ctypes.CDLL(None)",
-     "class Held(nn.Module):\n    def forward(self, x):\n        return self.signal.sum()"),
-    ("computed-getattr", "from functools import reduce\nf = reduce(getattr, ['a'], torch)",
-     "def f(self, name):\n    return getattr(self, name)"),
-    ("computed-getattr", "import operator\nget = operator.attrgetter('_get' + 'frame')", "import operator\nadd = operator.add"),
+    (
+        "computed-getattr",
+        "class Held(nn.Module):\n    def forward(self, x):\n        return getattr(self.t, 's' + 'ys')",
+        "class Stack(nn.Module):\n    def forward(self, x):\n        return getattr(self, f'b{len(x)}')(x)",
+    ),
+    (
+        "introspection",
+        "class Held(nn.Module):\n    def forward(self, x):\n        return self.t.sys.modules",
+        "class Held(nn.Module):\n    def forward(self, x):\n        return self.t.nn.modules",
+    ),
+    (
+        "raw-memory",
+        "class Held(nn.Module):\n    def forward(self, x):\n        return self.t.ctypes.CDLL(None)",
+        "class Held(nn.Module):\n    def forward(self, x):\n        return self.signal.sum()",
+    ),
+    (
+        "computed-getattr",
+        "from functools import reduce\nf = reduce(getattr, ['a'], torch)",
+        "def f(self, name):\n    return getattr(self, name)",
+    ),
+    (
+        "computed-getattr",
+        "import operator\nget = operator.attrgetter('_get' + 'frame')",
+        "import operator\nadd = operator.add",
+    ),
     ("computed-getattr", "get = object.__getattribute__", "get = object.__init__"),
-    ("introspection", "try:\n    raise ValueError\nexcept ValueError as e:\n    tb = e.__traceback__",
-     "try:\n    raise ValueError\nexcept ValueError as e:\n    raise"),
+    (
+        "introspection",
+        "try:\n    raise ValueError\nexcept ValueError as e:\n    tb = e.__traceback__",
+        "try:\n    raise ValueError\nexcept ValueError as e:\n    raise",
+    ),
     ("dynamic-setattr", "def f(self, name, p):\n    setattr(self, name, p)", "def f(self, p):\n    self.w = p"),
     ("backend-knob", "torch.backends.cudnn.benchmark = True", "on = torch.backends.cudnn.is_available()"),
     ("backend-knob", "torch._inductor.config.coordinate_descent_tuning = True", "tuned = torch.compile"),
@@ -147,15 +190,18 @@ def test_setattr_on_its_own_object_is_honest_but_on_torch_a_patch() -> None:
 def test_a_cudnn_knob_is_a_finding_not_a_rejection() -> None:
     report = screen(HEADER + "torch.backends.cudnn.benchmark = True")
     assert report.passed and report.rejections == ()
-    assert report.findings == ("line 10: assigns to torch.backends.cudnn.benchmark: changes a global torch setting "
-                               "(cudnn, TF32, threads, compiler config) [backend-knob]",)
+    assert report.findings == (
+        "line 10: assigns to torch.backends.cudnn.benchmark: changes a global torch setting "
+        "(cudnn, TF32, threads, compiler config) [backend-knob]",
+    )
 
 
 def test_patching_a_torch_function_is_rejected_with_line_and_rule() -> None:
     report = screen(HEADER + "torch.relu = f")
     assert not report.passed
-    assert report.rejections == ("line 10: assigns to torch.relu: patches a module's functions (the timer or the "
-                                 "check would lie) [patch]",)
+    assert report.rejections == (
+        "line 10: assigns to torch.relu: patches a module's functions (the timer or the check would lie) [patch]",
+    )
     assert report.rejected_by == {"patch"}
 
 
@@ -172,7 +218,11 @@ def test_embedded_cpp_findings_give_the_line_in_the_candidate() -> None:
 
 
 def test_docstrings_and_cpp_comments_are_not_screened_as_cpp() -> None:
-    source = HEADER + 'def f():\n    """Never calls std::thread or fork(), nor system("ls")."""\n' + cpp("// std::thread\nint x;")
+    source = (
+        HEADER
+        + 'def f():\n    """Never calls std::thread or fork(), nor system("ls")."""\n'
+        + cpp("// std::thread\nint x;")
+    )
     assert screen(source, "cuda").findings == ()
 
 

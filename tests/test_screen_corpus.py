@@ -47,5 +47,15 @@ def test_risky_patterns_of_the_published_kernels_are_recorded_as_findings() -> N
     seen: set[str] = set()
     for _, code in _kernels():
         seen |= {hit.rule.id for hit in screen(code, "cuda").hits if not hit.rule.rejects}
-    assert {"exception-fallback", "pointer-cache", "backend-knob", "side-stream", "cuda-events", "os-sys",
-            "file-access", "environment", "global-state", "clock"} <= seen
+    assert {
+        "exception-fallback",
+        "pointer-cache",
+        "backend-knob",
+        "side-stream",
+        "cuda-events",
+        "os-sys",
+        "file-access",
+        "environment",
+        "global-state",
+        "clock",
+    } <= seen

@@ -71,9 +71,21 @@ class ScoringEvaluator:
         self.seen.extend(c.candidate_id for c in candidates)
         results = []
         for c in candidates:
-            status, speedup, log = next(((s, x, l) for m, s, x, l in self.rules if m in c.source), ("compile_error", None, ""))
-            results.append(EvalResult(candidate_id=c.candidate_id, task_id=c.task_id, pool=pool, status=status,
-                                      reason=f"{status} here", speedup=speedup, device_name="Test CPU", log=log))  # fmt: skip
+            status, speedup, log = next(
+                ((s, x, lg) for m, s, x, lg in self.rules if m in c.source), ("compile_error", None, "")
+            )
+            results.append(
+                EvalResult(
+                    candidate_id=c.candidate_id,
+                    task_id=c.task_id,
+                    pool=pool,
+                    status=status,
+                    reason=f"{status} here",
+                    speedup=speedup,
+                    device_name="Test CPU",
+                    log=log,
+                )
+            )
         return results
 
 
@@ -81,14 +93,30 @@ POLICY = PolicyConfig(exemplars=2, tau=0.5, buckets=4, feedback_log_chars=500)
 
 
 def search(backend, evaluator, variants=None, rounds=2, samples=3, store=None):
-    return run_search(TASK, backend, evaluator, variants if variants is not None else VariantsTable(), POLICY,
-                      SearchConfig(rounds=rounds, samples=samples, seed=3), "cpu", store=store)  # fmt: skip
+    return run_search(
+        TASK,
+        backend,
+        evaluator,
+        variants if variants is not None else VariantsTable(),
+        POLICY,
+        SearchConfig(rounds=rounds, samples=samples, seed=3),
+        "cpu",
+        store=store,
+    )
 
 
 def test_rounds_account_for_every_sample_and_track_the_best():
-    backend = ScriptedBackend([answer("# fast\n" + FAST), answer("# slow\n" + FAST), "I cannot help with that.",
-                               BackendError("cannot reach http://127.0.0.1:9/v1/chat/completions")])  # fmt: skip
-    evaluator = ScoringEvaluator([("# fast", "ok", 1.5, ""), ("# slow", "ok", 0.8, ""), ("cannot help", "screen_rejected", None, "")])
+    backend = ScriptedBackend(
+        [
+            answer("# fast\n" + FAST),
+            answer("# slow\n" + FAST),
+            "I cannot help with that.",
+            BackendError("cannot reach http://127.0.0.1:9/v1/chat/completions"),
+        ]
+    )
+    evaluator = ScoringEvaluator(
+        [("# fast", "ok", 1.5, ""), ("# slow", "ok", 0.8, ""), ("cannot help", "screen_rejected", None, "")]
+    )
     result = search(backend, evaluator, rounds=2, samples=3)
     first, second = result.rounds
     assert (first.samples, first.valid, first.round_best, first.best) == (3, 2, 1.5, 1.5)
@@ -106,10 +134,17 @@ def test_rounds_account_for_every_sample_and_track_the_best():
 
 
 def test_exemplars_feedback_and_parents_reach_the_next_round():
-    backend = ScriptedBackend([answer("# fast\n" + FAST), answer("# broken\n" + WRONG), answer("# slow\n" + FAST)]
-                              + [answer("# next\n" + FAST)] * 3)  # fmt: skip
-    evaluator = ScoringEvaluator([("# fast", "ok", 2.0, ""), ("# slow", "ok", 1.1, ""),
-                                  ("# broken", "incorrect", None, "max abs error 0.5 > atol 0.01")])  # fmt: skip
+    backend = ScriptedBackend(
+        [answer("# fast\n" + FAST), answer("# broken\n" + WRONG), answer("# slow\n" + FAST)]
+        + [answer("# next\n" + FAST)] * 3
+    )
+    evaluator = ScoringEvaluator(
+        [
+            ("# fast", "ok", 2.0, ""),
+            ("# slow", "ok", 1.1, ""),
+            ("# broken", "incorrect", None, "max abs error 0.5 > atol 0.01"),
+        ]
+    )
     variants = VariantsTable()
     search(backend, evaluator, variants, rounds=2, samples=3)
     assert len(backend.requests) == 2
@@ -122,7 +157,9 @@ def test_exemplars_feedback_and_parents_reach_the_next_round():
     assert "Your last attempt failed: incorrect" in second_prompt and "max abs error 0.5 > atol 0.01" in second_prompt
     by_origin = {v.origin: v for v in variants}
     newest = by_origin["model:scripted-model@round2"]
-    parents = {v.variant_id for v in variants.for_task(TASK.task_id) if v.status == "ok" and v.origin.endswith("round1")}
+    parents = {
+        v.variant_id for v in variants.for_task(TASK.task_id) if v.status == "ok" and v.origin.endswith("round1")
+    }
     assert set(newest.parent_ids) == parents and len(parents) == 2
 
 
@@ -163,8 +200,15 @@ def test_variants_are_appended_to_the_store_and_a_new_search_starts_from_them(tm
 
 
 def test_the_real_evaluator_scores_what_the_policy_wrote(tmp_path):
-    config = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), run_timeout_s=120.0, correctness_trials=2,
-                             cpu_timed_calls=5, min_timed_s=0.0, max_timed_calls=5, warmup_calls=1)  # fmt: skip
+    config = EvaluatorConfig(
+        cache_dir=str(tmp_path / "cache"),
+        run_timeout_s=120.0,
+        correctness_trials=2,
+        cpu_timed_calls=5,
+        min_timed_s=0.0,
+        max_timed_calls=5,
+        warmup_calls=1,
+    )
     backend = ScriptedBackend([answer(FAST), answer(WRONG), "Sorry, here is no code."])
     variants = VariantsTable()
     result = search(backend, local_batch(config, {TASK.task_id: TASK}, "cpu"), variants, rounds=1, samples=3)
@@ -180,18 +224,35 @@ def test_variants_table_keeps_one_row_per_candidate_and_pool_and_the_best_per_ta
 
     a = Candidate.make(TASK.task_id, "a", origin="model:m@round1", parent_ids=("p",))
     b = Candidate.make(TASK.task_id, "b")
-    result = lambda c, pool, status, speedup: EvalResult(candidate_id=c.candidate_id, task_id=TASK.task_id,  # noqa: E731
-                                                         pool=pool, status=status, speedup=speedup)  # fmt: skip
-    table = VariantsTable([make_variant(a, result(a, "cpu", "ok", 1.5), "analysis"),
-                           make_variant(b, result(b, "cpu", "ok", 2.5)),
-                           make_variant(a, result(a, "H100", "ok", 4.0)),
-                           make_variant(b, result(b, "H100", "incorrect", 9.0))])  # fmt: skip
+
+    def result(c, pool, status, speedup):
+        return EvalResult(
+            candidate_id=c.candidate_id,
+            task_id=TASK.task_id,  # noqa: E731
+            pool=pool,
+            status=status,
+            speedup=speedup,
+        )
+
+    table = VariantsTable(
+        [
+            make_variant(a, result(a, "cpu", "ok", 1.5), "analysis"),
+            make_variant(b, result(b, "cpu", "ok", 2.5)),
+            make_variant(a, result(a, "H100", "ok", 4.0)),
+            make_variant(b, result(b, "H100", "incorrect", 9.0)),
+        ]
+    )
     assert len(table) == 4
     assert table.get(b.candidate_id, "H100").score is None  # a speedup of a failed result is no score
     best = table.best_per_task()
     assert {key: v.variant_id for key, v in best.items()} == {
-        (TASK.task_id, "H100"): a.candidate_id, (TASK.task_id, "cpu"): b.candidate_id}
-    assert table.get(a.candidate_id, "cpu").parent_ids == ("p",) and table.get(a.candidate_id, "cpu").analysis == "analysis"
+        (TASK.task_id, "H100"): a.candidate_id,
+        (TASK.task_id, "cpu"): b.candidate_id,
+    }
+    assert (
+        table.get(a.candidate_id, "cpu").parent_ids == ("p",)
+        and table.get(a.candidate_id, "cpu").analysis == "analysis"
+    )
     table.add(make_variant(b, result(b, "cpu", "timeout", None)))  # re-measured: the later row wins
     assert len(table) == 4 and table.best(TASK.task_id, "cpu").variant_id == a.candidate_id
     with pytest.raises(ValueError, match="is not for candidate"):
@@ -215,8 +276,23 @@ def quick_config(tmp_path, tiny_model):
 
 
 def test_optimize_one_round_with_a_tiny_model(quick_config, tiny_model, s3_uri, capsys):
-    code = main(["--config", quick_config, "optimize", "--task", TASK.task_id, "--rounds", "1", "--samples", "2",
-                 "--max-new-tokens", "24", "--store", s3_uri])  # fmt: skip
+    code = main(
+        [
+            "--config",
+            quick_config,
+            "optimize",
+            "--task",
+            TASK.task_id,
+            "--rounds",
+            "1",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "24",
+            "--store",
+            s3_uri,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     lines = out.splitlines()
@@ -238,13 +314,32 @@ def test_optimize_with_the_endpoint_down_ends_with_one_clear_line(capsys):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    code = main(["optimize", "--task", TASK.task_id, "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1",
-                 "--model", "m", "--rounds", "2", "--samples", "1"])  # fmt: skip
+    code = main(
+        [
+            "optimize",
+            "--task",
+            TASK.task_id,
+            "--backend",
+            "openai",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--model",
+            "m",
+            "--rounds",
+            "2",
+            "--samples",
+            "1",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 2
     assert len([line for line in captured.out.splitlines() if line.endswith(f"{BACKEND_ERROR} 1")]) == 2
-    assert captured.err.strip().splitlines()[-1].startswith(
-        f"speedforge optimize: error: the openai backend produced no sample: BackendError: cannot reach http://127.0.0.1:{port}"
+    assert (
+        captured.err.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"speedforge optimize: error: the openai backend produced no sample: BackendError: cannot reach http://127.0.0.1:{port}"
+        )
     )
 
 
@@ -260,8 +355,23 @@ def test_optimize_bad_arguments_are_one_line(capsys):
 @pytest.mark.gpu
 def test_optimize_one_round_on_a_cuda_task_with_the_default_model_on_the_gpu(tmp_path, capsys):
     task = find_task("cuda/add_relu_scale")
-    code = main(["optimize", "--task", task.task_id, "--rounds", "1", "--samples", "4", "--max-new-tokens", "256",
-                 "--device", "cuda", "--store", str(tmp_path / "store")])  # fmt: skip
+    code = main(
+        [
+            "optimize",
+            "--task",
+            task.task_id,
+            "--rounds",
+            "1",
+            "--samples",
+            "4",
+            "--max-new-tokens",
+            "256",
+            "--device",
+            "cuda",
+            "--store",
+            str(tmp_path / "store"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     pool = default_pool(task, "cpu")
@@ -275,13 +385,21 @@ def test_the_search_evaluates_on_the_ray_evaluation_service(tmp_path):
     from speedforge.cluster.session import ray_session
     from speedforge.config import Config, ServiceConfig
 
-    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), correctness_trials=1, cpu_timed_calls=3,
-                                min_timed_s=0.0, max_timed_calls=3, warmup_calls=1)  # fmt: skip
+    evaluator = EvaluatorConfig(
+        cache_dir=str(tmp_path / "cache"),
+        correctness_trials=1,
+        cpu_timed_calls=3,
+        min_timed_s=0.0,
+        max_timed_calls=3,
+        warmup_calls=1,
+    )
     config = Config(evaluator=evaluator, service=ServiceConfig(build_workers=1, build_num_cpus=0.25))
     store = open_store(tmp_path / "store")
     with ray_session(None, config.service), EvaluationService(config) as service:
         backend = ScriptedBackend([answer(FAST), answer(WRONG)])
-        result = search(backend, service_batch(service, {TASK.task_id: TASK}, "cpu", store=store), rounds=1, samples=2, store=store)
+        result = search(
+            backend, service_batch(service, {TASK.task_id: TASK}, "cpu", store=store), rounds=1, samples=2, store=store
+        )
     assert sorted(s.status for s in result.samples) == ["incorrect", "ok"]
     assert len(store.read_records("results", EvalResult)) == 2  # the service's results table
     assert len(store.read_records(TABLE, Variant)) == 2

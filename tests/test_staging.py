@@ -22,10 +22,13 @@ REF = "class Model:\n    pass\n\ndef get_inputs():\n    return [{i}]\n\ndef get_
 
 
 def make_items(n: int, salt: str = "") -> tuple[list[Task], list[Candidate]]:
-    tasks = [Task(task_id=f"gen/t{i:04d}", family="cpp", name=f"t{i:04d}", source=REF.format(i=i) + salt)
-             for i in range(n)]  # fmt: skip
-    candidates = [Candidate.make(t.task_id, f"class ModelNew:\n    k = {i}\n", origin="builtin", created_at=0.0)
-                  for i, t in enumerate(tasks)]  # fmt: skip
+    tasks = [
+        Task(task_id=f"gen/t{i:04d}", family="cpp", name=f"t{i:04d}", source=REF.format(i=i) + salt) for i in range(n)
+    ]
+    candidates = [
+        Candidate.make(t.task_id, f"class ModelNew:\n    k = {i}\n", origin="builtin", created_at=0.0)
+        for i, t in enumerate(tasks)
+    ]
     return tasks, candidates
 
 
@@ -212,4 +215,3 @@ def test_concurrent_staging_takes_the_next_free_version(store, monkeypatch):
     assert result.created and result.version == 3
     assert list_versions(store, "gen") == [1, 2, 3]
     assert load_dataset(store, "gen", 2).tasks == b and load_dataset(store, "gen", 3).tasks == c
-

@@ -15,13 +15,37 @@ from speedforge.store.s3server import SeaweedServer, free_ports
 from speedforge.store import CorruptObjectError, MissingObjectError, ObjectExistsError, StoreError, open_store
 
 TASK = Task(task_id="cpp/add", family="cpp", name="add", source="class Model: ...\n", level=1, notes="adds")
-CANDIDATE = Candidate.make("cpp/add", "class ModelNew: ...\n", origin="human", parent_ids=("p1", "p2"),
-                           meta_json='{"score": 1.5}', created_at=12.5)  # fmt: skip
-RESULT = EvalResult(candidate_id=CANDIDATE.candidate_id, task_id="cpp/add", pool="cpu", status="ok", correct=True,
-                    speedup=1.7, ref_us=10.0, cand_us=5.9, screen_findings=("a", "b"), log="built")  # fmt: skip
+CANDIDATE = Candidate.make(
+    "cpp/add",
+    "class ModelNew: ...\n",
+    origin="human",
+    parent_ids=("p1", "p2"),
+    meta_json='{"score": 1.5}',
+    created_at=12.5,
+)
+RESULT = EvalResult(
+    candidate_id=CANDIDATE.candidate_id,
+    task_id="cpp/add",
+    pool="cpu",
+    status="ok",
+    correct=True,
+    speedup=1.7,
+    ref_us=10.0,
+    cand_us=5.9,
+    screen_findings=("a", "b"),
+    log="built",
+)
 FAILED = EvalResult(candidate_id="c2", task_id="cpp/add", pool="H100", status="compile_error", reason="nvcc: error")
-VARIANT = Variant(variant_id=CANDIDATE.candidate_id, task_id="cpp/add", pool="cpu", source="x", status="ok",
-                  score=1.7, parent_ids=("p1",), analysis="fused")  # fmt: skip
+VARIANT = Variant(
+    variant_id=CANDIDATE.candidate_id,
+    task_id="cpp/add",
+    pool="cpu",
+    source="x",
+    status="ok",
+    score=1.7,
+    parent_ids=("p1",),
+    analysis="fused",
+)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -31,12 +55,15 @@ def store(request, tmp_path):
     return open_store(request.getfixturevalue("s3_uri"))
 
 
-@pytest.mark.parametrize(("table", "records"), [
-    ("tasks", [TASK, Task(task_id="cuda/x", family="cuda", name="x", source="y")]),
-    ("candidates", [CANDIDATE]),
-    ("results", [RESULT, FAILED]),
-    ("variants", [VARIANT]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("table", "records"),
+    [
+        ("tasks", [TASK, Task(task_id="cuda/x", family="cuda", name="x", source="y")]),
+        ("candidates", [CANDIDATE]),
+        ("results", [RESULT, FAILED]),
+        ("variants", [VARIANT]),
+    ],
+)
 def test_every_table_round_trips(store, table, records):
     store.append_records(table, records)
     assert store.read_records(table, type(records[0])) == records

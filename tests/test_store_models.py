@@ -17,8 +17,9 @@ from speedforge.store import CorruptObjectError, open_store
 from speedforge.store.models import MANIFEST, fetch_model, local_model, model_files
 
 
-def test_a_model_pushed_to_the_store_loads_by_its_uri_on_a_machine_that_never_had_it(s3_uri, tiny_model, tmp_path,
-                                                                                     monkeypatch, capsys):  # fmt: skip
+def test_a_model_pushed_to_the_store_loads_by_its_uri_on_a_machine_that_never_had_it(
+    s3_uri, tiny_model, tmp_path, monkeypatch, capsys
+):
     uri = f"{s3_uri}/models/tiny"
     assert main(["models", "push", uri, "--model", tiny_model]) == 0
     assert capsys.readouterr().out.startswith(f"{uri}: ")
@@ -43,7 +44,8 @@ def test_push_wants_a_store_uri(capsys):
 
 
 def test_a_uri_and_a_registered_version_of_the_same_files_share_one_copy_and_a_changed_model_gets_its_own(
-        s3_uri, tmp_path):  # fmt: skip
+    s3_uri, tmp_path
+):
     uri = f"{s3_uri}/models/changing"
     store = open_store(uri)
     store.put_bytes("config.json", b'{"model_type": "llama"}')

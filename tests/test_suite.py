@@ -25,10 +25,27 @@ FAMILIES = ("cpp", "cuda")
 MIN_TASKS = 12
 CPP_CALL_LIMIT_S = 0.1  # one reference call, one core
 # Every family must cover each of these; a tuple is satisfied by any one of its categories.
-REQUIRED_CATEGORIES = ("elementwise", "reduction", "softmax", "normalization", "matmul", "convolution", "fused",
-                       ("mlp", "attention"))
-KNOWN_CATEGORIES = {"elementwise", "reduction", "softmax", "normalization", "matmul", "convolution", "fused", "mlp",
-                    "attention"}
+REQUIRED_CATEGORIES = (
+    "elementwise",
+    "reduction",
+    "softmax",
+    "normalization",
+    "matmul",
+    "convolution",
+    "fused",
+    ("mlp", "attention"),
+)
+KNOWN_CATEGORIES = {
+    "elementwise",
+    "reduction",
+    "softmax",
+    "normalization",
+    "matmul",
+    "convolution",
+    "fused",
+    "mlp",
+    "attention",
+}
 CATEGORY_LINE = re.compile(r"^category:\s*(.+)$", re.M)
 
 
@@ -83,7 +100,9 @@ def test_each_family_ships_at_least_twelve_tasks_each_with_a_candidate_or_a_note
     tasks, candidates = _tasks(family), _candidates(family)
     assert len(tasks) >= MIN_TASKS
     unbeaten = {name for name, t in tasks.items() if "could not beat" in t.notes.lower()}
-    assert set(candidates) == set(tasks) - unbeaten, "a task without a candidate must say it could not beat the reference"
+    assert set(candidates) == set(tasks) - unbeaten, (
+        "a task without a candidate must say it could not beat the reference"
+    )
     assert len(unbeaten) <= 3, "most tasks ship a faster candidate"
 
 
@@ -129,8 +148,11 @@ def test_cuda_reference_is_the_cpp_program_with_other_sizes(task) -> None:
     def without_sizes(source: str) -> str:
         tree = ast.parse(source)
         body = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body  # notes may differ
-        tree.body = [n for n in body if not (isinstance(n, ast.Assign) and all(
-            isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))]
+        tree.body = [
+            n
+            for n in body
+            if not (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))
+        ]
         return ast.dump(tree)
 
     assert without_sizes(task.source) == without_sizes(cpp.source)
@@ -193,9 +215,11 @@ def test_cpp_reference_call_takes_well_under_100ms_on_one_core(task) -> None:
 
 def _evaluated_candidates():
     """cpp candidates run on the CPU (slow: a compile each); cuda ones need a GPU."""
-    return [pytest.param(family, name, device, id=f"{family}/{name}", marks=mark)
-            for family, device, mark in (("cpp", "cpu", pytest.mark.slow), ("cuda", "cuda", pytest.mark.gpu))
-            for name in sorted(_candidates(family))]
+    return [
+        pytest.param(family, name, device, id=f"{family}/{name}", marks=mark)
+        for family, device, mark in (("cpp", "cpu", pytest.mark.slow), ("cuda", "cuda", pytest.mark.gpu))
+        for name in sorted(_candidates(family))
+    ]
 
 
 @pytest.mark.parametrize(("family", "name", "device"), _evaluated_candidates())
@@ -206,4 +230,6 @@ def test_candidate_is_correct_and_faster_in_the_evaluator(family: str, name: str
         pytest.skip("no CUDA GPU")
     result = evaluate(_tasks(family)[name], _candidates(family)[name], device=device)
     assert result.status == "ok", (result.status, result.reason, result.log[-2000:])
-    assert result.speedup > 1.0, f"speedup {result.speedup:.2f} (ref {result.ref_us:.0f} us, cand {result.cand_us:.0f} us)"
+    assert result.speedup > 1.0, (
+        f"speedup {result.speedup:.2f} (ref {result.ref_us:.0f} us, cand {result.cand_us:.0f} us)"
+    )

@@ -34,16 +34,34 @@ class FakeWorker:
         if scripted is not None:
             return scripted
         if method == "build":
-            return [Build(candidate_id=c.candidate_id, task_id=t.task_id, ok=True, failure=None, build_dir="",
-                          key=c.candidate_id, build_s=0.0, cached=False) for t, c in batch]  # fmt: skip
+            return [
+                Build(
+                    candidate_id=c.candidate_id,
+                    task_id=t.task_id,
+                    ok=True,
+                    failure=None,
+                    build_dir="",
+                    key=c.candidate_id,
+                    build_s=0.0,
+                    cached=False,
+                )
+                for t, c in batch
+            ]
         outputs = []
         for task, candidate, _ in batch:
             status = "ok"
             if self.infra[candidate.candidate_id] > 0:
                 self.infra[candidate.candidate_id] -= 1
                 status = "infra_error"
-            outputs.append(EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, pool=self.name,
-                                      status=status, speedup=2.0 if status == "ok" else None))  # fmt: skip
+            outputs.append(
+                EvalResult(
+                    candidate_id=candidate.candidate_id,
+                    task_id=task.task_id,
+                    pool=self.name,
+                    status=status,
+                    speedup=2.0 if status == "ok" else None,
+                )
+            )
         return outputs
 
 
@@ -93,8 +111,9 @@ class FakeRuntime:
 
     def late_answer(self, handle: FakeWorker, ref: int) -> list[EvalResult]:
         _, method, ids = self.sent[ref]
-        return [EvalResult(candidate_id=i, task_id=TASK.task_id, pool=handle.name, status="ok", speedup=1.0)
-                for i in ids]  # fmt: skip
+        return [
+            EvalResult(candidate_id=i, task_id=TASK.task_id, pool=handle.name, status="ok", speedup=1.0) for i in ids
+        ]
 
 
 class Sink:
@@ -114,9 +133,17 @@ def candidates(n: int) -> list[Candidate]:
     return [Candidate.make(TASK.task_id, f"class ModelNew: ...  # {i}", created_at=0.0) for i in range(n)]
 
 
-def sweep(runtime: FakeRuntime, scripts: dict[str, list[dict]] | None = None, infra: Counter | None = None,
-          pools=POOLS, workers: int = 2, restarts: int = 3, recorded=None, evaluator: EvaluatorConfig | None = None,
-          **service) -> tuple[Sweep, Sink]:  # fmt: skip
+def sweep(
+    runtime: FakeRuntime,
+    scripts: dict[str, list[dict]] | None = None,
+    infra: Counter | None = None,
+    pools=POOLS,
+    workers: int = 2,
+    restarts: int = 3,
+    recorded=None,
+    evaluator: EvaluatorConfig | None = None,
+    **service,
+) -> tuple[Sweep, Sink]:
     """A sweep over `pools` with `workers` fake workers per stage; scripts[stage][i] scripts the
     i-th worker that stage spawns (replacements included)."""
     scripts = scripts or {}
@@ -132,8 +159,17 @@ def sweep(runtime: FakeRuntime, scripts: dict[str, list[dict]] | None = None, in
         worker_set.grow_to(workers)
     sink = Sink()
     config = ServiceConfig(**({"calls_per_worker": 2} | service))
-    return Sweep(config, evaluator or EvaluatorConfig(), build, bench, {TASK.task_id: TASK}, dict(recorded or {}), sink,
-                 runtime=runtime, clock=runtime.clock), sink  # fmt: skip
+    return Sweep(
+        config,
+        evaluator or EvaluatorConfig(),
+        build,
+        bench,
+        {TASK.task_id: TASK},
+        dict(recorded or {}),
+        sink,
+        runtime=runtime,
+        clock=runtime.clock,
+    ), sink
 
 
 def _nth(scripts: list[dict], index: int) -> dict:
@@ -154,7 +190,9 @@ def test_calls_finishing_in_reverse_order_record_every_pair_once_in_input_order(
     run, sink = sweep(runtime)
     run.run(items)
     assert recorded_pairs(sink) == every_pair(items)
-    assert [(r.candidate_id, r.pool) for r in run.ordered_results()] == [(c.candidate_id, p) for c in items for p in POOLS]
+    assert [(r.candidate_id, r.pool) for r in run.ordered_results()] == [
+        (c.candidate_id, p) for c in items for p in POOLS
+    ]
     finished = [r.candidate_id for r in sink.added if r.pool == "cpu"]
     assert finished != [c.candidate_id for c in items]  # they did finish out of order
     assert all(p.done == 7 and p.ok == 7 and p.retries == 0 for p in run.snapshot().pools)
@@ -263,8 +301,9 @@ def test_a_bench_worker_is_sent_overlap_runs_calls_at_once(overlap):
     while another times), whatever calls_per_worker says; builds keep calls_per_worker."""
     runtime = CountingRuntime()
     items = candidates(12)
-    run, sink = sweep(runtime, pools=("H100",), workers=1, calls_per_worker=1,
-                      evaluator=EvaluatorConfig(overlap_runs=overlap))  # fmt: skip
+    run, sink = sweep(
+        runtime, pools=("H100",), workers=1, calls_per_worker=1, evaluator=EvaluatorConfig(overlap_runs=overlap)
+    )
     run.run(items)
     assert recorded_pairs(sink) == every_pair(items, ("H100",))
     assert (runtime.peak["H100"], runtime.peak["build"]) == (overlap, 1)

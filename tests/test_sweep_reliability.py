@@ -36,8 +36,10 @@ def test_results_of_a_sweep_whose_store_goes_down_are_written_exactly_once(tmp_p
     task = fx.task()
     candidates = [fx.plain_candidate(task, i) for i in range(4)]
     config = fx.test_config(tmp_path)
-    config = dataclasses.replace(config, store=dataclasses.replace(config.store, retry_s=2.0, open_retry_s=2.0,
-                                                                   spill_dir=str(tmp_path / "spill")))  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        store=dataclasses.replace(config.store, retry_s=2.0, open_retry_s=2.0, spill_dir=str(tmp_path / "spill")),
+    )
     with SeaweedServer(tmp_path / "weed", bucket="outage") as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
@@ -56,8 +58,9 @@ def test_results_of_a_sweep_whose_store_goes_down_are_written_exactly_once(tmp_p
         server.start()  # same ports, same data
 
         with EvaluationService(config, fx.cheap_build, fx.cheap_run) as service:
-            second = service.submit(candidates, ["cpu"], [task], store=open_store("s3://outage/run",
-                                                                                  config=config.store))  # fmt: skip
+            second = service.submit(
+                candidates, ["cpu"], [task], store=open_store("s3://outage/run", config=config.store)
+            )
         recorded = open_store("s3://outage/run", config=config.store).read_records("results", EvalResult)
     assert "wrote" in capfd.readouterr().err  # the spill went to the store first...
     assert second == first  # ...so every pair counted as done: nothing evaluated twice
@@ -72,8 +75,10 @@ def test_a_sweep_writes_on_when_the_s3_server_is_started_again_on_its_folder(tmp
     task = fx.task()
     candidates = [fx.plain_candidate(task, i) for i in range(4)]
     config = fx.test_config(tmp_path)
-    config = dataclasses.replace(config, store=dataclasses.replace(config.store, retry_s=300.0, open_retry_s=2.0,
-                                                                   spill_dir=str(tmp_path / "spill")))  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        store=dataclasses.replace(config.store, retry_s=300.0, open_retry_s=2.0, spill_dir=str(tmp_path / "spill")),
+    )
     first = SeaweedServer(tmp_path / "weed", bucket="restart").start()
     again = SeaweedServer(tmp_path / "weed", bucket="restart")  # a new server process on the same folder
     started, done = threading.Event(), threading.Event()
@@ -116,13 +121,28 @@ def test_a_second_sweep_on_the_same_out_refuses_while_the_first_runs(tmp_path, l
 
     def start_a_second_sweep(progress):
         if not second:
-            argv = ["evaluate", "--tasks", "builtin:cpp", "--candidates", "builtin:cpp", "--pools", "cpu",
-                    "--out", out, "--no-live"]  # fmt: skip
+            argv = [
+                "evaluate",
+                "--tasks",
+                "builtin:cpp",
+                "--candidates",
+                "builtin:cpp",
+                "--pools",
+                "cpu",
+                "--out",
+                out,
+                "--no-live",
+            ]
             second.append(main(argv))
 
     with EvaluationService(config, fx.cheap_build, fx.cheap_run) as service:
-        service.submit([fx.plain_candidate(task, i) for i in range(2)], ["cpu"], [task], store=open_store(out),
-                       on_progress=start_a_second_sweep)  # fmt: skip
+        service.submit(
+            [fx.plain_candidate(task, i) for i in range(2)],
+            ["cpu"],
+            [task],
+            store=open_store(out),
+            on_progress=start_a_second_sweep,
+        )
     err = capsys.readouterr().err.strip().splitlines()
     refusal = [line for line in err if "another run is writing to" in line]
     assert second == [2] and len(refusal) == 1 and "its lease expires at" in refusal[0]
@@ -143,10 +163,13 @@ def test_an_expired_lease_is_taken_over_only_with_force(tmp_path):
         assert table.lease.record.owner.endswith(f":{os.getpid()}")
 
 
-@pytest.mark.parametrize("tasks, pools, message", [
-    ("builtin:cuda", "cpu", r"candidates name a task that is not among --tasks: 'cpp/"),
-    ("builtin", "cpu", r"pool\(s\) can never run the family of some candidates: pool cpu for cuda tasks"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "tasks, pools, message",
+    [
+        ("builtin:cuda", "cpu", r"candidates name a task that is not among --tasks: 'cpp/"),
+        ("builtin", "cpu", r"pool\(s\) can never run the family of some candidates: pool cpu for cuda tasks"),
+    ],
+)
 def test_inputs_that_can_never_run_fail_before_anything_is_recorded(tmp_path, capsys, tasks, pools, message):
     candidates = "builtin" if tasks == "builtin" else "builtin:cpp"
     out = tmp_path / "out"
@@ -177,8 +200,21 @@ def test_an_address_that_does_not_answer_fails_within_the_timeout_in_one_line(tm
     address = f"{'ray://' if 'client' in kind else ''}127.0.0.1:{port}"
     config = tmp_path / "config.yaml"
     config.write_text("service: {connect_timeout_s: 3}\n")
-    argv = ["--config", str(config), "evaluate", "--tasks", "builtin:cpp", "--candidates", "builtin:cpp",
-            "--pools", "cpu", "--out", str(tmp_path / "out"), "--address", address]  # fmt: skip
+    argv = [
+        "--config",
+        str(config),
+        "evaluate",
+        "--tasks",
+        "builtin:cpp",
+        "--candidates",
+        "builtin:cpp",
+        "--pools",
+        "cpu",
+        "--out",
+        str(tmp_path / "out"),
+        "--address",
+        address,
+    ]
     try:
         assert main(argv) == 2
     finally:
@@ -188,4 +224,3 @@ def test_an_address_that_does_not_answer_fails_within_the_timeout_in_one_line(tm
     expected = "did not answer within 3 s" if kind == "not ray" else "cannot reach the Ray cluster"
     assert expected in err
     assert not ray.is_initialized()
-

@@ -35,9 +35,15 @@ def corpus_slice(tmp_path_factory):
 
 
 def corpus_config(path, tmp_path, **sft) -> Config:
-    train = TrainConfig(run="real", store=str(tmp_path / "store"), family="cuda", tasks_uri=f"cuda-l1:{path}",
-                        heldout_count=6, train_count=0,
-                        sft=SFTConfig(sources=(f"cuda-l1:{path}",), **({"trust_source": True} | sft)))  # fmt: skip
+    train = TrainConfig(
+        run="real",
+        store=str(tmp_path / "store"),
+        family="cuda",
+        tasks_uri=f"cuda-l1:{path}",
+        heldout_count=6,
+        train_count=0,
+        sft=SFTConfig(sources=(f"cuda-l1:{path}",), **({"trust_source": True} | sft)),
+    )
     return Config(train=train)
 
 
@@ -102,7 +108,9 @@ def test_the_split_is_recorded_with_the_run_and_a_different_one_is_refused(corpu
     plan = StagePlan(config, "sft", False, split, "A100", "", store, None, None)
     record_split(plan)
     recorded = json.loads(store.get_bytes("runs/real/split.json"))
-    assert recorded["heldout"] == [t.task_id for t in split.heldout] and recorded["train"] == [t.task_id for t in split.train]
+    assert recorded["heldout"] == [t.task_id for t in split.heldout] and recorded["train"] == [
+        t.task_id for t in split.train
+    ]
     record_split(plan)  # the same split again: fine
     other = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=1))
     with pytest.raises(UserError, match="split differently"):
@@ -173,10 +181,16 @@ def test_answers_that_lower_float32_precision_are_left_out_unless_the_evaluator_
 
     split, trusted, data = corpus_pairs(corpus_slice, tmp_path)
     good = next(c for c in trusted if c.candidate_id == data.pairs[0].variant_id)
-    lines = {"tf32": "torch.backends.cuda.matmul.allow_tf32 = True", "high": "torch.set_float32_matmul_precision('high')",
-             "cudnn": "torch.backends.cudnn.allow_tf32 = True", "off": "torch.backends.cuda.matmul.allow_tf32 = False"}  # fmt: skip
-    kernels = [dataclasses.replace(good, candidate_id=name, source=f"{good.source}\n\nimport torch\n{line}\n")
-               for name, line in lines.items()]  # fmt: skip
+    lines = {
+        "tf32": "torch.backends.cuda.matmul.allow_tf32 = True",
+        "high": "torch.set_float32_matmul_precision('high')",
+        "cudnn": "torch.backends.cudnn.allow_tf32 = True",
+        "off": "torch.backends.cuda.matmul.allow_tf32 = False",
+    }
+    kernels = [
+        dataclasses.replace(good, candidate_id=name, source=f"{good.source}\n\nimport torch\n{line}\n")
+        for name, line in lines.items()
+    ]
     data = sft_pairs(split.train, VariantsTable(), "A100", 0, 0, trusted=kernels)
     assert sorted(p.variant_id for p in data.pairs) == ["cudnn", "off"]  # torch's default, and raising it back
     assert [u.split(": ", 1)[1].split(" (")[0] for u in data.unusable] == ["it lowers float32 precision"] * 2
@@ -184,18 +198,26 @@ def test_answers_that_lower_float32_precision_are_left_out_unless_the_evaluator_
     assert len(allowed.pairs) == 4 and allowed.unusable == ()
 
 
-@pytest.mark.parametrize("forward, kept", [
-    ("self.graph.replay()\n        return self.static_output", "return self.static_output"),
-    ("if self.out is None:\n            self.out = torch.empty_like(x)\n        torch.relu(x, out=self.out)\n"
-     "        return self.out", "return self.out"),
-    ("return self.outs[x.shape]", "return self.outs[x.shape]"),
-    ("self.out = torch.relu(x)\n        return self.out", ""),  # assigned a new tensor on every call
-    ("return torch.relu(x) * self.scale", ""),
-    ("y = self.out\n        return y.clone()", ""),
-    ("return self._replay(x)\n    def _replay(self, x):\n        self.graph.replay()\n        return self.static_output",
-     "return self._replay(x), which does return self.static_output"),  # through a method forward returns
-    ("return self._run(x)\n    def _run(self, x):\n        return torch.relu(x)", ""),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "forward, kept",
+    [
+        ("self.graph.replay()\n        return self.static_output", "return self.static_output"),
+        (
+            "if self.out is None:\n            self.out = torch.empty_like(x)\n        torch.relu(x, out=self.out)\n"
+            "        return self.out",
+            "return self.out",
+        ),
+        ("return self.outs[x.shape]", "return self.outs[x.shape]"),
+        ("self.out = torch.relu(x)\n        return self.out", ""),  # assigned a new tensor on every call
+        ("return torch.relu(x) * self.scale", ""),
+        ("y = self.out\n        return y.clone()", ""),
+        (
+            "return self._replay(x)\n    def _replay(self, x):\n        self.graph.replay()\n        return self.static_output",
+            "return self._replay(x), which does return self.static_output",
+        ),  # through a method forward returns
+        ("return self._run(x)\n    def _run(self, x):\n        return torch.relu(x)", ""),
+    ],
+)
 def test_a_forward_that_returns_a_tensor_the_module_keeps_is_found(forward, kept):
     """The fresh-outputs contract: an output buffer or a CUDA graph's static output returned as
     is shares its storage with the previous call's output, which the evaluator refuses."""
@@ -216,8 +238,13 @@ def test_answers_longer_than_the_generation_budget_are_left_out_and_counted(corp
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
     sizes = []
-    split, trusted, everything = corpus_pairs(corpus_slice, tmp_path, writable=lambda a: sizes.append(
-        len(tokenizer(a + tokenizer.eos_token, add_special_tokens=False)["input_ids"])) or True)  # fmt: skip
+    split, trusted, everything = corpus_pairs(
+        corpus_slice,
+        tmp_path,
+        writable=lambda a: (
+            sizes.append(len(tokenizer(a + tokenizer.eos_token, add_special_tokens=False)["input_ids"])) or True
+        ),
+    )
     median = sorted(sizes)[len(sizes) // 2]
     _, _, data = corpus_pairs(corpus_slice, tmp_path, writable=answer_budget(tokenizer, median))
     assert data.dropped_unwritable == sum(s > median for s in sizes) > 0 and data.dropped_too_long == 0
@@ -237,29 +264,44 @@ def test_the_loss_of_a_pair_is_its_answer_and_the_end_of_the_turn(corpus_slice, 
     pairs = sorted(data.pairs, key=lambda p: len(p.answer))[:2]
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
-    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=2, max_length=8192,
-                     completion_only_loss=True, use_cpu=True, report_to=[], disable_tqdm=True)  # fmt: skip
-    trainer = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list([p.example() for p in pairs]),
-                         processing_class=tokenizer)  # fmt: skip
+    args = SFTConfig(
+        output_dir=str(tmp_path / "sft"),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        max_length=8192,
+        completion_only_loss=True,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=datasets.Dataset.from_list([p.example() for p in pairs]),
+        processing_class=tokenizer,
+    )
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(pairs))])
     for row, pair in enumerate(pairs):
         on = (batch["labels"][row] != -100).nonzero().flatten().tolist()
         assert on == list(range(on[0], on[-1] + 1))  # one span
         ids = batch["input_ids"][row].tolist()
-        assert tokenizer.decode(ids[on[0]:on[-1] + 1]) == pair.answer + tokenizer.eos_token + "\n"
-        assert tokenizer.decode(ids[:on[0]]).endswith(pair.prompt + tokenizer.eos_token + "\n<|im_start|>assistant\n")
+        assert tokenizer.decode(ids[on[0] : on[-1] + 1]) == pair.answer + tokenizer.eos_token + "\n"
+        assert tokenizer.decode(ids[: on[0]]).endswith(pair.prompt + tokenizer.eos_token + "\n<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("reference, candidate, takes", [
-    ("self, a, b", "self, a, b", True),
-    ("self, a, b=1", "self, x, y=1", True),  # names may differ: the evaluator passes them by position
-    ("self, a, b=1", "self, a", False),  # get_init_inputs may give b
-    ("self, a, b", "self, a, b, c", False),
-    ("self, a, b", "self, a, b, c=2", True),
-    ("self, a, b", "self, *args", True),
-    ("self, a", "self, *, a", False),
-    ("self, *dims", "self, a, b", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "reference, candidate, takes",
+    [
+        ("self, a, b", "self, a, b", True),
+        ("self, a, b=1", "self, x, y=1", True),  # names may differ: the evaluator passes them by position
+        ("self, a, b=1", "self, a", False),  # get_init_inputs may give b
+        ("self, a, b", "self, a, b, c", False),
+        ("self, a, b", "self, a, b, c=2", True),
+        ("self, a, b", "self, *args", True),
+        ("self, a", "self, *, a", False),
+        ("self, *dims", "self, a, b", False),
+    ],
+)
 def test_the_constructor_check_takes_what_the_reference_takes_by_position(reference, candidate, takes):
     from speedforge.train.answer_checks import takes_reference_arguments
 

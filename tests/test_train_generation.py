@@ -15,20 +15,31 @@ from speedforge.train.stages import STATIC_CACHE_BUCKET, generate_under_autocast
 def tiny_model():
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def linear_dtypes_during_generate(model, device: str) -> set:
     seen = set()
-    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
-             for m in model.modules() if isinstance(m, torch.nn.Linear)]  # fmt: skip
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     ids = torch.tensor([[1, 2, 3, 4]], device=device)
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
-                             pad_token_id=0)  # fmt: skip
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, pad_token_id=0
+        )
     for h in hooks:
         h.remove()
     assert out.shape == (1, 7)
@@ -91,8 +102,9 @@ def decode_compile_requests(model, monkeypatch) -> list[bool]:
     monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
     model._valid_auto_compile_criteria = lambda kwargs, config: seen.append(config.disable_compile) and False
     ids = torch.tensor([[1, 2, 3, 4]])
-    trl_config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation="static",
-                                  disable_compile=True)  # fmt: skip
+    trl_config = GenerationConfig(
+        max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation="static", disable_compile=True
+    )
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=trl_config)
     assert out.shape == (1, 7)
@@ -103,7 +115,9 @@ def decode_compile_requests(model, monkeypatch) -> list[bool]:
 def test_the_static_cache_decode_is_compiled_though_trl_disables_it(monkeypatch) -> None:
     """train.grpo.static_cache: TRL's GRPOTrainer generates with `disable_compile=True`; the
     wrapper lifts it for its own call, so transformers compiles the decode step on a GPU."""
-    assert decode_compile_requests(generate_under_autocast(tiny_model(), "cuda", compile_decode=True), monkeypatch) == [False]
+    assert decode_compile_requests(generate_under_autocast(tiny_model(), "cuda", compile_decode=True), monkeypatch) == [
+        False
+    ]
 
 
 def test_without_the_static_cache_trls_disable_compile_stands(monkeypatch) -> None:
@@ -122,8 +136,9 @@ def test_prompts_of_different_lengths_in_one_bucket_decode_with_one_cache(monkey
 
     monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
     model = generate_under_autocast(tiny_model(), "cuda", compile_decode=True)
-    config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation="static",
-                              disable_compile=True)  # fmt: skip
+    config = GenerationConfig(
+        max_new_tokens=3, do_sample=False, pad_token_id=0, cache_implementation="static", disable_compile=True
+    )
     lengths = []
     for prompt in (4, 9):
         ids = torch.arange(1, prompt + 1).unsqueeze(0)
@@ -140,8 +155,9 @@ def test_gpu_static_cache_decode_runs_compiled() -> None:
 
     model = generate_under_autocast(tiny_model().to("cuda"), "cuda", compile_decode=True)
     ids = torch.tensor([[1, 2, 3, 4]], device="cuda")
-    config = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static",
-                              disable_compile=True)  # fmt: skip
+    config = GenerationConfig(
+        max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static", disable_compile=True
+    )
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
     assert out.shape == (1, 8) and hasattr(model, "_compiled_call")
@@ -181,13 +197,17 @@ def deferred_during_generate(model, monkeypatch) -> list[bool]:
     model.register_forward_hook(lambda *_: seen.append(cuda_stop_check_deferred()))
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
-        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0)
+        model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0
+        )
     assert seen and not cuda_stop_check_deferred()
     return sorted(set(seen))
 
 
 def test_the_compiled_decode_defers_the_stop_check_during_its_call(monkeypatch) -> None:
-    assert deferred_during_generate(generate_under_autocast(tiny_model(), "cuda", compile_decode=True), monkeypatch) == [True]
+    assert deferred_during_generate(
+        generate_under_autocast(tiny_model(), "cuda", compile_decode=True), monkeypatch
+    ) == [True]
     assert deferred_during_generate(generate_under_autocast(tiny_model(), "cuda"), monkeypatch) == [False]
     model = generate_under_autocast(tiny_model(), "cuda", compile_decode=True, defer_stop=False)
     assert deferred_during_generate(model, monkeypatch) == [False]
@@ -203,25 +223,37 @@ def test_gpu_deferred_stop_check_gives_the_same_tokens() -> None:
     for defer in (False, True):
         model = generate_under_autocast(tiny_model().to("cuda"), "cuda", compile_decode=True, defer_stop=defer)
         ids = torch.tensor([[1, 2, 3, 4]] * 8, device="cuda")
-        config = GenerationConfig(max_new_tokens=24, do_sample=True, top_k=0, pad_token_id=0, eos_token_id=5,
-                                  cache_implementation="static", disable_compile=True)  # fmt: skip
+        config = GenerationConfig(
+            max_new_tokens=24,
+            do_sample=True,
+            top_k=0,
+            pad_token_id=0,
+            eos_token_id=5,
+            cache_implementation="static",
+            disable_compile=True,
+        )
         torch.manual_seed(3)
         with torch.no_grad():
-            outputs.append(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config).cpu())
+            outputs.append(
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config).cpu()
+            )
     assert outputs[0].shape == outputs[1].shape and torch.equal(outputs[0], outputs[1])
 
 
 def test_without_bf16_the_static_cache_still_compiles_and_defers_in_float32(monkeypatch) -> None:
     """A GPU without bf16 trains in float32: no autocast, but the compiled decode and the deferred
     stop check still apply (they were set up only inside the bf16 wrapper before)."""
-    assert decode_compile_requests(generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False),
-                                   monkeypatch) == [False]  # fmt: skip
-    assert deferred_during_generate(generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False),
-                                    monkeypatch) == [True]  # fmt: skip
+    assert decode_compile_requests(
+        generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False), monkeypatch
+    ) == [False]
+    assert deferred_during_generate(
+        generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False), monkeypatch
+    ) == [True]
     autocasts = []
     monkeypatch.setattr(torch, "autocast", lambda *a, **k: autocasts.append(a) or contextlib.nullcontext())
     model = generate_under_autocast(tiny_model(), "cuda", compile_decode=True, autocast=False)
     assert linear_dtypes_during_generate(model, "cpu") == {torch.float32} and autocasts == []
     generate_under_autocast(tiny_model(), "cuda", compile_decode=True).generate(
-        input_ids=torch.tensor([[1, 2]]), max_new_tokens=1, do_sample=False, pad_token_id=0)  # fmt: skip
+        input_ids=torch.tensor([[1, 2]]), max_new_tokens=1, do_sample=False, pad_token_id=0
+    )
     assert autocasts == [("cuda",)]  # the bf16 default does use it

@@ -19,19 +19,37 @@ TASK = "cpp/add_relu_scale"
 USAGE = "\nUsage:\n```python\nmodel = ModelNew(*get_init_inputs())\nprint(model(*get_inputs()))\n```\n"
 ANSWERS = [
     (answer(FAST) + USAGE, "stop"),  # the program, then an example that only uses ModelNew
-    (answer(FAST.replace("def __init__(self, scale)", "def __init__(self, s)").replace("self.scale = scale",
-                                                                                        "self.scale = s")), "stop"),
-    (answer(FAST)[: answer(FAST).index("return torch.relu_")] + "return torch.relu_(a + ", "length"),  # cut by the budget
+    (
+        answer(
+            FAST.replace("def __init__(self, scale)", "def __init__(self, s)").replace(
+                "self.scale = scale", "self.scale = s"
+            )
+        ),
+        "stop",
+    ),
+    (
+        answer(FAST)[: answer(FAST).index("return torch.relu_")] + "return torch.relu_(a + ",
+        "length",
+    ),  # cut by the budget
 ]
 
 
 def heldout_config(tmp_path) -> Config:
     """The cpp family, TASK held out, few timed calls (the verdicts are what these tests read)."""
-    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), cpu_timed_calls=5, max_timed_calls=10,
-                                min_timed_s=0.0, warmup_calls=1)  # fmt: skip
-    return Config(evaluator=evaluator, policy=PolicyConfig(device="cpu"),
-                  train=TrainConfig(family="cpp", tasks=(TASK, "cpp/silu_scale"), heldout=(TASK,),
-                                    store=str(tmp_path / "store"), work_dir=str(tmp_path / "work")))  # fmt: skip
+    evaluator = EvaluatorConfig(
+        cache_dir=str(tmp_path / "cache"), cpu_timed_calls=5, max_timed_calls=10, min_timed_s=0.0, warmup_calls=1
+    )
+    return Config(
+        evaluator=evaluator,
+        policy=PolicyConfig(device="cpu"),
+        train=TrainConfig(
+            family="cpp",
+            tasks=(TASK, "cpp/silu_scale"),
+            heldout=(TASK,),
+            store=str(tmp_path / "store"),
+            work_dir=str(tmp_path / "work"),
+        ),
+    )
 
 
 class Answers:
@@ -55,7 +73,10 @@ def test_a_correct_program_is_scored_correct_whatever_surrounds_it(tmp_path, mon
     assert report.valid_fraction == pytest.approx(2 / 3) and report.truncated_fraction == pytest.approx(1 / 3)
     written = [json.loads(line) for line in samples.read_text().splitlines()]
     assert [(w["task_id"], w["sample"], w["status"], w["finish_reason"]) for w in written] == [
-        (TASK, 0, "ok", "stop"), (TASK, 1, "ok", "stop"), (TASK, 2, "screen_rejected", "length")]
+        (TASK, 0, "ok", "stop"),
+        (TASK, 1, "ok", "stop"),
+        (TASK, 2, "screen_rejected", "length"),
+    ]
     assert [w["text"] for w in written] == [text for text, _ in ANSWERS]
     assert written[0]["speedup"] == row["results"][0][1] and written[2]["reason"]
 
@@ -70,7 +91,8 @@ def test_samples_generated_on_one_machine_are_evaluated_on_another(tmp_path, mon
     assert report.samples == len(ANSWERS) and report.statuses == {} and "not evaluated" in report.top_failure
     lines = [json.loads(line) for line in generated.read_text().splitlines()]
     assert [(w["model"], w["sample"], w["status"], w["text"]) for w in lines] == [
-        ("stand-in", i, None, text) for i, (text, _) in enumerate(ANSWERS)]
+        ("stand-in", i, None, text) for i, (text, _) in enumerate(ANSWERS)
+    ]
 
     def no_model(config):
         raise AssertionError("--samples-in must not load a model")
@@ -82,7 +104,11 @@ def test_samples_generated_on_one_machine_are_evaluated_on_another(tmp_path, mon
     assert report.model == "stand-in" and report.samples == len(ANSWERS)
     assert [status for status, _ in row["results"]] == ["ok", "ok", "screen_rejected"], row["reasons"]
     assert report.truncated_fraction == pytest.approx(1 / 3)
-    assert [json.loads(line)["status"] for line in evaluated.read_text().splitlines()] == ["ok", "ok", "screen_rejected"]
+    assert [json.loads(line)["status"] for line in evaluated.read_text().splitlines()] == [
+        "ok",
+        "ok",
+        "screen_rejected",
+    ]
 
 
 def test_samples_of_another_split_are_refused(tmp_path):

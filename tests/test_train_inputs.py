@@ -22,8 +22,15 @@ from speedforge.store import open_store  # noqa: E402
 
 
 def make_config(tmp_path, **train) -> Config:
-    settings = dict(store=str(tmp_path / "store"), work_dir=str(tmp_path / "work"),
-                    tasks=("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares"), heldout=("cpp/sum_squares",)) | train  # fmt: skip
+    settings = (
+        dict(
+            store=str(tmp_path / "store"),
+            work_dir=str(tmp_path / "work"),
+            tasks=("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares"),
+            heldout=("cpp/sum_squares",),
+        )
+        | train
+    )
     return Config(train=TrainConfig(**settings))
 
 
@@ -59,8 +66,11 @@ def test_a_model_path_that_does_not_exist_fails_before_any_work(tmp_path):
 
 def test_an_empty_variants_table_for_sft_fails_before_any_work(tmp_path):
     config = make_config(tmp_path, sft=SFTConfig(sources=("variants",)))
-    with pytest.raises(UserError, match=r"no validated variants for SFT: the variants table of .* has no variant of the "
-                                        r"training tasks \(.*cpp/add_relu_scale.*\).*add builtin to train.sft.sources"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"no validated variants for SFT: the variants table of .* has no variant of the "
+        r"training tasks \(.*cpp/add_relu_scale.*\).*add builtin to train.sft.sources",
+    ):
         run_training(config, "sft")
     assert_no_work(tmp_path)
 
@@ -75,8 +85,11 @@ def test_a_family_without_an_evaluator_here_fails_before_any_work(tmp_path, monk
     cpp = families.get("cpp")
     ghost = dataclasses.replace(cpp, name="ghost", sandbox="speedforge_no_such_sandbox")
     monkeypatch.setitem(families._REGISTRY, "ghost", ghost)
-    with pytest.raises(UserError, match=r"task family 'ghost' has no evaluator: its sandbox module "
-                                        r"speedforge_no_such_sandbox is not installed"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"task family 'ghost' has no evaluator: its sandbox module "
+        r"speedforge_no_such_sandbox is not installed",
+    ):
         run_training(make_config(tmp_path, family="ghost"), "grpo")
     assert_no_work(tmp_path)
 
@@ -107,11 +120,13 @@ def test_a_pipeline_store_is_the_runs_store_unless_the_config_names_one(tmp_path
     routed = with_run_store(Config(), "s3://b/runs/n1", pipeline)
     assert routed.train.store == "s3://b/runs/n1" and routed.store == pipeline
     own = load_config(None)
-    own = dataclasses.replace(own, train=dataclasses.replace(own.train, store=str(tmp_path)),
-                              store=dataclasses.replace(own.store, endpoint_url="http://own:9000"))  # fmt: skip
+    own = dataclasses.replace(
+        own,
+        train=dataclasses.replace(own.train, store=str(tmp_path)),
+        store=dataclasses.replace(own.store, endpoint_url="http://own:9000"),
+    )
     kept = with_run_store(own, "s3://b/runs/n1", pipeline)
     assert kept.train.store == str(tmp_path) and kept.store.endpoint_url == "http://own:9000"
-
 
 
 def test_each_pipeline_run_trains_a_run_of_its_own_unless_the_config_names_one():
@@ -125,14 +140,21 @@ def test_each_pipeline_run_trains_a_run_of_its_own_unless_the_config_names_one()
 
 def test_the_train_command_prints_one_error_line_for_a_bad_config(tmp_path):
     path = tmp_path / "train.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         train:
           init: /nowhere/model.gguf
           store: %s
           work_dir: %s
-        """) % (tmp_path / "store", tmp_path / "work"))  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "speedforge.cli", "train", "--stage", "grpo", "--config", str(path)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+        """)
+        % (tmp_path / "store", tmp_path / "work")
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "speedforge.cli", "train", "--stage", "grpo", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "/nowhere/model.gguf" in errors[0], done.stderr

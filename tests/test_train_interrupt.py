@@ -25,24 +25,32 @@ TASKS = ["cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares"]
 
 def train_yaml(tmp_path: Path, model: str, run: str) -> Path:
     path = tmp_path / f"{run}.yaml"
-    path.write_text(f'policy: {{model: "{model}", device: cpu}}\n'
-                    f'evaluator: {{cache_dir: "{tmp_path / "cache"}", cpu_timed_calls: 5, max_timed_calls: 10}}\n'
-                    f'train:\n  run: {run}\n  store: "{tmp_path / "store"}"\n  work_dir: "{tmp_path / "work"}"\n'
-                    f'  tasks: {json.dumps(TASKS)}\n  heldout: ["{TASKS[-1]}"]\n  ray: {{cpus_per_worker: 1, use_gpu: false}}\n'
-                    "  grpo: {steps: 1000, generations: 2, max_new_tokens: 8, learning_rate: 1.0e-3}\n")  # fmt: skip
+    path.write_text(
+        f'policy: {{model: "{model}", device: cpu}}\n'
+        f'evaluator: {{cache_dir: "{tmp_path / "cache"}", cpu_timed_calls: 5, max_timed_calls: 10}}\n'
+        f'train:\n  run: {run}\n  store: "{tmp_path / "store"}"\n  work_dir: "{tmp_path / "work"}"\n'
+        f'  tasks: {json.dumps(TASKS)}\n  heldout: ["{TASKS[-1]}"]\n  ray: {{cpus_per_worker: 1, use_gpu: false}}\n'
+        "  grpo: {steps: 1000, generations: 2, max_new_tokens: 8, learning_rate: 1.0e-3}\n"
+    )
     return path
 
 
 @pytest.mark.slow  # a whole `speedforge train` process (its own Ray, the model) per signal: ~1 min each on 2 cores
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_an_interrupted_train_says_so_exits_by_its_signal_and_leaves_the_stage_interrupted(tmp_path, tiny_model,
-                                                                                          sig, code):  # fmt: skip
+def test_an_interrupted_train_says_so_exits_by_its_signal_and_leaves_the_stage_interrupted(
+    tmp_path, tiny_model, sig, code
+):
     run = f"int{int(sig)}"
     config = train_yaml(tmp_path, tiny_model, run)
     env = {**os.environ, "RAY_ADDRESS": "local", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "speedforge.cli", "--config", str(config), "train", "--stage", "grpo"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedforge.cli", "--config", str(config), "train", "--stage", "grpo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     state = RunState(open_store(str(tmp_path / "store")), run, "grpo")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and int((state.read() or {}).get("step", 0)) < 1 and proc.poll() is None:
@@ -57,6 +65,11 @@ def test_an_interrupted_train_says_so_exits_by_its_signal_and_leaves_the_stage_i
 
     status_yaml = tmp_path / "status.yaml"
     status_yaml.write_text(f'train: {{store: "{tmp_path / "store"}"}}\n')
-    done = subprocess.run([sys.executable, "-m", "speedforge.cli", "--config", str(status_yaml), "train", "status", run],
-                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "speedforge.cli", "--config", str(status_yaml), "train", "status", run],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0 and "interrupted" in done.stdout.split("\n\n")[0], done.stdout

@@ -40,8 +40,13 @@ def test_a_driver_with_ray_address_set_joins_that_cluster_as_it_is(s3_env):
     import sys
 
     with RayHead(resources={CPU_POOL_RESOURCE: 3.0}) as head:
-        child = subprocess.run([sys.executable, "-c", JOIN], capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "RAY_ADDRESS": head.gcs, "RAY_AUTH_MODE": "disabled"})  # fmt: skip
+        child = subprocess.run(
+            [sys.executable, "-c", JOIN],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "RAY_ADDRESS": head.gcs, "RAY_AUTH_MODE": "disabled"},
+        )
     assert child.returncode == 0, child.stderr[-2000:]
     assert json.loads(child.stdout.strip().splitlines()[-1])[CPU_POOL_RESOURCE] == 3.0  # the head's, not local slots
 
@@ -66,8 +71,13 @@ def test_a_local_session_starts_its_own_ray_beside_one_that_ray_start_left_runni
             with open(os.path.join(found, "ray", "ray_current_cluster"), "w") as file:
                 file.write(head.gcs)
             env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-            child = subprocess.run([sys.executable, "-c", JOIN], capture_output=True, text=True, timeout=300,
-                                   env={**env, "RAY_TMPDIR": found, "RAY_AUTH_MODE": "disabled"})  # fmt: skip
+            child = subprocess.run(
+                [sys.executable, "-c", JOIN],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**env, "RAY_TMPDIR": found, "RAY_AUTH_MODE": "disabled"},
+            )
         finally:
             shutil.rmtree(found, ignore_errors=True)
     assert child.returncode == 0, child.stderr[-2000:]
@@ -79,21 +89,31 @@ def test_a_local_session_starts_its_own_ray_beside_one_that_ray_start_left_runni
 def tiny_grpo(tiny_model: str, cache_dir: str, task_id: str) -> str:
     """One GRPO step of the tiny model, measured quickly (the training config, as YAML text)."""
     measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
-    return (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
-            f'evaluator: {{cache_dir: "{cache_dir}", {measure}}}\n'
-            f"train:\n  tasks: [{task_id}, cpp/sum_squares]\n  heldout: [cpp/sum_squares]\n"
-            "  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n")  # fmt: skip
+    return (
+        f'policy: {{model: "{tiny_model}", device: cpu}}\n'
+        f'evaluator: {{cache_dir: "{cache_dir}", {measure}}}\n'
+        f"train:\n  tasks: [{task_id}, cpp/sum_squares]\n  heldout: [cpp/sum_squares]\n"
+        "  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n"
+    )
 
 
 @pytest.mark.slow
 def test_a_grpo_step_submitted_through_the_job_submission_api_trains_and_its_checkpoint_reaches_the_store(
-        s3_env, s3_uri, tiny_model, warm_cache, monkeypatch):  # fmt: skip
+    s3_env, s3_uri, tiny_model, warm_cache, monkeypatch
+):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the head has no token auth (a token in ~/.ray must not be sent)
     lines: list[str] = []
     with RayHead(env=s3_env.env(), resources={CPU_POOL_RESOURCE: 1.0}) as head:
-        job = TrainingJob(stage="grpo", store=s3_uri, mode="ray", address=head.dashboard, run="ray-job",
-                          config_text=tiny_grpo(tiny_model, warm_cache.cache_dir, warm_cache.task_id),
-                          poll_s=1.0, timeout_s=900.0)  # fmt: skip
+        job = TrainingJob(
+            stage="grpo",
+            store=s3_uri,
+            mode="ray",
+            address=head.dashboard,
+            run="ray-job",
+            config_text=tiny_grpo(tiny_model, warm_cache.cache_dir, warm_cache.task_id),
+            poll_s=1.0,
+            timeout_s=900.0,
+        )
         try:
             outcome = run_training_job(job, StoreConfig(), on_status=lines.append)
         except Exception:

@@ -34,12 +34,20 @@ REASONS = {  # what the evaluator says for each, as it says it
 }
 
 
-def result(status: str, speedup: float | None = None, unstable: bool = False, reason: str | None = None,
-           candidate: str = "c") -> EvalResult:  # fmt: skip
+def result(
+    status: str, speedup: float | None = None, unstable: bool = False, reason: str | None = None, candidate: str = "c"
+) -> EvalResult:
     ok = status == "ok"
-    return EvalResult(candidate_id=candidate, task_id="cpp/t", pool="cpu", status=status, correct=ok,
-                      speedup=speedup if ok else None, unstable=unstable,
-                      reason=REASONS.get(status, "") if reason is None else reason)  # fmt: skip
+    return EvalResult(
+        candidate_id=candidate,
+        task_id="cpp/t",
+        pool="cpu",
+        status=status,
+        correct=ok,
+        speedup=speedup if ok else None,
+        unstable=unstable,
+        reason=REASONS.get(status, "") if reason is None else reason,
+    )
 
 
 SCORED_STATUSES = [s for s in STATUSES if s != "infra_error"]
@@ -104,9 +112,13 @@ def test_an_ok_result_without_a_speedup_is_never_scored():
 def test_cudal1_is_the_gated_speedup_and_no_reward_normalises_within_a_group():
     """Rewards are normalised once, by TRL's GRPOTrainer (scale_rewards: group): every reward
     function here gives a sample the same value alone as among any group."""
-    samples = [Sample(result("ok", 2.0, candidate="a"), "g1"), Sample(result("incorrect", candidate="b"), "g1"),
-               Sample(result("ok", 1.5, candidate="c"), "g2"), Sample(result("ok", 1.5, candidate="d"), "g2"),
-               Sample(result("ok", 40.0, candidate="e"), "g2")]  # fmt: skip
+    samples = [
+        Sample(result("ok", 2.0, candidate="a"), "g1"),
+        Sample(result("incorrect", candidate="b"), "g1"),
+        Sample(result("ok", 1.5, candidate="c"), "g2"),
+        Sample(result("ok", 1.5, candidate="d"), "g2"),
+        Sample(result("ok", 40.0, candidate="e"), "g2"),
+    ]
     assert reward_fn("cudal1")(samples, CONFIG) == [2.0, 0.0, 1.5, 1.5, CONFIG.max_speedup]
     for name in known_rewards():
         together = reward_fn(name)(samples, CONFIG)
@@ -121,19 +133,27 @@ def test_cudal1_puts_a_cheat_below_a_failure_in_its_group():
 
 
 def test_format_counts_the_three_sections_and_the_code():
-    samples = [Sample(result("ok", 1.1)), Sample(result("ok", 1.1), missing=("Algorithm Design",)),
-               Sample(result("incorrect"), missing=("Performance Analysis", "Algorithm Design", "Code Implementation",
-                                                    "code"))]  # fmt: skip
+    samples = [
+        Sample(result("ok", 1.1)),
+        Sample(result("ok", 1.1), missing=("Algorithm Design",)),
+        Sample(
+            result("incorrect"), missing=("Performance Analysis", "Algorithm Design", "Code Implementation", "code")
+        ),
+    ]
     assert reward_fn("format")(samples, CONFIG) == [1.0, 0.75, 0.0]
 
 
 def test_an_unstable_speedup_is_discounted_towards_one():
     config = RewardConfig(unstable_discount=0.5)
-    stable, unstable = reward_fn("speedup")([Sample(result("ok", 3.0)), Sample(result("ok", 3.0, unstable=True))], config)
+    stable, unstable = reward_fn("speedup")(
+        [Sample(result("ok", 3.0)), Sample(result("ok", 3.0, unstable=True))], config
+    )
     assert stable == 3.0 and unstable == 2.0  # 1 + (3 - 1) * 0.5
     slower = reward_fn("speedup")([Sample(result("ok", 0.5, unstable=True))], config)[0]
     assert slower == 0.75  # a slowdown is discounted towards 1 too
-    assert reward_fn("speedup")([Sample(result("ok", 3.0, unstable=True))], RewardConfig(unstable_discount=1.0)) == [3.0]
+    assert reward_fn("speedup")([Sample(result("ok", 3.0, unstable=True))], RewardConfig(unstable_discount=1.0)) == [
+        3.0
+    ]
 
 
 def test_the_total_is_the_weighted_sum():

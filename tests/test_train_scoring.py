@@ -26,9 +26,16 @@ TASK = find_task("cpp/add_relu_scale")
 
 
 def measured(candidate: Candidate, status: str = "ok", speedup: float = 1.5, unstable: bool = False) -> EvalResult:
-    return EvalResult(candidate_id=candidate.candidate_id, task_id=candidate.task_id, pool="cpu", status=status,
-                      correct=status == "ok", speedup=speedup if status == "ok" else None, unstable=unstable,
-                      reason="" if status == "ok" else status)  # fmt: skip
+    return EvalResult(
+        candidate_id=candidate.candidate_id,
+        task_id=candidate.task_id,
+        pool="cpu",
+        status=status,
+        correct=status == "ok",
+        speedup=speedup if status == "ok" else None,
+        unstable=unstable,
+        reason="" if status == "ok" else status,
+    )
 
 
 class FlakyService:
@@ -49,8 +56,9 @@ class FlakyService:
 
 
 def config(tmp_path, **train) -> Config:
-    evaluator = EvaluatorConfig(cache_dir=str(tmp_path / "cache"), cpu_timed_calls=5, max_timed_calls=10,
-                                min_timed_s=0.0, warmup_calls=1)  # fmt: skip
+    evaluator = EvaluatorConfig(
+        cache_dir=str(tmp_path / "cache"), cpu_timed_calls=5, max_timed_calls=10, min_timed_s=0.0, warmup_calls=1
+    )
     settings = dict(run="r", store=str(tmp_path / "store"), eval_retries=2, eval_retry_wait_s=0.5) | train
     return Config(evaluator=evaluator, train=TrainConfig(**settings))
 
@@ -131,8 +139,11 @@ def test_an_unstable_result_is_measured_again_when_configured(tmp_path):
     score = Scorer(cfg, {TASK.task_id: TASK}, evaluate, "cpu", "grpo", open_store(cfg.train.store), VariantsTable())
     scored = score.score(1, completions(answer(FAST)))
     assert len(calls) == 2 and scored.rewards == [3.0] and scored.attempts == 2
-    discounted = scorer(tmp_path / "d", lambda b: [measured(c, speedup=3.0, unstable=True) for c in b],
-                        rewards=RewardConfig(weights={"speedup": 1.0}))
+    discounted = scorer(
+        tmp_path / "d",
+        lambda b: [measured(c, speedup=3.0, unstable=True) for c in b],
+        rewards=RewardConfig(weights={"speedup": 1.0}),
+    )
     assert discounted.score(1, completions(answer(FAST))).rewards == [2.0]
 
 
@@ -151,8 +162,15 @@ def test_real_evaluation_of_a_step_with_a_good_answer_and_garbage(tmp_path):
 
 
 def test_the_most_common_reason_of_each_failing_status_is_kept():
-    pairs = [("runtime_error", "NameError: x\ntraceback"), ("runtime_error", "NameError: x"),
-             ("runtime_error", "CUDA error"), ("ok", ""), ("incorrect", ""), ("timeout", " \n "), ("compile_error", "e" * 500)]
+    pairs = [
+        ("runtime_error", "NameError: x\ntraceback"),
+        ("runtime_error", "NameError: x"),
+        ("runtime_error", "CUDA error"),
+        ("ok", ""),
+        ("incorrect", ""),
+        ("timeout", " \n "),
+        ("compile_error", "e" * 500),
+    ]
     assert common_reasons(pairs, width=20) == {"compile_error": "e" * 20, "runtime_error": "NameError: x"}
 
 
@@ -162,8 +180,11 @@ def test_a_step_written_again_after_a_resume_keeps_its_latest_rows(tmp_path):
     score.score(2, completions("first try of step 2"))
     score.score(2, completions("second try of step 2", "and another"))
     rows = RolloutsTable.load(score.store, run="r")
-    assert [(r.step, r.completion) for r in rows] == [(1, answer(FAST)), (2, "second try of step 2"),
-                                                      (2, "and another")]  # fmt: skip
+    assert [(r.step, r.completion) for r in rows] == [
+        (1, answer(FAST)),
+        (2, "second try of step 2"),
+        (2, "and another"),
+    ]
 
 
 # -- what the stages train on ------------------------------------------------------------------
@@ -177,22 +198,38 @@ def test_the_split_is_a_seeded_order_of_task_ids_whatever_order_they_come_in():
     assert len(split.heldout) == 2 and len(split.train) == 3
     assert not {t.task_id for t in split.train} & {t.task_id for t in split.heldout}
     assert split_tasks(tasks, dataclasses.replace(settings, seed=8)) != split
-    named = split_tasks(tasks, TrainConfig(tasks=("cpp/rmsnorm", "cpp/logsumexp"), heldout=("cpp/rmsnorm",), train_count=0))
-    assert [t.task_id for t in named.train] == ["cpp/logsumexp"] and [t.task_id for t in named.heldout] == ["cpp/rmsnorm"]
+    named = split_tasks(
+        tasks, TrainConfig(tasks=("cpp/rmsnorm", "cpp/logsumexp"), heldout=("cpp/rmsnorm",), train_count=0)
+    )
+    assert [t.task_id for t in named.train] == ["cpp/logsumexp"] and [t.task_id for t in named.heldout] == [
+        "cpp/rmsnorm"
+    ]
     with pytest.raises(UserError, match="train.heldout: no cpp task.*cpp/nope"):
         split_tasks(tasks, TrainConfig(heldout=("cpp/nope",)))
 
 
 def variant(task_id: str, source: str, score: float) -> Variant:
-    return Variant(variant_id=Candidate.make(task_id, source).candidate_id, task_id=task_id, pool="cpu", source=source,
-                   status="ok", score=score, created_at=score)  # fmt: skip
+    return Variant(
+        variant_id=Candidate.make(task_id, source).candidate_id,
+        task_id=task_id,
+        pool="cpu",
+        source=source,
+        status="ok",
+        score=score,
+        created_at=score,
+    )
 
 
 def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     heldout = find_task("cpp/rmsnorm")
-    table = VariantsTable([variant(TASK.task_id, FAST, 1.3), variant(TASK.task_id, FAST + "#2\n", 2.0),
-                           variant(heldout.task_id, "class ModelNew: pass\n", 3.0),
-                           dataclasses.replace(variant(TASK.task_id, "broken", 0.0), status="incorrect", score=None)])  # fmt: skip
+    table = VariantsTable(
+        [
+            variant(TASK.task_id, FAST, 1.3),
+            variant(TASK.task_id, FAST + "#2\n", 2.0),
+            variant(heldout.task_id, "class ModelNew: pass\n", 3.0),
+            dataclasses.replace(variant(TASK.task_id, "broken", 0.0), status="incorrect", score=None),
+        ]
+    )
     pairs = list(sft_pairs([TASK], table, "cpu", exemplars=1, seed=0).pairs)
     assert {p.validated for p in pairs} == {"measured"}
     assert [p.score for p in pairs] == [1.3, 2.0] and {p.task_id for p in pairs} == {TASK.task_id}
@@ -200,7 +237,9 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
     assert "1.30x speedup" in fast.prompt and "1.30x speedup" not in slow.prompt  # a lower-scoring exemplar only
     for section in ("### Performance Analysis", "### Algorithm Design", "### Code Implementation"):
         assert section in fast.answer
-    assert fast.answer.rstrip().endswith("```") and "one temporary instead of two" in fast.answer  # the design is the docstring
+    assert (
+        fast.answer.rstrip().endswith("```") and "one temporary instead of two" in fast.answer
+    )  # the design is the docstring
     assert answer_text(TASK, table.get(fast.variant_id, "cpu")) == fast.answer
     # a budget that fits no exemplar drops it; one that fits nothing drops the pair
     fewer = sft_pairs([TASK], table, "cpu", 1, 0, fits=lambda p, a: "1.30x" not in p.user)
@@ -212,9 +251,11 @@ def test_sft_pairs_come_from_validated_variants_of_training_tasks_only():
 def test_a_measured_variant_is_not_second_guessed_by_the_static_contract_checks():
     """A program that measured ok passed the run-time checks that answer_checks' guesses stand in
     for; the same program as an unmeasured source kernel is left out, with the reason."""
-    kept = FAST.replace("return torch.relu_(a + b).mul_(self.scale)",
-                        "if getattr(self, 'out', None) is None:\n            self.out = torch.empty_like(a)\n"
-                        "        torch.add(a, b, out=self.out).relu_().mul_(self.scale)\n        return self.out")  # fmt: skip
+    kept = FAST.replace(
+        "return torch.relu_(a + b).mul_(self.scale)",
+        "if getattr(self, 'out', None) is None:\n            self.out = torch.empty_like(a)\n"
+        "        torch.add(a, b, out=self.out).relu_().mul_(self.scale)\n        return self.out",
+    )
     measured = sft_pairs([TASK], VariantsTable([variant(TASK.task_id, kept, 1.1)]), "cpu", 0, 0)
     assert len(measured.pairs) == 1 and measured.unusable == ()
     source = Candidate.make(TASK.task_id, kept, origin="import:elsewhere")
@@ -239,14 +280,18 @@ def test_live_prompts_show_variants_found_since_the_last_fetch_and_render_the_sa
 def test_grpo_trains_only_on_tasks_whose_bare_prompt_fits():
     """A task whose prompt is too long even without exemplars is left out of GRPO's data instead
     of stopping the stage at its first step (a level-3 task of CUDA-L1's corpus did, on the H100)."""
-    short, other = sorted(builtin_tasks("cpp"), key=lambda t: len(render_prompt(t).user))[::len(builtin_tasks("cpp")) - 1]
+    short, other = sorted(builtin_tasks("cpp"), key=lambda t: len(render_prompt(t).user))[
+        :: len(builtin_tasks("cpp")) - 1
+    ]
     budget = len(render_prompt(short).user)  # the shortest bare prompt fits exactly; the longest does not
     assert len(render_prompt(other).user) > budget
     fits = lambda prompt, answer: len(prompt.user) <= budget  # noqa: E731
     assert fitting_tasks([other, short], fits) == (short,)
     assert fitting_tasks([other, short], None) == (other, short)
     with pytest.raises(UserError, match="does not fit the model even without exemplars"):
-        LivePrompts({other.task_id: other}, VariantsTable(), Config().policy, "cpu", seed=0, fits=fits).render(other.task_id, 0)
+        LivePrompts({other.task_id: other}, VariantsTable(), Config().policy, "cpu", seed=0, fits=fits).render(
+            other.task_id, 0
+        )
 
 
 @pytest.mark.slow  # a cold C++ build (~30 s on 2 shared cores) and two spawned build processes
@@ -254,7 +299,11 @@ def test_local_evaluation_with_build_workers_builds_in_processes_and_agrees_with
     from speedforge.tasks import builtin_candidates
 
     built = next(c for c in builtin_candidates("cpp") if c.task_id == TASK.task_id)  # inline C++: a real build
-    batch = [built, Candidate.make(TASK.task_id, FAST, origin="test"), Candidate.make(TASK.task_id, "garbage", origin="test")]
+    batch = [
+        built,
+        Candidate.make(TASK.task_id, FAST, origin="test"),
+        Candidate.make(TASK.task_id, "garbage", origin="test"),
+    ]
     with open_evaluation("local", config(tmp_path), {TASK.task_id: TASK}, "cpu", build_workers=2) as evaluate:
         overlapped = evaluate(batch)
     assert [r.status for r in overlapped] == ["ok", "ok", "screen_rejected"]

@@ -49,14 +49,25 @@ def workspace(tmp_path_factory):
 
 
 def make_config(workspace, model: str, run: str, store: str, **train) -> Config:
-    evaluator = EvaluatorConfig(cache_dir=str(workspace / "cache"), cpu_timed_calls=5, max_timed_calls=10,
-                                min_timed_s=0.0, warmup_calls=1)  # fmt: skip
-    settings = dict(run=run, store=str(workspace / store), work_dir=str(workspace / "work"), tasks=TASKS,
-                    heldout=(TASKS[-1],), eval_retries=1, eval_retry_wait_s=0.0,
-                    ray=RayTrainConfig(cpus_per_worker=1, use_gpu=False),
-                    sft=SFTConfig(sources=("variants",), steps=2, learning_rate=1e-3, max_length=2048),
-                    self_train=SelfTrainConfig(samples=2, steps=2, max_new_tokens=24, learning_rate=1e-3),
-                    grpo=GRPOStageConfig(steps=3, generations=2, max_new_tokens=16, learning_rate=1e-3)) | train  # fmt: skip
+    evaluator = EvaluatorConfig(
+        cache_dir=str(workspace / "cache"), cpu_timed_calls=5, max_timed_calls=10, min_timed_s=0.0, warmup_calls=1
+    )
+    settings = (
+        dict(
+            run=run,
+            store=str(workspace / store),
+            work_dir=str(workspace / "work"),
+            tasks=TASKS,
+            heldout=(TASKS[-1],),
+            eval_retries=1,
+            eval_retry_wait_s=0.0,
+            ray=RayTrainConfig(cpus_per_worker=1, use_gpu=False),
+            sft=SFTConfig(sources=("variants",), steps=2, learning_rate=1e-3, max_length=2048),
+            self_train=SelfTrainConfig(samples=2, steps=2, max_new_tokens=24, learning_rate=1e-3),
+            grpo=GRPOStageConfig(steps=3, generations=2, max_new_tokens=16, learning_rate=1e-3),
+        )
+        | train
+    )
     return Config(evaluator=evaluator, policy=PolicyConfig(model=model, device="cpu"), train=TrainConfig(**settings))
 
 
@@ -113,9 +124,16 @@ def passes_the_first_sample():
         for c in candidates:
             first = c.task_id not in seen
             seen.add(c.task_id)
-            results.append(EvalResult(candidate_id=c.candidate_id, task_id=c.task_id, pool="cpu",
-                                      status="ok" if first else "incorrect", correct=first,
-                                      speedup=1.2 if first else None))  # fmt: skip
+            results.append(
+                EvalResult(
+                    candidate_id=c.candidate_id,
+                    task_id=c.task_id,
+                    pool="cpu",
+                    status="ok" if first else "incorrect",
+                    correct=first,
+                    speedup=1.2 if first else None,
+                )
+            )
         return results
 
     return evaluate
@@ -127,8 +145,12 @@ def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):  # the i
     assert outcome.steps == 2
     store = open_store(config.train.store)
     rollouts = RolloutsTable.load(store, run="chain", stage="self")
-    assert sorted((r.step, r.task_id, r.status) for r in rollouts) == \
-        [(1, TASKS[0], "incorrect"), (1, TASKS[0], "ok"), (1, TASKS[1], "incorrect"), (1, TASKS[1], "ok")]  # fmt: skip
+    assert sorted((r.step, r.task_id, r.status) for r in rollouts) == [
+        (1, TASKS[0], "incorrect"),
+        (1, TASKS[0], "ok"),
+        (1, TASKS[1], "incorrect"),
+        (1, TASKS[1], "ok"),
+    ]
     assert {r.policy_version for r in rollouts} == {"chain/self@0"}
     state = RunState(store, "chain", "self")
     pairs = state.get_json("rounds/001.json")["pairs"]
@@ -145,9 +167,13 @@ def grpo_uninterrupted(workspace, sft_run):
     CUDA graphs on a GPU, the same cache uncompiled here); the default cache is what the pipeline's
     end-to-end test (tests/test_pipeline_local.py) and `make run` train with."""
     _, sft = sft_run
-    config = make_config(workspace, sft.final_checkpoint, "straight", "store-straight",
-                         grpo=GRPOStageConfig(steps=4, generations=2, max_new_tokens=16, learning_rate=1e-3,
-                                              static_cache=True))  # fmt: skip
+    config = make_config(
+        workspace,
+        sft.final_checkpoint,
+        "straight",
+        "store-straight",
+        grpo=GRPOStageConfig(steps=4, generations=2, max_new_tokens=16, learning_rate=1e-3, static_cache=True),
+    )
     seed_store(config)
     return config, run_training(config, "grpo")
 
@@ -174,7 +200,9 @@ def test_grpo_runs_its_steps_with_rewards_measured_by_the_evaluator(grpo_uninter
         assert 2 <= line["generated_tokens"] <= 2 * 16 and line["generation_tokens_per_s"] > 0  # one batched call
         (rank,) = line["ranks"]  # one worker: its own line of what it did
         assert rank["rank"] == 0 and rank["samples"] == 2 and rank["generated_tokens"] == line["generated_tokens"]
-        assert rank["evaluation_s"] == line["evaluation_s"]  # its own evaluation, which bench_multigpu's quiet steps read
+        assert (
+            rank["evaluation_s"] == line["evaluation_s"]
+        )  # its own evaluation, which bench_multigpu's quiet steps read
         assert rank["device"] == "cpu"  # where the trainer put the model (on a GPU host: cuda:N and the GPU's UUID)
         assert rank["static_cache_len"] > 16  # the prompt's tokens and the 16 new ones
 
@@ -195,17 +223,26 @@ def dies_after(steps: int):
     return evaluate
 
 
-def test_a_run_whose_evaluation_dies_stops_with_a_checkpoint_and_resumes_exactly_across_an_epoch(workspace,
-                                                                                                grpo_uninterrupted):  # fmt: skip
+def test_a_run_whose_evaluation_dies_stops_with_a_checkpoint_and_resumes_exactly_across_an_epoch(
+    workspace, grpo_uninterrupted
+):
     """Checkpoints every 2 steps; the evaluation dies at step 4, after step 3 wrote its rollouts
     without a checkpoint. The resume starts at step 3, the first of the second epoch (2 tasks, a
     prompt per step): same data, samples and rollouts as the uninterrupted run, step 3 once."""
     straight_config, _ = grpo_uninterrupted
-    config = dataclasses.replace(straight_config, train=dataclasses.replace(
-        straight_config.train, run="stopped", store=str(workspace / "store-stopped"),
-        grpo=dataclasses.replace(straight_config.train.grpo, save_every=2)))  # fmt: skip
+    config = dataclasses.replace(
+        straight_config,
+        train=dataclasses.replace(
+            straight_config.train,
+            run="stopped",
+            store=str(workspace / "store-stopped"),
+            grpo=dataclasses.replace(straight_config.train.grpo, save_every=2),
+        ),
+    )
     seed_store(config)
-    with pytest.raises(UserError, match=r"stopped at step 2 \(checkpoint in .*\): the evaluation failed: .*died.*--resume"):
+    with pytest.raises(
+        UserError, match=r"stopped at step 2 \(checkpoint in .*\): the evaluation failed: .*died.*--resume"
+    ):
         run_training(config, "grpo", evaluate=dies_after(3))
     store = open_store(config.train.store)
     saved = RunState(store, "stopped", "grpo").read()
@@ -233,10 +270,14 @@ def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
     with the static KV cache (train.grpo.static_cache, issue 30's setting; compiled with CUDA graphs
     on a GPU, the same cache uncompiled on the CPU) and says how long it was."""
     _, sft = sft_run
-    config = make_config(workspace, sft.final_checkpoint, "ddp", "store-ddp",
-                         ray=RayTrainConfig(workers=2, cpus_per_worker=1, use_gpu=False),
-                         grpo=GRPOStageConfig(steps=1, generations=2, max_new_tokens=8, learning_rate=1e-3,
-                                              static_cache=True))  # fmt: skip
+    config = make_config(
+        workspace,
+        sft.final_checkpoint,
+        "ddp",
+        "store-ddp",
+        ray=RayTrainConfig(workers=2, cpus_per_worker=1, use_gpu=False),
+        grpo=GRPOStageConfig(steps=1, generations=2, max_new_tokens=8, learning_rate=1e-3, static_cache=True),
+    )
     seed_store(config)
     outcome = run_training(config, "grpo")
     assert outcome.steps == 1 and (Path(outcome.final_checkpoint) / "config.json").is_file()
@@ -265,11 +306,15 @@ def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(w
 
     store = workspace / "pipeline-store"
     seed_store(make_config(workspace, tiny_model, "job", "pipeline-store"))  # the baselines seed it in a pipeline
-    text = (f'policy: {{model: "{tiny_model}", device: cpu}}\n'
-            f'evaluator: {{cache_dir: "{workspace / "cache"}", cpu_timed_calls: 5, max_timed_calls: 10}}\n'
-            f'train:\n  run: job\n  work_dir: "{workspace / "work"}"\n  tasks: {list(TASKS)}\n  heldout: ["{TASKS[-1]}"]\n'
-            "  sft: {sources: [variants], steps: 2, learning_rate: 1.0e-3, max_length: 2048}\n")  # fmt: skip
-    outcome = run_training_job(TrainingJob(stage="sft", store=str(store), config_text=text, mode="local"), StoreConfig())
+    text = (
+        f'policy: {{model: "{tiny_model}", device: cpu}}\n'
+        f'evaluator: {{cache_dir: "{workspace / "cache"}", cpu_timed_calls: 5, max_timed_calls: 10}}\n'
+        f'train:\n  run: job\n  work_dir: "{workspace / "work"}"\n  tasks: {list(TASKS)}\n  heldout: ["{TASKS[-1]}"]\n'
+        "  sft: {sources: [variants], steps: 2, learning_rate: 1.0e-3, max_length: 2048}\n"
+    )
+    outcome = run_training_job(
+        TrainingJob(stage="sft", store=str(store), config_text=text, mode="local"), StoreConfig()
+    )
     assert outcome["stage"] == "sft" and outcome["steps"] == 2
     assert (Path(outcome["final_checkpoint"]) / "config.json").is_file()
     runs = open_store(str(store))  # train.store unset: the run's state is in the pipeline's store
@@ -289,7 +334,9 @@ def test_train_status_reads_the_run_back_and_draws_the_reward_curve(grpo_uninter
     assert "run straight in " in out and png.read_bytes().startswith(b"\x89PNG")
     stages = out.split("\n\n")[0]
     assert "grpo" in stages and "done" in stages and "sft" not in stages.split("\n", 1)[1]  # only this run's stage
-    store_files = sorted(str(p.relative_to(config.train.store)) for p in Path(config.train.store).rglob("*") if p.is_file())
+    store_files = sorted(
+        str(p.relative_to(config.train.store)) for p in Path(config.train.store).rglob("*") if p.is_file()
+    )
     assert "\n\n" in out, f"no steps table in:\n{out}\nthe store holds: {store_files}"
     rows = [line.split() for line in out.split("\n\n")[1].splitlines() if line.startswith("grpo ")]  # the steps table
     assert [row[1] for row in rows] == ["1", "2", "3", "4"]
@@ -301,7 +348,9 @@ def test_train_status_reads_the_run_back_and_draws_the_reward_curve(grpo_uninter
 def test_bench_train_splits_the_step_time_of_a_run(grpo_uninterrupted, tmp_path, capsys):
     _, outcome = grpo_uninterrupted
     bench = load_script("benchmarks/bench_train.py")
-    assert bench.main([outcome.metrics_path, "--out", str(tmp_path), "--heldout", f"grpo={tmp_path / 'none.json'}"]) == 0
+    assert (
+        bench.main([outcome.metrics_path, "--out", str(tmp_path), "--heldout", f"grpo={tmp_path / 'none.json'}"]) == 0
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     (grpo,) = summary["split"]
     assert grpo["stage"] == "grpo" and grpo["steps"] == 4
@@ -319,13 +368,21 @@ def test_bench_train_splits_the_step_time_of_a_run(grpo_uninterrupted, tmp_path,
 
 @pytest.mark.slow  # another SFT fit
 def test_a_stage_ends_at_its_time_limit_with_a_checkpoint_and_final_weights(workspace, tiny_model, ray_local):
-    config = make_config(workspace, tiny_model, "limited", "store-limited", max_stage_s=0.001,
-                         sft=SFTConfig(sources=("variants",), steps=5, learning_rate=1e-3, max_length=2048, save_every=3))  # fmt: skip
+    config = make_config(
+        workspace,
+        tiny_model,
+        "limited",
+        "store-limited",
+        max_stage_s=0.001,
+        sft=SFTConfig(sources=("variants",), steps=5, learning_rate=1e-3, max_length=2048, save_every=3),
+    )
     seed_store(config)
     outcome = run_training(config, "sft")
     assert outcome.steps == 1 and (Path(outcome.final_checkpoint) / "config.json").is_file()
     saved = RunState(open_store(config.train.store), "limited", "sft").read()
-    assert saved["status"] == "done" and saved["ended"] == "time limit" and saved["checkpoint"] == "checkpoints/00000001"
+    assert (
+        saved["status"] == "done" and saved["ended"] == "time limit" and saved["checkpoint"] == "checkpoints/00000001"
+    )
 
 
 @pytest.mark.slow  # an ann index built and swept per measured candidate
@@ -333,9 +390,18 @@ def test_grpo_on_the_ann_family_scores_its_samples_with_the_auc_reward(workspace
     from speedforge.ann.engine import module_source
 
     tasks = ("ann/glove-search", "ann/glove-refinement", "ann/sift-search")
-    config = make_config(workspace, tiny_model, "ann", "store-ann", family="ann", tasks_uri="builtin:ann", tasks=tasks,
-                         heldout=(tasks[-1],), rewards=RewardConfig(weights={"auc": 1.0, "format": 0.1}),
-                         grpo=GRPOStageConfig(steps=2, generations=2, max_new_tokens=16, learning_rate=1e-3))  # fmt: skip
+    config = make_config(
+        workspace,
+        tiny_model,
+        "ann",
+        "store-ann",
+        family="ann",
+        tasks_uri="builtin:ann",
+        tasks=tasks,
+        heldout=(tasks[-1],),
+        rewards=RewardConfig(weights={"auc": 1.0, "format": 0.1}),
+        grpo=GRPOStageConfig(steps=2, generations=2, max_new_tokens=16, learning_rate=1e-3),
+    )
     seed_store(config, tasks[0], module_source("search"))  # the baseline search module, measured: an exemplar
     outcome = run_training(config, "grpo")
     assert outcome.steps == 2

@@ -27,7 +27,7 @@ def scalars(data: bytes) -> dict[tuple[str, int], float]:
     found, at = {}, 0
     while at < len(data):
         (length,) = struct.unpack_from("<Q", data, at)
-        event = Event.FromString(data[at + 12: at + 12 + length])  # length, its crc, the record, its crc
+        event = Event.FromString(data[at + 12 : at + 12 + length])  # length, its crc, the record, its crc
         at += 12 + length + 4
         for value in event.summary.value:
             found[(value.tag, event.step)] = round(value.simple_value, 6)
@@ -50,7 +50,7 @@ def log_steps(store, tmp_path: Path, run: str, stage: str, rewards: list[float])
 def test_a_stages_event_files_reach_the_store_after_every_step(s3_uri, tmp_path):
     store = open_store(s3_uri)
     log = log_steps(store, tmp_path, "nightly", "grpo", [0.25])
-    (name, data), = store_events(store, "nightly", "grpo").items()  # after the first step, before close
+    ((name, data),) = store_events(store, "nightly", "grpo").items()  # after the first step, before close
     assert name.startswith("events.out.tfevents.")
     assert scalars(data) == {("grpo/reward_mean", 1): 0.25, ("grpo/valid_fraction", 1): 0.5}
     log.write({"stage": "grpo", "kind": "step", "step": 2, "reward_mean": 0.75})
@@ -85,5 +85,6 @@ def test_a_run_without_event_files_is_refused_with_the_runs_that_have_some(s3_ur
     config = tmp_path / "train.yaml"
     config.write_text(f"train: {{store: {s3_uri}}}\n")
     assert main(["--config", str(config), "train", "tensorboard", "nosuch", "--out", str(tmp_path / "tb")]) == 2
-    assert capsys.readouterr().err.strip() == (f"speedforge train: error: no TensorBoard files of run 'nosuch' in "
-                                               f"{s3_uri}; runs with some: nightly")  # fmt: skip
+    assert capsys.readouterr().err.strip() == (
+        f"speedforge train: error: no TensorBoard files of run 'nosuch' in {s3_uri}; runs with some: nightly"
+    )

@@ -33,8 +33,13 @@ from speedforge.store import open_store  # noqa: E402
 
 NAMESPACE = "speedforge"
 RAYJOBS = f"/apis/ray.io/v1/namespaces/{NAMESPACE}/rayjobs"
-OUTCOME = {"run_dir": "s3://b/runs/n1/train/grpo", "final_checkpoint": "s3://b/runs/n1/train/grpo/final",
-           "steps": 2, "metrics_path": "s3://b/runs/n1/train/grpo/metrics.jsonl", "stage": "grpo"}  # fmt: skip
+OUTCOME = {
+    "run_dir": "s3://b/runs/n1/train/grpo",
+    "final_checkpoint": "s3://b/runs/n1/train/grpo/final",
+    "steps": 2,
+    "metrics_path": "s3://b/runs/n1/train/grpo/metrics.jsonl",
+    "stage": "grpo",
+}
 
 
 class FakeKubeRay:
@@ -48,9 +53,12 @@ class FakeKubeRay:
     def __call__(self, method, path, query, body):
         if method == "POST" and path == RAYJOBS:
             if self.create_status != 201:
-                return self.create_status, {"kind": "Status", "status": "Failure", "message":
-                                            'rayjobs.ray.io is forbidden: User "system:serviceaccount:speedforge:'
-                                            'default" cannot create resource "rayjobs"'}  # fmt: skip
+                return self.create_status, {
+                    "kind": "Status",
+                    "status": "Failure",
+                    "message": 'rayjobs.ray.io is forbidden: User "system:serviceaccount:speedforge:'
+                    'default" cannot create resource "rayjobs"',
+                }
             self.jobs[body["metadata"]["name"]] = body
             return 201, body
         name = path.rsplit("/", 1)[-1]
@@ -73,11 +81,20 @@ def kubeconfig(tmp_path, monkeypatch):
 
     def use(url: str) -> None:
         path = tmp_path / "kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": url}}],
-            "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NAMESPACE}}]}))  # fmt: skip
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                    "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NAMESPACE}}
+                    ],
+                }
+            )
+        )
         monkeypatch.setenv("KUBECONFIG", str(path))
 
     return use
@@ -85,8 +102,14 @@ def kubeconfig(tmp_path, monkeypatch):
 
 def job(store: str, **kwargs) -> TrainingJob:
     settings = {"poll_s": 0.01, "timeout_s": 60.0, **kwargs}
-    return TrainingJob(stage="grpo", store=store, mode="rayjob", namespace=NAMESPACE,
-                       image="registry.example.com/speedforge:0.1.0", **settings)  # fmt: skip
+    return TrainingJob(
+        stage="grpo",
+        store=store,
+        mode="rayjob",
+        namespace=NAMESPACE,
+        image="registry.example.com/speedforge:0.1.0",
+        **settings,
+    )
 
 
 def running(n: int) -> list[dict]:
@@ -95,14 +118,19 @@ def running(n: int) -> list[dict]:
 
 def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconfig, tmp_path, monkeypatch):
     store = str(tmp_path / "store")
-    for name, value in (("POD_NAME", "training-abc-train-1"), ("POD_UID", "0f6c1b6e-uid"), ("POD_NAMESPACE", NAMESPACE)):
+    for name, value in (
+        ("POD_NAME", "training-abc-train-1"),
+        ("POD_UID", "0f6c1b6e-uid"),
+        ("POD_NAMESPACE", NAMESPACE),
+    ):
         monkeypatch.setenv(name, value)  # the downward API's, in the train step's pod
 
     def driver_records_outcome(body):  # what the job's driver does on the cluster
         open_store(store).put_bytes("train/grpo/outcome.json", json.dumps(OUTCOME).encode())
 
-    kuberay = FakeKubeRay(running(2) + [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}],
-                          on_complete=driver_records_outcome)  # fmt: skip
+    kuberay = FakeKubeRay(
+        running(2) + [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}], on_complete=driver_records_outcome
+    )
     lines = []
     with FakeApi(kuberay) as api:
         kubeconfig(api.url)
@@ -112,18 +140,24 @@ def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconf
     (body,) = [b for m, p, _, b in api.requests if m == "POST"]
     name = body["metadata"]["name"]
     assert [m for m, p, *_ in api.requests if p.endswith(name)][-1] == "DELETE"
-    assert (body["spec"]["activeDeadlineSeconds"], body["spec"]["shutdownAfterJobFinishes"]) == (60, True)  # the step's timeout
+    assert (body["spec"]["activeDeadlineSeconds"], body["spec"]["shutdownAfterJobFinishes"]) == (
+        60,
+        True,
+    )  # the step's timeout
     assert body["spec"]["ttlSecondsAfterFinished"] > 0
-    assert body["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "training-abc-train-1",
-                                                    "uid": "0f6c1b6e-uid"}]  # fmt: skip
+    assert body["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "training-abc-train-1", "uid": "0f6c1b6e-uid"}
+    ]
     assert name.startswith("speedforge-grpo-") and len(name) <= 47
     assert body["spec"]["entrypoint"] == f"python -m speedforge.recipes.training_job --stage grpo --store {store}"
     assert body["spec"]["clusterSelector"] == {"ray.io/cluster": "speedforge"}
     assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {"env_vars": {CONFIG_ENV: "grpo: {steps: 2}\n"}}
     container = body["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
-    assert container["image"] == "registry.example.com/speedforge:0.1.0" and container["resources"]["requests"]["cpu"] == "200m"
+    assert (
+        container["image"] == "registry.example.com/speedforge:0.1.0"
+        and container["resources"]["requests"]["cpu"] == "200m"
+    )
     assert [line.split(": ", 1)[1] for line in lines[1:]] == ["Initializing/-", "Running/RUNNING", "Complete/SUCCEEDED"]
-
 
 
 def test_the_owner_is_the_pod_only_in_the_rayjobs_namespace():
@@ -131,7 +165,9 @@ def test_the_owner_is_the_pod_only_in_the_rayjobs_namespace():
 
     pod = {"POD_NAME": "p", "POD_UID": "u", "POD_NAMESPACE": "kubeflow"}
     assert owner_pod("kubeflow", pod) == ("p", "u")
-    assert owner_pod(NAMESPACE, pod) is None  # an owner in another namespace counts as absent: the GC would delete the job
+    assert (
+        owner_pod(NAMESPACE, pod) is None
+    )  # an owner in another namespace counts as absent: the GC would delete the job
     assert owner_pod(NAMESPACE, {}) is None
     spec = RayJobSpec(name="j", namespace=NAMESPACE, entrypoint="e", cluster="c", image="i")
     assert "ownerReferences" not in rayjob_manifest(spec)["metadata"]
@@ -169,8 +205,11 @@ def test_every_kubernetes_call_the_train_step_makes_is_in_the_table(kubeconfig, 
     seen = set()
     store = str(tmp_path / "store")
     succeed = [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}]
-    scripts = [(succeed, lambda body: open_store(store).put_bytes("train/grpo/outcome.json", b"{}")),
-               ([{"jobDeploymentStatus": "Failed", "jobStatus": "FAILED"}], None), (running(1), None)]
+    scripts = [
+        (succeed, lambda body: open_store(store).put_bytes("train/grpo/outcome.json", b"{}")),
+        ([{"jobDeploymentStatus": "Failed", "jobStatus": "FAILED"}], None),
+        (running(1), None),
+    ]
     for statuses, on_complete in scripts:
         with FakeApi(FakeKubeRay(statuses, on_complete=on_complete)) as api:
             kubeconfig(api.url)
@@ -181,30 +220,53 @@ def test_every_kubernetes_call_the_train_step_makes_is_in_the_table(kubeconfig, 
         for method, path, *_ in api.requests:
             assert path.startswith(f"/apis/{GROUP}/v1/namespaces/{NAMESPACE}/{PLURAL}"), path
             collection = path == RAYJOBS
-            seen.add({("POST", True): "create", ("GET", False): "get", ("DELETE", False): "delete"}[(method, collection)])
+            seen.add(
+                {("POST", True): "create", ("GET", False): "get", ("DELETE", False): "delete"}[(method, collection)]
+            )
     assert seen == {call.verb for call in API_CALLS} and {(c.group, c.resource) for c in API_CALLS} == {(GROUP, PLURAL)}
 
 
 def test_a_named_training_run_travels_to_the_remote_driver():
     store = "s3://b/pipeline"
     assert job(store, run="pipeline-7", resume=True).entrypoint() == (
-        f"python -m speedforge.recipes.training_job --stage grpo --store {store} --run pipeline-7 --resume")
+        f"python -m speedforge.recipes.training_job --stage grpo --store {store} --run pipeline-7 --resume"
+    )
 
 
 def test_a_failed_rayjob_fails_the_step_with_its_reason_and_message(kubeconfig, tmp_path):
-    kuberay = FakeKubeRay(running(1) + [{"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
-                                         "message": "Job entrypoint command failed with exit code 1"}])  # fmt: skip
+    kuberay = FakeKubeRay(
+        running(1)
+        + [
+            {
+                "jobDeploymentStatus": "Failed",
+                "jobStatus": "FAILED",
+                "reason": "AppFailed",
+                "message": "Job entrypoint command failed with exit code 1",
+            }
+        ]
+    )
     with FakeApi(kuberay) as api:
         kubeconfig(api.url)
-        with pytest.raises(RayJobFailed, match=r"RayJob speedforge/speedforge-grpo-\S+ ended Failed/FAILED: AppFailed: "
-                                               r"Job entrypoint command failed with exit code 1"):  # fmt: skip
+        with pytest.raises(
+            RayJobFailed,
+            match=r"RayJob speedforge/speedforge-grpo-\S+ ended Failed/FAILED: AppFailed: "
+            r"Job entrypoint command failed with exit code 1",
+        ):
             run_training_job(job(str(tmp_path / "store")), StoreConfig(), on_status=lambda line: None)
 
 
 def test_a_stopped_job_and_a_job_kuberay_refused_are_failures_too(kubeconfig):
-    for final, expected in (({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, "ended Complete/STOPPED: no reason given"),
-                            ({"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed",
-                              "message": "RayJob name too long"}, "ended ValidationFailed/-: ValidationFailed: RayJob name too long")):  # fmt: skip
+    for final, expected in (
+        ({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, "ended Complete/STOPPED: no reason given"),
+        (
+            {
+                "jobDeploymentStatus": "ValidationFailed",
+                "reason": "ValidationFailed",
+                "message": "RayJob name too long",
+            },
+            "ended ValidationFailed/-: ValidationFailed: RayJob name too long",
+        ),
+    ):
         kuberay = FakeKubeRay([final])
         with FakeApi(kuberay) as api:
             kubeconfig(api.url)
@@ -219,9 +281,18 @@ def test_a_rayjob_past_its_deadline_is_deleted_and_the_step_fails(kubeconfig):
     with FakeApi(kuberay) as api:
         kubeconfig(api.url)
         kuberay.jobs["j1"] = {"metadata": {"name": "j1"}}
-        with pytest.raises(RayJobFailed, match=r"did not finish within 30 s \(last status Running/RUNNING\); it was deleted"):
-            follow_rayjob(custom_objects_api(), NAMESPACE, "j1", timeout_s=30, poll_s=10, clock=lambda: now[0],
-                          sleep=lambda s: now.__setitem__(0, now[0] + s))  # fmt: skip
+        with pytest.raises(
+            RayJobFailed, match=r"did not finish within 30 s \(last status Running/RUNNING\); it was deleted"
+        ):
+            follow_rayjob(
+                custom_objects_api(),
+                NAMESPACE,
+                "j1",
+                timeout_s=30,
+                poll_s=10,
+                clock=lambda: now[0],
+                sleep=lambda s: now.__setitem__(0, now[0] + s),
+            )
     assert "j1" not in kuberay.jobs and ("DELETE", f"{RAYJOBS}/j1") in [(m, p) for m, p, *_ in api.requests]
     assert 3 <= kuberay.reads <= 5  # polled every 10 s of the fake clock, not more
 
@@ -236,8 +307,11 @@ def test_a_rayjob_deleted_while_followed_fails_the_step(kubeconfig):
 def test_a_service_account_without_rights_gets_the_apis_reason(kubeconfig, tmp_path):
     with FakeApi(FakeKubeRay([], create_status=403)) as api:
         kubeconfig(api.url)
-        with pytest.raises(RayJobFailed, match=r'cannot create RayJob speedforge/speedforge-grpo-\S+: 403 rayjobs.ray.io '
-                                               r'is forbidden: User "system:serviceaccount:speedforge:default"'):  # fmt: skip
+        with pytest.raises(
+            RayJobFailed,
+            match=r"cannot create RayJob speedforge/speedforge-grpo-\S+: 403 rayjobs.ray.io "
+            r'is forbidden: User "system:serviceaccount:speedforge:default"',
+        ):
             run_training_job(job(str(tmp_path / "store")), StoreConfig(), on_status=lambda line: None)
 
 
@@ -255,8 +329,15 @@ def test_an_unreachable_api_server_fails_after_a_few_tries(kubeconfig):
 
 
 def test_the_job_manifest_names_its_cluster_and_carries_no_credentials():
-    spec = RayJobSpec(name="speedforge-sft-1", namespace=NAMESPACE, entrypoint="python -m x", cluster="speedforge",
-                      image="speedforge:0.1.0", env={CONFIG_ENV: "a: 1\n"}, active_deadline_s=3600)  # fmt: skip
+    spec = RayJobSpec(
+        name="speedforge-sft-1",
+        namespace=NAMESPACE,
+        entrypoint="python -m x",
+        cluster="speedforge",
+        image="speedforge:0.1.0",
+        env={CONFIG_ENV: "a: 1\n"},
+        active_deadline_s=3600,
+    )
     body = rayjob_manifest(spec)
     assert (body["apiVersion"], body["kind"], body["spec"]["activeDeadlineSeconds"]) == ("ray.io/v1", "RayJob", 3600)
     assert "AWS" not in json.dumps(body)
@@ -276,8 +357,9 @@ def test_a_training_job_says_what_its_mode_lacks():
 def test_a_ray_job_address_where_nothing_or_no_dashboard_answers_is_one_line(tmp_path):
     pytest.importorskip("ray", reason="the Job Submission API needs the 'cluster' extra")
     store = str(tmp_path / "store")
-    nothing = TrainingJob(stage="grpo", store=store, mode="ray", address=f"http://127.0.0.1:{closed_port()}",
-                          connect_timeout_s=2)  # fmt: skip
+    nothing = TrainingJob(
+        stage="grpo", store=store, mode="ray", address=f"http://127.0.0.1:{closed_port()}", connect_timeout_s=2
+    )
     with pytest.raises(UserError, match=r"cannot reach the Ray dashboard at http://127.0.0.1:\d+ within 2 s"):
         run_training_job(nothing, StoreConfig())
     with FakeApi(lambda *request: (404, {"message": "not here"})) as api:
@@ -310,26 +392,43 @@ class FakeRayJobs:
             self.reads += 1
             if status == "SUCCEEDED" and self.on_success:
                 self.on_success()
-            return 200, {"type": "SUBMISSION", "submission_id": "raysubmit_1", "status": status,
-                         "entrypoint": self.submitted["entrypoint"], "message": self.message}  # fmt: skip
+            return 200, {
+                "type": "SUBMISSION",
+                "submission_id": "raysubmit_1",
+                "status": status,
+                "entrypoint": self.submitted["entrypoint"],
+                "message": self.message,
+            }
         return 404, {"message": "not found"}
 
 
 def ray_job(store: str, address: str, **kwargs) -> TrainingJob:
-    return TrainingJob(stage="sft", store=store, mode="ray", address=address, poll_s=0.01, timeout_s=60.0,
-                       connect_timeout_s=5, **kwargs)  # fmt: skip
+    return TrainingJob(
+        stage="sft",
+        store=store,
+        mode="ray",
+        address=address,
+        poll_s=0.01,
+        timeout_s=60.0,
+        connect_timeout_s=5,
+        **kwargs,
+    )
 
 
 def test_a_ray_job_is_submitted_to_the_dashboard_and_followed_to_its_outcome(tmp_path):
     pytest.importorskip("ray", reason="the Job Submission API needs the 'cluster' extra")
     store = str(tmp_path / "store")
     outcome = {**OUTCOME, "stage": "sft"}
-    jobs = FakeRayJobs(["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], on_success=lambda: open_store(store).put_bytes(
-        "train/sft/outcome.json", json.dumps(outcome).encode()))  # fmt: skip
+    jobs = FakeRayJobs(
+        ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"],
+        on_success=lambda: open_store(store).put_bytes("train/sft/outcome.json", json.dumps(outcome).encode()),
+    )
     lines = []
     with FakeApi(jobs) as api:
-        assert run_training_job(ray_job(store, api.url, config_text="sft: {}\n"), StoreConfig(),
-                                on_status=lines.append) == outcome  # fmt: skip
+        assert (
+            run_training_job(ray_job(store, api.url, config_text="sft: {}\n"), StoreConfig(), on_status=lines.append)
+            == outcome
+        )
     assert jobs.submitted["entrypoint"] == f"python -m speedforge.recipes.training_job --stage sft --store {store}"
     assert jobs.submitted["runtime_env"] == {"env_vars": {CONFIG_ENV: "sft: {}\n"}}
     assert [line.rsplit(": ", 1)[1] for line in lines[1:]] == ["PENDING", "RUNNING", "SUCCEEDED"]
@@ -339,8 +438,11 @@ def test_a_failed_ray_job_fails_the_step_with_its_message_and_log_tail(tmp_path)
     pytest.importorskip("ray", reason="the Job Submission API needs the 'cluster' extra")
     jobs = FakeRayJobs(["RUNNING", "FAILED"], message="Job entrypoint command failed with exit code 1")
     with FakeApi(jobs) as api:
-        with pytest.raises(RayJobFailed, match=r"Ray job raysubmit_1 ended FAILED: Job entrypoint command failed with "
-                                               r"exit code 1; last log lines: .*ValueError: no variants"):  # fmt: skip
+        with pytest.raises(
+            RayJobFailed,
+            match=r"Ray job raysubmit_1 ended FAILED: Job entrypoint command failed with "
+            r"exit code 1; last log lines: .*ValueError: no variants",
+        ):
             run_training_job(ray_job(str(tmp_path / "store"), api.url), StoreConfig(), on_status=lambda line: None)
 
 
@@ -353,6 +455,12 @@ def test_a_ray_job_past_its_deadline_is_stopped(tmp_path):
     with FakeApi(jobs) as api:
         jobs.submitted = {"entrypoint": "python -m x"}
         with pytest.raises(RayJobFailed, match=r"did not finish within 20 s \(last status RUNNING\); it was stopped"):
-            follow_ray_job(api.url, "raysubmit_1", timeout_s=20, poll_s=5, clock=lambda: now[0],
-                           sleep=lambda s: now.__setitem__(0, now[0] + s))  # fmt: skip
+            follow_ray_job(
+                api.url,
+                "raysubmit_1",
+                timeout_s=20,
+                poll_s=5,
+                clock=lambda: now[0],
+                sleep=lambda s: now.__setitem__(0, now[0] + s),
+            )
     assert jobs.stopped and 4 <= jobs.reads <= 6

@@ -63,7 +63,9 @@ def check_vectors(array: np.ndarray, what: str, dim: int | None = None) -> np.nd
     array = np.ascontiguousarray(array, dtype=np.float32)
     bad = ~np.isfinite(array).all(axis=1)
     if bad.any():
-        raise DatasetError(f"{what}: {int(bad.sum())} vector(s) contain NaN or infinity (first: row {int(np.argmax(bad))})")
+        raise DatasetError(
+            f"{what}: {int(bad.sum())} vector(s) contain NaN or infinity (first: row {int(np.argmax(bad))})"
+        )
     return array
 
 
@@ -100,7 +102,9 @@ def read_vecs(path: str | Path) -> np.ndarray:
     rows = raw.reshape(-1, row_bytes)
     dims = rows[:, :4].copy().view("<i4").ravel()
     if (dims != dim).any():
-        raise DatasetError(f"{path}: row {int(np.argmax(dims != dim))} has dimension {int(dims[dims != dim][0])}, not {dim}")
+        raise DatasetError(
+            f"{path}: row {int(np.argmax(dims != dim))} has dimension {int(dims[dims != dim][0])}, not {dim}"
+        )
     return rows[:, 4:].copy().view(np.dtype(dtype).newbyteorder("<")).astype(dtype)
 
 
@@ -161,8 +165,9 @@ def read_vectors(path: str | Path, dim: int | None = None) -> np.ndarray:
     return check_vectors(array, str(path), dim=dim)
 
 
-def load_dataset(base: str | Path, queries: str | Path | None = None, metric: str = "l2",
-                 neighbors: str | Path | None = None) -> Dataset:
+def load_dataset(
+    base: str | Path, queries: str | Path | None = None, metric: str = "l2", neighbors: str | Path | None = None
+) -> Dataset:
     """A data set from an .hdf5 file, or from separate base / query (/ ground-truth) files."""
     base = Path(base)
     if base.suffix in (".hdf5", ".h5"):
@@ -206,12 +211,15 @@ class Shape:
 
 
 SHAPES = {
-    "sift": Shape("sift", 128, "l2", latent_dim=48, clusters=32, spread=1.0, noise=0.4, kind="counts",
-                  clustered_latent_dim=24),
-    "glove": Shape("glove", 25, "angular", latent_dim=25, clusters=32, spread=1.5, noise=0.8, kind="plain",
-                   clustered_latent_dim=16),
-    "gist": Shape("gist", 960, "l2", latent_dim=64, clusters=32, spread=1.0, noise=0.3, kind="unit",
-                  clustered_latent_dim=32),
+    "sift": Shape(
+        "sift", 128, "l2", latent_dim=48, clusters=32, spread=1.0, noise=0.4, kind="counts", clustered_latent_dim=24
+    ),
+    "glove": Shape(
+        "glove", 25, "angular", latent_dim=25, clusters=32, spread=1.5, noise=0.8, kind="plain", clustered_latent_dim=16
+    ),
+    "gist": Shape(
+        "gist", 960, "l2", latent_dim=64, clusters=32, spread=1.0, noise=0.3, kind="unit", clustered_latent_dim=32
+    ),
 }
 
 # The clustered distribution: cluster counts and how uneven their sizes are.
@@ -230,8 +238,9 @@ def shape(name: str) -> Shape:
 
 def check_distribution(distribution: str) -> str:
     if distribution not in DISTRIBUTIONS:
-        raise DatasetError(f"unknown synthetic distribution {distribution!r}; expected one of "
-                           f"{', '.join(DISTRIBUTIONS)}")
+        raise DatasetError(
+            f"unknown synthetic distribution {distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}"
+        )
     return distribution
 
 
@@ -306,8 +315,9 @@ class SyntheticSpace:
         return x
 
 
-def synthetic(shape_name: str, n: int, n_queries: int, seed: int, dim: int | None = None,
-              distribution: str = "clustered") -> Dataset:
+def synthetic(
+    shape_name: str, n: int, n_queries: int, seed: int, dim: int | None = None, distribution: str = "clustered"
+) -> Dataset:
     """A seeded synthetic set: n base vectors and n_queries queries from the same world."""
     if n < 1 or n_queries < 1:
         raise DatasetError(f"synthetic set needs n >= 1 and n_queries >= 1, got {n}, {n_queries}")

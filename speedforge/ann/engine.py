@@ -45,7 +45,9 @@ def baseline() -> ModuleType:
     try:
         from speedforge import _annengine
     except ImportError as exc:
-        raise UserError(f"the native ANN engine is not built ({exc}); run `pip install -e .` in the repository") from None
+        raise UserError(
+            f"the native ANN engine is not built ({exc}); run `pip install -e .` in the repository"
+        ) from None
     return _annengine
 
 
@@ -109,8 +111,18 @@ def build_candidate(source: str, module: str, out_dir: str | os.PathLike, timeou
     cxx = shlex.split(os.environ.get("CXX", "c++"))
     flags = sources["build_flags.txt"].split()
     includes = [f"-I{out / 'engine' / 'include'}", f"-I{_pybind11_include()}", f"-I{sysconfig.get_paths()['include']}"]
-    compile_cmd = [*cxx, "-std=c++17", "-fPIC", "-fvisibility=hidden", *flags, *includes, "-c", str(cand_src),
-                   "-o", str(cand_obj)]
+    compile_cmd = [
+        *cxx,
+        "-std=c++17",
+        "-fPIC",
+        "-fvisibility=hidden",
+        *flags,
+        *includes,
+        "-c",
+        str(cand_src),
+        "-o",
+        str(cand_obj),
+    ]
     log = _run(compile_cmd, timeout_s, "compile")
     symbols = _run(["nm", "-C", "--defined-only", str(cand_obj)], 60, "inspect")
     if factory not in symbols:

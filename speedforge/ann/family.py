@@ -38,10 +38,23 @@ from speedforge.evaluator.seeds import hidden_seed
 
 # Every candidate is C++ linked as the module its task names: it always builds, and the task
 # (its spec) is part of the build key.
-ANN = families.register(families.Family(
-    name="ann", device="cpu", device_only=False, language="cpp", marker="", sandbox=__name__,
-    always_builds=True, task_in_build_key=True, template="ann.jinja", kernelbench=False, pin_cpus=False,
-    prompt_context="speedforge.ann.tasks:prompt_context", task_list="speedforge.ann.tasks:builtin_tasks"))
+ANN = families.register(
+    families.Family(
+        name="ann",
+        device="cpu",
+        device_only=False,
+        language="cpp",
+        marker="",
+        sandbox=__name__,
+        always_builds=True,
+        task_in_build_key=True,
+        template="ann.jinja",
+        kernelbench=False,
+        pin_cpus=False,
+        prompt_context="speedforge.ann.tasks:prompt_context",
+        task_list="speedforge.ann.tasks:builtin_tasks",
+    )
+)
 
 MANIFEST = "ann_build.json"
 CHUNK_QUERIES = 25  # queries per timed search call and search thread (see _timed_sweep)
@@ -81,8 +94,13 @@ def run(job: Job) -> dict:
         return {"status": "runtime_error", "reason": f"the candidate extension does not load: {exc}"}
     # the data, queries and order from a seed the candidate cannot read (job.json holds job.seed),
     # and the indexes' own seed, which both engines see, from another
-    return measure(spec, base_mod, cand_mod, hidden_seed(job.seed, job.config.seed, "ann data", bits=62),
-                   index_seed=hidden_seed(job.seed, job.config.seed, "ann index", bits=32))  # fmt: skip
+    return measure(
+        spec,
+        base_mod,
+        cand_mod,
+        hidden_seed(job.seed, job.config.seed, "ann data", bits=62),
+        index_seed=hidden_seed(job.seed, job.config.seed, "ann index", bits=32),
+    )
 
 
 def _build_subdir(job: Job, spec: AnnTaskSpec) -> Path:
@@ -115,8 +133,14 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int, index_seed: int | 
     for side, mod in (("base", base_mod), ("cand", cand_mod)):
         start = time.perf_counter()
         try:
-            index = mod.Index(space.dim, metric, ix.M, ix.ef_construction, ix.quantization,
-                              seed=(seed if index_seed is None else index_seed) & 0xFFFFFFFF)  # fmt: skip
+            index = mod.Index(
+                space.dim,
+                metric,
+                ix.M,
+                ix.ef_construction,
+                ix.quantization,
+                seed=(seed if index_seed is None else index_seed) & 0xFFFFFFFF,
+            )
             index.build(data, ix.build_threads)
         except Exception as exc:
             if side == "base":
@@ -149,8 +173,11 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int, index_seed: int | 
     cand_auc = auc.band_auc([p.pair for p in points["cand"]], band)
     base_auc = auc.band_auc([p.pair for p in points["base"]], band)
     if base_auc <= 0.0:
-        return {"status": "infra_error", "reason": f"the baseline never reaches recall {band[0]} on this task "
-                "(raise sweep.ef or lower the band)", **common}
+        return {
+            "status": "infra_error",
+            "reason": f"the baseline never reaches recall {band[0]} on this task (raise sweep.ef or lower the band)",
+            **common,
+        }
     unreached = checks.ann_band(cand_auc, max(p.recall for p in points["cand"]), k, band[0])
     if unreached:
         return {**unreached, **common}
@@ -167,7 +194,6 @@ def measure(spec: AnnTaskSpec, base_mod, cand_mod, seed: int, index_seed: int | 
         "max_abs_err": max(0.0, top_base - top_cand),
         **common,
     }
-
 
 
 class CandidateFailed(Exception):
@@ -230,8 +256,17 @@ def _timed_sweep(spec: AnnTaskSpec, space: SyntheticSpace, indexes: dict, seed: 
                     thread_cpu[side].append(own1 - own0)
                     process_cpu[side].append(all1 - all0)
                     parts[side].append(labels)
-            runs.append(Run(int(ef), queries, {side: np.concatenate(p) for side, p in parts.items()}, seconds, wall,
-                            thread_cpu, process_cpu))  # fmt: skip
+            runs.append(
+                Run(
+                    int(ef),
+                    queries,
+                    {side: np.concatenate(p) for side, p in parts.items()},
+                    seconds,
+                    wall,
+                    thread_cpu,
+                    process_cpu,
+                )
+            )
     return runs
 
 
@@ -276,7 +311,9 @@ def _curves(runs: list[Run], data: np.ndarray, k: int, metric: str) -> dict:
     for ef in sorted(per_query):
         base_qps = 1.0 / statistics.median(per_query[ef])
         points["base"].append(SweepPoint(ef, statistics.fmean(recall["base"][ef]), base_qps))
-        points["cand"].append(SweepPoint(ef, statistics.fmean(recall["cand"][ef]), base_qps * statistics.median(ratio[ef])))
+        points["cand"].append(
+            SweepPoint(ef, statistics.fmean(recall["cand"][ef]), base_qps * statistics.median(ratio[ef]))
+        )
     return points
 
 
@@ -284,9 +321,12 @@ def _chunk_sizes(total: int, chunks: int) -> list[int]:
     size = -(-total // chunks)
     return [min(size, total - j * size) for j in range(chunks)]
 
+
 def _report(points: dict, build_s: dict, indexes: dict) -> str:
     """A small table for the next prompt: build time and the curve of both sides."""
-    lines = [f"modules: candidate {indexes['cand'].modules}",
-             f"build seconds: baseline {build_s['base']:.2f}, candidate {build_s['cand']:.2f}",
-             *format_curves(points["base"], points["cand"])]
+    lines = [
+        f"modules: candidate {indexes['cand'].modules}",
+        f"build seconds: baseline {build_s['base']:.2f}, candidate {build_s['cand']:.2f}",
+        *format_curves(points["base"], points["cand"]),
+    ]
     return "\n".join(lines)

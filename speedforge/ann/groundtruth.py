@@ -33,7 +33,9 @@ def exact_knn(base: np.ndarray, queries: np.ndarray, k: int, metric: str = "l2",
             scores = base_sq[None, :] - 2.0 * scores  # |q|^2 is constant per row
         else:
             scores = -scores
-        part = np.argpartition(scores, k - 1, axis=1)[:, :k] if k < base.shape[0] else np.tile(np.arange(k), (len(q), 1))
+        part = (
+            np.argpartition(scores, k - 1, axis=1)[:, :k] if k < base.shape[0] else np.tile(np.arange(k), (len(q), 1))
+        )
         order = np.argsort(np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
         out[start : start + block] = np.take_along_axis(part, order, axis=1)
     return out

@@ -28,8 +28,9 @@ class SweepPoint:
         return (self.recall, self.qps)
 
 
-def measure(search: SearchFn, queries: np.ndarray, truth: np.ndarray, ef: int, k: int = 10,
-            repeats: int = 3) -> SweepPoint:
+def measure(
+    search: SearchFn, queries: np.ndarray, truth: np.ndarray, ef: int, k: int = 10, repeats: int = 3
+) -> SweepPoint:
     """One point: the best time of `repeats` searches of all queries, recall of the last."""
     best = float("inf")
     labels = None
@@ -40,8 +41,16 @@ def measure(search: SearchFn, queries: np.ndarray, truth: np.ndarray, ef: int, k
     return SweepPoint(ef=ef, recall=recall_at_k(labels, truth, k), qps=len(queries) / max(best, 1e-9))
 
 
-def sweep(search: SearchFn, queries: np.ndarray, truth: np.ndarray, efs: Sequence[int] = DEFAULT_EFS, k: int = 10,
-          repeats: int = 3, stop_recall: float | None = 0.995, progress=None) -> list[SweepPoint]:
+def sweep(
+    search: SearchFn,
+    queries: np.ndarray,
+    truth: np.ndarray,
+    efs: Sequence[int] = DEFAULT_EFS,
+    k: int = 10,
+    repeats: int = 3,
+    stop_recall: float | None = 0.995,
+    progress=None,
+) -> list[SweepPoint]:
     """Points for each ef in order; stops early once recall reaches `stop_recall`."""
     points = []
     for ef in efs:
@@ -74,7 +83,7 @@ def parse_curves(log: str) -> dict[str, list[SweepPoint]] | None:
     if CURVE_HEADER not in lines:
         return None
     curves: dict[str, list[SweepPoint]] = {"base": [], "cand": []}
-    for line in lines[lines.index(CURVE_HEADER) + 1:]:
+    for line in lines[lines.index(CURVE_HEADER) + 1 :]:
         fields = line.split()
         if len(fields) != 5:
             break

@@ -108,8 +108,15 @@ def builtin_tasks() -> list[Task]:
         name = entry.name[: -len(".yaml")]
         spec = parse_spec(source, f"suite/{entry.name}")
         notes = source.splitlines()[0].lstrip("# ").strip() if source.startswith("#") else ""
-        tasks.append(Task(task_id=f"ann/{name}", family="ann", name=name, source=source,
-                          notes=notes or f"optimise the {spec.module} module"))
+        tasks.append(
+            Task(
+                task_id=f"ann/{name}",
+                family="ann",
+                name=name,
+                source=source,
+                notes=notes or f"optimise the {spec.module} module",
+            )
+        )
     return tasks
 
 

@@ -50,8 +50,14 @@ def build_device(task: Task) -> str:
 
 def worker_info(role: str, pool: str = "") -> dict:
     """Where a worker runs, at which niceness, and what it holds (Ray's assigned resources)."""
-    info = {"role": role, "pool": pool, "host": socket.gethostname(), "pid": os.getpid(),
-            "nice": os.getpriority(os.PRIO_PROCESS, 0), "resources": {}}  # fmt: skip
+    info = {
+        "role": role,
+        "pool": pool,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "resources": {},
+    }
     try:
         import ray
 

@@ -28,8 +28,15 @@ def probe_environment(pool: str, device: str, cuda_arch: str = "", run_id: str =
     """This process's view of the machine it runs on, as pool `pool` with `device`."""
     import torch
 
-    info = dict(pool=pool, torch_version=torch.__version__, cuda_version=torch.version.cuda or "", cuda_arch=cuda_arch,
-                host=socket.gethostname(), run_id=run_id, measured_at=time.time())  # fmt: skip
+    info = dict(
+        pool=pool,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda or "",
+        cuda_arch=cuda_arch,
+        host=socket.gethostname(),
+        run_id=run_id,
+        measured_at=time.time(),
+    )
     if device == "cpu":
         return PoolInfo(device_name=cpu_model(), **info)
     name, driver, note = nvidia_smi_gpu()
@@ -73,14 +80,23 @@ def probe_pools(pools: Mapping[str, PoolConfig], run_id: str, timeout_s: float) 
     import ray
 
     remote = ray.remote(probe_environment)
-    refs = {name: remote.options(**actor_options(worker_need(pool)), max_retries=0)
-            .remote(name, pool.device, pool.cuda_arch, run_id) for name, pool in pools.items()}  # fmt: skip
+    refs = {
+        name: remote.options(**actor_options(worker_need(pool)), max_retries=0).remote(
+            name, pool.device, pool.cuda_arch, run_id
+        )
+        for name, pool in pools.items()
+    }
     infos = {}
     for name, ref in refs.items():
         try:
             infos[name] = ray.get(ref, timeout=timeout_s)
         except (ray.exceptions.RayError, TimeoutError) as exc:
             ray.cancel(ref, force=True)
-            infos[name] = PoolInfo(pool=name, cuda_arch=pools[name].cuda_arch, run_id=run_id, measured_at=time.time(),
-                                   note=f"the environment probe did not run on this pool: {first_line(exc, 200)}")  # fmt: skip
+            infos[name] = PoolInfo(
+                pool=name,
+                cuda_arch=pools[name].cuda_arch,
+                run_id=run_id,
+                measured_at=time.time(),
+                note=f"the environment probe did not run on this pool: {first_line(exc, 200)}",
+            )
     return infos

@@ -32,16 +32,21 @@ def probe_dashboard(address: str, timeout_s: float) -> None:
         with urllib.request.urlopen(address.rstrip("/") + "/api/version", timeout=timeout_s) as reply:
             reply.read()
     except urllib.error.HTTPError as exc:
-        raise UserError(f"the Ray dashboard at {address} answered {exc.code} {exc.reason} to /api/version: "
-                        "is this a Ray dashboard (port 8265)?") from None  # fmt: skip
+        raise UserError(
+            f"the Ray dashboard at {address} answered {exc.code} {exc.reason} to /api/version: "
+            "is this a Ray dashboard (port 8265)?"
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UserError(f"cannot reach the Ray dashboard at {address} within {timeout_s:g} s: "
-                        f"{first_line(reason) if isinstance(reason, BaseException) else reason}") from None  # fmt: skip
+        raise UserError(
+            f"cannot reach the Ray dashboard at {address} within {timeout_s:g} s: "
+            f"{first_line(reason) if isinstance(reason, BaseException) else reason}"
+        ) from None
 
 
-def submit_ray_job(address: str, entrypoint: str, env: dict[str, str] | None = None,
-                   connect_timeout_s: float = 30.0) -> str:  # fmt: skip
+def submit_ray_job(
+    address: str, entrypoint: str, env: dict[str, str] | None = None, connect_timeout_s: float = 30.0
+) -> str:
     """Submit `entrypoint` (run with `env` added) to the cluster at `address`; its job id."""
     require("cluster", "ray", purpose="submitting a Ray job")
     from ray.job_submission import JobSubmissionClient
@@ -54,9 +59,15 @@ def submit_ray_job(address: str, entrypoint: str, env: dict[str, str] | None = N
         raise RayJobFailed(f"the Ray cluster at {address} refused the job: {first_line(exc, 300)}") from None
 
 
-def follow_ray_job(address: str, job_id: str, timeout_s: float, poll_s: float = 5.0,
-                   on_status: Callable[[str], None] | None = None,
-                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> str:  # fmt: skip
+def follow_ray_job(
+    address: str,
+    job_id: str,
+    timeout_s: float,
+    poll_s: float = 5.0,
+    on_status: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
     """Poll the job until it ends; "SUCCEEDED", or RayJobFailed with why (stopped on a deadline)."""
     from ray.job_submission import JobSubmissionClient
 
@@ -75,12 +86,14 @@ def follow_ray_job(address: str, job_id: str, timeout_s: float, poll_s: float = 
         if status == "SUCCEEDED":
             return status
         if status in TERMINAL:
-            raise RayJobFailed(f"Ray job {job_id} ended {status}: {info.message or 'no message'}"
-                               f"{_log_tail(client, job_id)}")  # fmt: skip
+            raise RayJobFailed(
+                f"Ray job {job_id} ended {status}: {info.message or 'no message'}{_log_tail(client, job_id)}"
+            )
         if clock() >= deadline:
             client.stop_job(job_id)
-            raise RayJobFailed(f"Ray job {job_id} did not finish within {timeout_s:g} s (last status {status}); "
-                               "it was stopped")  # fmt: skip
+            raise RayJobFailed(
+                f"Ray job {job_id} did not finish within {timeout_s:g} s (last status {status}); it was stopped"
+            )
         sleep(max(0.0, min(poll_s, deadline - clock())))
 
 

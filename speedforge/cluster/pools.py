@@ -38,8 +38,12 @@ def unable_pools(pools: Mapping[str, PoolConfig], families: Iterable[str]) -> li
     """(pool, family) pairs where the pool's device can never run tasks of the family (a family
     not registered is left to the evaluator, which reports it per candidate)."""
     known = {family: registry.find(family) for family in families}
-    return [(name, family) for name, pool in pools.items() for family, record in known.items()
-            if record is not None and not record.runs_on(pool.device)]  # fmt: skip
+    return [
+        (name, family)
+        for name, pool in pools.items()
+        for family, record in known.items()
+        if record is not None and not record.runs_on(pool.device)
+    ]
 
 
 def parse_pool_names(text: str) -> list[str]:
@@ -87,8 +91,9 @@ def fit_count(nodes: Iterable[Mapping[str, float]], need: Mapping[str, float]) -
     return total
 
 
-def plan_bench_workers(pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[str, float]],
-                       autoscaling: bool = False) -> dict[str, int]:  # fmt: skip
+def plan_bench_workers(
+    pools: Mapping[str, PoolConfig], nodes: Sequence[Mapping[str, float]], autoscaling: bool = False
+) -> dict[str, int]:
     """Bench workers per pool: the configured count, or as many as fit (one per GPU).
 
     A pool that the cluster cannot host even one worker of is a UserError that says which
@@ -177,8 +182,10 @@ def _missing_hint(need: Mapping[str, float], nodes: Sequence[Mapping[str, float]
     if CPU_POOL_RESOURCE in need:
         return f"; start Ray with resources={{'{CPU_POOL_RESOURCE}': N}}"
     if GPU_BENCH_RESOURCE in need and fit_count(nodes, {k: v for k, v in need.items() if k != GPU_BENCH_RESOURCE}):
-        return (f"; the nodes with its GPUs do not declare {GPU_BENCH_RESOURCE} (training nodes host no bench "
-                f"worker): start the bench nodes' Ray with resources={{'{GPU_BENCH_RESOURCE}': 1}}")  # fmt: skip
+        return (
+            f"; the nodes with its GPUs do not declare {GPU_BENCH_RESOURCE} (training nodes host no bench "
+            f"worker): start the bench nodes' Ray with resources={{'{GPU_BENCH_RESOURCE}': 1}}"
+        )
     return ""
 
 
@@ -190,12 +197,15 @@ def local_gpu_names() -> list[str]:
     """The name of every NVIDIA GPU of this machine: nvidia-smi's list (which makes no CUDA
     context in this process, so a sandbox forked later can still use the GPU), else torch's."""
     if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
     import torch
 
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
 
 
 def local_gpu_pool(pools: Iterable[str] = GPU_POOLS) -> str | None:

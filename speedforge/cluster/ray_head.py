@@ -47,9 +47,19 @@ def worker_range(seed: int, taken: list[int]) -> int:
 class RayHead:
     """`ray start --head` for the body of a `with` (see the module docstring)."""
 
-    def __init__(self, env: dict[str, str] | None = None, resources: dict[str, float] | None = None,
-                 num_cpus: int = 2, start_timeout_s: float = 300.0) -> None:  # fmt: skip
-        self.env, self.resources, self.num_cpus, self.start_timeout_s = env or {}, resources or {}, num_cpus, start_timeout_s
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        resources: dict[str, float] | None = None,
+        num_cpus: int = 2,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        self.env, self.resources, self.num_cpus, self.start_timeout_s = (
+            env or {},
+            resources or {},
+            num_cpus,
+            start_timeout_s,
+        )
         self.process: subprocess.Popen | None = None
         self.temp_dir = ""  # short: Ray's socket paths must stay under 108 characters
 
@@ -67,14 +77,30 @@ class RayHead:
         low = worker_range(workers, [gcs, dashboard, client, node, objects, metrics, agent, agent_grpc, runtime_env])
         ray = Path(sys.executable).parent / "ray"
         ray = str(ray) if ray.exists() else (shutil.which("ray") or "ray")
-        command = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--node-ip-address={HOST}",
-                   f"--port={gcs}", "--include-dashboard=true", f"--dashboard-host={HOST}",
-                   f"--dashboard-port={dashboard}", f"--ray-client-server-port={client}",
-                   f"--node-manager-port={node}", f"--object-manager-port={objects}", f"--metrics-export-port={metrics}",
-                   f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-                   f"--runtime-env-agent-port={runtime_env}", f"--min-worker-port={low}",
-                   f"--max-worker-port={low + WORKER_PORTS}", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.num_cpus}",
-                   f"--resources={json.dumps(self.resources)}"]  # fmt: skip
+        command = [
+            ray,
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            f"--node-ip-address={HOST}",
+            f"--port={gcs}",
+            "--include-dashboard=true",
+            f"--dashboard-host={HOST}",
+            f"--dashboard-port={dashboard}",
+            f"--ray-client-server-port={client}",
+            f"--node-manager-port={node}",
+            f"--object-manager-port={objects}",
+            f"--metrics-export-port={metrics}",
+            f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--runtime-env-agent-port={runtime_env}",
+            f"--min-worker-port={low}",
+            f"--max-worker-port={low + WORKER_PORTS}",
+            f"--temp-dir={self.temp_dir}",
+            f"--num-cpus={self.num_cpus}",
+            f"--resources={json.dumps(self.resources)}",
+        ]
         # no token authentication unless `env` asks for it: Ray turns it on by itself when it finds a token in
         # ~/.ray/auth_token (left there by any earlier Ray use of this account), and a KubeRay cluster has none
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", **self.env, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -82,8 +108,14 @@ class RayHead:
         # the head's PATH finds this environment's python first, as the image's does
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         self.log = open(Path(self.temp_dir) / "ray-start.log", "w")
-        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             try:

@@ -52,16 +52,27 @@ from speedforge.errors import UserError
 
 GROUP, VERSION, PLURAL, KIND = "ray.io", "v1", "rayjobs", "RayJob"
 TTL_AFTER_FINISHED_S = 24 * 3600  # a finished RayJob stays this long for its logs (see the module docstring)
-POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_UID", "POD_NAMESPACE"  # downward API (pipelines/steps.py)
+POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV = (
+    "POD_NAME",
+    "POD_UID",
+    "POD_NAMESPACE",
+)  # downward API (pipelines/steps.py)
 # The submitter pod (`ray job submit`, then its logs followed) under Pod Security "restricted", as
 # the RayCluster's pods of k8s/base: the image's non-root user (uid 1000, the Dockerfile's), no
 # privilege escalation, no capability, the runtime's default seccomp profile, a read-only root
 # with the Ray CLI's temp files and HOME on emptyDirs.
 IMAGE_UID = 1000
-SUBMITTER_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
-                          "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
-SUBMITTER_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "readOnlyRootFilesystem": True}  # fmt: skip
+SUBMITTER_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": IMAGE_UID,
+    "runAsGroup": IMAGE_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+SUBMITTER_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
 SUBMITTER_WRITABLE = {"tmp": "/tmp", "home": "/home/speedforge"}  # emptyDir volume: mount path
 # The label the head's ingress policy admits the submitter by (k8s/base/networkpolicy.yaml), and the
 # pull secret every pod of the install names (k8s/base; a private registry's: where it does not
@@ -86,8 +97,11 @@ API_CALLS = (
     ApiCall(GROUP, PLURAL, "get", "ray", "follow_rayjob: its status, polled"),
     ApiCall(GROUP, PLURAL, "delete", "ray", "delete_rayjob: done, terminated, or past its deadline"),
 )
-CLIENT_VERBS = {"create_namespaced_custom_object": "create", "get_namespaced_custom_object": "get",
-                "delete_namespaced_custom_object": "delete"}  # the CustomObjectsApi methods used, by verb
+CLIENT_VERBS = {
+    "create_namespaced_custom_object": "create",
+    "get_namespaced_custom_object": "get",
+    "delete_namespaced_custom_object": "delete",
+}  # the CustomObjectsApi methods used, by verb
 CLUSTER_LABEL = "ray.io/cluster"  # the label KubeRay puts on a RayCluster's pods; clusterSelector matches it
 TERMINAL = ("Complete", "Failed", "ValidationFailed")  # KubeRay's terminal jobDeploymentStatus values
 SUCCEEDED = "SUCCEEDED"
@@ -132,8 +146,12 @@ class RayJobStatus:
     @staticmethod
     def of(obj: dict[str, Any]) -> "RayJobStatus":
         status = obj.get("status") or {}
-        return RayJobStatus(status.get("jobDeploymentStatus", ""), status.get("jobStatus", ""),
-                            status.get("reason", ""), status.get("message", ""))  # fmt: skip
+        return RayJobStatus(
+            status.get("jobDeploymentStatus", ""),
+            status.get("jobStatus", ""),
+            status.get("reason", ""),
+            status.get("message", ""),
+        )
 
     @property
     def terminal(self) -> bool:
@@ -153,21 +171,38 @@ def rayjob_manifest(spec: RayJobSpec) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
-        "metadata": {"name": spec.name, "namespace": spec.namespace,
-                     "labels": {"app.kubernetes.io/part-of": "speedforge", **spec.labels}},  # fmt: skip
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "labels": {"app.kubernetes.io/part-of": "speedforge", **spec.labels},
+        },
         "spec": {
             "entrypoint": spec.entrypoint,
             "clusterSelector": {CLUSTER_LABEL: spec.cluster},
             "submissionMode": "K8sJobMode",
             "backoffLimit": 0,  # a failed training run is reported, not retried blindly (it resumes from its checkpoint)
-            "submitterPodTemplate": {"metadata": {"labels": dict(SUBMITTER_LABELS)}, "spec": {
-                "restartPolicy": "Never", "securityContext": dict(SUBMITTER_POD_SECURITY),
-                **({"imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets]} if spec.image_pull_secrets else {}),
-                "containers": [{"name": "ray-job-submitter", "image": spec.image,
-                                "resources": {"requests": dict(resources), "limits": dict(resources)},
-                                "securityContext": dict(SUBMITTER_CONTAINER_SECURITY),
-                                "volumeMounts": [{"name": n, "mountPath": p} for n, p in SUBMITTER_WRITABLE.items()]}],
-                "volumes": [{"name": n, "emptyDir": {}} for n in SUBMITTER_WRITABLE]}},  # fmt: skip
+            "submitterPodTemplate": {
+                "metadata": {"labels": dict(SUBMITTER_LABELS)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": dict(SUBMITTER_POD_SECURITY),
+                    **(
+                        {"imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets]}
+                        if spec.image_pull_secrets
+                        else {}
+                    ),
+                    "containers": [
+                        {
+                            "name": "ray-job-submitter",
+                            "image": spec.image,
+                            "resources": {"requests": dict(resources), "limits": dict(resources)},
+                            "securityContext": dict(SUBMITTER_CONTAINER_SECURITY),
+                            "volumeMounts": [{"name": n, "mountPath": p} for n, p in SUBMITTER_WRITABLE.items()],
+                        }
+                    ],
+                    "volumes": [{"name": n, "emptyDir": {}} for n in SUBMITTER_WRITABLE],
+                },
+            },
         },
     }
     if spec.env:
@@ -199,8 +234,10 @@ def custom_objects_api():
         try:  # $KUBECONFIG as it is now (the client read it once, at its import)
             config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         except (config.ConfigException, OSError) as exc:
-            raise UserError(f"no Kubernetes API to submit the RayJob to: not in a pod, and no kubeconfig "
-                            f"({exc}); run inside the cluster or set KUBECONFIG") from None  # fmt: skip
+            raise UserError(
+                f"no Kubernetes API to submit the RayJob to: not in a pod, and no kubeconfig "
+                f"({exc}); run inside the cluster or set KUBECONFIG"
+            ) from None
     return client.CustomObjectsApi()
 
 
@@ -213,10 +250,16 @@ def submit_rayjob(api, spec: RayJobSpec) -> dict[str, Any]:
         raise RayJobFailed(f"cannot create RayJob {spec.namespace}/{spec.name}: {_api_reason(exc)}") from None
 
 
-def follow_rayjob(api, namespace: str, name: str, timeout_s: float, poll_s: float = 5.0,
-                  on_status: Callable[[RayJobStatus], None] | None = None,
-                  clock: Callable[[], float] = time.monotonic,
-                  sleep: Callable[[float], None] = time.sleep) -> RayJobStatus:  # fmt: skip
+def follow_rayjob(
+    api,
+    namespace: str,
+    name: str,
+    timeout_s: float,
+    poll_s: float = 5.0,
+    on_status: Callable[[RayJobStatus], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RayJobStatus:
     """Poll the RayJob until its deployment status is terminal; the final status on success.
 
     `on_status` hears every change. Raises RayJobFailed with the job's reason and message when
@@ -231,8 +274,10 @@ def follow_rayjob(api, namespace: str, name: str, timeout_s: float, poll_s: floa
             api_failures = 0
         except Exception as exc:
             if _status_code(exc) == 404:
-                raise RayJobFailed(f"RayJob {namespace}/{name} is gone (deleted while it ran; last status "
-                                   f"{last.describe() if last else 'unknown'})") from None  # fmt: skip
+                raise RayJobFailed(
+                    f"RayJob {namespace}/{name} is gone (deleted while it ran; last status "
+                    f"{last.describe() if last else 'unknown'})"
+                ) from None
             api_failures += 1
             if api_failures >= 3 or _status_code(exc) in (401, 403):
                 raise RayJobFailed(f"cannot read RayJob {namespace}/{name}: {_api_reason(exc)}") from None
@@ -250,8 +295,10 @@ def follow_rayjob(api, namespace: str, name: str, timeout_s: float, poll_s: floa
                 raise RayJobFailed(f"RayJob {namespace}/{name} ended {status.describe()}: {why}")
         if clock() >= deadline:
             delete_rayjob(api, namespace, name)
-            raise RayJobFailed(f"RayJob {namespace}/{name} did not finish within {timeout_s:g} s (last status "
-                               f"{last.describe() if last else 'unknown'}); it was deleted")  # fmt: skip
+            raise RayJobFailed(
+                f"RayJob {namespace}/{name} did not finish within {timeout_s:g} s (last status "
+                f"{last.describe() if last else 'unknown'}); it was deleted"
+            )
         sleep(max(0.0, min(poll_s, deadline - clock())))
 
 

@@ -77,8 +77,15 @@ class ResultsTable:
     name = "results"  # the store table, and the class of its rows (speedforge.records.TABLES)
     record = TABLES[name]
 
-    def __init__(self, store: Any, table: str = name, flush_every: int = 32, flush_s: float = 5.0,
-                 spill: Any = None, lease: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Any,
+        table: str = name,
+        flush_every: int = 32,
+        flush_s: float = 5.0,
+        spill: Any = None,
+        lease: Any = None,
+    ) -> None:
         self.store = store
         self.table = table
         self.flush_every = flush_every
@@ -104,8 +111,12 @@ class ResultsTable:
             lease.release()
             raise
         if written:
-            print(f"speedforge: wrote {written} part(s) of results that an earlier run kept in {spill.folder} to "
-                  f"{store.uri}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"speedforge: wrote {written} part(s) of results that an earlier run kept in {spill.folder} to "
+                f"{store.uri}",
+                file=sys.stderr,
+                flush=True,
+            )
         return cls(store, table, config.service.flush_every, config.service.flush_s, spill, lease)
 
     def recorded(self) -> dict[Key, EvalResult]:
@@ -138,9 +149,12 @@ class ResultsTable:
                     if self.spill is None:
                         raise
                     self.down = first_line(exc)
-                    print(f"speedforge: cannot write results to {self.store.uri} ({self.down}); this run keeps "
-                          f"them in {self.spill.folder} and the next run on it writes them first",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"speedforge: cannot write results to {self.store.uri} ({self.down}); this run keeps "
+                        f"them in {self.spill.folder} and the next run on it writes them first",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if self.down is not None or lost:
                 self.spill.keep(key, data)
             self.buffer = []
@@ -161,9 +175,13 @@ class ResultsTable:
             kept = self.spill.parts(self.table) if self.spill else []
             self.kept_parts = len(kept)
             if kept:
-                print(f"speedforge: {len(kept)} part(s) of results are kept in {self.spill.folder}, not yet in "
-                      f"{self.store.uri}; run the same command again once the store is back: it writes them first "
-                      "and skips their pairs", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"speedforge: {len(kept)} part(s) of results are kept in {self.spill.folder}, not yet in "
+                    f"{self.store.uri}; run the same command again once the store is back: it writes them first "
+                    "and skips their pairs",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             if self.lease is not None:
                 self.lease.release()
@@ -178,8 +196,9 @@ class ResultsTable:
 class EvaluationService:
     """Build workers and bench workers on Ray, kept between submits, and the sweep that feeds them."""
 
-    def __init__(self, config: Config | None = None, build_fn: BuildFn | None = None,
-                 run_fn: RunFn | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, config: Config | None = None, build_fn: BuildFn | None = None, run_fn: RunFn | None = None
+    ) -> None:
         self.config = config or Config()
         if build_fn is None or run_fn is None:
             from speedforge.evaluator.evaluate import build_candidate, run_candidate
@@ -221,8 +240,9 @@ class EvaluationService:
         starting: dict[str, list[Any]] = {}
         if self._build is None:
             bench_cpus = sum(worker_need(configs[p]).get("CPU", 0.0) * n for p, n in plan.items() if p not in waiting)
-            actor = ray.remote(BuildWorker).options(**actor_options({"CPU": self.service.build_num_cpus}),
-                                                    max_restarts=0)  # fmt: skip
+            actor = ray.remote(BuildWorker).options(
+                **actor_options({"CPU": self.service.build_num_cpus}), max_restarts=0
+            )
             count = plan_build_workers(self.service, nodes, bench_cpus)
             spawned = itertools.count()  # a replacement takes the next slot's niceness
 
@@ -238,8 +258,11 @@ class EvaluationService:
             if name not in self._bench:
                 pool = configs[name]
                 # overlap_runs calls at once, each in a thread of the actor: one prepares while another times
-                actor = ray.remote(BenchWorker).options(**actor_options(worker_need(pool)), max_restarts=0,
-                                                        max_concurrency=self.config.evaluator.overlap_runs)  # fmt: skip
+                actor = ray.remote(BenchWorker).options(
+                    **actor_options(worker_need(pool)),
+                    max_restarts=0,
+                    max_concurrency=self.config.evaluator.overlap_runs,
+                )
                 spawn = lambda a=actor, n=name, d=pool.device: a.remote(self.run_fn, n, d, self.build_fn)  # noqa: E731
                 self._bench[name] = WorkerSet(name, spawn, self.service.worker_restarts)
             self._bench[name].unavailable = ""
@@ -260,12 +283,15 @@ class EvaluationService:
         refs = {handle.ready.remote(): (name, handle) for name, handles in starting.items() for handle in handles}
         up = {name: 0 for name, handles in starting.items() if handles}
         began = time.monotonic()
-        limit = {name: self.service.pool_wait_s if name in waiting else self.service.worker_start_timeout_s
-                 for name in up}  # fmt: skip
+        limit = {
+            name: self.service.pool_wait_s if name in waiting else self.service.worker_start_timeout_s for name in up
+        }
         waited = sorted(name for name in waiting if name in up)
         if waited:
-            say(f"{', '.join(waited)}: no node of the Ray cluster has room for a worker yet; waiting up to "
-                f"{self.service.pool_wait_s:g} s for the autoscaler to add one (service.pool_wait_s)")  # fmt: skip
+            say(
+                f"{', '.join(waited)}: no node of the Ray cluster has room for a worker yet; waiting up to "
+                f"{self.service.pool_wait_s:g} s for the autoscaler to add one (service.pool_wait_s)"
+            )
         pending = list(refs)
         failure: dict[str, str] = {}
         next_note = began + WAIT_NOTE_S
@@ -277,25 +303,46 @@ class EvaluationService:
         down = sorted(name for name, count in up.items() if count == 0)
         never = [name for name in down if name in waiting and name != "build" and name not in failure]
         for name in never:
-            self._bench[name].unavailable = (f"pool {name}: no node with room for its workers came within "
-                                             f"{self.service.pool_wait_s:g} s of asking the autoscaler "
-                                             "(service.pool_wait_s; see `ray status` and the RayCluster's events)")  # fmt: skip
+            self._bench[name].unavailable = (
+                f"pool {name}: no node with room for its workers came within "
+                f"{self.service.pool_wait_s:g} s of asking the autoscaler "
+                "(service.pool_wait_s; see `ray status` and the RayCluster's events)"
+            )
             say(self._bench[name].unavailable + "; its results fail as infra_error, the other pools go on")
         down = [name for name in down if name not in never]
         if down:
-            raise UserError("; ".join(
-                f"{name} workers failed to start: {failure[name]}" if name in failure else
-                f"no worker of {name} started within {limit[name]:g} s: " + (
-                    "no node with room for it came (autoscaling: see `ray status`)" if name in waiting else
-                    "the cluster has the resources, but they are taken (see `ray status`)") for name in down))  # fmt: skip
+            raise UserError(
+                "; ".join(
+                    f"{name} workers failed to start: {failure[name]}"
+                    if name in failure
+                    else f"no worker of {name} started within {limit[name]:g} s: "
+                    + (
+                        "no node with room for it came (autoscaling: see `ray status`)"
+                        if name in waiting
+                        else "the cluster has the resources, but they are taken (see `ray status`)"
+                    )
+                    for name in down
+                )
+            )
         dropped = {name: len(starting[name]) - count for name, count in up.items() if 0 < count < len(starting[name])}
         if dropped:
-            say(", ".join(f"{n} of {len(starting[name])} {name} workers" for name, n in dropped.items())
+            say(
+                ", ".join(f"{n} of {len(starting[name])} {name} workers" for name, n in dropped.items())
                 + f" did not start within {self.service.worker_start_timeout_s:g} s (resources taken?) and were "
-                "dropped; the sweep runs on the others")  # fmt: skip
+                "dropped; the sweep runs on the others"
+            )
 
-    def _wait_loop(self, refs: dict[Any, tuple[str, Any]], pending: list[Any], up: dict[str, int], began: float,
-                   limit: dict[str, float], waiting: set[str], failure: dict[str, str], next_note: float) -> None:  # fmt: skip
+    def _wait_loop(
+        self,
+        refs: dict[Any, tuple[str, Any]],
+        pending: list[Any],
+        up: dict[str, int],
+        began: float,
+        limit: dict[str, float],
+        waiting: set[str],
+        failure: dict[str, str],
+        next_note: float,
+    ) -> None:
         """_wait_ready's loop: count workers up in `up`, failures in `failure`, drop the late."""
         import ray
 
@@ -304,8 +351,10 @@ class EvaluationService:
             if now >= next_note:
                 still = sorted({refs[ref][0] for ref in pending if refs[ref][0] in waiting and up[refs[ref][0]] == 0})
                 if still:
-                    say(f"still waiting for a node for {', '.join(still)} ({now - began:.0f} of "
-                        f"{self.service.pool_wait_s:g} s)")  # fmt: skip
+                    say(
+                        f"still waiting for a node for {', '.join(still)} ({now - began:.0f} of "
+                        f"{self.service.pool_wait_s:g} s)"
+                    )
                 next_note = now + WAIT_NOTE_S
             soonest = min(limit[refs[ref][0]] for ref in pending) + began
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(soonest, next_note) - now))
@@ -387,13 +436,21 @@ class EvaluationService:
         configs = resolve_pools(pools, self.service)
         if isinstance(candidates, Sequence):
             check_inputs(candidates, tasks, configs)
-        sink = store if isinstance(store, ResultsTable) or store is None else ResultsTable.open(store, self.config,
-                                                                                                force)  # fmt: skip
+        sink = (
+            store if isinstance(store, ResultsTable) or store is None else ResultsTable.open(store, self.config, force)
+        )
         try:
             self.start(pools)
-            sweep = Sweep(self.service, sweep_evaluator_config(self.config.evaluator, configs), self._build,
-                          {p: self._bench[p] for p in pools}, tasks, sink.recorded() if sink else {}, sink,
-                          on_progress)  # fmt: skip
+            sweep = Sweep(
+                self.service,
+                sweep_evaluator_config(self.config.evaluator, configs),
+                self._build,
+                {p: self._bench[p] for p in pools},
+                tasks,
+                sink.recorded() if sink else {},
+                sink,
+                on_progress,
+            )
             try:
                 sweep.run(candidates)
             except BaseException:

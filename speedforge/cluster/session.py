@@ -90,15 +90,22 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
             # bench workers have room (see ServiceConfig.build_nice_first)
             # address="local": a new Ray of this process's own, never one that `ray start` left
             # running on this machine (ray.init() with no address joins that, and refuses resources)
-            ray.init(address="local", resources=local_ray_resources(config), include_dashboard=False,
-                     _system_config={"worker_niceness": 0}, **options)  # fmt: skip
+            ray.init(
+                address="local",
+                resources=local_ray_resources(config),
+                include_dashboard=False,
+                _system_config={"worker_niceness": 0},
+                **options,
+            )
     except (ConnectionError, SystemExit) as exc:  # Ray exits (SystemExit) when the GCS never answers
         if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # ray.init's own SIGTERM handler
             ray.shutdown()  # what it had started
             raise Terminated() from None
-        raise UserError(f"cannot join the Ray cluster at {address}: {first_line(exc) or type(exc).__name__} (a "
-                        "cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
-                        "RAY_AUTH_TOKEN_PATH)") from None  # fmt: skip
+        raise UserError(
+            f"cannot join the Ray cluster at {address}: {first_line(exc) or type(exc).__name__} (a "
+            "cluster with token authentication needs its token in RAY_AUTH_TOKEN or "
+            "RAY_AUTH_TOKEN_PATH)"
+        ) from None
     interrupt_on_sigterm()  # ray.init replaced SIGTERM's handler with one that dumps a C++ stack
     return True
 
@@ -139,9 +146,13 @@ for p in alive:
 
 
 def _start_guard() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-I", "-c", GUARD, str(os.getpid()), str(GUARD_GRACE_S)],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip  (Ctrl-C on the terminal is not for it)
+    return subprocess.Popen(
+        [sys.executable, "-I", "-c", GUARD, str(os.getpid()), str(GUARD_GRACE_S)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # Ctrl-C on the terminal is not for it
 
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"  # set by Ray for a job's driver, and by users for `ray.init()`
@@ -173,8 +184,10 @@ def probe_ray(address: str, timeout_s: float) -> None:
         except ImportError:
             import ray
 
-            raise UserError(f"{address}: ray:// addresses need the Ray Client: pip install "
-                            f"'ray[client]=={ray.__version__}'; or give the GCS address host:6379") from None
+            raise UserError(
+                f"{address}: ray:// addresses need the Ray Client: pip install "
+                f"'ray[client]=={ray.__version__}'; or give the GCS address host:6379"
+            ) from None
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if address != "auto" and not (sep and host and port.isdigit()):
         raise UserError(f"invalid Ray address {address!r}: {RAY_ADDRESS_HELP}, or auto")
@@ -184,15 +197,26 @@ def probe_ray(address: str, timeout_s: float) -> None:
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
         except OSError as exc:
-            raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (within "
-                            f"{timeout_s:g} s, service.connect_timeout_s); is it up? {RAY_ADDRESS_HELP}") from None
+            raise UserError(
+                f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (within "
+                f"{timeout_s:g} s, service.connect_timeout_s); is it up? {RAY_ADDRESS_HELP}"
+            ) from None
     try:
-        child = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True, text=True,
-                               timeout=max(1.0, deadline - time.monotonic()), stdin=subprocess.DEVNULL)  # fmt: skip
+        child = subprocess.run(
+            [sys.executable, "-c", PROBE, address],
+            capture_output=True,
+            text=True,
+            timeout=max(1.0, deadline - time.monotonic()),
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        raise UserError(f"the Ray cluster at {address} did not answer within {timeout_s:g} s "
-                        f"(service.connect_timeout_s): is a Ray cluster listening there? {RAY_ADDRESS_HELP}") from None
+        raise UserError(
+            f"the Ray cluster at {address} did not answer within {timeout_s:g} s "
+            f"(service.connect_timeout_s): is a Ray cluster listening there? {RAY_ADDRESS_HELP}"
+        ) from None
     if child.returncode != 0:
         reason = (child.stdout.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
-        raise UserError(f"cannot join the Ray cluster at {address}: {reason} (a cluster with token authentication "
-                        "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")  # fmt: skip
+        raise UserError(
+            f"cannot join the Ray cluster at {address}: {reason} (a cluster with token authentication "
+            "needs its token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)"
+        )

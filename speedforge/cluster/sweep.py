@@ -318,10 +318,13 @@ class Sweep:
             size = max(1, min(self.cfg.batch_size, len(queue) // len(workers.workers)))
             items = [queue.popleft() for _ in range(size)]
             if stage == "build":
-                ref = self.runtime.call(worker.handle, "build", [(it.task, it.candidate) for it in items], self.evaluator)
+                ref = self.runtime.call(
+                    worker.handle, "build", [(it.task, it.candidate) for it in items], self.evaluator
+                )
             else:
-                ref = self.runtime.call(worker.handle, "run", [(it.task, it.candidate, it.build) for it in items],
-                                        self.evaluator)  # fmt: skip
+                ref = self.runtime.call(
+                    worker.handle, "run", [(it.task, it.candidate, it.build) for it in items], self.evaluator
+                )
                 self.progress[stage].queued -= size
                 self.progress[stage].running += size
             worker.outstanding += 1
@@ -403,8 +406,9 @@ class Sweep:
         while queue:
             item = queue.popleft()
             for pool in [p for p in item.owed if stage in ("build", p)]:
-                self._finish(item, pool, infra_error(item.task.task_id, item.candidate.candidate_id, pool, reason),
-                             counter)
+                self._finish(
+                    item, pool, infra_error(item.task.task_id, item.candidate.candidate_id, pool, reason), counter
+                )
 
     def _finish(self, item: Item, pool: str, result: EvalResult, counter: str, record: bool = True) -> None:
         """Record the one result of (item, pool); `counter` is the stage count it leaves."""
@@ -439,16 +443,21 @@ def check_inputs(candidates: Sequence[Candidate], tasks: Mapping[str, Task], poo
     count and a few of the offenders."""
     missing = Counter(repr(c.task_id) for c in candidates if c.task_id not in tasks)
     if missing:
-        raise UserError(f"{missing.total()} of {len(candidates)} candidates name a task that is not among the tasks "
-                        f"given: {_few(missing)}; give the tasks they were written for. Nothing was evaluated "
-                        "or recorded")  # fmt: skip
+        raise UserError(
+            f"{missing.total()} of {len(candidates)} candidates name a task that is not among the tasks "
+            f"given: {_few(missing)}; give the tasks they were written for. Nothing was evaluated "
+            "or recorded"
+        )
     families = Counter(tasks[c.task_id].family for c in candidates)
-    unable = Counter({f"pool {pool} for {family} tasks": families[family]
-                      for pool, family in unable_pools(pools, families)})  # fmt: skip
+    unable = Counter(
+        {f"pool {pool} for {family} tasks": families[family] for pool, family in unable_pools(pools, families)}
+    )
     if unable:
-        raise UserError(f"{len(unable)} pool(s) can never run the family of some candidates: {_few(unable)}; choose "
-                        "pools whose device the family runs on (cuda tasks need a GPU pool, e.g. H100). Nothing was "
-                        "evaluated or recorded")  # fmt: skip
+        raise UserError(
+            f"{len(unable)} pool(s) can never run the family of some candidates: {_few(unable)}; choose "
+            "pools whose device the family runs on (cuda tasks need a GPU pool, e.g. H100). Nothing was "
+            "evaluated or recorded"
+        )
 
 
 def _few(counts: Counter, shown: int = 3) -> str:

@@ -1,9 +1,9 @@
 """`speedforge ann tasks|reference|sweep`: the CRINN side of speedforge.
 
-    speedforge ann tasks
-    speedforge ann reference ann/sift-search
-    speedforge ann sweep --shape glove --n 20000
-    speedforge ann sweep --base sift_base.fvecs --queries sift_query.fvecs --metric l2
+speedforge ann tasks
+speedforge ann reference ann/sift-search
+speedforge ann sweep --shape glove --n 20000
+speedforge ann sweep --base sift_base.fvecs --queries sift_query.fvecs --metric l2
 """
 
 from __future__ import annotations
@@ -15,21 +15,34 @@ from speedforge.reports.text import print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ann", help="ANN tasks, engine modules and QPS-recall sweeps",
-                                   description="The graph ANN engine and the `ann` task family.")
+    parser = subparsers.add_parser(
+        "ann",
+        help="ANN tasks, engine modules and QPS-recall sweeps",
+        description="The graph ANN engine and the `ann` task family.",
+    )
     sub = parser.add_subparsers(dest="ann_command", metavar="ACTION", required=True)
     tasks = sub.add_parser("tasks", help="list the built-in ann tasks", description="List the built-in ann tasks.")
     tasks.set_defaults(func=_tasks)
-    ref = sub.add_parser("reference", help="print the baseline C++ module a task's candidates replace",
-                         description="Print the engine's baseline source of the module an ann task optimises.")
+    ref = sub.add_parser(
+        "reference",
+        help="print the baseline C++ module a task's candidates replace",
+        description="Print the engine's baseline source of the module an ann task optimises.",
+    )
     ref.add_argument("task_id", help="task id, e.g. ann/sift-search")
     ref.set_defaults(func=_reference)
-    sw = sub.add_parser("sweep", help="build the engine on a data set and sweep ef: recall@k, QPS, AUC",
-                        description="Build the engine on a synthetic set (--shape) or on files (--base/--queries), "
-                        "then sweep ef and print recall@k, QPS and the AUC over the recall band.")
+    sw = sub.add_parser(
+        "sweep",
+        help="build the engine on a data set and sweep ef: recall@k, QPS, AUC",
+        description="Build the engine on a synthetic set (--shape) or on files (--base/--queries), "
+        "then sweep ef and print recall@k, QPS and the AUC over the recall band.",
+    )
     sw.add_argument("--shape", default="sift", help="synthetic set: sift, glove or gist (default sift)")
-    sw.add_argument("--distribution", default="clustered", choices=("clustered", "uniform"),
-                    help="synthetic data: clustered (uneven clusters, low intrinsic dimension; default) or uniform")
+    sw.add_argument(
+        "--distribution",
+        default="clustered",
+        choices=("clustered", "uniform"),
+        help="synthetic data: clustered (uneven clusters, low intrinsic dimension; default) or uniform",
+    )
     sw.add_argument("--n", type=int, default=20000, help="synthetic base vectors (default 20000)")
     sw.add_argument("--nq", type=int, default=1000, help="synthetic queries (default 1000)")
     sw.add_argument("--seed", type=int, default=0)
@@ -82,11 +95,21 @@ def _sweep(args: argparse.Namespace) -> int:
     except ValueError:
         raise UserError(f"--efs must be a comma list of integers, got {args.efs!r}") from None
     with CurvePrinter(len(efs)) as view:
-        curve = ann_curve(ds, efs, view, k=args.k, M=args.M, ef_construction=args.ef_construction,
-                          quantization=args.quantization, threads=args.threads)  # fmt: skip
+        curve = ann_curve(
+            ds,
+            efs,
+            view,
+            k=args.k,
+            M=args.M,
+            ef_construction=args.ef_construction,
+            quantization=args.quantization,
+            threads=args.threads,
+        )
     print_table(["ef", f"recall@{args.k}", "QPS"], [[p.ef, round(p.recall, 4), round(p.qps)] for p in curve.points])
-    print(f"AUC over recall {BAND[0]}-{BAND[1]}: {curve.auc:.1f}   QPS at recall 0.90: "
-          f"{'not reached' if curve.qps_at_90 is None else round(curve.qps_at_90)}")
+    print(
+        f"AUC over recall {BAND[0]}-{BAND[1]}: {curve.auc:.1f}   QPS at recall 0.90: "
+        f"{'not reached' if curve.qps_at_90 is None else round(curve.qps_at_90)}"
+    )
     return 0
 
 

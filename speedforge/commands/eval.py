@@ -18,14 +18,19 @@ from speedforge.tasks.suite import suite_families
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "eval", help="evaluate one candidate against a task",
+        "eval",
+        help="evaluate one candidate against a task",
         description="Screen, build and measure a candidate (a file defining ModelNew) against a task's "
-                    "reference, in a sandboxed process. Prints status, correctness, timings and speedup.")
+        "reference, in a sandboxed process. Prints status, correctness, timings and speedup.",
+    )
     parser.add_argument("--task", required=True, help="built-in task id (cpp/softmax) or a KernelBench-format file")
     parser.add_argument("--candidate", required=True, help="candidate program: a .py file defining ModelNew")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda for cuda-family tasks, else cpu")
-    parser.add_argument("--family", choices=suite_families(), help="family of a task given as a file (default: "
-                        "cuda when --device cuda, else cpp)")
+    parser.add_argument(
+        "--family",
+        choices=suite_families(),
+        help="family of a task given as a file (default: cuda when --device cuda, else cpp)",
+    )
     parser.add_argument("--json", action="store_true", help="print the EvalResult as JSON")
     parser.set_defaults(func=_run)
 
@@ -59,5 +64,7 @@ def _require_gpu(task_id: str) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise UserError(f"{task_id} runs on a CUDA GPU and torch sees none here: run it on a machine with a GPU "
-                        "(or evaluate a cpp task here)")  # fmt: skip
+        raise UserError(
+            f"{task_id} runs on a CUDA GPU and torch sees none here: run it on a machine with a GPU "
+            "(or evaluate a cpp task here)"
+        )

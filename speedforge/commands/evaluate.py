@@ -33,31 +33,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0] + " Results go to the results table of --out as they arrive; "
         "a rerun skips (candidate, pool) pairs already there.",
     )
-    parser.add_argument("--tasks", required=True,
-                        help="staged data set (STORE/datasets/NAME), a store with a tasks table, or builtin[:FAMILY]")
-    parser.add_argument("--candidates", required=True,
-                        help="staged data set (STORE/datasets/NAME), a store with a candidates table, "
-                             "or builtin[:FAMILY]")  # fmt: skip
+    parser.add_argument(
+        "--tasks",
+        required=True,
+        help="staged data set (STORE/datasets/NAME), a store with a tasks table, or builtin[:FAMILY]",
+    )
+    parser.add_argument(
+        "--candidates",
+        required=True,
+        help="staged data set (STORE/datasets/NAME), a store with a candidates table, or builtin[:FAMILY]",
+    )
     parser.add_argument("--pools", required=True, help="comma-separated pools, e.g. H100,L40 (cpu for the CPU family)")
     parser.add_argument("--out", required=True, help="store URI for the results table")
-    parser.add_argument("--address",
-                        help="Ray cluster to join: its GCS address head:6379, ray://head:10001 (Ray Client), or "
-                             "auto (default: start a local Ray); gives up after service.connect_timeout_s")  # fmt: skip
+    parser.add_argument(
+        "--address",
+        help="Ray cluster to join: its GCS address head:6379, ray://head:10001 (Ray Client), or "
+        "auto (default: start a local Ray); gives up after service.connect_timeout_s",
+    )
     parser.add_argument("--endpoint", help="S3 endpoint URL (default: $SPEEDFORGE_S3_ENDPOINT, then AWS settings)")
     parser.add_argument("--limit", type=int, default=0, help="evaluate only the first N candidates (0: all)")
     parser.add_argument("--no-live", action="store_true", help="print a line per update instead of a live table")
-    parser.add_argument("--force", action="store_true",
-                        help="take over the lease of --out left by a run that stopped without releasing it, once "
-                             "it has expired (a live lease is never taken)")  # fmt: skip
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="take over the lease of --out left by a run that stopped without releasing it, once "
+        "it has expired (a live lease is never taken)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     sweep = sweep_to_results(
-        config, args.tasks, args.candidates, parse_pool_names(args.pools), args.out, address=args.address,
-        endpoint=args.endpoint, limit=args.limit, force=args.force, view=ProgressView(live=not args.no_live),
-        tasks_label="--tasks")  # fmt: skip
+        config,
+        args.tasks,
+        args.candidates,
+        parse_pool_names(args.pools),
+        args.out,
+        address=args.address,
+        endpoint=args.endpoint,
+        limit=args.limit,
+        force=args.force,
+        view=ProgressView(live=not args.no_live),
+        tasks_label="--tasks",
+    )
     print_summary(sweep.results, sweep.out_uri, sweep.kept_parts)
     return 1 if sweep.kept_parts else 0
 
@@ -65,9 +84,19 @@ def run(args: argparse.Namespace) -> int:
 class ProgressView:
     """A live table per pool (rich), or one plain line per update when not on a terminal."""
 
-    COLUMNS = {"pool": "pool", "workers": "workers", "submitted": "new", "skipped": "skip", "building": "build",
-               "queued": "queue", "running": "run", "done": "done", "ok": "ok", "failed": "fail",
-               "retries": "retry"}  # fmt: skip  (PoolProgress field: header)
+    COLUMNS = {
+        "pool": "pool",
+        "workers": "workers",
+        "submitted": "new",
+        "skipped": "skip",
+        "building": "build",
+        "queued": "queue",
+        "running": "run",
+        "done": "done",
+        "ok": "ok",
+        "failed": "fail",
+        "retries": "retry",
+    }  # PoolProgress field: header
 
     def __init__(self, live: bool = True) -> None:
         self.live_enabled = live and sys.stdout.isatty()
@@ -90,9 +119,11 @@ class ProgressView:
         if self.live is not None:
             self.live.update(self.render(progress))
             return
-        line = " | ".join(f"{p.pool}: {p.done}/{p.submitted} done, {p.ok} ok, {p.skipped} skipped "
-                          f"({p.building} building, {p.queued} queued, {p.running} running)"
-                          for p in progress.pools)  # fmt: skip
+        line = " | ".join(
+            f"{p.pool}: {p.done}/{p.submitted} done, {p.ok} ok, {p.skipped} skipped "
+            f"({p.building} building, {p.queued} queued, {p.running} running)"
+            for p in progress.pools
+        )
         if line != self.last_line:
             print(f"[{progress.elapsed_s:7.1f}s] {line}", file=sys.stderr, flush=True)
             self.last_line = line
@@ -137,5 +168,7 @@ def print_summary(results: list[EvalResult], out_uri: str, kept_parts: int = 0) 
         table.add_row(pool, *(str(counts.get(s, 0)) for s in statuses), median)
     Console().print(table)
     if kept_parts:
-        print(f"{kept_parts} part(s) of these results are only in the local spill, not in {out_uri}: run the same "
-              "command again once the store is back (it writes them first)")  # fmt: skip
+        print(
+            f"{kept_parts} part(s) of these results are only in the local spill, not in {out_uri}: run the same "
+            "command again once the store is back (it writes them first)"
+        )

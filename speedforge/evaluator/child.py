@@ -120,12 +120,19 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
         sys.stderr.write(f"speedforge harness: {problem}\n")
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(NO_RESULT_EXIT if problem else 0)  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
+    os._exit(
+        NO_RESULT_EXIT if problem else 0
+    )  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
 
 
 # taken before any candidate code is imported (the zygote imports this module)
 _block_signals, _signal_handler, _gc_disable, _set_trace, _set_profile = (
-    signal.pthread_sigmask, signal.signal, gc.disable, sys.settrace, sys.setprofile)
+    signal.pthread_sigmask,
+    signal.signal,
+    gc.disable,
+    sys.settrace,
+    sys.setprofile,
+)
 _SIGNALS, _SIG_BLOCK, _SIG_IGN = tuple(signal.valid_signals()), signal.SIG_BLOCK, signal.SIG_IGN
 
 
@@ -151,8 +158,10 @@ def _harness_error(exc: BaseException, memory_limit_mb: int) -> str:
     names the limit to raise."""
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text:
-        return (f"harness error: out of memory in the sandbox, whose limit is evaluator.memory_limit_mb = "
-                f"{memory_limit_mb} (the task's inputs or reference may need more): {text[:300]}")
+        return (
+            f"harness error: out of memory in the sandbox, whose limit is evaluator.memory_limit_mb = "
+            f"{memory_limit_mb} (the task's inputs or reference may need more): {text[:300]}"
+        )
     return f"harness error: {text}"
 
 
@@ -193,8 +202,12 @@ def lock_down(job: Job) -> list[str]:
         from speedforge.evaluator import landlock, namespaces
 
         # the CUDA driver writes below /proc/<pid>: this process's own entry, nothing else of /proc
-        writable = [job.workdir, job.build_dir, *landlock.writable_devices(namespaces.private_shm()),
-                    os.path.realpath("/proc/self")]  # fmt: skip
+        writable = [
+            job.workdir,
+            job.build_dir,
+            *landlock.writable_devices(namespaces.private_shm()),
+            os.path.realpath("/proc/self"),
+        ]
         warning = landlock.restrict(readable_paths(), writable)
         if warning:
             warnings.append(warning)
@@ -205,8 +218,22 @@ def lock_down(job: Job) -> list[str]:
 
 def readable_paths() -> list[str]:
     """System and interpreter folders: what Python, torch and the compilers need to read."""
-    paths = ["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/opt",
-             "/run/nvidia-persistenced", "/usr/local/cuda", os.environ.get("CUDA_HOME", "")]
+    paths = [
+        "/usr",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/bin",
+        "/sbin",
+        "/etc",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/opt",
+        "/run/nvidia-persistenced",
+        "/usr/local/cuda",
+        os.environ.get("CUDA_HOME", ""),
+    ]
     paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
     paths += [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib", "include")]
     paths += site.getsitepackages()
@@ -222,4 +249,3 @@ def _limit(which: int, value: int) -> None:
         resource.setrlimit(which, (value, hard))
     except (ValueError, OSError):
         pass
-

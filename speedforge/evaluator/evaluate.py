@@ -20,8 +20,7 @@ import traceback
 from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import checks, phases
-from speedforge.evaluator.buildcache import (HARNESS_VERSION, BuildCache, HostWatch, build_arch, build_key,
-                                             toolchain_id)
+from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, HostWatch, build_arch, build_key, toolchain_id
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.timing import TIMING_VERSION, fewest_pairs, pristine_settings
@@ -48,8 +47,15 @@ class Build:
     log: str = ""
 
 
-def evaluate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None, device: str = "cpu",
-             pool: str | None = None, *, zygote: Zygote | None = None) -> EvalResult:
+def evaluate(
+    task: Task,
+    candidate: Candidate,
+    config: EvaluatorConfig | None = None,
+    device: str = "cpu",
+    pool: str | None = None,
+    *,
+    zygote: Zygote | None = None,
+) -> EvalResult:
     """Screen, build and measure one candidate against its task's reference (in sandboxes forked
     from `zygote`, by default the process's own)."""
     start = time.perf_counter()
@@ -58,8 +64,14 @@ def evaluate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = 
     return dataclasses.replace(result, wall_s=time.perf_counter() - start)
 
 
-def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | None = None,
-                    device: str = "cpu", *, zygote: Zygote | None = None) -> Build:
+def build_candidate(
+    task: Task,
+    candidate: Candidate,
+    config: EvaluatorConfig | None = None,
+    device: str = "cpu",
+    *,
+    zygote: Zygote | None = None,
+) -> Build:
     """Static screen, then a sandboxed build into the content-hash cache (free when cached)."""
     config = config or EvaluatorConfig()
     start = time.perf_counter()
@@ -80,41 +92,76 @@ def build_candidate(task: Task, candidate: Candidate, config: EvaluatorConfig | 
         family = families.get(task.family)
         config = dataclasses.replace(config, cuda_arch_list=build_arch(family.device, config.cuda_arch_list))
         # where the task decides what is linked (an ann module), the task is part of the build
-        key = build_key(candidate.source, task.family, config.cuda_arch_list,
-                        flags=task.source if family.task_in_build_key else "")
+        key = build_key(
+            candidate.source, task.family, config.cuda_arch_list, flags=task.source if family.task_in_build_key else ""
+        )
         base.update(key=key, build_dir=str(cache.build_dir(key)))
         cached = cache.lookup(key)
         if cached is None:
             with cache.locked(key) as rebuilt:  # rebuilt: the warning for a damaged cached build, or ""
                 cached = cache.lookup(key)
                 if cached is None:
-                    job = Job(kind="build", task=task, candidate=candidate, device="cpu", seed=0, workdir="",
-                              build_dir=base["build_dir"], config=config)  # fmt: skip
+                    job = Job(
+                        kind="build",
+                        task=task,
+                        candidate=candidate,
+                        device="cpu",
+                        seed=0,
+                        workdir="",
+                        build_dir=base["build_dir"],
+                        config=config,
+                    )
                     host = HostWatch(cache.root, config.disk_limit_mb)  # the host's faults are infra_error
                     outcome = _sandboxed(cache, job, config.build_timeout_s, config, zygote)
-                    built = host.judge(dataclasses.replace(_stage_result(outcome, "build"),
-                                                           build_s=time.perf_counter() - start))
+                    built = host.judge(
+                        dataclasses.replace(_stage_result(outcome, "build"), build_s=time.perf_counter() - start)
+                    )
                     cache.record(key, built.to_dict())
                     if rebuilt:  # said once: the record does not keep it
                         built = dataclasses.replace(built, warnings=(*built.warnings, rebuilt))
                     return _build_from(task, candidate, base, built, findings, cached=False)
-        return _build_from(task, candidate, base, StageResult.from_dict(cached), findings, cached=True,
-                           build_s=time.perf_counter() - start)  # fmt: skip
+        return _build_from(
+            task,
+            candidate,
+            base,
+            StageResult.from_dict(cached),
+            findings,
+            cached=True,
+            build_s=time.perf_counter() - start,
+        )
     except Exception as exc:  # a harness failure: reported, retried by the service
-        failure = _result(task, candidate, "infra_error", f"build stage failed: {type(exc).__name__}: {exc}",
-                          log=traceback.format_exc()[-4000:])
+        failure = _result(
+            task,
+            candidate,
+            "infra_error",
+            f"build stage failed: {type(exc).__name__}: {exc}",
+            log=traceback.format_exc()[-4000:],
+        )
         return Build(**base, ok=False, build_s=time.perf_counter() - start, failure=failure)
 
 
-def run_candidate(task: Task, candidate: Candidate, build: Build, config: EvaluatorConfig | None = None,
-                  device: str = "cpu", pool: str | None = None, *, zygote: Zygote | None = None) -> EvalResult:
+def run_candidate(
+    task: Task,
+    candidate: Candidate,
+    build: Build,
+    config: EvaluatorConfig | None = None,
+    device: str = "cpu",
+    pool: str | None = None,
+    *,
+    zygote: Zygote | None = None,
+) -> EvalResult:
     """The sandboxed run of a built candidate: correctness, paired timing, runtime guards."""
     config = config or EvaluatorConfig()
     pool = pool or ("cpu" if device == "cpu" else "cuda")
     start = time.perf_counter()
     phases.mark("run_start")
-    common = dict(pool=pool, build_s=build.build_s, build_cached=build.cached,
-                  screen_findings=build.screen_findings, harness_version=HARNESS_VERSION)
+    common = dict(
+        pool=pool,
+        build_s=build.build_s,
+        build_cached=build.cached,
+        screen_findings=build.screen_findings,
+        harness_version=HARNESS_VERSION,
+    )
     if not build.ok:
         return dataclasses.replace(build.failure, **common, wall_s=time.perf_counter() - start)
     try:
@@ -122,20 +169,35 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
         seed = _seed(config)
         # the architectures the build targeted: torch names the same flags, and a replayed
         # extension finds its build up to date instead of compiling in the run stage
-        config = dataclasses.replace(config, cuda_arch_list=build_arch(families.get(task.family).device,
-                                                                       config.cuda_arch_list))  # fmt: skip
+        config = dataclasses.replace(
+            config, cuda_arch_list=build_arch(families.get(task.family).device, config.cuda_arch_list)
+        )
         tripwire = config.reference_slowdown_limit > 0 and families.get(task.family).kernelbench
         # no pristine reference kept yet: the run's sandbox times one before it imports the candidate
         pristine_first = tripwire and _cached_pristine(task, config, device, pool) is None
-        job = Job(kind="run", task=task, candidate=candidate, device=device, seed=seed, workdir="",
-                  build_dir=build.build_dir, config=config, pristine_first=pristine_first)  # fmt: skip
+        job = Job(
+            kind="run",
+            task=task,
+            candidate=candidate,
+            device=device,
+            seed=seed,
+            workdir="",
+            build_dir=build.build_dir,
+            config=config,
+            pristine_first=pristine_first,
+        )
         phases.mark("job_ready")
         outcome = _run_pinned(cache, job, task, config, device, zygote)
         stage = _stage_result(outcome, "run", job)
         phases.mark("run_read")
         if pristine_first and outcome.first is not None:
-            _keep_pristine(task, config, device, pool, _stage_result(dataclasses.replace(outcome, result=outcome.first),
-                                                                     "pristine reference run"))  # fmt: skip
+            _keep_pristine(
+                task,
+                config,
+                device,
+                pool,
+                _stage_result(dataclasses.replace(outcome, result=outcome.first), "pristine reference run"),
+            )
         if stage.ok and tripwire:
             reruns = []
 
@@ -145,29 +207,55 @@ def run_candidate(task: Task, candidate: Candidate, build: Build, config: Evalua
                 again = dataclasses.replace(job, pristine_first=True, seed=_seed(config))
                 reruns.append(_run_pinned(cache, again, task, config, device, zygote, quiet=True))
                 first = reruns[-1].first
-                alongside = None if first is None else _stage_result(dataclasses.replace(reruns[-1], result=first),
-                                                                     "pristine reference run")  # fmt: skip
+                alongside = (
+                    None
+                    if first is None
+                    else _stage_result(dataclasses.replace(reruns[-1], result=first), "pristine reference run")
+                )
                 return _stage_result(reruns[-1], "run", again), alongside
 
-            stage = _tripwire(stage, lambda fresh: _pristine_reference(task, config, device, pool, zygote, fresh),
-                              config.reference_slowdown_limit, rerun)  # fmt: skip
+            stage = _tripwire(
+                stage,
+                lambda fresh: _pristine_reference(task, config, device, pool, zygote, fresh),
+                config.reference_slowdown_limit,
+                rerun,
+            )
             if reruns:  # the device time both runs took
                 outcome = dataclasses.replace(
-                    reruns[-1], wall_s=outcome.wall_s + reruns[-1].wall_s,
+                    reruns[-1],
+                    wall_s=outcome.wall_s + reruns[-1].wall_s,
                     turn_wait_s=outcome.turn_wait_s + reruns[-1].turn_wait_s,
                     turn_held_s=outcome.turn_held_s + reruns[-1].turn_held_s,
                     pristine_held_s=outcome.pristine_held_s + reruns[-1].pristine_held_s,
-                    turn_problem=outcome.turn_problem or reruns[-1].turn_problem)
+                    turn_problem=outcome.turn_problem or reruns[-1].turn_problem,
+                )
         phases.mark("tripwire_done")
         fields = stage.result_fields()
-        fields["warnings"] = tuple(dict.fromkeys(build.warnings + fields["warnings"]
-                                                 + ((outcome.turn_problem,) if outcome.turn_problem else ())))
-        return _result(task, candidate, **fields, **common, run_s=outcome.wall_s, turn_wait_s=outcome.turn_wait_s,
-                       turn_held_s=outcome.turn_held_s, pristine_held_s=outcome.pristine_held_s,
-                       wall_s=time.perf_counter() - start)  # fmt: skip
+        fields["warnings"] = tuple(
+            dict.fromkeys(
+                build.warnings + fields["warnings"] + ((outcome.turn_problem,) if outcome.turn_problem else ())
+            )
+        )
+        return _result(
+            task,
+            candidate,
+            **fields,
+            **common,
+            run_s=outcome.wall_s,
+            turn_wait_s=outcome.turn_wait_s,
+            turn_held_s=outcome.turn_held_s,
+            pristine_held_s=outcome.pristine_held_s,
+            wall_s=time.perf_counter() - start,
+        )
     except Exception as exc:
-        return _result(task, candidate, "infra_error", f"run stage failed: {type(exc).__name__}: {exc}",
-                       log=traceback.format_exc()[-4000:], **common)
+        return _result(
+            task,
+            candidate,
+            "infra_error",
+            f"run stage failed: {type(exc).__name__}: {exc}",
+            log=traceback.format_exc()[-4000:],
+            **common,
+        )
 
 
 def _seed(config: EvaluatorConfig) -> int:
@@ -175,32 +263,68 @@ def _seed(config: EvaluatorConfig) -> int:
     return config.seed if config.seed is not None else secrets.randbits(30)
 
 
-def _run_pinned(cache: BuildCache, job: Job, task: Task, config: EvaluatorConfig, device: str,
-                zygote: Zygote | None, quiet: bool = False) -> Outcome:  # fmt: skip
+def _run_pinned(
+    cache: BuildCache,
+    job: Job,
+    task: Task,
+    config: EvaluatorConfig,
+    device: str,
+    zygote: Zygote | None,
+    quiet: bool = False,
+) -> Outcome:
     """A run (or pristine) job in its sandbox; on the CPU its timed phase is pinned to cpu_threads
     CPUs, claimed host-wide when it gets the device's turn (speedforge.evaluator.turns, .cpus).
     `quiet`: with the device to itself (turns.device_use), as the tripwire's confirmations run."""
     pinned = device == "cpu" and families.get(task.family).pin_cpus and config.pin_cpus
-    return _sandboxed(cache, job, config.run_timeout_s, config, zygote, pin=config.cpu_threads if pinned else 0,
-                      quiet=quiet)  # fmt: skip
+    return _sandboxed(
+        cache, job, config.run_timeout_s, config, zygote, pin=config.cpu_threads if pinned else 0, quiet=quiet
+    )
 
 
 def pristine_key(task: Task, config: EvaluatorConfig, device: str, pool: str) -> str:
     """The cache key of a task's pristine reference timing: the task, the pool and the
     environment (host, toolchain, torch), and every setting the timing depends on."""
     timing = {name: getattr(config, name) for name in PRISTINE_SETTINGS}
-    return content_id(HARNESS_VERSION, TIMING_VERSION, task.family, task.source, task.run_mode, device, pool,
-                      platform.node(), toolchain_id(), json.dumps(timing, sort_keys=True), length=32)  # fmt: skip
+    return content_id(
+        HARNESS_VERSION,
+        TIMING_VERSION,
+        task.family,
+        task.source,
+        task.run_mode,
+        device,
+        pool,
+        platform.node(),
+        toolchain_id(),
+        json.dumps(timing, sort_keys=True),
+        length=32,
+    )
 
 
-PRISTINE_SETTINGS = ("warmup_calls", "timed_calls", "cpu_timed_calls", "min_timed_s", "min_timed_span",
-                     "max_timed_calls", "max_timed_s", "ci_target", "unstable_ci", "cpu_time_quantile",
-                     "cpu_rotation_pairs", "cpu_rotation_mb", "cpu_threads", "pin_cpus", "l2_flush_mb",
-                     "host_warm_below_us", "memory_limit_mb", "correctness_trials")  # fmt: skip
+PRISTINE_SETTINGS = (
+    "warmup_calls",
+    "timed_calls",
+    "cpu_timed_calls",
+    "min_timed_s",
+    "min_timed_span",
+    "max_timed_calls",
+    "max_timed_s",
+    "ci_target",
+    "unstable_ci",
+    "cpu_time_quantile",
+    "cpu_rotation_pairs",
+    "cpu_rotation_mb",
+    "cpu_threads",
+    "pin_cpus",
+    "l2_flush_mb",
+    "host_warm_below_us",
+    "memory_limit_mb",
+    "correctness_trials",
+)
 
 
-def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: str, zygote: Zygote | None,
-                        fresh: bool = False) -> StageResult:  # fmt: skip
+def _pristine_reference(
+    task: Task, config: EvaluatorConfig, device: str, pool: str, zygote: Zygote | None, fresh: bool = False
+) -> StageResult:
     """The reference timed in a sandbox that never loaded a candidate (against a second
     instance of itself), cached per task, pool and environment; `fresh` measures it again now,
     alone on the device (the cache keeps the first)."""
@@ -211,10 +335,19 @@ def _pristine_reference(task: Task, config: EvaluatorConfig, device: str, pool: 
             return kept
     reference = Candidate.make(task.task_id, task.source, origin="pristine")
     seed = _seed(config)
-    job = Job(kind="pristine", task=task, candidate=reference, device=device, seed=seed, workdir="", build_dir="",
-              config=pristine_settings(config))  # fmt: skip
-    result = _stage_result(_run_pinned(cache, job, task, config, device, zygote, quiet=fresh), "pristine reference run",
-                           job)  # fmt: skip
+    job = Job(
+        kind="pristine",
+        task=task,
+        candidate=reference,
+        device=device,
+        seed=seed,
+        workdir="",
+        build_dir="",
+        config=pristine_settings(config),
+    )
+    result = _stage_result(
+        _run_pinned(cache, job, task, config, device, zygote, quiet=fresh), "pristine reference run", job
+    )
     _keep_pristine(task, config, device, pool, result)
     return result
 
@@ -286,6 +419,7 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
     timed calls beyond the pristine sandbox's (`checks.reference_company`), confirmed the same way:
     work a candidate left running on a core the reference does not use slows it too little to
     trip the limit."""
+
     def slower(beside: StageResult, clean: StageResult) -> str | None:
         if not clean.ok or clean.timed_calls < TRIPWIRE_MIN_CALLS or beside.timed_calls < TRIPWIRE_MIN_CALLS:
             return None
@@ -315,8 +449,14 @@ def _tripwire(stage: StageResult, pristine, limit: float, rerun=None) -> StageRe
             note = f"tripwire: in a first sandbox {reason}; a second run in a fresh sandbox did not repeat it"
             return dataclasses.replace(again, warnings=(*again.warnings, note))
         reason = f"{repeated} (in two sandboxes in a row)"
-    return dataclasses.replace(stage, status=checks.CHECK["reference-slowdown"].status, reason=reason, speedup=None,
-                               speedup_lo=None, speedup_hi=None)  # fmt: skip
+    return dataclasses.replace(
+        stage,
+        status=checks.CHECK["reference-slowdown"].status,
+        reason=reason,
+        speedup=None,
+        speedup_lo=None,
+        speedup_hi=None,
+    )
 
 
 def _not_clear(again: StageResult, first: StageResult, clean: StageResult, limit: float, reason: str) -> str | None:
@@ -326,21 +466,27 @@ def _not_clear(again: StageResult, first: StageResult, clean: StageResult, limit
     with the reference). None when it is within."""
     if again.ref_us is None or clean.ref_us is None:
         return None
-    shared = first.speedup is not None and again.speedup is not None and first.speedup <= math.sqrt(limit) * again.speedup
+    shared = (
+        first.speedup is not None and again.speedup is not None and first.speedup <= math.sqrt(limit) * again.speedup
+    )
     bound = limit if shared else math.sqrt(limit)
     if again.ref_us <= bound * clean.ref_us:
         return None
-    why = ("the first sandbox slowed the candidate as much" if shared else
-           "the first run's slowdown raised its speedup")  # fmt: skip
-    return (f"{reason}; again in a fresh sandbox {again.ref_us:.1f} us, {again.ref_us / clean.ref_us:.2f}x "
-            f"(a second run clears a trip within {bound:.2f}x: {why})")
+    why = "the first sandbox slowed the candidate as much" if shared else "the first run's slowdown raised its speedup"
+    return (
+        f"{reason}; again in a fresh sandbox {again.ref_us:.1f} us, {again.ref_us / clean.ref_us:.2f}x "
+        f"(a second run clears a trip within {bound:.2f}x: {why})"
+    )
 
 
 def needs_build(task: Task, candidate: Candidate) -> bool:
     """Whether the candidate compiles anything (inline C++/CUDA, or every candidate of a family
     that always builds, such as an ann module)."""
-    return (families.get(task.family).always_builds or "cpp_extension" in candidate.source
-            or "load_inline" in candidate.source)  # fmt: skip
+    return (
+        families.get(task.family).always_builds
+        or "cpp_extension" in candidate.source
+        or "load_inline" in candidate.source
+    )
 
 
 def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
@@ -351,8 +497,7 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
         return f"candidate is for task {candidate.task_id!r}, not {task.task_id!r}"
     if not family.runs_on(device):
         # the same kind of task in a family that runs here, e.g. cpp for cuda without a GPU
-        instead = [f.name for f in families.all_families()
-                   if f.kernelbench == family.kernelbench and f.runs_on(device)]  # fmt: skip
+        instead = [f.name for f in families.all_families() if f.kernelbench == family.kernelbench and f.runs_on(device)]
         hint = ""
         if instead and family.device == "cuda":
             hint = f" (use a {instead[0]}-family task on a machine without a GPU)"
@@ -360,14 +505,29 @@ def _input_problem(task: Task, candidate: Candidate, device: str) -> str:
     return ""
 
 
-def _sandboxed(cache: BuildCache, job: Job, timeout_s: float, config: EvaluatorConfig,
-               zygote: Zygote | None, pin: int = 0, quiet: bool = False) -> Outcome:  # fmt: skip
+def _sandboxed(
+    cache: BuildCache,
+    job: Job,
+    timeout_s: float,
+    config: EvaluatorConfig,
+    zygote: Zygote | None,
+    pin: int = 0,
+    quiet: bool = False,
+) -> Outcome:
     workdir = cache.scratch()
     phases.mark(f"{job.kind}:scratch_made")
     try:
-        return run_job(dataclasses.replace(job, workdir=str(workdir)), workdir, timeout_s, config.memory_limit_mb,
-                       max_processes=config.max_processes + (64 if job.kind == "build" else 0),
-                       isolate_network=config.network_isolation, zygote=zygote, pin=pin, quiet=quiet)  # fmt: skip
+        return run_job(
+            dataclasses.replace(job, workdir=str(workdir)),
+            workdir,
+            timeout_s,
+            config.memory_limit_mb,
+            max_processes=config.max_processes + (64 if job.kind == "build" else 0),
+            isolate_network=config.network_isolation,
+            zygote=zygote,
+            pin=pin,
+            quiet=quiet,
+        )
     finally:
         remove_tree(str(workdir))
         phases.mark(f"{job.kind}:scratch_removed")
@@ -378,15 +538,23 @@ def _stage_result(outcome: Outcome, stage: str, job: Job | None = None) -> Stage
     for how the child ended when it sent none; a result with a key no StageResult has is an
     infra_error naming it. A run's result (`job` given) must also have figures the harness can
     have measured (checks.record_figures)."""
-    ended = checks.outcome(outcome.result, outcome.timed_out, outcome.killed_for_memory, outcome.killed_for_disk,
-                           outcome.killed_for_processes, outcome.signal_name, outcome.returncode,
-                           outcome.channel_problem)  # fmt: skip
+    ended = checks.outcome(
+        outcome.result,
+        outcome.timed_out,
+        outcome.killed_for_memory,
+        outcome.killed_for_disk,
+        outcome.killed_for_processes,
+        outcome.signal_name,
+        outcome.returncode,
+        outcome.channel_problem,
+    )
     if ended is None:  # it sent a result and was not killed
         try:
             result = StageResult.from_dict(outcome.result)
         except (RecordError, TypeError) as exc:
-            return StageResult("infra_error", f"the {stage} returned a malformed result ({exc})",
-                               log=outcome.stderr_tail)  # fmt: skip
+            return StageResult(
+                "infra_error", f"the {stage} returned a malformed result ({exc})", log=outcome.stderr_tail
+            )
         if job is not None and job.kind in ("run", "pristine") and families.get(job.family).kernelbench:
             fewest = fewest_pairs(job.config, job.device != "cpu", result.stopped_early)
             main_turn_s = outcome.turn_held_s - outcome.pristine_held_s if job.kind == "run" else outcome.turn_held_s
@@ -400,16 +568,38 @@ def _stage_result(outcome: Outcome, stage: str, job: Job | None = None) -> Stage
     return StageResult(status, f"the {stage} {why}", log=outcome.stderr_tail)
 
 
-def _build_from(task: Task, candidate: Candidate, base: dict, built: StageResult, findings: tuple[str, ...],
-                cached: bool, build_s: float | None = None) -> Build:  # fmt: skip
+def _build_from(
+    task: Task,
+    candidate: Candidate,
+    base: dict,
+    built: StageResult,
+    findings: tuple[str, ...],
+    cached: bool,
+    build_s: float | None = None,
+) -> Build:
     build_s = build_s if cached else float(built.build_s or 0.0)
     if built.ok:
-        return Build(**{**base, "cached": cached}, ok=True, failure=None, build_s=build_s,
-                     screen_findings=findings, warnings=built.warnings, log=built.log)
-    failure = _result(task, candidate, built.status, built.reason, log=built.log, warnings=built.warnings,
-                      screen_findings=findings)
-    return Build(**{**base, "cached": cached}, ok=False, failure=failure, build_s=build_s,
-                 screen_findings=findings, warnings=built.warnings, log=built.log)
+        return Build(
+            **{**base, "cached": cached},
+            ok=True,
+            failure=None,
+            build_s=build_s,
+            screen_findings=findings,
+            warnings=built.warnings,
+            log=built.log,
+        )
+    failure = _result(
+        task, candidate, built.status, built.reason, log=built.log, warnings=built.warnings, screen_findings=findings
+    )
+    return Build(
+        **{**base, "cached": cached},
+        ok=False,
+        failure=failure,
+        build_s=build_s,
+        screen_findings=findings,
+        warnings=built.warnings,
+        log=built.log,
+    )
 
 
 def _result(task: Task, candidate: Candidate, status: str, reason: str = "", **fields) -> EvalResult:
@@ -418,5 +608,4 @@ def _result(task: Task, candidate: Candidate, status: str, reason: str = "", **f
     for name in ("warnings", "screen_findings"):
         if name in fields:
             fields[name] = tuple(fields[name])
-    return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, status=status, reason=reason,
-                      **fields)
+    return EvalResult(candidate_id=candidate.candidate_id, task_id=task.task_id, status=status, reason=reason, **fields)

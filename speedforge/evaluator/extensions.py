@@ -194,9 +194,12 @@ def static_calls(source: str) -> list[ast.Call]:
 def _scoped_calls(tree: ast.Module) -> list[tuple[ast.Call, list[tuple[str, ast.AST]]]]:
     """The loader calls of `tree`, each with its enclosing scopes, outermost first:
     (enclosing class name or "", function) for every function the call sits in."""
-    plain_load = any(isinstance(node, ast.ImportFrom) and node.module == "torch.utils.cpp_extension"
-                     and any(alias.name == "load" and alias.asname in (None, "load") for alias in node.names)
-                     for node in ast.walk(tree))  # fmt: skip
+    plain_load = any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "torch.utils.cpp_extension"
+        and any(alias.name == "load" and alias.asname in (None, "load") for alias in node.names)
+        for node in ast.walk(tree)
+    )
     found: list[tuple[ast.Call, list[tuple[str, ast.AST]]]] = []
 
     def visit(node: ast.AST, scopes: list[tuple[str, ast.AST]], owner: str) -> None:
@@ -223,14 +226,38 @@ def _is_loader(func: ast.AST, plain_load: bool) -> bool:
 
 def _names_cpp_extension(node: ast.AST) -> bool:
     return (isinstance(node, ast.Name) and node.id == "cpp_extension") or (
-        isinstance(node, ast.Attribute) and node.attr == "cpp_extension")
+        isinstance(node, ast.Attribute) and node.attr == "cpp_extension"
+    )
 
 
 # Calls an assignment may make and still be evaluated ahead of time: those that build strings
 # (sources, flags, names). Anything else (a tensor, a kernel launch) is not run here.
-_STRING_CALLS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "dedent", "lower", "upper",
-                 "str", "int", "float", "repr", "len", "getpid", "hex", "abs", "min", "max", "sorted",
-                 "list", "tuple", "dict", "set"}  # fmt: skip
+_STRING_CALLS = {
+    "format",
+    "join",
+    "replace",
+    "strip",
+    "lstrip",
+    "rstrip",
+    "dedent",
+    "lower",
+    "upper",
+    "str",
+    "int",
+    "float",
+    "repr",
+    "len",
+    "getpid",
+    "hex",
+    "abs",
+    "min",
+    "max",
+    "sorted",
+    "list",
+    "tuple",
+    "dict",
+    "set",
+}
 
 
 def _evaluable(value: ast.AST) -> bool:
@@ -260,8 +287,11 @@ def _preceding_statements(function: ast.AST, line: int) -> list[ast.stmt]:
                 kept.append(child)
             elif isinstance(child, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 targets = child.targets if isinstance(child, ast.Assign) else [child.target]
-                if child.value is not None and _evaluable(child.value) and all(
-                        isinstance(t, (ast.Name, ast.Tuple)) for t in targets):
+                if (
+                    child.value is not None
+                    and _evaluable(child.value)
+                    and all(isinstance(t, (ast.Name, ast.Tuple)) for t in targets)
+                ):
                     kept.append(child)
             elif isinstance(child, ast.stmt):
                 visit(child)
@@ -291,8 +321,11 @@ def prebuild(source: str, namespace: dict, instance: object = None) -> None:
                 local["self"] = instance
             for statement in _preceding_statements(function, call.lineno):
                 try:
-                    exec(compile(ast.Module(body=[statement], type_ignores=[]), "<candidate>", "exec"),
-                         module_names, local)  # fmt: skip
+                    exec(
+                        compile(ast.Module(body=[statement], type_ignores=[]), "<candidate>", "exec"),
+                        module_names,
+                        local,
+                    )
                 except Exception:  # noqa: BLE001 - a name only the real call has: skip it
                     continue
         try:

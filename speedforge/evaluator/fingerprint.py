@@ -50,8 +50,15 @@ def _describe(torch, value, tensors: list, depth: int = 0) -> object:
         except RuntimeError:  # an inference tensor keeps none
             version = None
         strided = value.layout == torch.strided
-        return ("tensor", value.data_ptr() if strided else id(value), tuple(value.shape),
-                value.stride() if strided else (), str(value.dtype), str(value.device), version)  # fmt: skip
+        return (
+            "tensor",
+            value.data_ptr() if strided else id(value),
+            tuple(value.shape),
+            value.stride() if strided else (),
+            str(value.dtype),
+            str(value.device),
+            version,
+        )
     if isinstance(value, _SCALAR):  # a subclass of a scalar type (an IntEnum, a bool-like flag)
         return value
     if isinstance(value, torch.nn.Module):
@@ -68,9 +75,17 @@ def _contents(torch, kind: type, value, tensors: list, depth: int) -> tuple:
     if kind in _CONTAINER_TYPES and not value:  # an empty hook dict, most of them (a subclass's len is not asked)
         return (kind.__name__, id(value), ())
     items = value.items() if isinstance(value, dict) else enumerate(value)
-    return (kind.__name__, id(value), tuple((key if type(key) in _SCALAR_TYPES or isinstance(key, _SCALAR) else id(key),
-                                             _describe(torch, item, tensors, depth + 1))
-                                            for key, item in items))  # fmt: skip
+    return (
+        kind.__name__,
+        id(value),
+        tuple(
+            (
+                key if type(key) in _SCALAR_TYPES or isinstance(key, _SCALAR) else id(key),
+                _describe(torch, item, tensors, depth + 1),
+            )
+            for key, item in items
+        ),
+    )
 
 
 # Entries Python creates in a class's namespace when they are first read, which behaviour never
@@ -85,8 +100,12 @@ def _class_functions(torch, cls: type) -> tuple:
     for base in cls.__mro__:
         if base is torch.nn.Module or base is object:
             break
-        found.append((id(base), tuple((name, id(value)) for name, value in vars(base).items()
-                                      if name not in _LAZY_CLASS_ENTRIES)))  # fmt: skip
+        found.append(
+            (
+                id(base),
+                tuple((name, id(value)) for name, value in vars(base).items() if name not in _LAZY_CLASS_ENTRIES),
+            )
+        )
     return tuple(found)
 
 
@@ -139,8 +158,10 @@ def changed(before: tuple[tuple, dict | None], after: tuple[tuple, dict | None])
         for old, new in zip(before[0], after[0]):
             if old != new:
                 what = "class" if old[1:3] != new[1:3] else "attributes"
-                keys = sorted({k for k, v in old[3]} ^ {k for k, v in new[3]}
-                              | {k for (k, v), (k2, v2) in zip(old[3], new[3]) if k == k2 and v != v2})
+                keys = sorted(
+                    {k for k, v in old[3]} ^ {k for k, v in new[3]}
+                    | {k for (k, v), (k2, v2) in zip(old[3], new[3]) if k == k2 and v != v2}
+                )
                 name = old[0] or "the model"
                 return f"{name}: its {what} changed" + (f" ({', '.join(map(str, keys[:4]))})" if keys else "")
         return "its submodules changed"
@@ -150,7 +171,7 @@ def changed(before: tuple[tuple, dict | None], after: tuple[tuple, dict | None])
 
 
 def moved(values: dict, now: dict) -> str:
-    """"the values of its tensor i changed" for the first tensor of `values` that `now` holds
+    """ "the values of its tensor i changed" for the first tensor of `values` that `now` holds
     with another sum, "" for none (a tensor `now` lacks left the structure, which says so)."""
     for i, (key, value) in enumerate(values.items()):
         if key in now and now[key] != value:

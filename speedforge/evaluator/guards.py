@@ -26,6 +26,7 @@ import types
 
 import torch
 
+
 def _watched_classes() -> dict[str, type]:
     """The classes whose methods the timer and the checks call (their modules' functions are in
     `module_functions`' table, with every module of torch's and the standard library's)."""
@@ -81,8 +82,11 @@ def seal_harness() -> None:
     (object.__setattr__ on the module, its __dict__) the screen names; a class's methods are in
     the function table (`function_table`), checked after every phase."""
     for name, module in list(sys.modules.items()):
-        if module is not None and type(module) is types.ModuleType and (name == "speedforge"
-                                                                         or name.startswith("speedforge.")):
+        if (
+            module is not None
+            and type(module) is types.ModuleType
+            and (name == "speedforge" or name.startswith("speedforge."))
+        ):
             module.__class__ = _SealedModule
 
 
@@ -126,16 +130,29 @@ def module_functions() -> list[tuple[str, dict, dict[str, object]]]:
     for name, module in list(sys.modules.items()):
         if isinstance(module, types.ModuleType) and _watched_module(name):
             namespace = vars(module)
-            found.append((name, namespace, {attr: value for attr, value in list(namespace.items())
-                                            if callable(value) and not isinstance(value, types.ModuleType)}))
+            found.append(
+                (
+                    name,
+                    namespace,
+                    {
+                        attr: value
+                        for attr, value in list(namespace.items())
+                        if callable(value) and not isinstance(value, types.ModuleType)
+                    },
+                )
+            )
     return found
 
 
 def changed_module_functions(baseline: list[tuple[str, dict, dict[str, object]]]) -> list[str]:
     """The entries of `module_functions()`'s table that changed or went since it was taken."""
     missing = object()
-    return [f"{name}.{attr}" for name, namespace, entries in baseline for attr, value in entries.items()
-            if namespace.get(attr, missing) is not value]
+    return [
+        f"{name}.{attr}"
+        for name, namespace, entries in baseline
+        for attr, value in entries.items()
+        if namespace.get(attr, missing) is not value
+    ]
 
 
 def global_settings() -> dict[str, object]:
@@ -166,8 +183,10 @@ _FP32_KNOBS = {  # the Python spelling -> the (backend, op) entry of torch's fp3
     "torch.backends.mkldnn.conv.fp32_precision": ("mkldnn", "conv"),
     "torch.backends.mkldnn.rnn.fp32_precision": ("mkldnn", "rnn"),
 }
-_MEANS = {"torch.backends.cuda.matmul.fp32_precision": "TF32 matmul, as torch.backends.cuda.matmul.allow_tf32 = True sets",
-          "torch.backends.cudnn.conv.fp32_precision": "TF32 convolutions, as torch.backends.cudnn.allow_tf32 = True sets"}
+_MEANS = {
+    "torch.backends.cuda.matmul.fp32_precision": "TF32 matmul, as torch.backends.cuda.matmul.allow_tf32 = True sets",
+    "torch.backends.cudnn.conv.fp32_precision": "TF32 convolutions, as torch.backends.cudnn.allow_tf32 = True sets",
+}
 _MATMUL_RANK = {"highest": 2, "high": 1, "medium": 0}
 _FP32_RANK = {"none": 2, "ieee": 2, "tf32": 1, "bf16": 0}  # "none": inherits, never lower than its parent's
 
@@ -183,30 +202,41 @@ def _legacy(getter):
 
 
 def _fp32(backend: str, op: str):
-    return (lambda: torch._C._get_fp32_precision_getter(backend, op),
-            lambda value: torch._C._set_fp32_precision_setter(backend, op, value))
+    return (
+        lambda: torch._C._get_fp32_precision_getter(backend, op),
+        lambda value: torch._C._set_fp32_precision_setter(backend, op, value),
+    )
 
 
 def _knob_table() -> dict[str, tuple]:
     """name -> (read, write); the knobs this torch build has."""
     C = torch._C
     table = {
-        "torch.set_float32_matmul_precision": (_legacy(C._get_float32_matmul_precision), C._set_float32_matmul_precision),
+        "torch.set_float32_matmul_precision": (
+            _legacy(C._get_float32_matmul_precision),
+            C._set_float32_matmul_precision,
+        ),
         "torch.backends.cudnn.allow_tf32": (_legacy(C._get_cudnn_allow_tf32), C._set_cudnn_allow_tf32),
     }
     table.update({name: _fp32(*entry) for name, entry in _FP32_KNOBS.items()})
-    table.update({
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
-            C._get_cublas_allow_fp16_reduced_precision_reduction,
-            lambda value: C._set_cublas_allow_fp16_reduced_precision_reduction(*value)),
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
-            C._get_cublas_allow_bf16_reduced_precision_reduction,
-            lambda value: C._set_cublas_allow_bf16_reduced_precision_reduction(*value)),
-        "torch.backends.cuda.matmul.allow_fp16_accumulation": (
-            C._get_cublas_allow_fp16_accumulation, C._set_cublas_allow_fp16_accumulation),
-        "torch.backends.cudnn.benchmark": (C._get_cudnn_benchmark, C._set_cudnn_benchmark),
-        "torch.backends.cudnn.deterministic": (C._get_cudnn_deterministic, C._set_cudnn_deterministic),
-    })
+    table.update(
+        {
+            "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
+                C._get_cublas_allow_fp16_reduced_precision_reduction,
+                lambda value: C._set_cublas_allow_fp16_reduced_precision_reduction(*value),
+            ),
+            "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
+                C._get_cublas_allow_bf16_reduced_precision_reduction,
+                lambda value: C._set_cublas_allow_bf16_reduced_precision_reduction(*value),
+            ),
+            "torch.backends.cuda.matmul.allow_fp16_accumulation": (
+                C._get_cublas_allow_fp16_accumulation,
+                C._set_cublas_allow_fp16_accumulation,
+            ),
+            "torch.backends.cudnn.benchmark": (C._get_cudnn_benchmark, C._set_cudnn_benchmark),
+            "torch.backends.cudnn.deterministic": (C._get_cudnn_deterministic, C._set_cudnn_deterministic),
+        }
+    )
     readable = {}
     for name, (read, write) in table.items():
         try:
@@ -266,8 +296,12 @@ def _show(value: object) -> str:
 # instead, the originals kept only in a closure. Either way a thread or process that finished
 # long before the check is still counted.
 PROCESS_EVENTS = ("os.fork", "os.forkpty", "os.system")
-THREAD_STARTERS = (("_thread", "start_new_thread"), ("_thread", "start_joinable_thread"),
-                   ("threading", "_start_new_thread"), ("threading", "_start_joinable_thread"))
+THREAD_STARTERS = (
+    ("_thread", "start_new_thread"),
+    ("_thread", "start_joinable_thread"),
+    ("threading", "_start_new_thread"),
+    ("threading", "_start_joinable_thread"),
+)
 
 
 def install_start_counter():
@@ -298,8 +332,15 @@ def install_start_counter():
 # (std::thread, pthreads, OpenMP of its own) carries the name of the thread that started it.
 # OpenMP threads of torch's intra-op pool carry that name too: warm_thread_pools starts them
 # all before the baseline.
-TORCH_THREAD_NAMES = ("pt_autograd_", "pt_thread_pool", "PTThreadPool", "pt_main_thread", "cuda-EvtHandlr", "cuda0",
-                      "jemalloc_bg_thd")
+TORCH_THREAD_NAMES = (
+    "pt_autograd_",
+    "pt_thread_pool",
+    "PTThreadPool",
+    "pt_main_thread",
+    "cuda-EvtHandlr",
+    "cuda0",
+    "jemalloc_bg_thd",
+)
 
 
 def native_threads() -> dict[int, str]:
@@ -348,5 +389,13 @@ class Baseline:
     def take(device: torch.device) -> "Baseline":
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         starts = install_start_counter()
-        return Baseline(function_table(), module_functions(), global_settings(), native_threads(),
-                        threading.active_count(), stream, starts, starts())
+        return Baseline(
+            function_table(),
+            module_functions(),
+            global_settings(),
+            native_threads(),
+            threading.active_count(),
+            stream,
+            starts,
+            starts(),
+        )

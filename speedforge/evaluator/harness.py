@@ -68,12 +68,36 @@ from speedforge.evaluator.timing import Timer, pristine_settings
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
 
 # A candidate compiles only when it loads inline C++/CUDA (speedforge.evaluator.evaluate.needs_build).
-CPP = families.register(families.Family(
-    name="cpp", device="cpu", device_only=False, language="python", marker="ModelNew", sandbox=__name__,
-    always_builds=False, task_in_build_key=False, template="cpp.jinja", kernelbench=True, pin_cpus=True))
-CUDA = families.register(families.Family(
-    name="cuda", device="cuda", device_only=True, language="python", marker="ModelNew", sandbox=__name__,
-    always_builds=False, task_in_build_key=False, template="cuda.jinja", kernelbench=True, pin_cpus=False))
+CPP = families.register(
+    families.Family(
+        name="cpp",
+        device="cpu",
+        device_only=False,
+        language="python",
+        marker="ModelNew",
+        sandbox=__name__,
+        always_builds=False,
+        task_in_build_key=False,
+        template="cpp.jinja",
+        kernelbench=True,
+        pin_cpus=True,
+    )
+)
+CUDA = families.register(
+    families.Family(
+        name="cuda",
+        device="cuda",
+        device_only=True,
+        language="python",
+        marker="ModelNew",
+        sandbox=__name__,
+        always_builds=False,
+        task_in_build_key=False,
+        template="cuda.jinja",
+        kernelbench=True,
+        pin_cpus=False,
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,8 +122,12 @@ def build(job: Job) -> dict:
     host_faults = [found for found in (_host_fault(failure, job) for failure in recorder.failures) if found]
     verdict = host_faults[0] if host_faults else verdict
     if verdict is not None:
-        return {"status": verdict.status, "reason": verdict.reason, "log": verdict.log,
-                "build_s": _perf_counter() - start}
+        return {
+            "status": verdict.status,
+            "reason": verdict.reason,
+            "log": verdict.log,
+            "build_s": _perf_counter() - start,
+        }
     return {"status": "ok", "build_s": _perf_counter() - start}
 
 
@@ -249,6 +277,7 @@ def _device_name(torch, device) -> str:
 
     return platform.processor() or platform.machine()
 
+
 class _Harness:
     """Loads the reference and the candidate and runs the phases: the first call in lockstep,
     correctness, timing, guards after each. It is the `Sides` of speedforge.evaluator.timing:
@@ -286,7 +315,9 @@ class _Harness:
             raise
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
-            raise Verdict("runtime_error", f"{what} raised {first_line(text, 300)}", traceback.format_exc()[-6000:]) from None
+            raise Verdict(
+                "runtime_error", f"{what} raised {first_line(text, 300)}", traceback.format_exc()[-6000:]
+            ) from None
 
     def _reference(self):
         torch = self.torch
@@ -301,8 +332,11 @@ class _Harness:
             taken = fingerprint.take(torch, model)
             self.references.append([model, taken, taken[1]])
         except Exception as exc:  # the task itself is broken: not the candidate's fault
-            raise Verdict("infra_error", f"the task's reference failed: {type(exc).__name__}: {exc}",
-                          traceback.format_exc()[-4000:]) from None
+            raise Verdict(
+                "infra_error",
+                f"the task's reference failed: {type(exc).__name__}: {exc}",
+                traceback.format_exc()[-4000:],
+            ) from None
         self.get_inputs = ref.get_inputs
         self.ref_module = ref
         return model
@@ -381,8 +415,9 @@ class _Harness:
             self.sync()
             self.take_turn()  # prepared: from here on the run holds the device (speedforge.evaluator.turns)
             with self.spending("correctness_s"):
-                max_err, trials = self.correctness.trials(self, ref_model, cand_model, [self.first_out],
-                                                          self.out_bytes, self.device, self.sync)  # fmt: skip
+                max_err, trials = self.correctness.trials(
+                    self, ref_model, cand_model, [self.first_out], self.out_bytes, self.device, self.sync
+                )
             self._guard(baseline, "the correctness trials")
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
@@ -408,8 +443,9 @@ class _Harness:
             self.sync()
             self.take_turn()
             with self.spending("correctness_s"):
-                max_err, trials = self.correctness.trials(self, ref_model, twin, [], self.out_bytes, self.device,
-                                                          self.sync)  # fmt: skip
+                max_err, trials = self.correctness.trials(
+                    self, ref_model, twin, [], self.out_bytes, self.device, self.sync
+                )
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
         timing.pop("cand_company")  # the twin's: the reference's own
@@ -433,8 +469,14 @@ class _Harness:
     def _guard(self, baseline, phase: str) -> None:
         """hack_detected naming every guard check that failed since `baseline` (checks.guard_findings)."""
         self.switch("cand")  # the checks below read the candidate's own process state
-        found = checks.guard_findings(baseline, self.device, self.current_stream, self.state["ref"], self.state["cand"],
-                                      self.config.allow_precision_downgrade)  # fmt: skip
+        found = checks.guard_findings(
+            baseline,
+            self.device,
+            self.current_stream,
+            self.state["ref"],
+            self.state["cand"],
+            self.config.allow_precision_downgrade,
+        )
         if found:
             raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
 
@@ -497,4 +539,3 @@ class _Harness:
                 verdict = checks.reference_changed(fingerprint.changed(kept, now))
                 if verdict is not None:
                     raise verdict
-

@@ -106,8 +106,20 @@ class Job:
 
 
 # The fields of an EvalResult that the parent sets, not the sandboxed child.
-_PARENT_FIELDS = ("candidate_id", "task_id", "pool", "build_cached", "run_s", "wall_s", "screen_findings",
-                  "harness_version", "build_s", "turn_wait_s", "turn_held_s", "pristine_held_s")  # fmt: skip
+_PARENT_FIELDS = (
+    "candidate_id",
+    "task_id",
+    "pool",
+    "build_cached",
+    "run_s",
+    "wall_s",
+    "screen_findings",
+    "harness_version",
+    "build_s",
+    "turn_wait_s",
+    "turn_held_s",
+    "pristine_held_s",
+)
 
 
 def _measured_fields() -> tuple[str, ...]:

@@ -114,7 +114,12 @@ def _add_path(ruleset_fd: int, path: str, rights: int) -> None:
             rights &= EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE
         attr = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr is packed
         buf = ctypes.create_string_buffer(attr, len(attr))
-        if _libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH), buf, ctypes.c_uint32(0)) != 0:
+        if (
+            _libc.syscall(
+                _SYS_ADD_RULE, ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH), buf, ctypes.c_uint32(0)
+            )
+            != 0
+        ):
             raise OSError(ctypes.get_errno(), f"landlock_add_rule({path}): {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)

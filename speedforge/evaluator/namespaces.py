@@ -71,15 +71,19 @@ def isolate(shm_mb: int) -> list[str]:
             _write("/proc/self/uid_map", f"0 {uid} 1")
             _write("/proc/self/gid_map", f"0 {gid} 1")
     if err:
-        warnings.append(f"the kernel refused new namespaces ({os.strerror(err)}): the sandbox keeps the network "
-                        "and its processes are killed by process group only")
+        warnings.append(
+            f"the kernel refused new namespaces ({os.strerror(err)}): the sandbox keeps the network "
+            "and its processes are killed by process group only"
+        )
         return warnings
     pid = os.fork()
     if pid:
         _mirror(pid)
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0 or \
-            _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+    if (
+        _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
+        or _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0
+    ):
         warnings.append(f"could not mount a private /proc ({os.strerror(ctypes.get_errno())})")
     problem = _mount_shm(shm_mb)
     _private_shm = not problem

@@ -27,8 +27,11 @@ OUT_OF_MEMORY = ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of m
 
 def out_of_device_memory(result: EvalResult) -> bool:
     """The run failed because device memory ran out in the harness (an infra_error, not the candidate's verdict)."""
-    return (isinstance(result, EvalResult) and result.status == "infra_error"
-            and any(marker in result.reason for marker in OUT_OF_MEMORY))  # fmt: skip
+    return (
+        isinstance(result, EvalResult)
+        and result.status == "infra_error"
+        and any(marker in result.reason for marker in OUT_OF_MEMORY)
+    )
 
 
 class _Span:

@@ -71,7 +71,7 @@ def take_totals() -> dict[str, tuple[float, int]]:
 def take() -> list[tuple[str, float]]:
     """The parent's marks since the last call (and forgets them)."""
     marks = list(_recorded)
-    del _recorded[:len(marks)]
+    del _recorded[: len(marks)]
     return marks
 
 
@@ -84,10 +84,33 @@ def parse(text: str) -> list[tuple[str, float]]:
 # the names of the cpp/cuda harness (speedforge.evaluator.harness, with its correctness, timing
 # and rotation modules) and the modules it calls; a name that is not there is skipped, so that
 # the diagnostic follows the harness as it changes.
-STEPS = ("_reference", "_twin", "_candidate", "trials", "_timed_round", "measure", "measure_pristine",
-         "warm_thread_pools", "take", "_guard")
-TOTALS = ("capture", "apply", "speedup_interval", "quantile_interval", "fresh_inputs", "clone", "compare",
-          "_timed_call", "keep", "switch", "violations", "poison_allocator", "drift_reasons")
+STEPS = (
+    "_reference",
+    "_twin",
+    "_candidate",
+    "trials",
+    "_timed_round",
+    "measure",
+    "measure_pristine",
+    "warm_thread_pools",
+    "take",
+    "_guard",
+)
+TOTALS = (
+    "capture",
+    "apply",
+    "speedup_interval",
+    "quantile_interval",
+    "fresh_inputs",
+    "clone",
+    "compare",
+    "_timed_call",
+    "keep",
+    "switch",
+    "violations",
+    "poison_allocator",
+    "drift_reasons",
+)
 _totals: dict[str, list[float]] = {}
 
 
@@ -112,12 +135,14 @@ def instrument(*modules) -> None:
             setattr(owner, name, kind(value) if kind is not None else value)
 
         if name in STEPS:
+
             @functools.wraps(original)
             def stepped(*args, **kwargs):
                 try:
                     return original(*args, **kwargs)
                 finally:
                     mark(f"h:{label}")
+
             put(stepped)
         else:
             clock = time.perf_counter
@@ -131,6 +156,7 @@ def instrument(*modules) -> None:
                     total = _totals.setdefault(label, [0.0, 0])
                     total[0] += clock() - start
                     total[1] += 1
+
             put(summed)
 
     for module in modules:
@@ -154,5 +180,7 @@ def write_totals() -> None:
 
 
 def parse_totals(text: str) -> dict[str, tuple[float, int]]:
-    return {m[1]: (float(m[2]), int(m[3]))
-            for m in re.finditer(rf"^{PREFIX}-total (\S+) ([0-9.]+) ([0-9]+)$", text, re.MULTILINE)}
+    return {
+        m[1]: (float(m[2]), int(m[3]))
+        for m in re.finditer(rf"^{PREFIX}-total (\S+) ([0-9.]+) ([0-9]+)$", text, re.MULTILINE)
+    }

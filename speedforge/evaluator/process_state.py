@@ -59,11 +59,29 @@ import torch
 from speedforge.evaluator import blas_threads, guards
 
 # Getter/setter pairs of torch._C that are not settings, or are the precision knobs guards owns.
-_NOT_STATE = ("thread_name", "tracing_state", "torch_function_state", "dispatch_mode", "graph_exec_group",
-              "value_trace", "tensor_metadata", "warnAlways", "backcompat_", "autograd_fallback_mode",
-              "dtensor_allow_implicit_replication")
-_PRECISION = ("tf32", "float32_matmul_precision", "reduced_precision_reduction", "fp16_accumulation",
-              "fp32_precision", "cudnn_benchmark", "cudnn_deterministic", "fp16_bf16_reduction")
+_NOT_STATE = (
+    "thread_name",
+    "tracing_state",
+    "torch_function_state",
+    "dispatch_mode",
+    "graph_exec_group",
+    "value_trace",
+    "tensor_metadata",
+    "warnAlways",
+    "backcompat_",
+    "autograd_fallback_mode",
+    "dtensor_allow_implicit_replication",
+)
+_PRECISION = (
+    "tf32",
+    "float32_matmul_precision",
+    "reduced_precision_reduction",
+    "fp16_accumulation",
+    "fp32_precision",
+    "cudnn_benchmark",
+    "cudnn_deterministic",
+    "fp16_bf16_reduction",
+)
 _PRECISION_PROPS = ("allow_tf32", "fp32_precision", "benchmark", "deterministic", "allow_fp16", "allow_bf16")
 _SCALAR = (bool, int, float, str, type(None))
 ENVIRONMENT = "os.environ"
@@ -75,10 +93,10 @@ def _c_pairs() -> dict[str, tuple]:
     for name in dir(C):
         if not name.startswith("_get_"):
             continue
-        stem = name[len("_get_"):]
+        stem = name[len("_get_") :]
         setter = getattr(C, "_set_" + stem, None)
         if stem.endswith("_sdp_enabled"):  # _get_flash_sdp_enabled / _set_sdp_use_flash
-            setter = getattr(C, "_set_sdp_use_" + stem[:-len("_sdp_enabled")], None)
+            setter = getattr(C, "_set_sdp_use_" + stem[: -len("_sdp_enabled")], None)
         if setter is None or any(word in stem for word in _NOT_STATE + _PRECISION):
             continue
         found[f"torch._C.{name}"] = (getattr(C, name), setter)
@@ -103,8 +121,8 @@ def _c_submodule_pairs() -> dict[str, tuple]:
                 walk(value, f"{prefix}.{name}", depth + 1)
             if depth == 0 or not name.lstrip("_").startswith("get_"):
                 continue
-            setter_prefix = name[:name.index("get_")] + "set_"
-            stem = name[name.index("get_") + 4:]
+            setter_prefix = name[: name.index("get_")] + "set_"
+            stem = name[name.index("get_") + 4 :]
             for setter in (setter_prefix + stem, setter_prefix + stem.removesuffix("_callback")):
                 if callable(getattr(module, setter, None)) and not any(word in stem for word in _NOT_STATE):
                     found[f"{prefix}.{name}"] = (getattr(module, name), getattr(module, setter))
@@ -133,8 +151,9 @@ def _backend_properties() -> dict[str, tuple]:
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        names = set(vars(obj)) | {n for n, v in vars(type(obj)).items() if hasattr(v, "__get__")
-                                  and hasattr(v, "__set__")}  # fmt: skip
+        names = set(vars(obj)) | {
+            n for n, v in vars(type(obj)).items() if hasattr(v, "__get__") and hasattr(v, "__set__")
+        }
         for name in sorted(names):
             if name.startswith("__"):
                 continue
@@ -150,8 +169,9 @@ def _backend_properties() -> dict[str, tuple]:
                 # a module global too (torch.backends.opt_einsum.strategy, mha._is_fastpath_enabled);
                 # a constant among them is never written, its value never differing
                 found[path] = (functools.partial(getattr, obj, name), functools.partial(setattr, obj, name))
-            elif (type(value).__module__.startswith("torch.backends") and not callable(value)
-                  and not name.startswith("_")):
+            elif (
+                type(value).__module__.startswith("torch.backends") and not callable(value) and not name.startswith("_")
+            ):
                 walk(value, path)
 
     walk(torch.backends, "torch.backends")
@@ -173,15 +193,21 @@ def _torch_settings() -> dict[str, tuple]:
         "torch.is_anomaly_enabled": (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
         "torch.is_deterministic_algorithms_warn_only_enabled": (
             torch.is_deterministic_algorithms_warn_only_enabled,
-            lambda warn: torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
-                                                            warn_only=warn)),
+            lambda warn: torch.use_deterministic_algorithms(
+                torch.are_deterministic_algorithms_enabled(), warn_only=warn
+            ),
+        ),
         "torch.is_autocast_cache_enabled": (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled),
     }
     for device in _device_types():
-        found[f"torch.is_autocast_enabled({device})"] = (functools.partial(torch.is_autocast_enabled, device),
-                                                         functools.partial(torch.set_autocast_enabled, device))
-        found[f"torch.get_autocast_dtype({device})"] = (functools.partial(torch.get_autocast_dtype, device),
-                                                        functools.partial(torch.set_autocast_dtype, device))
+        found[f"torch.is_autocast_enabled({device})"] = (
+            functools.partial(torch.is_autocast_enabled, device),
+            functools.partial(torch.set_autocast_enabled, device),
+        )
+        found[f"torch.get_autocast_dtype({device})"] = (
+            functools.partial(torch.get_autocast_dtype, device),
+            functools.partial(torch.set_autocast_dtype, device),
+        )
     # the interpreter's: a profile or trace function, the thread switch interval, the recursion limit
     found["sys.getprofile"] = (sys.getprofile, sys.setprofile)
     found["sys.gettrace"] = (sys.gettrace, sys.settrace)
@@ -190,8 +216,10 @@ def _torch_settings() -> dict[str, tuple]:
     found["gc.get_threshold"] = (gc.get_threshold, lambda value: gc.set_threshold(*value))
     found["gc.isenabled"] = (gc.isenabled, lambda on: gc.enable() if on else gc.disable())
     if torch.cuda.is_available() and hasattr(torch.cuda, "get_per_process_memory_fraction"):
-        found["torch.cuda.get_per_process_memory_fraction"] = (torch.cuda.get_per_process_memory_fraction,
-                                                               torch.cuda.set_per_process_memory_fraction)
+        found["torch.cuda.get_per_process_memory_fraction"] = (
+            torch.cuda.get_per_process_memory_fraction,
+            torch.cuda.set_per_process_memory_fraction,
+        )
     return found
 
 
@@ -244,8 +272,16 @@ def _set_dispatch_modes(modes: tuple) -> None:
 
 
 # glibc's mallopt parameter numbers (malloc.h), by the name of their tunable (glibc.malloc.NAME)
-_MALLOPT = {"mxfast": 1, "trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max": -4, "perturb": -6,
-            "arena_test": -7, "arena_max": -8}
+_MALLOPT = {
+    "mxfast": 1,
+    "trim_threshold": -1,
+    "top_pad": -2,
+    "mmap_threshold": -3,
+    "mmap_max": -4,
+    "perturb": -6,
+    "arena_test": -7,
+    "arena_max": -8,
+}
 _INT_MAX = 2**31 - 1
 
 
@@ -293,8 +329,11 @@ def _scheduling_read() -> dict[int, tuple]:
     found = {}
     for tid in _threads():
         try:
-            found[tid] = (tuple(sorted(os.sched_getaffinity(tid))), os.sched_getscheduler(tid),
-                          os.getpriority(os.PRIO_PROCESS, tid))  # fmt: skip
+            found[tid] = (
+                tuple(sorted(os.sched_getaffinity(tid))),
+                os.sched_getscheduler(tid),
+                os.getpriority(os.PRIO_PROCESS, tid),
+            )
         except OSError:  # it ended meanwhile
             continue
     return found
@@ -339,8 +378,14 @@ def _environment_write(target: dict[str, str]) -> None:
 def entries() -> dict[str, tuple]:
     """name -> (read, write or None) of every piece of state found; found once per process
     (after torch is imported: the zygote preloads it)."""
-    found = {**_c_pairs(), **_c_submodule_pairs(), **_backend_properties(), **_torch_settings(),
-             **blas_threads.controls(), **_hook_registries()}
+    found = {
+        **_c_pairs(),
+        **_c_submodule_pairs(),
+        **_backend_properties(),
+        **_torch_settings(),
+        **blas_threads.controls(),
+        **_hook_registries(),
+    }
     readable = {}
     for name, (read, write) in found.items():
         try:

@@ -64,10 +64,25 @@ if TYPE_CHECKING:
 
 # Environment variables a sandbox may see; everything else (credentials included) is dropped.
 ENV_ALLOW = (
-    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ",
-    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "CUDAHOSTCXX", "TORCH_CUDA_ARCH_LIST",
-    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "VIRTUAL_ENV",
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TZ",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "CC",
+    "CXX",
+    "CUDAHOSTCXX",
+    "TORCH_CUDA_ARCH_LIST",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "VIRTUAL_ENV",
     "SPEEDFORGE_PHASE_LOG",  # a diagnostic switch (speedforge.evaluator.phases), no secret
 )
 # NVLink multicast stays off in every candidate process, whatever the parent's environment says:
@@ -92,9 +107,11 @@ STDERR_TAIL_BYTES = 8000
 # (speedforge.evaluator.process_state), so that a candidate's mallopt (a perturb byte, a small mmap
 # threshold) cannot slow the reference's allocations. The trim threshold is the highest mallopt
 # can set (INT_MAX, 2 GiB of free heap top); top_pad, perturb and mmap_max are glibc's defaults.
-MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=2147483647:"
-                   "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0:glibc.malloc.top_pad=131072:"
-                   "glibc.malloc.perturb=0:glibc.malloc.mmap_max=65536")
+MALLOC_TUNABLES = (
+    "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=2147483647:"
+    "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0:glibc.malloc.top_pad=131072:"
+    "glibc.malloc.perturb=0:glibc.malloc.mmap_max=65536"
+)
 ZYGOTE_START_TIMEOUT_S = 300.0
 # The zygote's import path is the interpreter's and the environment's folders: python -P (no
 # current folder, where `-m` or `-c` would put it first), -s (no user site-packages), $PYTHONPATH's
@@ -103,8 +120,10 @@ ZYGOTE_START_TIMEOUT_S = 300.0
 # random.py, a torch.py) shadows a module.
 SPEEDFORGE_ROOT = str(Path(speedforge.__file__).resolve().parent.parent)
 ZYGOTE_MODULE = "speedforge.evaluator.zygote"  # named on its command line, where `ps` shows it
-ZYGOTE_BOOT = ("import importlib, sys; sys.path.append(sys.argv[2]); "
-               "sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[3:]))")
+ZYGOTE_BOOT = (
+    "import importlib, sys; sys.path.append(sys.argv[2]); "
+    "sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[3:]))"
+)
 SCRATCH_PREFIX = "job-"
 MAX_SCRATCH_ENTRIES = 100_000  # files and folders a job may leave in its folders; more is over the disk quota
 
@@ -215,10 +234,25 @@ class Zygote:
         self._stop()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            command = [sys.executable, "-P", "-s", "-B", "-c", ZYGOTE_BOOT, ZYGOTE_MODULE, SPEEDFORGE_ROOT,
-                       str(child.fileno()), str(os.getpid())]  # fmt: skip
-            self._proc = self._launcher.popen(command, pass_fds=(child.fileno(),), env=scrubbed_env(),
-                                              stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            command = [
+                sys.executable,
+                "-P",
+                "-s",
+                "-B",
+                "-c",
+                ZYGOTE_BOOT,
+                ZYGOTE_MODULE,
+                SPEEDFORGE_ROOT,
+                str(child.fileno()),
+                str(os.getpid()),
+            ]
+            self._proc = self._launcher.popen(
+                command,
+                pass_fds=(child.fileno(),),
+                env=scrubbed_env(),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             child.close()
         try:
@@ -269,8 +303,9 @@ class Zygote:
             request_id = next(self._ids)
             with self._cond:
                 self._started[request_id] = {}
-            socket.send_fds(self._sock, [json.dumps({"id": request_id, "job": job_path, "isolate": isolate}).encode()],
-                            list(fds))
+            socket.send_fds(
+                self._sock, [json.dumps({"id": request_id, "job": job_path, "isolate": isolate}).encode()], list(fds)
+            )
         with self._cond:
             self._cond.wait_for(lambda: "pid" in self._started[request_id] or "error" in self._started[request_id])
             reply = self._started.pop(request_id)
@@ -344,9 +379,18 @@ def default_zygote() -> Zygote:
         return _DEFAULT
 
 
-def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int = 64,
-            isolate_network: bool = True, zygote: Zygote | None = None, disk_limit_mb: int | None = None,
-            pin: int = 0, quiet: bool = False) -> Outcome:  # fmt: skip
+def run_job(
+    job: Job,
+    workdir: Path,
+    timeout_s: float,
+    memory_limit_mb: int,
+    max_processes: int = 64,
+    isolate_network: bool = True,
+    zygote: Zygote | None = None,
+    disk_limit_mb: int | None = None,
+    pin: int = 0,
+    quiet: bool = False,
+) -> Outcome:
     """Run `job` in a child sandboxed by `zygote` (default: `default_zygote()`); always returns
     an Outcome, killing the child if need be. `disk_limit_mb` (default: the job's config's) is
     what the job may add to its scratch folder (`workdir`) and its build folder together.
@@ -358,28 +402,43 @@ def run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max
     (turns.device_use), waiting for that before it starts."""
     if job.kind in ("run", "pristine"):
         with turns.device_use(turns.device_key(job.device), quiet):
-            return _run_job(job, workdir, timeout_s, memory_limit_mb, max_processes, isolate_network, zygote,
-                            disk_limit_mb, pin)  # fmt: skip
-    return _run_job(job, workdir, timeout_s, memory_limit_mb, max_processes, isolate_network, zygote, disk_limit_mb,
-                    pin)  # fmt: skip
+            return _run_job(
+                job, workdir, timeout_s, memory_limit_mb, max_processes, isolate_network, zygote, disk_limit_mb, pin
+            )
+    return _run_job(
+        job, workdir, timeout_s, memory_limit_mb, max_processes, isolate_network, zygote, disk_limit_mb, pin
+    )
 
 
-def _run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, max_processes: int,
-             isolate_network: bool, zygote: Zygote | None, disk_limit_mb: int | None, pin: int) -> Outcome:  # fmt: skip
+def _run_job(
+    job: Job,
+    workdir: Path,
+    timeout_s: float,
+    memory_limit_mb: int,
+    max_processes: int,
+    isolate_network: bool,
+    zygote: Zygote | None,
+    disk_limit_mb: int | None,
+    pin: int,
+) -> Outcome:
     zygote = zygote if zygote is not None else default_zygote()
     workdir.mkdir(parents=True, exist_ok=True)
     job_path = workdir / "job.json"
     job_path.write_text(job.to_json())
     stderr_path = workdir / "stderr.txt"
-    disk = _DiskWatch([workdir] + ([Path(job.build_dir)] if job.build_dir else []),
-                      job.config.disk_limit_mb if disk_limit_mb is None else disk_limit_mb)  # fmt: skip
+    disk = _DiskWatch(
+        [workdir] + ([Path(job.build_dir)] if job.build_dir else []),
+        job.config.disk_limit_mb if disk_limit_mb is None else disk_limit_mb,
+    )
     channel, channel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     turn_sock = job_sock = None
     if job.kind in ("run", "pristine"):
         turn_sock, job_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     start = time.perf_counter()
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
-        fds = (channel_end.fileno(), out.fileno(), err.fileno()) + ((job_sock.fileno(),) if job_sock is not None else ())
+        fds = (channel_end.fileno(), out.fileno(), err.fileno()) + (
+            (job_sock.fileno(),) if job_sock is not None else ()
+        )
         try:
             pid = zygote.launch(str(job_path), fds, isolate_network)
         except (OSError, RuntimeError) as exc:
@@ -391,14 +450,28 @@ def _run_job(job: Job, workdir: Path, timeout_s: float, memory_limit_mb: int, ma
     turn = None
     if job_sock is not None:
         job_sock.close()
-        turn = turns.Turn(turn_sock, turns.device_key(job.device), f"{job.candidate.candidate_id}:{job.kind}",
-                          done_allowed=job.pristine_first, pin=pin, pristine=job.kind == "pristine")  # fmt: skip
+        turn = turns.Turn(
+            turn_sock,
+            turns.device_key(job.device),
+            f"{job.candidate.candidate_id}:{job.kind}",
+            done_allowed=job.pristine_first,
+            pin=pin,
+            pristine=job.kind == "pristine",
+        )
     phases.mark(f"{job.kind}:launched")
     reader = verdict.Reader(channel, first_expected=job.pristine_first)
     ended = False
     try:
-        returncode, killed_for = _watch(zygote, pid, timeout_s, memory_limit_mb, max_processes, disk,
-                                        turn.credit_s if turn is not None else None, reader.broken)  # fmt: skip
+        returncode, killed_for = _watch(
+            zygote,
+            pid,
+            timeout_s,
+            memory_limit_mb,
+            max_processes,
+            disk,
+            turn.credit_s if turn is not None else None,
+            reader.broken,
+        )
         ended = True
     finally:  # what the job left running, or all of it when interrupted (KeyboardInterrupt)
         _kill_group(pid)
@@ -474,8 +547,16 @@ def _start_ticks(pid: int) -> int:
         return -1
 
 
-def _watch(zygote: Zygote, pid: int, timeout_s: float, memory_limit_mb: int, max_processes: int,
-           disk: _DiskWatch, waited_s=None, broken: threading.Event | None = None) -> tuple[int | None, str]:  # fmt: skip
+def _watch(
+    zygote: Zygote,
+    pid: int,
+    timeout_s: float,
+    memory_limit_mb: int,
+    max_processes: int,
+    disk: _DiskWatch,
+    waited_s=None,
+    broken: threading.Event | None = None,
+) -> tuple[int | None, str]:
     """Wait for the child; kill it on timeout, when its process tree exceeds the memory limit, the
     process limit or the disk quota, or once its verdict channel was misused (`broken`). Returns
     (returncode, what it was killed for: "time", "memory", "processes", "disk", "channel" or "").

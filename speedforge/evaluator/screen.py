@@ -33,70 +33,160 @@ _SAME_OUTPUTS = "fresh inputs every call; every output checked; aliasing of inpu
 RULES = (
     # named exploits: rejected in enforce mode
     Rule("not-python", "not valid Python, so it cannot be screened", True, "the import fails"),
-    Rule("no-model-new", "defines no ModelNew (class or name): nothing to evaluate", True, "runtime_error: no ModelNew"),
+    Rule(
+        "no-model-new", "defines no ModelNew (class or name): nothing to evaluate", True, "runtime_error: no ModelNew"
+    ),
     Rule("reference-fallback", "falls back to the reference Model", True, "it is timed as the reference: no speedup"),
-    Rule("patch", "patches a module's functions (the timer or the check would lie)", True,
-         "function tables of every module of torch and of the standard library loaded, torch.cuda.Event and the "
-         "evaluator's own modules and classes compared after every phase; speedforge's modules sealed",
-         r"\b(?:cudaError_t|CUresult)\s+(?:\w+\s+)?(?:cudaEvent\w*|cuEvent\w*|cudaStreamSynchronize"
-         r"|cudaDeviceSynchronize|cuStreamSynchronize|cuCtxSynchronize)\s*\("),
-    Rule("threads", "threads (work can finish after the timer stops)", True,
-         "thread starts counted, /proc/self/task compared after every phase",
-         r"\bstd::j?thread\b|\bpthread_create\b|\bstd::async\b|#\s*pragma\s+omp\b|\bomp_\w+\s*\("),
-    Rule("processes", "processes or signals (work outside the timer and the sandbox's view)", True,
-         "PID namespace, process limit, process starts counted",
-         r"\b(?:fork|vfork|system|popen|posix_spawnp?|exec[lv]p?e?|syscall|kill)\s*\("),
-    Rule("network", "network access (fetching answers, leaking data)", True, "a network namespace with no interfaces",
-         r"\b(?:socket|connect|getaddrinfo|gethostbyname|curl_easy_init)\s*\("),
-    Rule("tensor-subclass", "tensor subclasses (lazy results computed after the timer)", True,
-         "outputs must be plain torch.Tensor"),
-    Rule("introspection", "frame, heap or harness introspection (reaching what measures it)", True,
-         "function tables compared after every phase"),
-    Rule("raw-memory", "raw memory or native loading (can rewrite anything in the process)", True,
-         "nothing reliable: rejected here",
-         r"\b(?:dlopen|dlsym|mprotect|ptrace|mmap|process_vm_writev|process_vm_readv)\s*\(|/proc/self/mem"),
-    Rule("dynamic-code", "code built at run time (hides what it does from this screen)", True,
-         "the guards, on whatever it did"),
-    Rule("computed-getattr", "an attribute reached by a name built at run time (getattr() with a computed name on "
-         "anything but self, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
-         "reaches (frames, sys.modules, the harness's own objects)", True,
-         "the reference's fingerprint, on a change to the reference; for the harness, its sealed modules, the timer's "
-         "bound methods and the function tables, not its live objects"),
-    Rule("sleep", "sleeps in C++ or on the GPU (stalls a worker; with threads, finishes work late)", True,
-         "the time limit",
-         r"\b(?:sleep|usleep|nanosleep|__nanosleep)\s*\(|\bsleep_for\b|\bsleep_until\b"),
+    Rule(
+        "patch",
+        "patches a module's functions (the timer or the check would lie)",
+        True,
+        "function tables of every module of torch and of the standard library loaded, torch.cuda.Event and the "
+        "evaluator's own modules and classes compared after every phase; speedforge's modules sealed",
+        r"\b(?:cudaError_t|CUresult)\s+(?:\w+\s+)?(?:cudaEvent\w*|cuEvent\w*|cudaStreamSynchronize"
+        r"|cudaDeviceSynchronize|cuStreamSynchronize|cuCtxSynchronize)\s*\(",
+    ),
+    Rule(
+        "threads",
+        "threads (work can finish after the timer stops)",
+        True,
+        "thread starts counted, /proc/self/task compared after every phase",
+        r"\bstd::j?thread\b|\bpthread_create\b|\bstd::async\b|#\s*pragma\s+omp\b|\bomp_\w+\s*\(",
+    ),
+    Rule(
+        "processes",
+        "processes or signals (work outside the timer and the sandbox's view)",
+        True,
+        "PID namespace, process limit, process starts counted",
+        r"\b(?:fork|vfork|system|popen|posix_spawnp?|exec[lv]p?e?|syscall|kill)\s*\(",
+    ),
+    Rule(
+        "network",
+        "network access (fetching answers, leaking data)",
+        True,
+        "a network namespace with no interfaces",
+        r"\b(?:socket|connect|getaddrinfo|gethostbyname|curl_easy_init)\s*\(",
+    ),
+    Rule(
+        "tensor-subclass",
+        "tensor subclasses (lazy results computed after the timer)",
+        True,
+        "outputs must be plain torch.Tensor",
+    ),
+    Rule(
+        "introspection",
+        "frame, heap or harness introspection (reaching what measures it)",
+        True,
+        "function tables compared after every phase",
+    ),
+    Rule(
+        "raw-memory",
+        "raw memory or native loading (can rewrite anything in the process)",
+        True,
+        "nothing reliable: rejected here",
+        r"\b(?:dlopen|dlsym|mprotect|ptrace|mmap|process_vm_writev|process_vm_readv)\s*\(|/proc/self/mem",
+    ),
+    Rule(
+        "dynamic-code",
+        "code built at run time (hides what it does from this screen)",
+        True,
+        "the guards, on whatever it did",
+    ),
+    Rule(
+        "computed-getattr",
+        "an attribute reached by a name built at run time (getattr() with a computed name on "
+        "anything but self, getattr passed around, attrgetter, a name resolver): hides from this screen what it "
+        "reaches (frames, sys.modules, the harness's own objects)",
+        True,
+        "the reference's fingerprint, on a change to the reference; for the harness, its sealed modules, the timer's "
+        "bound methods and the function tables, not its live objects",
+    ),
+    Rule(
+        "sleep",
+        "sleeps in C++ or on the GPU (stalls a worker; with threads, finishes work late)",
+        True,
+        "the time limit",
+        r"\b(?:sleep|usleep|nanosleep|__nanosleep)\s*\(|\bsleep_for\b|\bsleep_until\b",
+    ),
     # risky patterns: findings recorded on the result, checked at run time
-    Rule("exception-fallback", "swallows an exception (a silent fallback)", False,
-         "a fallback's outputs are checked like any other: " + _SAME_OUTPUTS),
-    Rule("os-sys", "imports os or sys", False, "their risky parts have rules of their own; the sandbox confines the rest"),
-    Rule("environment", "environment variables", False, "the sandbox's environment is scrubbed of credentials",
-         r"\b(?:secure_)?getenv\s*\(|\benviron\b"),
-    Rule("file-access", "file access", False, "Landlock: writes only to its private temp and build dirs (within a disk quota), its own /dev/shm "
-         "and /dev/null-like devices; a private /proc",
-         r"\b(?:fopen|freopen|unlink)\s*\(|\bstd::[io]?fstream\b|\bstd::filesystem\b|\b(?:open|remove)\s*\(\s*\""),
-    Rule("descriptors", "raw file-descriptor work (writing to, copying over or closing a descriptor it did not open)",
-         False, "the verdict channel: a result authenticated by a nonce the parent hands out once, after the candidate's "
-         "last call; any other bytes on it are hack_detected, a descriptor taken from the harness ends the run without "
-         "a result", r"/proc/self/fd|/dev/fd/|\bdup[23]?\s*\(|\bclose_range\s*\("),
-    Rule("clock", "reads a clock", False, "the harness's timers are captured before import; every timed output checked",
-         r"\bclock_gettime\b|\bgettimeofday\b|\brdtsc\b|\bstd::chrono\b|\bclock64\s*\("),
+    Rule(
+        "exception-fallback",
+        "swallows an exception (a silent fallback)",
+        False,
+        "a fallback's outputs are checked like any other: " + _SAME_OUTPUTS,
+    ),
+    Rule(
+        "os-sys", "imports os or sys", False, "their risky parts have rules of their own; the sandbox confines the rest"
+    ),
+    Rule(
+        "environment",
+        "environment variables",
+        False,
+        "the sandbox's environment is scrubbed of credentials",
+        r"\b(?:secure_)?getenv\s*\(|\benviron\b",
+    ),
+    Rule(
+        "file-access",
+        "file access",
+        False,
+        "Landlock: writes only to its private temp and build dirs (within a disk quota), its own /dev/shm "
+        "and /dev/null-like devices; a private /proc",
+        r"\b(?:fopen|freopen|unlink)\s*\(|\bstd::[io]?fstream\b|\bstd::filesystem\b|\b(?:open|remove)\s*\(\s*\"",
+    ),
+    Rule(
+        "descriptors",
+        "raw file-descriptor work (writing to, copying over or closing a descriptor it did not open)",
+        False,
+        "the verdict channel: a result authenticated by a nonce the parent hands out once, after the candidate's "
+        "last call; any other bytes on it are hack_detected, a descriptor taken from the harness ends the run without "
+        "a result",
+        r"/proc/self/fd|/dev/fd/|\bdup[23]?\s*\(|\bclose_range\s*\(",
+    ),
+    Rule(
+        "clock",
+        "reads a clock",
+        False,
+        "the harness's timers are captured before import; every timed output checked",
+        r"\bclock_gettime\b|\bgettimeofday\b|\brdtsc\b|\bstd::chrono\b|\bclock64\s*\(",
+    ),
     Rule("pointer-cache", "data pointers (caching by address)", False, _SAME_OUTPUTS),
     Rule("global-state", "module-level state kept across calls", False, _SAME_OUTPUTS),
     Rule("weakref", "weak references (object lifetime tricks)", False, _SAME_OUTPUTS),
-    Rule("dynamic-setattr", "setattr()/delattr(), or a dunder assigned, on an object of its own", False,
-         "function tables compared after every phase"),
-    Rule("backend-knob", "changes a global torch setting (cudnn, TF32, threads, compiler config)", False,
-         "global torch settings watched by the run-time guards"),
-    Rule("side-stream", "side CUDA streams", False,
-         "a device-wide synchronize before the end event counts their work; a switched current stream is caught",
-         r"\bcudaStreamCreate\w*|\bgetStreamFromPool\b|\bcudaStreamNonBlocking\b|\bgetStreamFromExternal\b"
-         r"|\bsetCurrentCUDAStream\b|\bCUDAStreamGuard\b|\bcudaStreamPerThread\b"),
-    Rule("cuda-events", "CUDA events or graphs", False,
-         "the harness times with its own events, captured before import; " + _SAME_OUTPUTS,
-         r"\bcudaEvent\w*|\bcudaGraph\w*|\bcuEvent\w*|\bcuGraph\w*|\bCUDAEvent\b|\bCUDAGraph\b"),
-    Rule("static-cache", "static tensors or maps in C++ (outputs kept across calls)", False, _SAME_OUTPUTS,
-         r"\bstatic\s+(?:const\s+)?(?:torch::Tensor|at::Tensor|std::(?:unordered_)?map\b"
-         r"|std::vector\s*<\s*(?:torch|at)::Tensor)"),
+    Rule(
+        "dynamic-setattr",
+        "setattr()/delattr(), or a dunder assigned, on an object of its own",
+        False,
+        "function tables compared after every phase",
+    ),
+    Rule(
+        "backend-knob",
+        "changes a global torch setting (cudnn, TF32, threads, compiler config)",
+        False,
+        "global torch settings watched by the run-time guards",
+    ),
+    Rule(
+        "side-stream",
+        "side CUDA streams",
+        False,
+        "a device-wide synchronize before the end event counts their work; a switched current stream is caught",
+        r"\bcudaStreamCreate\w*|\bgetStreamFromPool\b|\bcudaStreamNonBlocking\b|\bgetStreamFromExternal\b"
+        r"|\bsetCurrentCUDAStream\b|\bCUDAStreamGuard\b|\bcudaStreamPerThread\b",
+    ),
+    Rule(
+        "cuda-events",
+        "CUDA events or graphs",
+        False,
+        "the harness times with its own events, captured before import; " + _SAME_OUTPUTS,
+        r"\bcudaEvent\w*|\bcudaGraph\w*|\bcuEvent\w*|\bcuGraph\w*|\bCUDAEvent\b|\bCUDAGraph\b",
+    ),
+    Rule(
+        "static-cache",
+        "static tensors or maps in C++ (outputs kept across calls)",
+        False,
+        _SAME_OUTPUTS,
+        r"\bstatic\s+(?:const\s+)?(?:torch::Tensor|at::Tensor|std::(?:unordered_)?map\b"
+        r"|std::vector\s*<\s*(?:torch|at)::Tensor)",
+    ),
 )
 RULE = {rule.id: rule for rule in RULES}
 _CPP = [(rule, re.compile(rule.cpp)) for rule in RULES if rule.cpp]
@@ -132,28 +222,51 @@ NAMESAKES = {"torch.signal"}
 # global): judged as that module, a path through it as a path through the module. Names an honest
 # object's attribute would not have; the rest of _TOP_MODULES (time, io, code, signal, ...) only
 # through a module.
-ANY_OBJECT_MODULES = frozenset("sys os ctypes _ctypes inspect gc importlib builtins subprocess multiprocessing "
-                               "threading _thread socket pickle marshal".split())
+ANY_OBJECT_MODULES = frozenset(
+    "sys os ctypes _ctypes inspect gc importlib builtins subprocess multiprocessing "
+    "threading _thread socket pickle marshal".split()
+)
 # Python: names reached through a module (imports and aliases resolved), this name or below
 NAMES = {
-    **_each("fork forkpty system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle "
-            "spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp kill killpg", "processes", "os."),
+    **_each(
+        "fork forkpty system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle "
+        "spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp kill killpg",
+        "processes",
+        "os.",
+    ),
     **_each("environ environb getenv getenvb putenv unsetenv", "environment", "os."),
-    **_each("open listdir scandir walk remove unlink rename renames replace mkdir makedirs rmdir removedirs chmod "
-            "chown symlink link chdir truncate mkfifo", "file-access", "os."),
-    **_each("write writev pwrite pwritev read readv pread dup dup2 close closerange fdopen pipe pipe2 set_inheritable "
-            "set_blocking sendfile splice copy_file_range", "descriptors", "os."),
+    **_each(
+        "open listdir scandir walk remove unlink rename renames replace mkdir makedirs rmdir removedirs chmod "
+        "chown symlink link chdir truncate mkfifo",
+        "file-access",
+        "os.",
+    ),
+    **_each(
+        "write writev pwrite pwritev read readv pread dup dup2 close closerange fdopen pipe pipe2 set_inheritable "
+        "set_blocking sendfile splice copy_file_range",
+        "descriptors",
+        "os.",
+    ),
     "io.FileIO": "descriptors",
     "io.open": "descriptors",
-    **_each("_getframe _current_frames settrace setprofile addaudithook modules meta_path path_hooks", "introspection",
-            "sys."),
+    **_each(
+        "_getframe _current_frames settrace setprofile addaudithook modules meta_path path_hooks",
+        "introspection",
+        "sys.",
+    ),
     **_each("Stream ExternalStream stream streams set_stream StreamContext", "side-stream", "torch.cuda."),
     **_each("Event CUDAGraph graph graphs make_graphed_callables", "cuda-events", "torch.cuda."),
-    **_each("set_num_threads set_num_interop_threads set_float32_matmul_precision set_flush_denormal "
-            "use_deterministic_algorithms set_default_dtype", "backend-knob", "torch."),
+    **_each(
+        "set_num_threads set_num_interop_threads set_float32_matmul_precision set_flush_denormal "
+        "use_deterministic_algorithms set_default_dtype",
+        "backend-knob",
+        "torch.",
+    ),
     "torch.cuda._sleep": "sleep",
-    **_each("operator.attrgetter operator.methodcaller pkgutil.resolve_name pydoc.locate string.Formatter",
-            "computed-getattr"),
+    **_each(
+        "operator.attrgetter operator.methodcaller pkgutil.resolve_name pydoc.locate string.Formatter",
+        "computed-getattr",
+    ),
     "contextlib.suppress": "exception-fallback",
 }
 # Python: attributes suspicious on any object
@@ -162,8 +275,11 @@ ATTRIBUTES = {
     "__getattribute__": "computed-getattr",
     "__traceback__": "introspection",
     **_each("_make_subclass _make_wrapper_subclass __torch_function__ __torch_dispatch__", "tensor-subclass"),
-    **_each("_getframe settrace setprofile f_back f_globals f_locals f_builtins tb_frame gi_frame cr_frame "
-            "__globals__ __code__ __closure__ __subclasses__ __dict__", "introspection"),
+    **_each(
+        "_getframe settrace setprofile f_back f_globals f_locals f_builtins tb_frame gi_frame cr_frame "
+        "__globals__ __code__ __closure__ __subclasses__ __dict__",
+        "introspection",
+    ),
     **_each("Stream ExternalStream set_stream", "side-stream"),
     "__builtins__": "patch",
 }
@@ -279,9 +395,13 @@ class _PythonScreen(ast.NodeVisitor):
         self.hits: list[Finding] = []
         self.strings: list[tuple[int, str]] = []  # (line, text) of string constants: embedded C++
         self.aliases = dict(DEFAULT_ALIASES) | _aliases(tree)  # local name -> dotted module path
-        self.docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                           if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                           and node.body and isinstance(node.body[0], ast.Expr)}
+        self.docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
         self.defines_model_new = False
         self.called: set[int] = set()  # ids of the nodes called (a builtin called, not passed around)
 
@@ -308,7 +428,7 @@ class _PythonScreen(ast.NodeVisitor):
                 self._add(node, MODULES[name], name)
                 return
         for start in range(1, len(parts)):
-            if parts[start] in _TOP_MODULES and ".".join(parts[:start + 1]) not in NAMESAKES:
+            if parts[start] in _TOP_MODULES and ".".join(parts[: start + 1]) not in NAMESAKES:
                 self._check_module(node, ".".join(parts[start:]))
                 return
 

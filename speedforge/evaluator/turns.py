@@ -108,8 +108,9 @@ class Turn:
     a thread until `close()`, which releases whatever is held. `pin`: CPUs to claim for the timed
     phase (0: none). `pristine`: the job is a pristine job, whose one turn is the pristine turn."""
 
-    def __init__(self, sock: socket.socket, key: str, label: str, done_allowed: bool, pin: int = 0,
-                 pristine: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, sock: socket.socket, key: str, label: str, done_allowed: bool, pin: int = 0, pristine: bool = False
+    ) -> None:
         self.sock, self.key, self.label, self.pin = sock, key, label, pin
         self.done_allowed = done_allowed  # the one "done" of a run that times its pristine reference first
         self.pristine = pristine

@@ -261,7 +261,7 @@ class Channel:
     def _send(self, kind: bytes, body: bytes) -> None:
         view = memoryview(HEADER.pack(kind, len(body)) + body)
         while view:
-            view = view[_write(self.fd, view):]
+            view = view[_write(self.fd, view) :]
 
     def _receive(self, count: int) -> bytes:
         data = b""

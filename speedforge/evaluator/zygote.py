@@ -132,7 +132,9 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         phases.in_job()
         if not namespaces.die_with_parent(signal.SIGKILL, zygote_pid):
             return
-        result_fd, out_fd, err_fd, *turn_fd = fds  # result_fd: the verdict channel  # a run's turn socket (speedforge.evaluator.turns)
+        result_fd, out_fd, err_fd, *turn_fd = (
+            fds  # result_fd: the verdict channel  # a run's turn socket (speedforge.evaluator.turns)
+        )
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
         os.close(out_fd)
@@ -144,8 +146,10 @@ def _in_child(sock: socket.socket, request: dict, fds: list[int], zygote_pid: in
         if request["isolate"]:
             warnings = namespaces.isolate(job.config.memory_limit_mb)
         else:
-            warnings = ["network isolation disabled by config: the sandbox shares the host's network, and "
-                        "/dev/shm is the host's, which it may not write"]
+            warnings = [
+                "network isolation disabled by config: the sandbox shares the host's network, and "
+                "/dev/shm is the host's, which it may not write"
+            ]
         phases.mark("isolated")
         child.execute(job, result_fd, warnings, turn_fd[0] if turn_fd else -1)
     finally:

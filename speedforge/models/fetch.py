@@ -50,12 +50,14 @@ def fetch_version(version: ModelVersion, cache_dir: str, store_config: StoreConf
     try:
         return fetch_model(version.checkpoint, cache_dir, version.files, store_config)
     except (CorruptObjectError, MissingObjectError) as exc:
-        raise UserError(f"{version.ref}: the checkpoint {version.checkpoint} changed or lost files since it was "
-                        f"registered ({exc})") from None  # fmt: skip
+        raise UserError(
+            f"{version.ref}: the checkpoint {version.checkpoint} changed or lost files since it was registered ({exc})"
+        ) from None
 
 
-def fetch_reference(model: str, registry: Store, default_name: str, cache_dir: str,
-                    store_config: StoreConfig | None = None) -> tuple[str, ModelVersion]:  # fmt: skip
+def fetch_reference(
+    model: str, registry: Store, default_name: str, cache_dir: str, store_config: StoreConfig | None = None
+) -> tuple[str, ModelVersion]:
     """(local folder, version) of a reference resolved in `registry`."""
     name, selector = parse_reference(model, default_name)
     version = ModelRegistry(registry, name).get(selector)

@@ -43,8 +43,9 @@ class Verdict:
 def judge(new: HeldoutEval | None, champion: HeldoutEval | None, gate: GateConfig) -> Verdict:
     """The gate's verdict on `new` against `champion` (None: there is none); see the module docstring."""
     if new is None or new.infra_failed:
-        return Verdict(False, "the new model's held-out check measured nothing (failed or only infra_error): "
-                              "the champion stays")  # fmt: skip
+        return Verdict(
+            False, "the new model's held-out check measured nothing (failed or only infra_error): the champion stays"
+        )
     if champion is None:
         return Verdict(True, f"no champion yet: the first model that was checked ({_summary(new)})")
     differs = new.same_check(champion)
@@ -111,8 +112,10 @@ def _say(figure: Figure) -> str:
     ratio = figure.metric in RATIO_METRICS
     lead = f"x{figure.lead:.3g}" if ratio else f"{figure.lead:+.3g}"
     interval = f" [{_fmt(figure.lo)}, {_fmt(figure.hi)}]" if figure.lo is not None else ""
-    return (f"{figure.metric} {_fmt(figure.new)} vs {_fmt(figure.champion)}: lead {lead}{interval}, "
-            f"needs > {_fmt(figure.threshold)}")  # fmt: skip
+    return (
+        f"{figure.metric} {_fmt(figure.new)} vs {_fmt(figure.champion)}: lead {lead}{interval}, "
+        f"needs > {_fmt(figure.threshold)}"
+    )
 
 
 def _summary(evaluation: HeldoutEval) -> str:

@@ -34,9 +34,11 @@ class HeldoutEval(Record):
     def __post_init__(self) -> None:
         n = len(self.tasks) * self.samples
         if len(self.statuses) != n or len(self.speedups) != n:
-            raise ValueError(f"held-out evaluation of {self.model}: {len(self.tasks)} task(s) x {self.samples} "
-                             f"sample(s) need {n} statuses and speedups, got {len(self.statuses)} and "
-                             f"{len(self.speedups)}")  # fmt: skip
+            raise ValueError(
+                f"held-out evaluation of {self.model}: {len(self.tasks)} task(s) x {self.samples} "
+                f"sample(s) need {n} statuses and speedups, got {len(self.statuses)} and "
+                f"{len(self.speedups)}"
+            )
         bad = sorted(set(self.statuses) - set(STATUSES))
         if bad:
             raise ValueError(f"unknown status(es) {bad}; expected one of {STATUSES}")
@@ -51,7 +53,7 @@ class HeldoutEval(Record):
     def by_task(self) -> list[list[tuple[str, float | None]]]:
         """[(status, speedup)] of each task's samples."""
         pairs = list(zip(self.statuses, self.speedups))
-        return [pairs[i * self.samples:(i + 1) * self.samples] for i in range(len(self.tasks))]
+        return [pairs[i * self.samples : (i + 1) * self.samples] for i in range(len(self.tasks))]
 
     @property
     def compiled_fraction(self) -> float:
@@ -76,9 +78,14 @@ class HeldoutEval(Record):
         return not self.statuses or all(s == "infra_error" for s in self.statuses)
 
     def summary(self) -> dict[str, Any]:
-        return {"pool": self.pool, "samples": len(self.statuses), "compiled_fraction": self.compiled_fraction,
-                "correct_fraction": self.correct_fraction, "faster_fraction": self.faster_fraction,
-                "median_speedup": self.median_speedup}  # fmt: skip
+        return {
+            "pool": self.pool,
+            "samples": len(self.statuses),
+            "compiled_fraction": self.compiled_fraction,
+            "correct_fraction": self.correct_fraction,
+            "faster_fraction": self.faster_fraction,
+            "median_speedup": self.median_speedup,
+        }
 
 
 # The metrics of a list of (status, speedup) samples, by name: the gate computes them on
@@ -102,8 +109,12 @@ def median_speedup(samples: Samples) -> float | None:
     return quantile([x for s, x in samples if s == "ok" and x is not None], 0.5)
 
 
-METRICS = {"correct_fraction": correct_fraction, "compiled_fraction": compiled_fraction,
-           "faster_fraction": faster_fraction, "median_speedup": median_speedup}  # fmt: skip
+METRICS = {
+    "correct_fraction": correct_fraction,
+    "compiled_fraction": compiled_fraction,
+    "faster_fraction": faster_fraction,
+    "median_speedup": median_speedup,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +124,9 @@ class ModelVersion(Record):
     name: str  # the model line, e.g. "policy"
     version: int  # from 1, allocated by the registry
     checkpoint: str  # the weights as training wrote them: a store URI (s3://.../final) or a folder
-    files_json: str  # {relative path: sha256} of the checkpoint's files when registered; downloads are checked against it
+    files_json: (
+        str  # {relative path: sha256} of the checkpoint's files when registered; downloads are checked against it
+    )
     run_id: str = ""  # the training run (pipeline-<run id> in a pipeline)
     stage: str = ""  # sft | self | grpo
     parent: str = ""  # what training started from: models:/NAME@N, a base model path ("" = the default model)

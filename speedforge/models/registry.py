@@ -51,8 +51,13 @@ def who() -> str:
 
 def model_names(store: Store) -> list[str]:
     """The model lines with a version in this store."""
-    return sorted({key.split("/")[1] for key in store.list(f"{PREFIX}/") if key.count("/") >= 3
-                   and key.split("/")[2] == "versions"})  # fmt: skip
+    return sorted(
+        {
+            key.split("/")[1]
+            for key in store.list(f"{PREFIX}/")
+            if key.count("/") >= 3 and key.split("/")[2] == "versions"
+        }
+    )
 
 
 class ModelRegistry:
@@ -75,9 +80,15 @@ class ModelRegistry:
         """Register a checkpoint as the next version; `lineage`: the other ModelVersion fields."""
         for _ in range(ATTEMPTS):
             number = max(self._numbers("versions"), default=0) + 1
-            version = ModelVersion(name=self.name, version=number, checkpoint=checkpoint,
-                                   files_json=json.dumps(files, sort_keys=True), registered_at=time.time(),
-                                   registered_by=who(), **lineage)  # fmt: skip
+            version = ModelVersion(
+                name=self.name,
+                version=number,
+                checkpoint=checkpoint,
+                files_json=json.dumps(files, sort_keys=True),
+                registered_at=time.time(),
+                registered_by=who(),
+                **lineage,
+            )
             try:
                 self.store.put_bytes(self._key("versions", number), version.to_json().encode(), if_absent=True)
                 return version
@@ -94,8 +105,10 @@ class ModelRegistry:
             return self._read(ModelVersion, self._key("versions", number))
         except MissingObjectError:
             known = sorted(self._numbers("versions"))
-            raise RegistryError(f"model {self.name!r} has no version {number} in {self.store.uri}; versions: "
-                                f"{', '.join(map(str, known)) or '(none)'}") from None  # fmt: skip
+            raise RegistryError(
+                f"model {self.name!r} has no version {number} in {self.store.uri}; versions: "
+                f"{', '.join(map(str, known)) or '(none)'}"
+            ) from None
 
     def get(self, selector: str | int) -> ModelVersion:
         """A version by number (3, "3", "v3") or by alias ("champion")."""
@@ -104,16 +117,19 @@ class ModelRegistry:
             return self.version(int(text.lstrip("v")))
         number = self.alias(text)
         if number is None:
-            raise RegistryError(f"model {self.name!r} has no {text} in {self.store.uri} yet (register a version and "
-                                "promote it: `speedforge models promote VERSION`)")  # fmt: skip
+            raise RegistryError(
+                f"model {self.name!r} has no {text} in {self.store.uri} yet (register a version and "
+                "promote it: `speedforge models promote VERSION`)"
+            )
         return self.version(number)
 
     # -- aliases -------------------------------------------------------------------------------
 
     def history(self, alias: str = CHAMPION) -> list[AliasChange]:
         """Every change of `alias`, oldest first."""
-        return [self._read(AliasChange, self._key(f"aliases/{alias}", n))
-                for n in sorted(self._numbers(f"aliases/{alias}"))]  # fmt: skip
+        return [
+            self._read(AliasChange, self._key(f"aliases/{alias}", n)) for n in sorted(self._numbers(f"aliases/{alias}"))
+        ]
 
     def alias(self, alias: str = CHAMPION) -> int | None:
         """The version `alias` points at now (None: never set)."""
@@ -126,8 +142,16 @@ class ModelRegistry:
         number = self.alias(CHAMPION)
         return None if number is None else self.version(number)
 
-    def move(self, version: int, action: str, reason: str, *, alias: str = CHAMPION, decision_id: str = "",
-             expect: int | None | str = "any") -> AliasChange:  # fmt: skip
+    def move(
+        self,
+        version: int,
+        action: str,
+        reason: str,
+        *,
+        alias: str = CHAMPION,
+        decision_id: str = "",
+        expect: int | None | str = "any",
+    ) -> AliasChange:
         """Point `alias` at `version` with a new change record. `expect`: the version the caller saw
         the alias at (None: unset); if it moved since, AliasChanged and nothing is written."""
         if action not in ALIAS_ACTIONS:
@@ -138,11 +162,21 @@ class ModelRegistry:
             seq = max(numbers, default=0)
             current = self._read(AliasChange, self._key(f"aliases/{alias}", seq)).version if seq else None
             if expect != "any" and current != expect:
-                raise AliasChanged(f"{alias} of {self.name!r} is now {_show(current)}, not {_show(expect)} as read: "
-                                   "nothing changed")  # fmt: skip
-            change = AliasChange(name=self.name, alias=alias, seq=seq + 1, version=version, previous=current or 0,
-                                 action=action, reason=reason, decision_id=decision_id, changed_at=time.time(),
-                                 changed_by=who())  # fmt: skip
+                raise AliasChanged(
+                    f"{alias} of {self.name!r} is now {_show(current)}, not {_show(expect)} as read: nothing changed"
+                )
+            change = AliasChange(
+                name=self.name,
+                alias=alias,
+                seq=seq + 1,
+                version=version,
+                previous=current or 0,
+                action=action,
+                reason=reason,
+                decision_id=decision_id,
+                changed_at=time.time(),
+                changed_by=who(),
+            )
             try:
                 self.store.put_bytes(self._key(f"aliases/{alias}", seq + 1), change.to_json().encode(), if_absent=True)
                 return change
@@ -162,8 +196,10 @@ class ModelRegistry:
         if to is None:
             lineup = champion_lineup(changes)
             if len(lineup) < 2:
-                raise RegistryError(f"champion v{current} of {self.name!r} replaced no earlier champion: name the "
-                                    "version to roll back to (--to VERSION)")  # fmt: skip
+                raise RegistryError(
+                    f"champion v{current} of {self.name!r} replaced no earlier champion: name the "
+                    "version to roll back to (--to VERSION)"
+                )
             to = lineup[-2]
         if to == current:
             raise RegistryError(f"v{to} is the champion already")
@@ -191,8 +227,11 @@ class ModelRegistry:
 
     def decisions(self) -> list[GateDecision]:
         """Every gate decision, oldest first."""
-        return [self._read(GateDecision, key) for key in self.store.list(f"{self.prefix}/decisions/")
-                if key.endswith(".json")]  # fmt: skip
+        return [
+            self._read(GateDecision, key)
+            for key in self.store.list(f"{self.prefix}/decisions/")
+            if key.endswith(".json")
+        ]
 
     @staticmethod
     def new_decision_id() -> str:
@@ -205,7 +244,7 @@ class ModelRegistry:
 
     def _numbers(self, folder: str) -> list[int]:
         start = f"{self.prefix}/{folder}/"
-        names = (key[len(start):] for key in self.store.list(start))
+        names = (key[len(start) :] for key in self.store.list(start))
         return [int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()]
 
     def _read(self, cls, key: str):
@@ -222,7 +261,7 @@ def champion_lineup(changes: list[AliasChange]) -> list[int]:
     lineup: list[int] = []
     for change in changes:
         if change.action == "rollback" and change.version in lineup:
-            del lineup[lineup.index(change.version) + 1:]
+            del lineup[lineup.index(change.version) + 1 :]
         else:
             lineup.append(change.version)
     return lineup

@@ -260,7 +260,9 @@ class HFBackend:
         if seed is not None:
             torch.manual_seed(seed)
         if temperature > 0:
-            output = self.generate_ids(input_ids, n, max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p)
+            output = self.generate_ids(
+                input_ids, n, max_new_tokens, do_sample=True, temperature=temperature, top_p=top_p
+            )
         else:  # greedy: every sample is the same, decode it once
             output = self.generate_ids(input_ids, 1, max_new_tokens, do_sample=False).repeat(n, 1)
         generations = []
@@ -278,9 +280,16 @@ class HFBackend:
             )
         return generations
 
-
-    def generate_batch(self, conversations: list[list[dict[str, str]]], n: int = 1, *, max_new_tokens=None,
-                       temperature=None, top_p=None, seed=None) -> list[list[Generation]]:  # fmt: skip
+    def generate_batch(
+        self,
+        conversations: list[list[dict[str, str]]],
+        n: int = 1,
+        *,
+        max_new_tokens=None,
+        temperature=None,
+        top_p=None,
+        seed=None,
+    ) -> list[list[Generation]]:
         """`n` samples of each conversation, all in one batched `generate` call (prompts padded on
         the left, one KV cache for the batch): [conversation][sample]."""
         import torch
@@ -290,7 +299,9 @@ class HFBackend:
         top_p = self.config.top_p if top_p is None else top_p
         if self.threads:
             torch.set_num_threads(self.threads)
-        texts = [self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in conversations]
+        texts = [
+            self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in conversations
+        ]
         side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"
         try:
             batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
@@ -306,8 +317,13 @@ class HFBackend:
         greedy = temperature <= 0  # every sample of a prompt is the same: decode it once
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p)
         with torch.inference_mode():
-            output = self.model.generate(**batch, max_new_tokens=max_new_tokens, num_return_sequences=1 if greedy else n,
-                                         pad_token_id=self.tokenizer.pad_token_id, **sampling)  # fmt: skip
+            output = self.model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=1 if greedy else n,
+                pad_token_id=self.tokenizer.pad_token_id,
+                **sampling,
+            )
         if greedy:
             output = output.repeat_interleave(n, dim=0)
         output = output.cpu()
@@ -318,9 +334,14 @@ class HFBackend:
         for index, row in enumerate(output[:, width:].tolist()):
             ended = eos in row
             tokens = row[: row.index(eos) + 1] if ended else row
-            out[index // n].append(Generation(text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                                              completion_tokens=len(tokens), prompt_tokens=int(prompt_tokens[index // n]),
-                                              finish_reason="stop" if ended else "length"))  # fmt: skip
+            out[index // n].append(
+                Generation(
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    completion_tokens=len(tokens),
+                    prompt_tokens=int(prompt_tokens[index // n]),
+                    finish_reason="stop" if ended else "length",
+                )
+            )
         return out
 
 

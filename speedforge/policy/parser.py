@@ -77,7 +77,9 @@ def _scan(text: str) -> tuple[list[tuple[int, str, str]], list[_Block]]:
             blocks.append(open_block)
             continue
         heading = _HEADING.match(line)
-        if heading and (heading.group("marks").strip() or heading.group("close").strip() or not heading.group("rest").strip()):
+        if heading and (
+            heading.group("marks").strip() or heading.group("close").strip() or not heading.group("rest").strip()
+        ):
             title = " ".join(w.capitalize() for w in heading.group("title").split())
             headings.append((index, title, heading.group("rest").strip(" *_:")))
     return headings, blocks
@@ -176,6 +178,7 @@ def candidate_from(task, text: str, origin: str, parent_ids=(), **meta):
     family = families.get(task.family)
     parsed = parse_response(text, language=family.language, marker=family.marker)
     details = {"missing": list(parsed.missing), "notes": list(parsed.notes), **meta}
-    candidate = Candidate.make(task.task_id, parsed.code or text, origin=origin, parent_ids=tuple(parent_ids),
-                               meta_json=json.dumps(details))  # fmt: skip
+    candidate = Candidate.make(
+        task.task_id, parsed.code or text, origin=origin, parent_ids=tuple(parent_ids), meta_json=json.dumps(details)
+    )
     return candidate, parsed

@@ -96,8 +96,9 @@ def render_prompt(task: Task, exemplars: Sequence[Exemplar] = (), feedback: Feed
     template = _ENV.get_template(family.template)
     # extra template variables of the family; by default the reference code is the task's source
     context = families.resolve(family.prompt_context)(task) if family.prompt_context else {"reference": task.source}
-    user = template.render(task=task, exemplars=list(exemplars), feedback=feedback,
-                           init_signature=init_signature(task.source), **context)  # fmt: skip
+    user = template.render(
+        task=task, exemplars=list(exemplars), feedback=feedback, init_signature=init_signature(task.source), **context
+    )
     return Prompt(
         family=task.family,
         system=SYSTEM_PROMPT,

@@ -66,18 +66,26 @@ def parse_chat_request(body: object, served_model: str, default_max_tokens: int)
         raise RequestError(400, "streaming is not supported; send stream=false")
     model = body.get("model")
     if model not in (None, "", served_model):
-        raise RequestError(404, f"model {model!r} is not served here; this server serves {served_model!r}", "model_not_found")
+        raise RequestError(
+            404, f"model {model!r} is not served here; this server serves {served_model!r}", "model_not_found"
+        )
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "'messages' must be a non-empty list")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES or not isinstance(message.get("content"), str):
+        if (
+            not isinstance(message, dict)
+            or message.get("role") not in ROLES
+            or not isinstance(message.get("content"), str)
+        ):
             raise RequestError(400, f"messages[{i}] must be {{'role': one of {list(ROLES)}, 'content': a string}}")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return {
         "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
         "n": _number(body, "n", 1, 1, MAX_N, integer=True),
-        "max_new_tokens": _number({"max_tokens": max_tokens}, "max_tokens", default_max_tokens, 1, 1 << 20, integer=True),
+        "max_new_tokens": _number(
+            {"max_tokens": max_tokens}, "max_tokens", default_max_tokens, 1, 1 << 20, integer=True
+        ),
         "temperature": float(_number(body, "temperature", 1.0, 0.0, 2.0)),
         "top_p": float(_number(body, "top_p", 1.0, 0.0, 1.0)),
         "seed": _number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True),
@@ -108,8 +116,9 @@ def body_length(headers) -> int:
     """The body length a POST declares, checked before any of the body is read: a single plain
     Content-Length of at most MAX_BODY_BYTES (no chunked bodies, whose size is known only once read)."""
     if headers.get("Transfer-Encoding") is not None:
-        raise RequestError(411, "chunked or encoded bodies are not accepted; "
-                                "send the JSON body as it is, with a Content-Length header")
+        raise RequestError(
+            411, "chunked or encoded bodies are not accepted; send the JSON body as it is, with a Content-Length header"
+        )
     values = headers.get_all("Content-Length") or []
     if not values:
         raise RequestError(411, "a POST needs a Content-Length header giving the size of its JSON body")
@@ -128,8 +137,7 @@ def read_body(rfile, length: int) -> bytes:
     """Exactly `length` bytes of body (never one more: what follows belongs to the next request)."""
     data = rfile.read(length)
     if len(data) < length:
-        raise RequestError(400, f"the body ended after {len(data)} of the {length} bytes "
-                                "its Content-Length declares")
+        raise RequestError(400, f"the body ended after {len(data)} of the {length} bytes its Content-Length declares")
     return data
 
 
@@ -140,8 +148,9 @@ def decode_json(data: bytes) -> object:
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise RequestError(400, "the request body is not valid JSON") from None
     except RecursionError:
-        raise RequestError(400, "the request body is JSON nested too deeply to parse; "
-                                "a chat request is a few levels deep") from None
+        raise RequestError(
+            400, "the request body is JSON nested too deeply to parse; a chat request is a few levels deep"
+        ) from None
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -199,8 +208,10 @@ class _BoundedThreadingServer(ThreadingHTTPServer):
     def _refuse_busy(self, request: socket.socket) -> None:
         message = f"the server is busy: {self.max_connections} connections are open; retry in a moment"
         data = json.dumps({"error": {"message": message, "type": "server_busy", "code": 503}}).encode()
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+        head = (
+            f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        )
         try:
             request.setblocking(False)  # the accepting thread never waits on a client
             request.send(head.encode() + data)
@@ -211,11 +222,19 @@ class _BoundedThreadingServer(ThreadingHTTPServer):
 class PolicyServer:
     """An HTTP server around one loaded backend; `serve_forever()` until `shutdown()`."""
 
-    def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+    def __init__(
+        self,
+        backend: Backend,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        quiet: bool = False,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         if request_timeout_s <= 0 or max_connections < 1:
-            raise ValueError(f"request_timeout_s must be > 0 and max_connections >= 1, "
-                             f"got {request_timeout_s} and {max_connections}")
+            raise ValueError(
+                f"request_timeout_s must be > 0 and max_connections >= 1, got {request_timeout_s} and {max_connections}"
+            )
         self.backend = backend
         self.quiet = quiet
         self.request_timeout_s = request_timeout_s
@@ -275,7 +294,9 @@ class PolicyServer:
                     sys.stderr.write(f"serve-policy: {self.address_string()} {format % args}\n")
 
             def _send(self, status: int, payload: dict) -> None:
-                self.connection.settimeout(server.request_timeout_s)  # a client that does not take its answer is dropped
+                self.connection.settimeout(
+                    server.request_timeout_s
+                )  # a client that does not take its answer is dropped
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -314,7 +335,11 @@ class PolicyServer:
                 try:
                     return read_body(self.rfile, length)
                 except TimeoutError:
-                    raise RequestError(408, f"the request did not arrive within {server.request_timeout_s:g} s; "
-                                            "send the whole body at once", "timeout") from None
+                    raise RequestError(
+                        408,
+                        f"the request did not arrive within {server.request_timeout_s:g} s; "
+                        "send the whole body at once",
+                        "timeout",
+                    ) from None
 
         return Handler

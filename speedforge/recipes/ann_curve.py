@@ -31,8 +31,16 @@ class Curve:
     qps_at_90: float | None  # QPS at recall 0.90, None when never reached
 
 
-def ann_curve(ds, efs: Sequence[int], view: CurveView, k: int = 10, M: int = 16, ef_construction: int = 200,
-              quantization: str = "sq8", threads: int = 1) -> Curve:  # fmt: skip
+def ann_curve(
+    ds,
+    efs: Sequence[int],
+    view: CurveView,
+    k: int = 10,
+    M: int = 16,
+    ef_construction: int = 200,
+    quantization: str = "sq8",
+    threads: int = 1,
+) -> Curve:
     """Build the baseline index over `ds` (a speedforge.ann.datasets data set) and sweep `efs`."""
     from speedforge.ann.auc import band_auc, qps_at
     from speedforge.ann.engine import baseline

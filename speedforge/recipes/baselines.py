@@ -32,8 +32,15 @@ class BaselinesOutcome:
         return dataclasses.asdict(self)
 
 
-def measure_baselines(config: Config, dataset_uri: str, pool: str, run_uri: str, address: str | None = None,
-                      limit: int = 0, view: Any = None) -> BaselinesOutcome:  # fmt: skip
+def measure_baselines(
+    config: Config,
+    dataset_uri: str,
+    pool: str,
+    run_uri: str,
+    address: str | None = None,
+    limit: int = 0,
+    view: Any = None,
+) -> BaselinesOutcome:
     """Evaluate the first `limit` (0: all) candidates of `dataset_uri` on `pool` (joining the Ray
     cluster at `address`, or a local Ray) and seed the run's variants table with them."""
     from speedforge.recipes.records import read_records
@@ -42,17 +49,32 @@ def measure_baselines(config: Config, dataset_uri: str, pool: str, run_uri: str,
     from speedforge.store import open_store
 
     out_uri = f"{run_uri.rstrip('/')}/baselines/{pool}"
-    sweep = sweep_to_results(config, dataset_uri, dataset_uri, [pool], out_uri, address=address or None,
-                             limit=limit, view=view or LineProgress(), tasks_label=dataset_uri)  # fmt: skip
+    sweep = sweep_to_results(
+        config,
+        dataset_uri,
+        dataset_uri,
+        [pool],
+        out_uri,
+        address=address or None,
+        limit=limit,
+        view=view or LineProgress(),
+        tasks_label=dataset_uri,
+    )
     candidates = {c.candidate_id: c for c in read_records(dataset_uri, "candidates", config)}
-    VariantsTable.append(open_store(run_uri, config=config.store),
-                         [make_variant(candidates[r.candidate_id], r) for r in sweep.results])  # fmt: skip
+    VariantsTable.append(
+        open_store(run_uri, config=config.store), [make_variant(candidates[r.candidate_id], r) for r in sweep.results]
+    )
     ok = [r for r in sweep.results if r.ok]
     speedups = [r.speedup for r in ok if r.speedup is not None]
     refs = [r.ref_us for r in ok if r.ref_us is not None]
-    return BaselinesOutcome(pool, sweep.out_uri, len(sweep.results), len(ok),
-                            statistics.median(speedups) if speedups else None,
-                            statistics.median(refs) if refs else None)  # fmt: skip
+    return BaselinesOutcome(
+        pool,
+        sweep.out_uri,
+        len(sweep.results),
+        len(ok),
+        statistics.median(speedups) if speedups else None,
+        statistics.median(refs) if refs else None,
+    )
 
 
 class LineProgress:

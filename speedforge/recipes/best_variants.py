@@ -30,8 +30,7 @@ class Selection:
         return dataclasses.asdict(self)
 
 
-def select_best_variants(config: Config, run_uri: str, dataset_uri: str, out_uri: str,
-                         pool: str = "") -> Selection:  # fmt: skip
+def select_best_variants(config: Config, run_uri: str, dataset_uri: str, out_uri: str, pool: str = "") -> Selection:
     """Write the best variant per task of `run_uri` (measured on `pool` only, when given) with
     the tasks of `dataset_uri` to `out_uri`."""
     from speedforge.recipes.records import read_records
@@ -47,8 +46,10 @@ def select_best_variants(config: Config, run_uri: str, dataset_uri: str, out_uri
             chosen[task_id] = variant
     if not chosen:
         where = f" on pool {pool}" if pool else ""
-        raise UserError(f"no successful variant{where} in the variants table of {run_uri} ({len(table)} variants): "
-                        "nothing to select")  # fmt: skip
+        raise UserError(
+            f"no successful variant{where} in the variants table of {run_uri} ({len(table)} variants): "
+            "nothing to select"
+        )
     tasks = {t.task_id: t for t in read_records(dataset_uri, "tasks", config)}
     missing = sorted(set(chosen) - set(tasks))
     if missing:
@@ -56,8 +57,19 @@ def select_best_variants(config: Config, run_uri: str, dataset_uri: str, out_uri
     variants = [chosen[t] for t in sorted(chosen)]
     out = open_store(out_uri, config=config.store)
     VariantsTable.append(out, variants)
-    out.append_records("candidates", [Candidate(candidate_id=v.variant_id, task_id=v.task_id, source=v.source,
-                                                origin=v.origin, parent_ids=v.parent_ids, created_at=v.created_at)
-                                      for v in variants])  # fmt: skip
+    out.append_records(
+        "candidates",
+        [
+            Candidate(
+                candidate_id=v.variant_id,
+                task_id=v.task_id,
+                source=v.source,
+                origin=v.origin,
+                parent_ids=v.parent_ids,
+                created_at=v.created_at,
+            )
+            for v in variants
+        ],
+    )
     out.append_records("tasks", [tasks[v.task_id] for v in variants])
     return Selection(out.uri, {v.task_id: v.score for v in variants}, {v.task_id: v.pool for v in variants})

@@ -28,9 +28,20 @@ class DatasetSearch:
         return dataclasses.asdict(self)
 
 
-def search_dataset(config: Config, tasks_uri: str, store_uri: str, view, tasks: int = 1, model: str = "",
-                   rounds: int = 0, samples: int = 0, max_new_tokens: int = 0, pool: str = "",
-                   address: str | None = None, service: bool = False) -> DatasetSearch:  # fmt: skip
+def search_dataset(
+    config: Config,
+    tasks_uri: str,
+    store_uri: str,
+    view,
+    tasks: int = 1,
+    model: str = "",
+    rounds: int = 0,
+    samples: int = 0,
+    max_new_tokens: int = 0,
+    pool: str = "",
+    address: str | None = None,
+    service: bool = False,
+) -> DatasetSearch:
     """Search the first `tasks` tasks (in task id order) of `tasks_uri`, recording in `store_uri`."""
     from speedforge.policy.backends import make_backend
     from speedforge.recipes.models import with_registered_model
@@ -42,18 +53,35 @@ def search_dataset(config: Config, tasks_uri: str, store_uri: str, view, tasks: 
     config = with_registered_model(budget_config(config, model, rounds, samples, max_new_tokens, pool), store_uri)
     task_ids = sorted(t.task_id for t in read_records(tasks_uri, "tasks", config))[:tasks]
     backend = make_backend(config.policy)
-    results = [search_task(config, task_id, view, tasks_uri=tasks_uri, store_uri=store_uri, service=service,
-                           address=address or None, backend=backend) for task_id in task_ids]  # fmt: skip
-    return DatasetSearch(store_uri, {r.task_id: r.best.score if r.best else None for r in results},
-                         sum(len(r.samples) for r in results),
-                         sum(s.status == "ok" for r in results for s in r.samples))  # fmt: skip
+    results = [
+        search_task(
+            config,
+            task_id,
+            view,
+            tasks_uri=tasks_uri,
+            store_uri=store_uri,
+            service=service,
+            address=address or None,
+            backend=backend,
+        )
+        for task_id in task_ids
+    ]
+    return DatasetSearch(
+        store_uri,
+        {r.task_id: r.best.score if r.best else None for r in results},
+        sum(len(r.samples) for r in results),
+        sum(s.status == "ok" for r in results for s in r.samples),
+    )
 
 
-def budget_config(config: Config, model: str = "", rounds: int = 0, samples: int = 0, max_new_tokens: int = 0,
-                  pool: str = "") -> Config:  # fmt: skip
+def budget_config(
+    config: Config, model: str = "", rounds: int = 0, samples: int = 0, max_new_tokens: int = 0, pool: str = ""
+) -> Config:
     """`config` with the given budget in place of its own (0 or "": keep the config's)."""
-    search = dataclasses.replace(config.search, **{k: v for k, v in (("rounds", rounds), ("samples", samples),
-                                                                       ("pool", pool)) if v})  # fmt: skip
-    policy = dataclasses.replace(config.policy, **{k: v for k, v in (("model", model),
-                                                                     ("max_new_tokens", max_new_tokens)) if v})  # fmt: skip
+    search = dataclasses.replace(
+        config.search, **{k: v for k, v in (("rounds", rounds), ("samples", samples), ("pool", pool)) if v}
+    )
+    policy = dataclasses.replace(
+        config.policy, **{k: v for k, v in (("model", model), ("max_new_tokens", max_new_tokens)) if v}
+    )
     return dataclasses.replace(config, search=search, policy=policy)

@@ -42,9 +42,14 @@ TOKEN_ENV = "KF_PIPELINES_TOKEN"  # a bearer token for a multi-user KFP (behind 
 HEALTHZ = "/apis/v2beta1/healthz"
 CRON_NAMES = ("seconds", "minutes", "hours", "day of month", "month", "day of week")
 CRON_BOUNDS = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 6))  # robfig/cron's, per field
-CRON_WORDS = (set(), set(), set(), set(),
-              {"jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"},
-              {"sun", "mon", "tue", "wed", "thu", "fri", "sat"})  # fmt: skip
+CRON_WORDS = (
+    set(),
+    set(),
+    set(),
+    set(),
+    {"jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"},
+    {"sun", "mon", "tue", "wed", "thu", "fri", "sat"},
+)
 CRON_DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}  # seconds
 GO_DURATION = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h)")  # one term of Go's time.ParseDuration
@@ -81,32 +86,41 @@ def check_cron(expression: str) -> str:
     in one line otherwise, naming the field that is wrong."""
     text = " ".join(expression.split())
     if text.startswith("@every"):
-        duration = text[len("@every"):].strip()
+        duration = text[len("@every") :].strip()
         if not duration or GO_DURATION.sub("", duration) or not re.search(r"[1-9]", duration):
-            raise UserError(f"cron {expression!r}: @every needs a positive Go duration, e.g. '@every 6h' or "
-                            "'@every 1h30m' (units h, m, s, ms)")  # fmt: skip
+            raise UserError(
+                f"cron {expression!r}: @every needs a positive Go duration, e.g. '@every 6h' or "
+                "'@every 1h30m' (units h, m, s, ms)"
+            )
         return f"@every {duration}"
     if text.startswith("@"):
         if text not in CRON_DESCRIPTORS:
-            raise UserError(f"cron {expression!r}: KFP knows the descriptors {', '.join(CRON_DESCRIPTORS)} and "
-                            "'@every DURATION'")  # fmt: skip
+            raise UserError(
+                f"cron {expression!r}: KFP knows the descriptors {', '.join(CRON_DESCRIPTORS)} and '@every DURATION'"
+            )
         return text
     fields = text.split()
     if len(fields) == 5:
         six = " ".join(["0", *fields])
-        raise UserError(f"cron {expression!r} has 5 fields; KFP reads cron with 6 fields, seconds first "
-                        f"(seconds minutes hours day-of-month month day-of-week), so it would fire at the wrong "
-                        f"times. Write {six!r} (the default {DEFAULT_CRON!r} is 02:00 UTC every day)")  # fmt: skip
+        raise UserError(
+            f"cron {expression!r} has 5 fields; KFP reads cron with 6 fields, seconds first "
+            f"(seconds minutes hours day-of-month month day-of-week), so it would fire at the wrong "
+            f"times. Write {six!r} (the default {DEFAULT_CRON!r} is 02:00 UTC every day)"
+        )
     if len(fields) != 6:
-        raise UserError(f"cron {expression!r} has {len(fields)} fields; KFP needs 6, seconds first "
-                        f"({' '.join(CRON_NAMES)}), e.g. {DEFAULT_CRON!r}, or a descriptor such as '@daily'")  # fmt: skip
+        raise UserError(
+            f"cron {expression!r} has {len(fields)} fields; KFP needs 6, seconds first "
+            f"({' '.join(CRON_NAMES)}), e.g. {DEFAULT_CRON!r}, or a descriptor such as '@daily'"
+        )
     for name, field, (low, high), words in zip(CRON_NAMES, fields, CRON_BOUNDS, CRON_WORDS):
         if not re.fullmatch(r"[0-9A-Za-z*?/,\-]+", field):
             raise UserError(f"cron {expression!r}: the {name} field {field!r} is not a cron field")
         unknown = [w for w in re.findall(r"[A-Za-z]+", field) if w.lower() not in words]
         if unknown:
-            raise UserError(f"cron {expression!r}: the {name} field {field!r} has {unknown[0]!r}, which KFP's cron "
-                            f"does not know" + (f" (names: {', '.join(sorted(words))})" if words else ""))  # fmt: skip
+            raise UserError(
+                f"cron {expression!r}: the {name} field {field!r} has {unknown[0]!r}, which KFP's cron "
+                f"does not know" + (f" (names: {', '.join(sorted(words))})" if words else "")
+            )
         values = [int(v) for v in re.findall(r"(?<![/\d])\d+", field)]  # not the step after '/'
         if "?" in field and name not in ("day of month", "day of week"):
             raise UserError(f"cron {expression!r}: '?' is for the day fields only, not the {name} field")
@@ -116,8 +130,7 @@ def check_cron(expression: str) -> str:
     from croniter import croniter
 
     if not croniter.is_valid(text, second_at_beginning=True, strict=True):
-        raise UserError(f"cron {expression!r} never fires (no such date, e.g. 30 February) or is not a cron KFP "
-                        "reads")  # fmt: skip
+        raise UserError(f"cron {expression!r} never fires (no such date, e.g. 30 February) or is not a cron KFP reads")
     return text
 
 
@@ -129,9 +142,15 @@ def next_runs(cron: str, after: datetime.datetime, count: int = 1) -> list[datet
         return [after + datetime.timedelta(seconds=seconds * (i + 1)) for i in range(count)]
     from croniter import croniter
 
-    spec = {"@yearly": "0 0 0 1 1 *", "@annually": "0 0 0 1 1 *", "@monthly": "0 0 0 1 * *",
-            "@weekly": "0 0 0 * * 0", "@daily": "0 0 0 * * *", "@midnight": "0 0 0 * * *",
-            "@hourly": "0 0 * * * *"}.get(cron, cron)  # fmt: skip
+    spec = {
+        "@yearly": "0 0 0 1 1 *",
+        "@annually": "0 0 0 1 1 *",
+        "@monthly": "0 0 0 1 * *",
+        "@weekly": "0 0 0 * * 0",
+        "@daily": "0 0 0 * * *",
+        "@midnight": "0 0 0 * * *",
+        "@hourly": "0 0 * * * *",
+    }.get(cron, cron)
     it = croniter(spec, after, second_at_beginning=True, ret_type=datetime.datetime)
     return [it.get_next() for _ in range(count)]
 
@@ -151,8 +170,10 @@ def endpoint(host: str | None) -> str:
     """The KFP endpoint: `host`, else $KF_PIPELINES_ENDPOINT; a UserError when neither is set."""
     host = host or os.environ.get(ENDPOINT_ENV, "")
     if not host:
-        raise UserError(f"no Kubeflow Pipelines endpoint: give --host (e.g. http://localhost:8080 after "
-                        f"`kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`) or set ${ENDPOINT_ENV}")  # fmt: skip
+        raise UserError(
+            f"no Kubeflow Pipelines endpoint: give --host (e.g. http://localhost:8080 after "
+            f"`kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`) or set ${ENDPOINT_ENV}"
+        )
     parsed = urlparse(host if "://" in host else f"http://{host}")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise UserError(f"invalid Kubeflow Pipelines endpoint {host!r}: expected http(s)://host[:port]")
@@ -171,27 +192,38 @@ def probe_endpoint(host: str, timeout_s: float, token: str = "") -> None:
     try:
         socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
     except OSError as exc:
-        raise UserError(f"cannot reach Kubeflow Pipelines at {host} within {timeout_s:g} s: "
-                        f"{exc.strerror or first_line(exc)}; is the endpoint right and port-forwarded?") from None  # fmt: skip
+        raise UserError(
+            f"cannot reach Kubeflow Pipelines at {host} within {timeout_s:g} s: "
+            f"{exc.strerror or first_line(exc)}; is the endpoint right and port-forwarded?"
+        ) from None
     health = host.rstrip("/") + HEALTHZ
     request = urllib.request.Request(health, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as reply:
             reply.read()
     except urllib.error.HTTPError as exc:
-        hint = (f"a multi-user KFP needs a token: --token or ${TOKEN_ENV}" if exc.code in (401, 403) and not token
-                else "the token was refused" if exc.code in (401, 403)
-                else "is this the ml-pipeline-ui or ml-pipeline service?")  # fmt: skip
-        raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {exc.code} {exc.reason} "
-                        f"from {HEALTHZ} ({hint})") from None  # fmt: skip
+        hint = (
+            f"a multi-user KFP needs a token: --token or ${TOKEN_ENV}"
+            if exc.code in (401, 403) and not token
+            else "the token was refused"
+            if exc.code in (401, 403)
+            else "is this the ml-pipeline-ui or ml-pipeline service?"
+        )
+        raise UserError(
+            f"Kubeflow Pipelines at {host} did not answer its health check: {exc.code} {exc.reason} "
+            f"from {HEALTHZ} ({hint})"
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check within {timeout_s:g} s: "
-                        f"{first_line(reason) if isinstance(reason, BaseException) else reason}") from None  # fmt: skip
+        raise UserError(
+            f"Kubeflow Pipelines at {host} did not answer its health check within {timeout_s:g} s: "
+            f"{first_line(reason) if isinstance(reason, BaseException) else reason}"
+        ) from None
 
 
-def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0,
-                token: str | None = None):  # fmt: skip
+def connect_kfp(
+    host: str | None = None, namespace: str | None = None, timeout_s: float = 10.0, token: str | None = None
+):
     """A kfp.Client for the endpoint, after checking that it answers; `token` (else
     $KF_PIPELINES_TOKEN) goes with every request as a bearer token (multi-user KFP)."""
     require("pipelines", "kfp", purpose="talking to Kubeflow Pipelines")
@@ -208,13 +240,24 @@ def connect_kfp(host: str | None = None, namespace: str | None = None, timeout_s
         raise UserError(f"Kubeflow Pipelines at {host} did not answer its health check: {_reason(exc)}") from None
 
 
-def submit_run(client, package: str | os.PathLike, arguments: dict[str, Any], experiment: str = "speedforge",
-               run_name: str | None = None, service_account: str | None = None) -> RunInfo:  # fmt: skip
+def submit_run(
+    client,
+    package: str | os.PathLike,
+    arguments: dict[str, Any],
+    experiment: str = "speedforge",
+    run_name: str | None = None,
+    service_account: str | None = None,
+) -> RunInfo:
     """Create a run of the compiled pipeline (what `kfp run create` does)."""
     _check_package(package)
     try:
-        result = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
-                                                         experiment_name=experiment, service_account=service_account)  # fmt: skip
+        result = client.create_run_from_pipeline_package(
+            str(package),
+            arguments=arguments,
+            run_name=run_name,
+            experiment_name=experiment,
+            service_account=service_account,
+        )
         return run_status(client, result.run_id)
     except UserError:
         raise
@@ -222,9 +265,16 @@ def submit_run(client, package: str | os.PathLike, arguments: dict[str, Any], ex
         raise UserError(f"Kubeflow Pipelines refused the run: {_reason(exc)}") from None
 
 
-def schedule_run(client, package: str | os.PathLike, arguments: dict[str, Any], cron: str = DEFAULT_CRON,
-                 name: str = "speedforge-nightly", experiment: str = "speedforge",
-                 service_account: str | None = None, enabled: bool = True) -> ScheduleInfo:  # fmt: skip
+def schedule_run(
+    client,
+    package: str | os.PathLike,
+    arguments: dict[str, Any],
+    cron: str = DEFAULT_CRON,
+    name: str = "speedforge-nightly",
+    experiment: str = "speedforge",
+    service_account: str | None = None,
+    enabled: bool = True,
+) -> ScheduleInfo:
     """A recurring run of the compiled pipeline on a six-field cron; one run at a time, no catch-up.
     A recurring run of the same name in the experiment is refused: a second would start runs of its
     own beside the first's, competing for the same store and pools."""
@@ -236,13 +286,23 @@ def schedule_run(client, package: str | os.PathLike, arguments: dict[str, Any], 
     except Exception as exc:
         raise UserError(f"Kubeflow Pipelines refused the recurring run: {_reason(exc)}") from None
     if existing:
-        raise UserError(f"a recurring run named {name!r} exists already in experiment {experiment!r} "
-                        f"({', '.join(existing)}); a second would run beside it: delete it first "
-                        f"(kfp recurring-run delete {existing[0]}) or give another --job-name")  # fmt: skip
+        raise UserError(
+            f"a recurring run named {name!r} exists already in experiment {experiment!r} "
+            f"({', '.join(existing)}); a second would run beside it: delete it first "
+            f"(kfp recurring-run delete {existing[0]}) or give another --job-name"
+        )
     try:
-        job = client.create_recurring_run(experiment_id=experiment_id, job_name=name, cron_expression=cron,
-                                          pipeline_package_path=str(package), params=arguments, max_concurrency=1,
-                                          no_catchup=True, enabled=enabled, service_account=service_account)  # fmt: skip
+        job = client.create_recurring_run(
+            experiment_id=experiment_id,
+            job_name=name,
+            cron_expression=cron,
+            pipeline_package_path=str(package),
+            params=arguments,
+            max_concurrency=1,
+            no_catchup=True,
+            enabled=enabled,
+            service_account=service_account,
+        )
     except Exception as exc:
         raise UserError(f"Kubeflow Pipelines refused the recurring run: {_reason(exc)}") from None
     return ScheduleInfo(job.recurring_run_id, name, cron, service_account or "", enabled)
@@ -256,10 +316,15 @@ def run_status(client, run_id: str) -> RunInfo:
         raise UserError(f"cannot read run {run_id}: {_reason(exc)}") from None
     error = getattr(run, "error", None)
     host = client._get_url_prefix() if hasattr(client, "_get_url_prefix") else ""
-    return RunInfo(run_id=run.run_id, name=run.display_name or "", state=str(run.state or ""),
-                   created_at=str(run.created_at or ""), finished_at=str(run.finished_at or ""),
-                   error=first_line(error.message) if error and getattr(error, "message", None) else "",
-                   url=f"{host}/#/runs/details/{run.run_id}" if host else "")  # fmt: skip
+    return RunInfo(
+        run_id=run.run_id,
+        name=run.display_name or "",
+        state=str(run.state or ""),
+        created_at=str(run.created_at or ""),
+        finished_at=str(run.finished_at or ""),
+        error=first_line(error.message) if error and getattr(error, "message", None) else "",
+        url=f"{host}/#/runs/details/{run.run_id}" if host else "",
+    )
 
 
 def _recurring_runs_named(client, experiment_id: str, name: str) -> list[str]:
@@ -347,8 +412,10 @@ def parse_params(package: str | os.PathLike, pairs: list[str]) -> dict[str, Any]
 # -- the image the steps run in ------------------------------------------------------------------
 
 IMAGE_ENV = "SPEEDFORGE_IMAGE"
-IMAGE_REF = re.compile(r"^(?P<registry>[a-z0-9.-]+(:[0-9]+)?|localhost(:[0-9]+)?)/(?P<path>[a-z0-9._/-]+)"
-                       r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(@sha256:[0-9a-f]{64})?$")  # fmt: skip
+IMAGE_REF = re.compile(
+    r"^(?P<registry>[a-z0-9.-]+(:[0-9]+)?|localhost(:[0-9]+)?)/(?P<path>[a-z0-9._/-]+)"
+    r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(@sha256:[0-9a-f]{64})?$"
+)
 
 
 def check_image(image: str, where: str = "--image") -> str:
@@ -359,8 +426,10 @@ def check_image(image: str, where: str = "--image") -> str:
     host = match.group("registry") if match else ""
     qualified = bool(match) and ("." in host or ":" in host or host.startswith("localhost"))
     if not qualified or not (match.group("tag") or "@sha256:" in image):
-        raise UserError(f"image {image!r} ({where}) is not fully qualified: give REGISTRY/PATH:TAG (or @sha256:DIGEST), "
-                        f"e.g. registry.example.com/speedforge:0.1.0, the image you pushed")  # fmt: skip
+        raise UserError(
+            f"image {image!r} ({where}) is not fully qualified: give REGISTRY/PATH:TAG (or @sha256:DIGEST), "
+            f"e.g. registry.example.com/speedforge:0.1.0, the image you pushed"
+        )
     return image.strip()
 
 
@@ -368,8 +437,10 @@ def image_from(option: str | None) -> str:
     """The image of a submit or schedule: `--image`, else $SPEEDFORGE_IMAGE, checked."""
     image = option or os.environ.get(IMAGE_ENV, "")
     if not image:
-        raise UserError(f"no image for the run's steps: give --image REGISTRY/speedforge:TAG or set ${IMAGE_ENV} "
-                        "(the image you built from the Dockerfile and pushed)")  # fmt: skip
+        raise UserError(
+            f"no image for the run's steps: give --image REGISTRY/speedforge:TAG or set ${IMAGE_ENV} "
+            "(the image you built from the Dockerfile and pushed)"
+        )
     return check_image(image, "--image" if option else f"${IMAGE_ENV}")
 
 

@@ -53,9 +53,15 @@ class LocalRun:
     logs: str = ""  # the folder of the tasks' log files ("" when the run printed them: verbose)
 
 
-def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], config: Config,
-                         config_text: str = "", ray_head: bool = False, verbose: bool = False,
-                         say: Callable[[str], None] = print) -> LocalRun:  # fmt: skip
+def run_pipeline_locally(
+    pipeline_func: Callable,
+    arguments: dict[str, Any],
+    config: Config,
+    config_text: str = "",
+    ray_head: bool = False,
+    verbose: bool = False,
+    say: Callable[[str], None] = print,
+) -> LocalRun:
     """Run `pipeline_func` with `arguments` (plus `store` and `config`, set here) on this machine.
 
     With `ray_head`, a Ray head of its own is started for the run (speedforge.cluster.ray_head:
@@ -87,16 +93,22 @@ def run_pipeline_locally(pipeline_func: Callable, arguments: dict[str, Any], con
     # The run's Ray head has no token authentication (start_ray_head), so neither do its clients, the
     # steps: without this, a client whose Ray defaults to tokens asks for one that no step's HOME holds.
     no_token = {"RAY_AUTH_MODE": "disabled"} if ray_head else {}
-    with SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server, environment({**server.env(), **no_token}), \
-            contextlib.ExitStack() as stack:  # fmt: skip
+    with (
+        SeaweedServer(cache / "pipeline-s3", bucket=BUCKET) as server,
+        environment({**server.env(), **no_token}),
+        contextlib.ExitStack() as stack,
+    ):
         store = open_store(store_uri, config=config.store)
         progress = None if verbose else RunProgress(store, say=say)
         steps_root = stack.enter_context(isolated_steps(progress))
         if progress is not None:
             stack.enter_context(kfp_log_to_file(progress))
         if ray_head:
-            arguments = {**arguments, "train_mode": "ray", "ray_dashboard": start_ray_head(stack, server, config,
-                                                                                          Path(steps_root) / "head")}
+            arguments = {
+                **arguments,
+                "train_mode": "ray",
+                "ray_dashboard": start_ray_head(stack, server, config, Path(steps_root) / "head"),
+            }
         before = set(run_ids(store.list(RUNS + "/")))
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
         failure = None
@@ -126,12 +138,18 @@ def start_ray_head(stack: contextlib.ExitStack, server, config: Config, folder: 
     from speedforge.cluster.pools import local_ray_resources
     from speedforge.cluster.ray_head import RayHead
 
-    env = {**server.env(), "HOME": str(folder / "home"), "XDG_CACHE_HOME": str(folder / "cache"),
-           "SPEEDFORGE_CACHE": str(folder / "cache" / "speedforge"), "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+    env = {
+        **server.env(),
+        "HOME": str(folder / "home"),
+        "XDG_CACHE_HOME": str(folder / "cache"),
+        "SPEEDFORGE_CACHE": str(folder / "cache" / "speedforge"),
+        "RAY_AUTH_MODE": "disabled",
+    }
     for name in ("home", "cache"):
         (folder / name).mkdir(parents=True)
-    head = stack.enter_context(RayHead(env=env, resources=local_ray_resources(config.service),
-                                       num_cpus=max(2, os.cpu_count() or 1)))  # fmt: skip
+    head = stack.enter_context(
+        RayHead(env=env, resources=local_ray_resources(config.service), num_cpus=max(2, os.cpu_count() or 1))
+    )
     return head.dashboard
 
 
@@ -144,8 +162,10 @@ def describe_failure(store, run_id: str, steps: list, kfp_message: str, steps_ro
         return f"the pipeline failed: {kfp_message} (failure report: {where})"
     why = ""
     if steps_root and steps_root in failed.error:
-        why = (" [that path is in another step's folder, gone when that step ended: steps share only the store "
-               "and the values KFP passes, as pods do; hand over a store URI]")  # fmt: skip
+        why = (
+            " [that path is in another step's folder, gone when that step ended: steps share only the store "
+            "and the values KFP passes, as pods do; hand over a store URI]"
+        )
     return f"the pipeline failed at step {failed.step}: {failed.error}{why} (failure report: {where})"
 
 
@@ -177,8 +197,13 @@ def isolated_steps(progress: RunProgress | None = None) -> Iterator[str]:
         folders = {name: folder / name for name in ("home", "cache", "work")}
         for path in [*folders.values(), tmp]:
             path.mkdir(parents=True)
-        env = {**(env_vars or {}), "HOME": str(folders["home"]), "XDG_CACHE_HOME": str(folders["cache"]),
-               "SPEEDFORGE_CACHE": str(folders["cache"] / "speedforge"), "TMPDIR": str(tmp)}  # fmt: skip
+        env = {
+            **(env_vars or {}),
+            "HOME": str(folders["home"]),
+            "XDG_CACHE_HOME": str(folders["cache"]),
+            "SPEEDFORGE_CACHE": str(folders["cache"] / "speedforge"),
+            "TMPDIR": str(tmp),
+        }
         command = ["/bin/sh", "-c", 'cd "$0" || exit 1; exec "$@"', str(folders["work"]), *full_command]
         try:
             if progress is None:
@@ -254,8 +279,13 @@ def kfp_log_to_file(progress: RunProgress) -> Iterator[None]:
     root = logging.getLogger()
     handler = LogsFolderHandler(progress)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    saved = (root.level, root.handlers[:], logging_utils.local_logger_context, logging_utils.print_horizontal_line,
-             logging_utils.indented_print)  # fmt: skip
+    saved = (
+        root.level,
+        root.handlers[:],
+        logging_utils.local_logger_context,
+        logging_utils.print_horizontal_line,
+        logging_utils.indented_print,
+    )
     root.handlers = [handler]
     root.setLevel(logging.INFO)
     logging_utils.local_logger_context = logging_utils.indented_print = contextlib.nullcontext
@@ -265,7 +295,9 @@ def kfp_log_to_file(progress: RunProgress) -> Iterator[None]:
     finally:
         root.setLevel(saved[0])
         root.handlers = saved[1]
-        logging_utils.local_logger_context, logging_utils.print_horizontal_line, logging_utils.indented_print = saved[2:]
+        logging_utils.local_logger_context, logging_utils.print_horizontal_line, logging_utils.indented_print = saved[
+            2:
+        ]
         handler.close()
 
 

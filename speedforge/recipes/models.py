@@ -62,8 +62,13 @@ def resolve_registered(config: Config, registry: str = "") -> tuple[Config, Mode
 def code_version() -> str:
     """speedforge's version, with the git commit of its source where it is a checkout."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent, text=True,
-                                capture_output=True, timeout=10).stdout.strip()  # fmt: skip
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=Path(__file__).parent,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
     return f"{__version__}+{commit}" if commit else __version__
@@ -89,15 +94,32 @@ def heldout_eval(config: Config, folder: str, shown_as: str) -> HeldoutEval:
     split = split_tasks(read_tasks(config), config.train)
     report = evaluate_heldout(config, folder, samples)
     results = [tuple(pair) for row in report.tasks for pair in row["results"]]
-    return HeldoutEval(model=shown_as, pool=report.pool, split_id=split_id(split.heldout),
-                       tasks=tuple(row["task_id"] for row in report.tasks), samples=samples, seed=config.train.seed,
-                       statuses=tuple(s for s, _ in results), speedups=tuple(x for _, x in results),
-                       evaluated_at=time.time())  # fmt: skip
+    return HeldoutEval(
+        model=shown_as,
+        pool=report.pool,
+        split_id=split_id(split.heldout),
+        tasks=tuple(row["task_id"] for row in report.tasks),
+        samples=samples,
+        seed=config.train.seed,
+        statuses=tuple(s for s, _ in results),
+        speedups=tuple(x for _, x in results),
+        evaluated_at=time.time(),
+    )
 
 
-def register_checkpoint(config: Config, checkpoint: str, *, run_id: str = "", stage: str = "", parent: str = "",
-                        datasets: Sequence[str] = (), registry: str = "", evaluate: bool = True, note: str = "",
-                        say: Say = print) -> ModelVersion:  # fmt: skip
+def register_checkpoint(
+    config: Config,
+    checkpoint: str,
+    *,
+    run_id: str = "",
+    stage: str = "",
+    parent: str = "",
+    datasets: Sequence[str] = (),
+    registry: str = "",
+    evaluate: bool = True,
+    note: str = "",
+    say: Say = print,
+) -> ModelVersion:
     """Register `checkpoint` (a store URI or a folder) as the next version of models.name, with its
     lineage and, with `evaluate`, its held-out check on train.pool. A check that fails is said and
     noted on the version, which is registered without an evaluation (the gate refuses it)."""
@@ -113,15 +135,26 @@ def register_checkpoint(config: Config, checkpoint: str, *, run_id: str = "", st
         except UserError as exc:
             say(f"held-out check of {checkpoint} failed: {exc}")
             note = "; ".join(filter(None, [note, f"held-out check failed at registration: {exc}"]))
-    version = reg.register(checkpoint, files, run_id=run_id, stage=stage, parent=parent, datasets=tuple(datasets),
-                           config_hash=config_hash(config), code_version=code_version(), split_id=split,
-                           evaluations_json=json.dumps(evaluations, sort_keys=True), note=note)  # fmt: skip
+    version = reg.register(
+        checkpoint,
+        files,
+        run_id=run_id,
+        stage=stage,
+        parent=parent,
+        datasets=tuple(datasets),
+        config_hash=config_hash(config),
+        code_version=code_version(),
+        split_id=split,
+        evaluations_json=json.dumps(evaluations, sort_keys=True),
+        note=note,
+    )
     say(f"registered {version.ref} in {reg.where}")
     return version
 
 
-def gate_version(config: Config, number: int, registry: str = "", say: Say = print,
-                 check: Check | None = None) -> GateDecision:  # fmt: skip
+def gate_version(
+    config: Config, number: int, registry: str = "", say: Say = print, check: Check | None = None
+) -> GateDecision:
     """Judge version `number` against the champion on the held-out check, promote it when the gate
     says so, and record the decision either way (see the module docstring). `check`: a stand-in
     for the held-out check of a version (tests inject figures the tiny model cannot reach)."""
@@ -140,8 +173,11 @@ def gate_version(config: Config, number: int, registry: str = "", say: Say = pri
     if moved:
         verdict = Verdict(False, f"{moved}: the champion stays")
     elif champion is not None and champion_eval is None:
-        verdict = Verdict(False, f"the champion {champion.ref}'s held-out check failed: the champion stays (promote "
-                                 "by hand if it is broken)")  # fmt: skip
+        verdict = Verdict(
+            False,
+            f"the champion {champion.ref}'s held-out check failed: the champion stays (promote "
+            "by hand if it is broken)",
+        )
     decision_id = reg.new_decision_id()
     promoted, reason = verdict.promote, verdict.reason
     if promoted:
@@ -149,13 +185,20 @@ def gate_version(config: Config, number: int, registry: str = "", say: Say = pri
             reg.promote(number, reason, decision_id=decision_id, expect=champion.version if champion else None)
         except AliasChanged as exc:
             promoted, reason = False, f"{reason}; but not promoted: {exc} (the champion changed while the gate ran)"
-    decision = GateDecision(decision_id=decision_id, name=reg.name, candidate=number,
-                            champion=champion.version if champion else 0, promoted=promoted, reason=reason,
-                            figures_json=json.dumps([f.to_dict() for f in verdict.figures]),
-                            rule=json.dumps(dataclasses.asdict(config.models.gate), sort_keys=True),
-                            candidate_eval_json=new_eval.to_json() if new_eval else "{}",
-                            champion_eval_json=champion_eval.to_json() if champion_eval else "{}",
-                            decided_at=time.time(), decided_by=who())  # fmt: skip
+    decision = GateDecision(
+        decision_id=decision_id,
+        name=reg.name,
+        candidate=number,
+        champion=champion.version if champion else 0,
+        promoted=promoted,
+        reason=reason,
+        figures_json=json.dumps([f.to_dict() for f in verdict.figures]),
+        rule=json.dumps(dataclasses.asdict(config.models.gate), sort_keys=True),
+        candidate_eval_json=new_eval.to_json() if new_eval else "{}",
+        champion_eval_json=champion_eval.to_json() if champion_eval else "{}",
+        decided_at=time.time(),
+        decided_by=who(),
+    )
     reg.record_decision(decision)
     say(f"{'promoted' if promoted else 'not promoted'}: {candidate.ref}: {reason}")
     return decision
@@ -170,16 +213,21 @@ def split_moved(config: Config, reg: ModelRegistry) -> str:
     tasks = read_tasks(config)
     split = split_tasks(tasks, config.train)
     mine = split_id(split.heldout)
-    fixed = reg.fix_split(split_id(sorted(tasks, key=lambda t: t.task_id)), mine, tuple(t.task_id for t in split.heldout))
+    fixed = reg.fix_split(
+        split_id(sorted(tasks, key=lambda t: t.task_id)), mine, tuple(t.task_id for t in split.heldout)
+    )
     if fixed.split_id == mine:
         return ""
-    return (f"the held-out split moved: this data set version's was fixed as {', '.join(fixed.tasks)} "
-            f"(split {fixed.split_id}), this night's is {', '.join(t.task_id for t in split.heldout)} (split {mine}); "
-            "set train.heldout to the fixed tasks")  # fmt: skip
+    return (
+        f"the held-out split moved: this data set version's was fixed as {', '.join(fixed.tasks)} "
+        f"(split {fixed.split_id}), this night's is {', '.join(t.task_id for t in split.heldout)} (split {mine}); "
+        "set train.heldout to the fixed tasks"
+    )
 
 
-def gate_training_outcome(train_config: str, outcome: dict, store: str, store_config=None, dataset: str = "",
-                          say: Say = print) -> dict:  # fmt: skip
+def gate_training_outcome(
+    train_config: str, outcome: dict, store: str, store_config=None, dataset: str = "", say: Say = print
+) -> dict:
     """The pipeline's gate step: register the checkpoint a training step wrote (`outcome`, its
     TrainOutcome as a dict; the weights by their store URI) in `store`'s registry with its lineage
     and held-out check, then gate it against the champion. `train_config`: the training config's
@@ -187,15 +235,28 @@ def gate_training_outcome(train_config: str, outcome: dict, store: str, store_co
     from speedforge.config import loads_config
     from speedforge.recipes.training import with_run_store
 
-    config = with_run_store(loads_config(train_config, where="the training config"), store, store_config,
-                            run=outcome["run"])  # fmt: skip
-    version = register_checkpoint(config, outcome["final_checkpoint_uri"], run_id=outcome["run"],
-                                  stage=outcome["stage"], parent=outcome.get("init_model", ""),
-                                  datasets=[dataset] if dataset else [], registry=store, say=say)  # fmt: skip
+    config = with_run_store(
+        loads_config(train_config, where="the training config"), store, store_config, run=outcome["run"]
+    )
+    version = register_checkpoint(
+        config,
+        outcome["final_checkpoint_uri"],
+        run_id=outcome["run"],
+        stage=outcome["stage"],
+        parent=outcome.get("init_model", ""),
+        datasets=[dataset] if dataset else [],
+        registry=store,
+        say=say,
+    )
     decision = gate_version(config, version.version, registry=store, say=say)
     champion = open_registry(config, store).alias()
-    return {"version": version.ref, "promoted": decision.promoted, "reason": decision.reason,
-            "champion": f"models:/{version.name}@{champion}" if champion else "", "decision_id": decision.decision_id}  # fmt: skip
+    return {
+        "version": version.ref,
+        "promoted": decision.promoted,
+        "reason": decision.reason,
+        "champion": f"models:/{version.name}@{champion}" if champion else "",
+        "decision_id": decision.decision_id,
+    }
 
 
 def held_out_check(config: Config, version: ModelVersion, say: Say, fresh: bool = False) -> HeldoutEval | None:
@@ -208,8 +269,13 @@ def held_out_check(config: Config, version: ModelVersion, say: Say, fresh: bool 
     split = split_tasks(read_tasks(config), config.train)
     pool = config.train.pool or default_pool(split.heldout[0], "cpu") if split.heldout else ""
     recorded = version.evaluations.get(pool)
-    if not fresh and recorded is not None and recorded.split_id == split_id(split.heldout) and \
-            recorded.samples == config.models.gate.samples and recorded.seed == config.train.seed:  # fmt: skip
+    if (
+        not fresh
+        and recorded is not None
+        and recorded.split_id == split_id(split.heldout)
+        and recorded.samples == config.models.gate.samples
+        and recorded.seed == config.train.seed
+    ):
         return recorded
     say(f"held-out check of {version.ref} ({config.models.gate.samples} sample(s) per task)")
     try:

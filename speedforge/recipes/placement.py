@@ -59,14 +59,15 @@ def pool_placement(config: Config, pool: str, joins_cluster: bool) -> Placement:
     return Placement(name, dict(settings.node_selector), [dict(GPU_TOLERATION)], max(1, math.ceil(settings.num_gpus)))
 
 
-
 def ray_address_in(address: str, namespace: str) -> str:
     """`address` with `{namespace}` replaced by the Ray cluster's `namespace`; "" stays "" (a local Ray)."""
     from speedforge.errors import UserError
 
     if NAMESPACE_FIELD in address and not namespace:
-        raise UserError(f"ray_address {address!r} names the Ray cluster's namespace as {NAMESPACE_FIELD}, "
-                        "and the namespace parameter is empty: give the namespace the RayCluster runs in")
+        raise UserError(
+            f"ray_address {address!r} names the Ray cluster's namespace as {NAMESPACE_FIELD}, "
+            "and the namespace parameter is empty: give the namespace the RayCluster runs in"
+        )
     return address.replace(NAMESPACE_FIELD, namespace)
 
 

@@ -54,19 +54,39 @@ class PortabilityOutcome:
     kept_parts: int = 0  # parts of results the store did not take, kept in the local spill for the next run
 
     def to_dict(self) -> dict[str, Any]:
-        return {"results_uri": self.results_uri, "run_id": self.run_id,
-                "pools": [dataclasses.asdict(p) for p in self.pools], "tasks": self.tasks, "variants": self.variants,
-                "results": len(self.results), "summary": {p: s.to_dict() for p, s in self.summary.items()},
-                "notes": list(self.notes), "kept_parts": self.kept_parts}  # fmt: skip
+        return {
+            "results_uri": self.results_uri,
+            "run_id": self.run_id,
+            "pools": [dataclasses.asdict(p) for p in self.pools],
+            "tasks": self.tasks,
+            "variants": self.variants,
+            "results": len(self.results),
+            "summary": {p: s.to_dict() for p, s in self.summary.items()},
+            "notes": list(self.notes),
+            "kept_parts": self.kept_parts,
+        }
 
 
 ServiceFactory = Callable[[Config], contextlib.AbstractContextManager]
 
 
-def run_portability(config: Config, variants_uri: str, pools: list[str], out_uri: str, *, view=None,
-                    tasks_uri: str | None = None, select: str = "best", levels: tuple[int, ...] = (), limit: int = 0,
-                    skip_bad: bool = False, address: str | None = None, endpoint: str | None = None,
-                    force: bool = False, service_factory: ServiceFactory | None = None) -> PortabilityOutcome:  # fmt: skip
+def run_portability(
+    config: Config,
+    variants_uri: str,
+    pools: list[str],
+    out_uri: str,
+    *,
+    view=None,
+    tasks_uri: str | None = None,
+    select: str = "best",
+    levels: tuple[int, ...] = (),
+    limit: int = 0,
+    skip_bad: bool = False,
+    address: str | None = None,
+    endpoint: str | None = None,
+    force: bool = False,
+    service_factory: ServiceFactory | None = None,
+) -> PortabilityOutcome:
     """Measure the variant set `variants_uri` (speedforge.recipes.variant_set) on `pools`, into
     the store `out_uri`. `view`: entered once the measuring starts, its `update(SweepProgress)`
     called as results arrive (a SweepProgress names only the pools of the architecture being
@@ -83,8 +103,16 @@ def run_portability(config: Config, variants_uri: str, pools: list[str], out_uri
     if not pools:
         raise UserError("no pool given: name one or more pools, e.g. --pools H100,L40 (or cpu)")
     pool_configs = resolve_pools(pools, config.service)
-    chosen = read_variant_set(config, variants_uri, tasks_uri=tasks_uri, select=select, levels=levels, limit=limit,
-                              skip_bad=skip_bad, endpoint=endpoint)  # fmt: skip
+    chosen = read_variant_set(
+        config,
+        variants_uri,
+        tasks_uri=tasks_uri,
+        select=select,
+        levels=levels,
+        limit=limit,
+        skip_bad=skip_bad,
+        endpoint=endpoint,
+    )
     candidates = chosen.candidates()
     check_inputs(candidates, chosen.tasks, pool_configs)
     out = open_store(out_uri, endpoint_url=endpoint, config=config.store)
@@ -93,7 +121,7 @@ def run_portability(config: Config, variants_uri: str, pools: list[str], out_uri
     results: list[EvalResult] = []
     with ResultsTable.open(out, config, force=force) as table:  # before Ray: a second run refuses at once
         out.append_records(VARIANT_SET_TABLE, chosen.variants)
-        with ray_session(address, config.service), (view or _Silent()) as shown:
+        with ray_session(address, config.service), view or _Silent() as shown:
             shown.measuring(chosen, list(pool_configs))
             for evaluator, group in architecture_groups(pool_configs, config.evaluator):
                 with factory(dataclasses.replace(config, evaluator=evaluator)) as service:
@@ -101,13 +129,22 @@ def run_portability(config: Config, variants_uri: str, pools: list[str], out_uri
             infos = probe_pools(pool_configs, run_id, config.service.worker_start_timeout_s)
         out.append_records(POOLS_TABLE, list(infos.values()))
     merged = merge_runs([PortabilityRun(out.uri, results, chosen.variants, list(infos.values()))])
-    return PortabilityOutcome(out.uri, run_id, tuple(infos.values()), len({v.task_id for v in chosen.variants}),
-                              len(chosen.variants), results, {p: merged.summary(p) for p in pool_configs},
-                              chosen.notes, table.kept_parts)  # fmt: skip
+    return PortabilityOutcome(
+        out.uri,
+        run_id,
+        tuple(infos.values()),
+        len({v.task_id for v in chosen.variants}),
+        len(chosen.variants),
+        results,
+        {p: merged.summary(p) for p in pool_configs},
+        chosen.notes,
+        table.kept_parts,
+    )
 
 
-def architecture_groups(pools: Mapping[str, PoolConfig],
-                        evaluator: EvaluatorConfig) -> list[tuple[EvaluatorConfig, list[str]]]:  # fmt: skip
+def architecture_groups(
+    pools: Mapping[str, PoolConfig], evaluator: EvaluatorConfig
+) -> list[tuple[EvaluatorConfig, list[str]]]:
     """The pools grouped by the architecture their builds target, each with the evaluator config
     its builds use, in the order the pools are first named. `evaluator.cuda_arch_list` set: one
     group, every pool on that (fat) build. A pool without a `cuda_arch` (a CPU pool) builds as

@@ -48,6 +48,8 @@ def read_records(uri: str, kind: str, config: Config, endpoint: str | None = Non
         return getattr(load_dataset(store, staged["name"], version), kind)
     records = open_store(uri, endpoint_url=endpoint, config=config.store).read_records(kind, TABLES[kind])
     if not records:
-        raise UserError(f"no {kind} in {uri}: give a staged data set (STORE/datasets/NAME), a store with a "
-                        f"{kind} table, or builtin[:FAMILY]")  # fmt: skip
+        raise UserError(
+            f"no {kind} in {uri}: give a staged data set (STORE/datasets/NAME), a store with a "
+            f"{kind} table, or builtin[:FAMILY]"
+        )
     return records

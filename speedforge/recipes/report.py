@@ -48,8 +48,15 @@ class ReportOutcome:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"html": self.html, "markdown": self.markdown, "json": self.json, "images": list(self.images),
-                "pools": list(self.pools), "variants": self.variants, "notes": list(self.notes)}  # fmt: skip
+        return {
+            "html": self.html,
+            "markdown": self.markdown,
+            "json": self.json,
+            "images": list(self.images),
+            "pools": list(self.pools),
+            "variants": self.variants,
+            "notes": list(self.notes),
+        }
 
 
 def read_run(config: Config, uri: str, endpoint: str | None = None) -> PortabilityRun:
@@ -60,13 +67,15 @@ def read_run(config: Config, uri: str, endpoint: str | None = None) -> Portabili
     results = store.read_records("results", EvalResult)
     pools = store.read_records(POOLS_TABLE, PoolInfo)
     if not results and not pools:
-        raise UserError(f"no results in {uri}: give the --out of `speedforge portability` (or of `speedforge "
-                        "evaluate`)")  # fmt: skip
+        raise UserError(
+            f"no results in {uri}: give the --out of `speedforge portability` (or of `speedforge evaluate`)"
+        )
     return PortabilityRun(store.uri, results, store.read_records(VARIANT_SET_TABLE, Variant), pools)
 
 
-def write_report(config: Config, results_uris: list[str], out_dir: str, *,
-                 endpoint: str | None = None) -> ReportOutcome:  # fmt: skip
+def write_report(
+    config: Config, results_uris: list[str], out_dir: str, *, endpoint: str | None = None
+) -> ReportOutcome:
     """Merge the results of `results_uris` (later ones replace earlier ones' results for the same
     variant and pool) and write the report files into `out_dir` (see the module docstring)."""
     require("reports", "matplotlib", "jsonschema", purpose="the portability report")
@@ -88,9 +97,15 @@ def write_report(config: Config, results_uris: list[str], out_dir: str, *,
     write_whole(out / "report.json", (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
     write_whole(out / "report.md", render_markdown(data, sections, images).encode())
     write_whole(out / "report.html", render_html(data, sections, pngs).encode())
-    return ReportOutcome(str(out / "report.html"), str(out / "report.md"), str(out / "report.json"),
-                         tuple(str(out / f) for f in images.values()), tuple(table.pools),
-                         len(table.measured_variants()), table.notes)  # fmt: skip
+    return ReportOutcome(
+        str(out / "report.html"),
+        str(out / "report.md"),
+        str(out / "report.json"),
+        tuple(str(out / f) for f in images.values()),
+        tuple(table.pools),
+        len(table.measured_variants()),
+        table.notes,
+    )
 
 
 def check_report(data: dict[str, Any]) -> None:
@@ -128,11 +143,16 @@ def figures(table: PortabilityTable) -> dict[str, bytes]:
         rows.append(_row_label(variant, variants))
         cells.append(row)
     out["heatmap"] = plots.heatmap(rows, columns, cells, f"{len(variants)} variants on {len(table.pools)} pool(s)")
-    speedups = {**{label: list(scores.values()) for label, scores in _measured_sources(table).items()},
-                **{pool: list(table.speedups(pool).values()) for pool in table.pools}}  # fmt: skip
+    speedups = {
+        **{label: list(scores.values()) for label, scores in _measured_sources(table).items()},
+        **{pool: list(table.speedups(pool).values()) for pool in table.pools},
+    }
     out["distribution"] = plots.distribution(speedups, "Speedup distribution")
-    panels = [(c.source, c.target, [x for _, x, _ in c.pairs], [y for _, _, y in c.pairs], c.spearman)
-              for c in table.correlations() if c.pairs][:SCATTER_PANELS]  # fmt: skip  (the table lists n=0 too)
+    panels = [
+        (c.source, c.target, [x for _, x, _ in c.pairs], [y for _, _, y in c.pairs], c.spearman)
+        for c in table.correlations()
+        if c.pairs
+    ][:SCATTER_PANELS]  # the table lists n=0 too
     if panels:
         out["scatter"] = plots.scatter(panels, "Source against target")
     curves = table.ann_curves()

@@ -31,10 +31,19 @@ class SweepOutcome:
     kept_parts: int  # parts of results the store did not take, kept in the local spill for the next run
 
 
-def sweep_to_results(config: Config, tasks_uri: str, candidates_uri: str, pools: list[str], out_uri: str,
-                     address: str | None = None, endpoint: str | None = None, limit: int = 0, force: bool = False,
-                     view: contextlib.AbstractContextManager | None = None,
-                     tasks_label: str = "the tasks given") -> SweepOutcome:  # fmt: skip
+def sweep_to_results(
+    config: Config,
+    tasks_uri: str,
+    candidates_uri: str,
+    pools: list[str],
+    out_uri: str,
+    address: str | None = None,
+    endpoint: str | None = None,
+    limit: int = 0,
+    force: bool = False,
+    view: contextlib.AbstractContextManager | None = None,
+    tasks_label: str = "the tasks given",
+) -> SweepOutcome:
     """Evaluate the candidates of `candidates_uri` (the first `limit`; 0: all) on `pools`,
     appending to the results table of `out_uri`.
 
@@ -63,8 +72,7 @@ def sweep_to_results(config: Config, tasks_uri: str, candidates_uri: str, pools:
     out = open_store(out_uri, endpoint_url=endpoint, config=config.store)
     with ResultsTable.open(out, config, force=force) as table:  # before Ray: a second run refuses at once
         try:
-            with ray_session(address, config.service), EvaluationService(config) as service, \
-                    (view or _Silent()) as shown:  # fmt: skip
+            with ray_session(address, config.service), EvaluationService(config) as service, view or _Silent() as shown:
                 results = service.submit(candidates, pools, tasks, store=table, on_progress=shown.update)
         finally:  # what workers killed mid-job (an interrupt) left; their processes are gone with the session
             remove_orphaned_scratch(Path(config.evaluator.cache_dir) / "tmp")
@@ -79,4 +87,3 @@ class _Silent(contextlib.AbstractContextManager):
 
     def update(self, progress: Any) -> None:
         pass
-

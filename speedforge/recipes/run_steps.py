@@ -65,16 +65,22 @@ class RunReport:
     steps: list[StepRecord]
 
     def to_dict(self) -> dict:
-        return {"state": self.state, "failed_step": self.failed_step, "error": self.error,
-                "report_uri": self.report_uri, "steps": [dataclasses.asdict(s) for s in self.steps]}  # fmt: skip
+        return {
+            "state": self.state,
+            "failed_step": self.failed_step,
+            "error": self.error,
+            "report_uri": self.report_uri,
+            "steps": [dataclasses.asdict(s) for s in self.steps],
+        }
 
 
 def step_key(run_id: str, step: str) -> str:
     return f"{RUNS}/{run_id}/steps/{step}.json"
 
 
-def run_step(config: Config, store_uri: str, run_id: str, step: str, recipe: Callable[..., Any], *args: Any,
-             **kwargs: Any) -> dict:  # fmt: skip
+def run_step(
+    config: Config, store_uri: str, run_id: str, step: str, recipe: Callable[..., Any], *args: Any, **kwargs: Any
+) -> dict:
     """`recipe(*args, **kwargs)`, recorded as step `step` of run `run_id`; its outcome as a dict."""
     try:
         store = _open(config, store_uri)
@@ -86,8 +92,11 @@ def run_step(config: Config, store_uri: str, run_id: str, step: str, recipe: Cal
     try:
         outcome = recipe(*args, **kwargs)
     except BaseException as exc:
-        _put(store, run_id, dataclasses.replace(record, status="failed", ended_at=time.time(),
-                                                error=first_line(exc, 2000)))  # fmt: skip
+        _put(
+            store,
+            run_id,
+            dataclasses.replace(record, status="failed", ended_at=time.time(), error=first_line(exc, 2000)),
+        )
         raise
     result = outcome.to_dict() if hasattr(outcome, "to_dict") else outcome
     _put(store, run_id, dataclasses.replace(record, status="ok", ended_at=time.time(), outcome=_json_safe(result)))

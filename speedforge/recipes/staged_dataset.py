@@ -28,8 +28,13 @@ class Staged:
 
     def to_dict(self) -> dict:
         """What a pipeline step passes on: the version's URI (STORE/datasets/NAME/versions/N.json) and counts."""
-        return {"dataset_uri": self.where, "name": self.result.name, "version": self.result.version,
-                "created": self.result.created, **self.result.counts}  # fmt: skip
+        return {
+            "dataset_uri": self.where,
+            "name": self.result.name,
+            "version": self.result.version,
+            "created": self.result.created,
+            **self.result.counts,
+        }
 
 
 def default_name(source: str) -> str:
@@ -40,14 +45,29 @@ def default_name(source: str) -> str:
     return (path.stem if path.is_file() else path.name) or "dataset"
 
 
-def stage_source(config: StoreConfig, source: str, dest: str | None = None, name: str | None = None,
-                 kind: str = "auto", family: str = "cuda", skip_bad: bool = False, endpoint: str | None = None,
-                 on_import: Callable[[Imported], None] | None = None) -> Staged:  # fmt: skip
+def stage_source(
+    config: StoreConfig,
+    source: str,
+    dest: str | None = None,
+    name: str | None = None,
+    kind: str = "auto",
+    family: str = "cuda",
+    skip_bad: bool = False,
+    endpoint: str | None = None,
+    on_import: Callable[[Imported], None] | None = None,
+) -> Staged:
     """Import `source` and stage it as data set `name` (default_name) in `dest` (config.uri)."""
     imported = import_source(source, kind=kind, family=family, skip_bad=skip_bad)
     if on_import:
         on_import(imported)
     store = open_store(dest or config.uri, endpoint_url=endpoint, config=config)
-    result = stage_dataset(store, name or default_name(source), imported.tasks, imported.candidates, source=source,
-                           skipped=imported.problems, upload_threads=config.upload_threads)  # fmt: skip
+    result = stage_dataset(
+        store,
+        name or default_name(source),
+        imported.tasks,
+        imported.candidates,
+        source=source,
+        skipped=imported.problems,
+        upload_threads=config.upload_threads,
+    )
     return Staged(result, store.describe(result.manifest_key))

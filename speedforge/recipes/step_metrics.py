@@ -24,8 +24,11 @@ register = STEP_METRICS.register
 
 def step_metrics(kind: str, outcome: Mapping[str, Any]) -> dict[str, float]:
     """The metrics of a step of `kind` (baselines, search, portability) with this outcome."""
-    return {name: float(value) for name, value in STEP_METRICS.get(kind)(outcome).items()
-            if value is not None and math.isfinite(float(value))}  # fmt: skip
+    return {
+        name: float(value)
+        for name, value in STEP_METRICS.get(kind)(outcome).items()
+        if value is not None and math.isfinite(float(value))
+    }
 
 
 def _fraction(part: float, whole: float) -> float | None:
@@ -35,9 +38,13 @@ def _fraction(part: float, whole: float) -> float | None:
 @register("baselines")
 def baselines_metrics(outcome: Mapping[str, Any]) -> dict[str, float]:
     """A pool's baselines (speedforge.recipes.baselines.BaselinesOutcome)."""
-    return {"measured": outcome["measured"], "valid": outcome["ok"],
-            "valid_fraction": _fraction(outcome["ok"], outcome["measured"]),
-            "median_speedup": outcome["median_speedup"], "median_ref_us": outcome["median_ref_us"]}  # fmt: skip
+    return {
+        "measured": outcome["measured"],
+        "valid": outcome["ok"],
+        "valid_fraction": _fraction(outcome["ok"], outcome["measured"]),
+        "median_speedup": outcome["median_speedup"],
+        "median_ref_us": outcome["median_ref_us"],
+    }
 
 
 @register("search")
@@ -45,9 +52,13 @@ def search_metrics(outcome: Mapping[str, Any]) -> dict[str, float]:
     """The in-context search (speedforge.recipes.dataset_search.DatasetSearch): samples, how many
     measured ok, and the median over tasks of each task's best speedup."""
     best = [v for v in outcome["best"].values() if v is not None]
-    return {"samples": outcome["samples"], "valid": outcome["valid"],
-            "valid_fraction": _fraction(outcome["valid"], outcome["samples"]),
-            "tasks_improved": len(best), "median_best_speedup": statistics.median(best) if best else None}  # fmt: skip
+    return {
+        "samples": outcome["samples"],
+        "valid": outcome["valid"],
+        "valid_fraction": _fraction(outcome["valid"], outcome["samples"]),
+        "tasks_improved": len(best),
+        "median_best_speedup": statistics.median(best) if best else None,
+    }
 
 
 @register("portability")
@@ -55,7 +66,11 @@ def portability_metrics(outcome: Mapping[str, Any]) -> dict[str, float]:
     """A pool's portability run (speedforge.recipes.portability.PortabilityOutcome.to_dict): the
     summary of its one pool."""
     (summary,) = outcome["summary"].values()
-    return {"evaluated": summary["evaluated"], "valid": summary["correct"],
-            "valid_fraction": _fraction(summary["correct"], summary["evaluated"]),
-            "median_speedup": summary["median"], "geomean_speedup": summary["geomean"],
-            "faster_than_reference": summary["above"]}  # fmt: skip
+    return {
+        "evaluated": summary["evaluated"],
+        "valid": summary["correct"],
+        "valid_fraction": _fraction(summary["correct"], summary["evaluated"]),
+        "median_speedup": summary["median"],
+        "geomean_speedup": summary["geomean"],
+        "faster_than_reference": summary["above"],
+    }

@@ -38,5 +38,7 @@ def store_uri(artifact: Any) -> str:
     try:
         return str(artifact.metadata[STORE_URI])
     except (KeyError, TypeError, AttributeError):
-        raise ValueError(f"artifact {getattr(artifact, 'name', artifact)!r} names no store URI "
-                         f"(metadata {STORE_URI!r}): it was not written by a speedforge step") from None  # fmt: skip
+        raise ValueError(
+            f"artifact {getattr(artifact, 'name', artifact)!r} names no store URI "
+            f"(metadata {STORE_URI!r}): it was not written by a speedforge step"
+        ) from None

@@ -61,8 +61,15 @@ def default_family() -> str:
     return "cuda" if torch.cuda.is_available() else "cpp"
 
 
-def run_suite(config: Config, view: SuiteView, family: str | None = None, task_ids: Iterable[str] | None = None,
-              search_tasks: int = 2, backend=None, evaluate_fn: BatchEvaluate | None = None) -> SuiteOutcome:  # fmt: skip
+def run_suite(
+    config: Config,
+    view: SuiteView,
+    family: str | None = None,
+    task_ids: Iterable[str] | None = None,
+    search_tasks: int = 2,
+    backend=None,
+    evaluate_fn: BatchEvaluate | None = None,
+) -> SuiteOutcome:
     """Steps 1 and 2 of the module docstring on the built-in tasks `task_ids` (all of the family
     when None). `backend`: made from config.policy when None; `evaluate_fn`: this machine's
     sandbox when None (tests give deterministic stand-ins for both)."""
@@ -71,27 +78,37 @@ def run_suite(config: Config, view: SuiteView, family: str | None = None, task_i
     tasks = {t.task_id: t for t in builtin_tasks(family)}
     wanted = set(task_ids) if task_ids else set(tasks)
     if wanted - set(tasks):
-        raise UserError(f"not {family} tasks: {', '.join(sorted(wanted - set(tasks)))} "
-                        f"(see `speedforge tasks list --family {family}`)")  # fmt: skip
+        raise UserError(
+            f"not {family} tasks: {', '.join(sorted(wanted - set(tasks)))} "
+            f"(see `speedforge tasks list --family {family}`)"
+        )
     if search_tasks > 0 and backend is None:  # before any evaluation: a bad model fails at once
         from speedforge.policy.backends import make_backend
 
         backend = make_backend(config.policy)
     candidates = [c for c in builtin_candidates(family) if c.task_id in wanted]
     measure = evaluate_fn or local_batch(config.evaluator, tasks, device)
-    results = [measure([c])[0]
-               for c in view.evaluating(candidates, family, device, config.evaluator.cache_dir)]  # fmt: skip
+    results = [measure([c])[0] for c in view.evaluating(candidates, family, device, config.evaluator.cache_dir)]
     view.evaluated(results)
     searches = []
     if search_tasks > 0:
         searched = sorted(wanted)[:search_tasks]
-        searches = search_suite(config, backend, list(tasks.values()), builtin_candidates(family), results, searched,
-                                view, evaluate_fn)  # fmt: skip
+        searches = search_suite(
+            config, backend, list(tasks.values()), builtin_candidates(family), results, searched, view, evaluate_fn
+        )
     return SuiteOutcome(results, searches)
 
 
-def search_suite(config: Config, backend, tasks: list[Task], candidates: list[Candidate], results: list[EvalResult],
-                 search_ids: list[str], view: SuiteView, evaluate_fn: BatchEvaluate | None = None) -> list[SearchResult]:  # fmt: skip
+def search_suite(
+    config: Config,
+    backend,
+    tasks: list[Task],
+    candidates: list[Candidate],
+    results: list[EvalResult],
+    search_ids: list[str],
+    view: SuiteView,
+    evaluate_fn: BatchEvaluate | None = None,
+) -> list[SearchResult]:
     """Step 2: stage, seed the variants table with `results`, search the tasks `search_ids`."""
     from speedforge.store.s3server import SeaweedServer
     from speedforge.store.staging import load_dataset, stage_dataset
@@ -101,13 +118,19 @@ def search_suite(config: Config, backend, tasks: list[Task], candidates: list[Ca
     data_dir = Path(config.evaluator.cache_dir) / "run-s3"
     with SeaweedServer(data_dir, bucket=BUCKET) as server:
         store_config = dataclasses.replace(config.store, region=config.store.region or "us-east-1")
-        store = open_store(f"s3://{BUCKET}/{PREFIX}", endpoint_url=server.endpoint, config=store_config,
-                           credentials=(server.access_key, server.secret_key))  # fmt: skip
+        store = open_store(
+            f"s3://{BUCKET}/{PREFIX}",
+            endpoint_url=server.endpoint,
+            config=store_config,
+            credentials=(server.access_key, server.secret_key),
+        )
         staged = stage_dataset(store, f"builtin-{family}", tasks, candidates, source=f"builtin:{family}")
         dataset = load_dataset(store, staged.name, staged.version)
         view.staged(staged.name, staged.version, len(dataset.tasks), store.uri, server.endpoint)
         by_id = {c.candidate_id: c for c in dataset.candidates}
-        VariantsTable.append(store, [make_variant(by_id[r.candidate_id], r) for r in results if r.candidate_id in by_id])
+        VariantsTable.append(
+            store, [make_variant(by_id[r.candidate_id], r) for r in results if r.candidate_id in by_id]
+        )
         variants = VariantsTable.load(store)  # earlier runs' variants too: each run goes on from them
         outcomes = []
         for task in (t for t in dataset.tasks if t.task_id in search_ids):

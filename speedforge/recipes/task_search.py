@@ -32,9 +32,18 @@ class SearchView(Protocol):
     def progress(self, message: str) -> None: ...
 
 
-def search_task(config: Config, task_id: str, view: SearchView, tasks_uri: str = "builtin", pool: str | None = None,
-                store_uri: str | None = None, endpoint: str | None = None, service: bool = False,
-                address: str | None = None, backend=None) -> SearchResult:  # fmt: skip
+def search_task(
+    config: Config,
+    task_id: str,
+    view: SearchView,
+    tasks_uri: str = "builtin",
+    pool: str | None = None,
+    store_uri: str | None = None,
+    endpoint: str | None = None,
+    service: bool = False,
+    address: str | None = None,
+    backend=None,
+) -> SearchResult:
     """Run `config.search` on task `task_id` of `tasks_uri`; a UserError when the task is unknown
     or the backend produced no sample at all. `backend`: made from config.policy when None."""
     tasks = {t.task_id: t for t in read_records(tasks_uri, "tasks", config, endpoint)}
@@ -60,17 +69,36 @@ def search_task(config: Config, task_id: str, view: SearchView, tasks_uri: str =
     return result
 
 
-def run_view_search(task: Task, backend, config: Config, evaluate: BatchEvaluate, variants: VariantsTable, pool: str,
-                    view: SearchView, store=None) -> SearchResult:  # fmt: skip
+def run_view_search(
+    task: Task,
+    backend,
+    config: Config,
+    evaluate: BatchEvaluate,
+    variants: VariantsTable,
+    pool: str,
+    view: SearchView,
+    store=None,
+) -> SearchResult:
     """run_search on one task, reporting to `view`: the task line first, then each round."""
     view.searching(task, config.search, backend, pool)
-    return run_search(task, backend, evaluate, variants, config.policy, config.search, pool, store=store,
-                      on_round=view.round, on_progress=view.progress)  # fmt: skip
+    return run_search(
+        task,
+        backend,
+        evaluate,
+        variants,
+        config.policy,
+        config.search,
+        pool,
+        store=store,
+        on_round=view.round,
+        on_progress=view.progress,
+    )
 
 
 @contextlib.contextmanager
-def evaluation(config: Config, pool: str, tasks: dict[str, Task], store, service: bool,
-               address: str | None) -> Iterator[BatchEvaluate]:  # fmt: skip
+def evaluation(
+    config: Config, pool: str, tasks: dict[str, Task], store, service: bool, address: str | None
+) -> Iterator[BatchEvaluate]:
     """The batch evaluation: the Ray service with `service` (its results also in `store`), else
     this machine's sandbox."""
     if not service:

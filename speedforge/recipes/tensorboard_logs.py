@@ -51,6 +51,7 @@ def fetch_tensorboard(config: Config, run: str, folder: Path) -> TensorboardLogs
             found.append(stage)
     if not found:
         runs = sorted({k.split("/")[1] for k in store.list("runs/") if k.count("/") >= 3 and f"/{TENSORBOARD}/" in k})
-        raise UserError(f"no TensorBoard files of run {run!r} in {store.uri}; runs with some: "
-                        f"{', '.join(runs) or '(none)'}")  # fmt: skip
+        raise UserError(
+            f"no TensorBoard files of run {run!r} in {store.uri}; runs with some: {', '.join(runs) or '(none)'}"
+        )
     return TensorboardLogs(run, store.uri, str(Path(folder).resolve()), tuple(found), files)

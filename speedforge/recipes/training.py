@@ -38,11 +38,22 @@ from speedforge.extras import require
 from speedforge.records import Candidate, EvalResult, Task
 from speedforge.train.data import TaskSplit, split_tasks
 
-__all__ = ["TrainConfig", "TrainOutcome", "evaluate_heldout", "load_train_config", "run_training", "train_status",
-           "with_run_store"]
+__all__ = [
+    "TrainConfig",
+    "TrainOutcome",
+    "evaluate_heldout",
+    "load_train_config",
+    "run_training",
+    "train_status",
+    "with_run_store",
+]
 
 STAGES = ("sft", "self", "grpo")
-STARTS_FROM = {"sft": (), "self": ("sft",), "grpo": ("self", "sft")}  # earlier stages whose final weights a stage starts from
+STARTS_FROM = {
+    "sft": (),
+    "self": ("sft",),
+    "grpo": ("self", "sft"),
+}  # earlier stages whose final weights a stage starts from
 CUDA_L1 = "cuda-l1:"
 
 
@@ -124,8 +135,7 @@ def read_tasks(config: Config) -> list[Task]:
     if uri.startswith(CUDA_L1):
         from speedforge.tasks.importers import import_source
 
-        return import_source(uri[len(CUDA_L1):], kind="cuda-l1-jsonl", family=config.train.family,
-                             skip_bad=True).tasks  # fmt: skip
+        return import_source(uri[len(CUDA_L1) :], kind="cuda-l1-jsonl", family=config.train.family, skip_bad=True).tasks
     from speedforge.recipes.records import read_records
 
     return read_records(uri, "tasks", config, config.store.endpoint_url)
@@ -135,15 +145,18 @@ def check_family(config: Config) -> str:
     """The family's pool device, after checking it has an evaluator that can run here."""
     family = families.get(config.train.family)  # UnknownFamily names the known ones
     if importlib.util.find_spec(family.sandbox) is None:
-        raise UserError(f"task family {family.name!r} has no evaluator: its sandbox module {family.sandbox} is not "
-                        "installed")  # fmt: skip
+        raise UserError(
+            f"task family {family.name!r} has no evaluator: its sandbox module {family.sandbox} is not installed"
+        )
     local = config.train.evaluation == "local" and not config.train.ray.address
     if family.device_only and family.device == "cuda" and local:
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError(f"the {family.name} family is evaluated on a GPU and torch sees none here: train on a GPU "
-                            "machine, use train.evaluation: service with GPU pools, or a cpp family")  # fmt: skip
+            raise UserError(
+                f"the {family.name} family is evaluated on a GPU and torch sees none here: train on a GPU "
+                "machine, use train.evaluation: service with GPU pools, or a cpp family"
+            )
     return family.device
 
 
@@ -163,25 +176,31 @@ def plan_stage(config: Config, stage: str, resume: bool = False) -> StagePlan:
     from speedforge.train.metrics import tensorboard_writer_module
 
     if tensorboard_writer_module() is None:
-        raise UserError("training writes TensorBoard metrics: install tensorboardX or tensorboard "
-                        "(pip install 'speedforge[train]')")  # fmt: skip
+        raise UserError(
+            "training writes TensorBoard metrics: install tensorboardX or tensorboard (pip install 'speedforge[train]')"
+        )
     train = config.train
     check_family(config)
     grpo = train.grpo
     if stage == "grpo" and (grpo.prompts_per_step * grpo.generations) % train.ray.workers:
-        raise UserError(f"train.grpo: prompts_per_step x generations ({grpo.prompts_per_step * grpo.generations}) must "
-                        f"divide evenly over train.ray.workers ({train.ray.workers})")  # fmt: skip
+        raise UserError(
+            f"train.grpo: prompts_per_step x generations ({grpo.prompts_per_step * grpo.generations}) must "
+            f"divide evenly over train.ray.workers ({train.ray.workers})"
+        )
     split = split_tasks(read_tasks(config), train)
     pool = train.pool or default_pool(split.train[0], "cpu")
     store = open_run_store(config)
     state = RunState(store, train.run, stage)
     saved = state.read()
     if resume and saved is None:
-        raise UserError(f"nothing to resume: run {train.run!r} has no {stage} stage in {store.uri} (leave out --resume "
-                        "to start it)")  # fmt: skip
+        raise UserError(
+            f"nothing to resume: run {train.run!r} has no {stage} stage in {store.uri} (leave out --resume to start it)"
+        )
     if not resume and saved is not None and (saved.get("step") or saved.get("status") == "done"):
-        raise UserError(f"run {train.run!r} already has a {stage} stage in {store.uri} ({saved.get('status')}, step "
-                        f"{saved.get('step')}): pass --resume to continue it, or set train.run to start a new run")  # fmt: skip
+        raise UserError(
+            f"run {train.run!r} already has a {stage} stage in {store.uri} ({saved.get('status')}, step "
+            f"{saved.get('step')}): pass --resume to continue it, or set train.run to start a new run"
+        )
     init_model = starting_model(config, stage, store)
     if stage == "sft":
         check_sft_sources(config, split, pool, store)
@@ -215,16 +234,18 @@ def check_sft_sources(config: Config, split: TaskSplit, pool: str, store) -> Non
 
     sources = config.train.sft.sources
     for source in sources:
-        if source.startswith(CUDA_L1) and not Path(source[len(CUDA_L1):]).is_file():
-            raise UserError(f"train.sft.sources: {source[len(CUDA_L1):]} not found (CUDA-L1's released JSONL)")
+        if source.startswith(CUDA_L1) and not Path(source[len(CUDA_L1) :]).is_file():
+            raise UserError(f"train.sft.sources: {source[len(CUDA_L1) :]} not found (CUDA-L1's released JSONL)")
     variants = VariantsTable.load(store)
     ok = any(variants.successful(t.task_id, pool) for t in split.train) if "variants" in sources else False
     if not ok and not source_candidates(config, split, sources):
         ids = ", ".join(t.task_id for t in split.train)
-        raise UserError(f"no validated variants for SFT: the variants table of {store.uri} has no variant of the training "
-                        f"tasks ({ids}) that measured ok on {pool}, and train.sft.sources ({', '.join(sources)}) give no "
-                        "candidate to measure; run `speedforge optimize --store` or `speedforge run` first, or add "
-                        "builtin to train.sft.sources")  # fmt: skip
+        raise UserError(
+            f"no validated variants for SFT: the variants table of {store.uri} has no variant of the training "
+            f"tasks ({ids}) that measured ok on {pool}, and train.sft.sources ({', '.join(sources)}) give no "
+            "candidate to measure; run `speedforge optimize --store` or `speedforge run` first, or add "
+            "builtin to train.sft.sources"
+        )
 
 
 def trusted_candidates(config: Config, split: TaskSplit) -> tuple[Candidate, ...]:
@@ -253,8 +274,9 @@ def source_candidates(config: Config, split: TaskSplit, sources: Sequence[str]) 
         if source == "builtin":
             found += [c for c in builtin_candidates(config.train.family) if c.task_id in wanted]
         elif source.startswith(CUDA_L1):
-            imported = import_source(source[len(CUDA_L1):], kind="cuda-l1-jsonl", family=config.train.family,
-                                     skip_bad=True)  # fmt: skip
+            imported = import_source(
+                source[len(CUDA_L1) :], kind="cuda-l1-jsonl", family=config.train.family, skip_bad=True
+            )
             mine = [c for c in imported.candidates if c.task_id in wanted]
             found += mine[: config.train.sft.import_limit or None]
     return found
@@ -271,16 +293,24 @@ def measure_sources(plan: StagePlan, view: TrainView) -> int:
     from speedforge.evaluation import open_evaluation
 
     variants = VariantsTable.load(plan.store)
-    todo = [c for c in source_candidates(plan.config, plan.split, measured_sources(plan.config))
-            if (c.candidate_id, plan.pool) not in variants]  # fmt: skip
+    todo = [
+        c
+        for c in source_candidates(plan.config, plan.split, measured_sources(plan.config))
+        if (c.candidate_id, plan.pool) not in variants
+    ]
     if todo:
         view.message(f"measuring {len(todo)} source candidate(s) on {plan.pool} for SFT (builds are cached)")
         tasks = {t.task_id: t for t in plan.split.train}
-        with open_evaluation(plan.config.train.evaluation, plan.config, tasks, plan.pool,
-                             build_workers=plan.config.train.build_workers) as evaluate:  # fmt: skip
-            for candidate, result in zip(todo, evaluate(todo)):  # one batch: with train.build_workers the builds overlap
-                view.message(f"  {candidate.task_id}: {result.status}"
-                             + (f" {result.speedup:.2f}x" if result.ok and result.speedup else f" ({result.reason[:80]})"))
+        with open_evaluation(
+            plan.config.train.evaluation, plan.config, tasks, plan.pool, build_workers=plan.config.train.build_workers
+        ) as evaluate:
+            for candidate, result in zip(
+                todo, evaluate(todo)
+            ):  # one batch: with train.build_workers the builds overlap
+                view.message(
+                    f"  {candidate.task_id}: {result.status}"
+                    + (f" {result.speedup:.2f}x" if result.ok and result.speedup else f" ({result.reason[:80]})")
+                )
                 if result.status != "infra_error":
                     variant = make_variant(candidate, result)
                     variants.add(variant)
@@ -288,11 +318,15 @@ def measure_sources(plan: StagePlan, view: TrainView) -> int:
     ok = sum(len(variants.successful(t.task_id, plan.pool)) for t in plan.split.train)
     trusted = len(trusted_candidates(plan.config, plan.split))
     if trusted:
-        view.message(f"SFT takes {trusted} published kernel(s) of the training tasks as validated by their source "
-                     "(train.sft.trust_source)")  # fmt: skip
+        view.message(
+            f"SFT takes {trusted} published kernel(s) of the training tasks as validated by their source "
+            "(train.sft.trust_source)"
+        )
     if not ok and not trusted:
-        raise UserError(f"no validated variants for SFT: none of the training tasks' variants measured ok on "
-                        f"{plan.pool} (the variants table of {plan.store.uri})")  # fmt: skip
+        raise UserError(
+            f"no validated variants for SFT: none of the training tasks' variants measured ok on "
+            f"{plan.pool} (the variants table of {plan.store.uri})"
+        )
     return ok + trusted
 
 
@@ -307,10 +341,12 @@ def record_split(plan: StagePlan) -> None:
     if plan.store.exists(key):
         recorded = json.loads(plan.store.get_bytes(key))
         if (recorded.get("train"), recorded.get("heldout")) != (mine["train"], mine["heldout"]):
-            raise UserError(f"run {plan.config.train.run!r} was split differently by an earlier stage "
-                            f"({plan.store.describe(key)}: {len(recorded.get('train', []))} training, "
-                            f"{len(recorded.get('heldout', []))} held-out tasks); use the run's train.tasks, "
-                            "train.heldout and train.seed, or start a new run")  # fmt: skip
+            raise UserError(
+                f"run {plan.config.train.run!r} was split differently by an earlier stage "
+                f"({plan.store.describe(key)}: {len(recorded.get('train', []))} training, "
+                f"{len(recorded.get('heldout', []))} held-out tasks); use the run's train.tasks, "
+                "train.heldout and train.seed, or start a new run"
+            )
         return
     plan.store.put_bytes(key, json.dumps(mine, indent=1).encode())
 
@@ -318,8 +354,9 @@ def record_split(plan: StagePlan) -> None:
 # -- 3 and 4: the stage on Ray Train ----------------------------------------------------------
 
 
-def run_training(config: Config, stage: str, *, resume: bool = False, view: TrainView | None = None,
-                 evaluate=None) -> TrainOutcome:  # fmt: skip
+def run_training(
+    config: Config, stage: str, *, resume: bool = False, view: TrainView | None = None, evaluate=None
+) -> TrainOutcome:
     """Run `stage` of the run `config.train` names (see the module docstring). `evaluate`: a
     stand-in BatchEvaluate for the training steps (tests inject evaluation faults with it)."""
     from speedforge.cluster.session import ray_session
@@ -336,8 +373,16 @@ def run_training(config: Config, stage: str, *, resume: bool = False, view: Trai
     if not resume:  # a stage that never reached a step starts afresh: no data frozen by an earlier attempt
         plan.state.clear()
         plan.state.update(status="running", step=0, checkpoint="", reason="")
-    job = StageJob(config, stage, resume, plan.split.train, plan.pool, plan.init_model, evaluate,
-                   trusted=trusted_candidates(config, plan.split) if stage == "sft" else ())  # fmt: skip
+    job = StageJob(
+        config,
+        stage,
+        resume,
+        plan.split.train,
+        plan.pool,
+        plan.init_model,
+        evaluate,
+        trusted=trusted_candidates(config, plan.split) if stage == "sft" else (),
+    )
     try:
         with ray_session(config.train.ray.address or None, config.service):
             if stage == "sft" and not resume:
@@ -348,14 +393,20 @@ def run_training(config: Config, stage: str, *, resume: bool = False, view: Trai
                 fit_stage(job)
             except StageFailed as exc:
                 saved = plan.state.read() or {}
-                where = f"step {saved.get('step', 0)}" + (f" (checkpoint in {plan.state.describe()})" if saved.get("checkpoint") else "")
-                raise UserError(f"run {config.train.run!r}: the {stage} stage stopped at {where}: "
-                                f"{saved.get('reason') or exc}; fix that and rerun with --resume") from None  # fmt: skip
+                where = f"step {saved.get('step', 0)}" + (
+                    f" (checkpoint in {plan.state.describe()})" if saved.get("checkpoint") else ""
+                )
+                raise UserError(
+                    f"run {config.train.run!r}: the {stage} stage stopped at {where}: "
+                    f"{saved.get('reason') or exc}; fix that and rerun with --resume"
+                ) from None
             finally:
                 watcher.stop()
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (errors.Terminated): after Ray has stopped the workers
         why = "SIGTERM" if type(exc).__name__ == "Terminated" else "SIGINT"
-        plan.state.update(status="interrupted", reason=f"interrupted ({why}); --resume goes on from the last checkpoint")
+        plan.state.update(
+            status="interrupted", reason=f"interrupted ({why}); --resume goes on from the last checkpoint"
+        )
         raise
     return outcome(plan)
 
@@ -371,9 +422,18 @@ def outcome(plan: StagePlan) -> TrainOutcome:
     if text is not None and (not metrics.is_file() or metrics.read_text() != text):
         metrics.parent.mkdir(parents=True, exist_ok=True)
         metrics.write_text(text)
-    return TrainOutcome(plan.config.train.run, plan.stage, str(plan.run_dir), str(final),
-                        plan.state.store.describe(f"{plan.state.prefix}/final"), int(saved.get("step", 0)),
-                        str(metrics), plan.state.describe(), plan.resume, plan.init_model)  # fmt: skip
+    return TrainOutcome(
+        plan.config.train.run,
+        plan.stage,
+        str(plan.run_dir),
+        str(final),
+        plan.state.store.describe(f"{plan.state.prefix}/final"),
+        int(saved.get("step", 0)),
+        str(metrics),
+        plan.state.describe(),
+        plan.resume,
+        plan.init_model,
+    )
 
 
 class MetricsWatcher:
@@ -404,7 +464,7 @@ class MetricsWatcher:
             lines = (self.state.get_text("metrics.jsonl") or "").splitlines()
         except UserError:  # the store is briefly unreachable: the next poll shows it
             return
-        for line in lines[self.seen:]:
+        for line in lines[self.seen :]:
             if line.strip():
                 self.view.metrics(json.loads(line))
         self.seen = max(self.seen, len(lines))
@@ -484,8 +544,14 @@ def sample_line(model: str, task_id: str, sample: int, generation, result: EvalR
     the sample's text, how it ended and, once evaluated, its result (status null before)."""
     import json
 
-    line = {"model": model, "task_id": task_id, "sample": sample, "finish_reason": generation.finish_reason,
-            "completion_tokens": generation.completion_tokens, "status": result.status if result else None}
+    line = {
+        "model": model,
+        "task_id": task_id,
+        "sample": sample,
+        "finish_reason": generation.finish_reason,
+        "completion_tokens": generation.completion_tokens,
+        "status": result.status if result else None,
+    }
     if result is not None:
         line.update(reason=result.reason, speedup=result.speedup if result.ok else None)
     return json.dumps({**line, "text": generation.text}) + "\n"
@@ -506,8 +572,10 @@ def read_heldout_samples(path: str, heldout: Sequence[Task]) -> tuple[str, dict[
     by_task: dict[str, list] = {}
     for line in sorted(lines, key=lambda x: (x["task_id"], x["sample"])):
         by_task.setdefault(line["task_id"], []).append(
-            Generation(line["text"], int(line.get("completion_tokens", 0)),
-                       finish_reason=line.get("finish_reason", "stop")))  # fmt: skip
+            Generation(
+                line["text"], int(line.get("completion_tokens", 0)), finish_reason=line.get("finish_reason", "stop")
+            )
+        )
     missing = [t.task_id for t in heldout if t.task_id not in by_task]
     if missing:
         raise UserError(f"{path} has no samples of held-out task(s) {', '.join(missing)} (another split or config?)")
@@ -518,9 +586,15 @@ def read_heldout_samples(path: str, heldout: Sequence[Task]) -> tuple[str, dict[
     return (models.pop() if len(models) == 1 else "") or path, {t.task_id: by_task[t.task_id] for t in heldout}
 
 
-def evaluate_heldout(config: Config, model: str | None, samples: int, batch_tasks: int = 16,
-                     samples_out: str | None = None, samples_in: str | None = None,
-                     generate_only: bool = False) -> HeldoutReport:  # fmt: skip
+def evaluate_heldout(
+    config: Config,
+    model: str | None,
+    samples: int,
+    batch_tasks: int = 16,
+    samples_out: str | None = None,
+    samples_in: str | None = None,
+    generate_only: bool = False,
+) -> HeldoutReport:
     """Sample `model` (default policy.model) `samples` times on each held-out task, with the plain
     prompt (no exemplars: the held-out tasks' variants are never shown), `batch_tasks` tasks'
     prompts x samples in one batched generate call, and evaluate every sample (one batch per
@@ -545,7 +619,9 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
     if not split.heldout:
         raise UserError("no held-out tasks: set train.heldout or train.heldout_count")
     if generate_only and not samples_out:
-        raise UserError("generating held-out samples without evaluating them needs a file to write them to (samples_out)")
+        raise UserError(
+            "generating held-out samples without evaluating them needs a file to write them to (samples_out)"
+        )
     given: dict[str, list] = {}
     if samples_in:
         model_name, given = read_heldout_samples(samples_in, split.heldout)
@@ -564,11 +640,14 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
     generation_s = 0.0
     heldout = list(split.heldout)
     written = open(samples_out, "w") if samples_out else contextlib.nullcontext()
-    evaluation = contextlib.nullcontext() if generate_only else open_evaluation(
-        config.train.evaluation, config, tasks, pool, build_workers=config.train.build_workers)  # fmt: skip
+    evaluation = (
+        contextlib.nullcontext()
+        if generate_only
+        else open_evaluation(config.train.evaluation, config, tasks, pool, build_workers=config.train.build_workers)
+    )
     with written as out, session, evaluation as evaluate:
         for first in range(0, len(heldout), max(1, batch_tasks)):
-            chunk = heldout[first:first + max(1, batch_tasks)]
+            chunk = heldout[first : first + max(1, batch_tasks)]
             began = time.perf_counter()
             conversations = [render_prompt(task).messages() for task in chunk]
             if given:
@@ -576,8 +655,10 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
             elif hasattr(backend, "generate_batch"):
                 generated = backend.generate_batch(conversations, samples, seed=config.train.seed + first)
             else:
-                generated = [backend.generate(m, samples, seed=config.train.seed + first + i)
-                             for i, m in enumerate(conversations)]  # fmt: skip
+                generated = [
+                    backend.generate(m, samples, seed=config.train.seed + first + i)
+                    for i, m in enumerate(conversations)
+                ]
             generation_s += time.perf_counter() - began
             if generate_only:  # the samples only, for `samples_in` elsewhere
                 for task, gens in zip(chunk, generated):
@@ -585,30 +666,50 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
                     rows.append({"task_id": task.task_id, "samples": len(gens)})
                     out.writelines(sample_line(model_name, task.task_id, sample, g) for sample, g in enumerate(gens))
                 continue
-            candidates = [candidate_from(task, g.text, f"model:{model_name}@heldout")[0]
-                          for task, gens in zip(chunk, generated) for g in gens]  # fmt: skip
+            candidates = [
+                candidate_from(task, g.text, f"model:{model_name}@heldout")[0]
+                for task, gens in zip(chunk, generated)
+                for g in gens
+            ]
             results = evaluate(candidates)
             for index, task in enumerate(chunk):
-                mine_results = results[index * samples:(index + 1) * samples]
+                mine_results = results[index * samples : (index + 1) * samples]
                 generations_all += generated[index]
                 for sample, (g, r) in enumerate(zip(generated[index], mine_results) if out is not None else ()):
                     out.write(sample_line(model_name, task.task_id, sample, g, r))
                 results_all += mine_results
                 mine = [r.status for r in mine_results]
                 speedups = [r.speedup for r in mine_results if r.ok and r.speedup is not None]
-                rows.append({"task_id": task.task_id, "samples": len(mine),
-                             "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
-                             "valid_fraction": mine.count("ok") / len(mine), "best_speedup": max(speedups, default=None),
-                             "statuses": {s: mine.count(s) for s in sorted(set(mine))},
-                             "results": [[r.status, r.speedup if r.ok else None] for r in mine_results],  # per sample, in order
-                             "reasons": common_reasons((r.status, r.reason) for r in mine_results)})  # fmt: skip
+                rows.append(
+                    {
+                        "task_id": task.task_id,
+                        "samples": len(mine),
+                        "compiled_fraction": sum(s not in NOT_COMPILED for s in mine) / len(mine),
+                        "valid_fraction": mine.count("ok") / len(mine),
+                        "best_speedup": max(speedups, default=None),
+                        "statuses": {s: mine.count(s) for s in sorted(set(mine))},
+                        "results": [
+                            [r.status, r.speedup if r.ok else None] for r in mine_results
+                        ],  # per sample, in order
+                        "reasons": common_reasons((r.status, r.reason) for r in mine_results),
+                    }
+                )
     truncated = sum(g.finish_reason == "length" for g in generations_all) / len(generations_all)
     tokens = sum(g.completion_tokens for g in generations_all)
     if generate_only:
-        return HeldoutReport(model_name, pool, rows, 0.0, 0.0, None, samples=len(generations_all),
-                             truncated_fraction=truncated, top_failure="not evaluated: the samples are in "
-                             f"{samples_out} (evaluate them with samples_in)", generation_s=generation_s,
-                             generated_tokens=tokens)  # fmt: skip
+        return HeldoutReport(
+            model_name,
+            pool,
+            rows,
+            0.0,
+            0.0,
+            None,
+            samples=len(generations_all),
+            truncated_fraction=truncated,
+            top_failure=f"not evaluated: the samples are in {samples_out} (evaluate them with samples_in)",
+            generation_s=generation_s,
+            generated_tokens=tokens,
+        )
     statuses = [r.status for r in results_all]
     speedups = [r.speedup for r in results_all if r.ok and r.speedup is not None]
     failing = collections.Counter(s for s in statuses if s != "ok")
@@ -618,9 +719,19 @@ def evaluate_heldout(config: Config, model: str | None, samples: int, batch_task
         reason = common_reasons((r.status, r.reason) for r in results_all if r.status == status).get(status, "")
         top = f"{status} ({failing[status]} of {len(statuses)}): {reason}"
     best = [r["best_speedup"] for r in rows if r["best_speedup"] is not None]
-    return HeldoutReport(model_name, pool, rows, sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
-                         statuses.count("ok") / len(statuses), max(best, default=None),
-                         faster_fraction=sum(s > 1.0 for s in speedups) / len(statuses),
-                         median_speedup=statistics.median(speedups) if speedups else None, samples=len(statuses),
-                         truncated_fraction=truncated, statuses=dict(collections.Counter(statuses)), top_failure=top,
-                         generation_s=generation_s, generated_tokens=tokens)  # fmt: skip
+    return HeldoutReport(
+        model_name,
+        pool,
+        rows,
+        sum(s not in NOT_COMPILED for s in statuses) / len(statuses),
+        statuses.count("ok") / len(statuses),
+        max(best, default=None),
+        faster_fraction=sum(s > 1.0 for s in speedups) / len(statuses),
+        median_speedup=statistics.median(speedups) if speedups else None,
+        samples=len(statuses),
+        truncated_fraction=truncated,
+        statuses=dict(collections.Counter(statuses)),
+        top_failure=top,
+        generation_s=generation_s,
+        generated_tokens=tokens,
+    )

@@ -75,8 +75,9 @@ class TrainingJob:
         return shlex.join(words + (["--run", self.run] if self.run else []) + (["--resume"] if self.resume else []))
 
 
-def run_training_job(job: TrainingJob, store_config: StoreConfig,
-                     on_status: Callable[[str], None] | None = None) -> dict:  # fmt: skip
+def run_training_job(
+    job: TrainingJob, store_config: StoreConfig, on_status: Callable[[str], None] | None = None
+) -> dict:
     """Run `job`'s stage where its mode says and return the outcome's dict (run_dir,
     final_checkpoint, steps, metrics_path, stage)."""
     if job.mode == "local":
@@ -93,24 +94,45 @@ def run_training_job(job: TrainingJob, store_config: StoreConfig,
 def _run_rayjob(job: TrainingJob, env: dict[str, str], say: Callable[[str], None]) -> None:
     """Create the RayJob, follow it, and own its end (speedforge.cluster.rayjob's docstring):
     deleted however the follow ends (succeeded, failed, terminated or interrupted, past its deadline)."""
-    from speedforge.cluster.rayjob import (RayJobFailed, RayJobSpec, custom_objects_api, delete_rayjob, follow_rayjob,
-                                           owner_pod, submit_rayjob)  # fmt: skip
+    from speedforge.cluster.rayjob import (
+        RayJobFailed,
+        RayJobSpec,
+        custom_objects_api,
+        delete_rayjob,
+        follow_rayjob,
+        owner_pod,
+        submit_rayjob,
+    )
     from speedforge.extras import require
 
     require("pipelines", "kubernetes", purpose="submitting a RayJob")
     namespace = job.namespace or pod_namespace()
     name = f"speedforge-{job.stage}-{time.strftime('%Y%m%d-%H%M%S')}".lower()
-    spec = RayJobSpec(name=name, namespace=namespace, entrypoint=job.entrypoint(), cluster=job.cluster,
-                      image=job.image, env=env, labels={"speedforge.dev/stage": job.stage},
-                      active_deadline_s=max(1, math.ceil(job.timeout_s)), owner_pod=owner_pod(namespace))  # fmt: skip
+    spec = RayJobSpec(
+        name=name,
+        namespace=namespace,
+        entrypoint=job.entrypoint(),
+        cluster=job.cluster,
+        image=job.image,
+        env=env,
+        labels={"speedforge.dev/stage": job.stage},
+        active_deadline_s=max(1, math.ceil(job.timeout_s)),
+        owner_pod=owner_pod(namespace),
+    )
     api = custom_objects_api()
     previous = interrupt_on_sigterm()  # SIGTERM (a stopped or evicted pod) raises Terminated, a KeyboardInterrupt
     try:
         submit_rayjob(api, spec)
         say(f"RayJob {namespace}/{name} submitted to RayCluster {job.cluster}: {spec.entrypoint}")
         try:
-            follow_rayjob(api, namespace, name, job.timeout_s, job.poll_s,
-                          on_status=lambda s: say(f"RayJob {name}: {s.describe()} {s.message}".rstrip()))  # fmt: skip
+            follow_rayjob(
+                api,
+                namespace,
+                name,
+                job.timeout_s,
+                job.poll_s,
+                on_status=lambda s: say(f"RayJob {name}: {s.describe()} {s.message}".rstrip()),
+            )
         except KeyboardInterrupt:
             delete_rayjob(api, namespace, name)
             say(f"RayJob {namespace}/{name}: deleted (the step was stopped)")
@@ -131,8 +153,9 @@ def _run_ray_job(job: TrainingJob, env: dict[str, str], say: Callable[[str], Non
         job_id = submit_ray_job(job.address, job.entrypoint(), env, job.connect_timeout_s)
         say(f"Ray job {job_id} submitted to {job.address}: {job.entrypoint()}")
         try:
-            follow_ray_job(job.address, job_id, job.timeout_s, job.poll_s,
-                           on_status=lambda s: say(f"Ray job {job_id}: {s}"))  # fmt: skip
+            follow_ray_job(
+                job.address, job_id, job.timeout_s, job.poll_s, on_status=lambda s: say(f"Ray job {job_id}: {s}")
+            )
         except KeyboardInterrupt:
             from ray.job_submission import JobSubmissionClient
 
@@ -158,8 +181,14 @@ def pod_namespace() -> str:
         raise UserError("no namespace for the RayJob: not running in a pod; give the namespace") from None
 
 
-def train_and_record(stage: str, store: str, config_text: str = "", resume: bool = False,
-                     store_config: StoreConfig | None = None, run: str = "") -> dict:  # fmt: skip
+def train_and_record(
+    stage: str,
+    store: str,
+    config_text: str = "",
+    resume: bool = False,
+    store_config: StoreConfig | None = None,
+    run: str = "",
+) -> dict:
     """Issue 12's training stage on the config text (empty: embedded defaults), its outcome's
     dict recorded in the run's store (train/<stage>/outcome.json) and returned. `run` names the
     training run where the config leaves train.run at its default: each pipeline run trains a
@@ -188,16 +217,20 @@ def read_outcome(job: TrainingJob, store_config: StoreConfig) -> dict:
     try:
         return json.loads(store.get_bytes(job.outcome_key))
     except MissingObjectError:
-        raise UserError(f"the training job succeeded but recorded no outcome at {store.describe(job.outcome_key)}: "
-                        "does the cluster reach the store (credentials in its pods' secret)?") from None  # fmt: skip
+        raise UserError(
+            f"the training job succeeded but recorded no outcome at {store.describe(job.outcome_key)}: "
+            "does the cluster reach the store (credentials in its pods' secret)?"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     """The driver of a remote training job (see the module docstring)."""
     import os
 
-    parser = argparse.ArgumentParser(prog="python -m speedforge.recipes.training_job",
-                                     description="Run one training stage and record its outcome in the store.")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m speedforge.recipes.training_job",
+        description="Run one training stage and record its outcome in the store.",
+    )
     parser.add_argument("--stage", required=True)
     parser.add_argument("--store", required=True, help="the run's store (s3://bucket/prefix or a folder)")
     parser.add_argument("--run", default="", help="the training run's name (default: the config's train.run)")

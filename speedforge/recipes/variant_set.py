@@ -48,13 +48,30 @@ class VariantSet:
 
     def candidates(self) -> list[Candidate]:
         """The variants as candidates for the evaluation service (same ids)."""
-        return [Candidate(candidate_id=v.variant_id, task_id=v.task_id, source=v.source, origin=v.origin,
-                          parent_ids=v.parent_ids, created_at=v.created_at) for v in self.variants]  # fmt: skip
+        return [
+            Candidate(
+                candidate_id=v.variant_id,
+                task_id=v.task_id,
+                source=v.source,
+                origin=v.origin,
+                parent_ids=v.parent_ids,
+                created_at=v.created_at,
+            )
+            for v in self.variants
+        ]
 
 
-def read_variant_set(config: Config, uri: str, *, tasks_uri: str | None = None, select: str = "best",
-                     levels: tuple[int, ...] = (), limit: int = 0, skip_bad: bool = False,
-                     endpoint: str | None = None) -> VariantSet:  # fmt: skip
+def read_variant_set(
+    config: Config,
+    uri: str,
+    *,
+    tasks_uri: str | None = None,
+    select: str = "best",
+    levels: tuple[int, ...] = (),
+    limit: int = 0,
+    skip_bad: bool = False,
+    endpoint: str | None = None,
+) -> VariantSet:
     """The variant set `uri` names (see the module docstring); a UserError when it holds no
     variant, when the filters leave none, or when a variant's task is not among the tasks."""
     if select not in SELECTIONS:
@@ -66,8 +83,10 @@ def read_variant_set(config: Config, uri: str, *, tasks_uri: str | None = None, 
     missing = sorted({v.task_id for v in unique if v.task_id not in tasks})
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise UserError(f"{len(missing)} task(s) of the variant set {uri} are not in the tasks table of {tasks_from}: "
-                        f"{shown}; give the tasks the variants were written for with --tasks")  # fmt: skip
+        raise UserError(
+            f"{len(missing)} task(s) of the variant set {uri} are not in the tasks table of {tasks_from}: "
+            f"{shown}; give the tasks the variants were written for with --tasks"
+        )
     notes = []
     if levels:
         kept = [v for v in unique if tasks[v.task_id].level in levels]
@@ -85,8 +104,9 @@ def read_variant_set(config: Config, uri: str, *, tasks_uri: str | None = None, 
     return VariantSet(uri, tasks, sorted(chosen, key=lambda v: (task_order(v.task_id), v.variant_id)), tuple(notes))
 
 
-def _read(config: Config, uri: str, tasks_uri: str | None, skip_bad: bool,
-          endpoint: str | None) -> tuple[list[Variant], dict[str, Task], str]:  # fmt: skip
+def _read(
+    config: Config, uri: str, tasks_uri: str | None, skip_bad: bool, endpoint: str | None
+) -> tuple[list[Variant], dict[str, Task], str]:
     """(variants, tasks by id, where the tasks came from) of any kind of variant set."""
     path = Path(uri)
     if path.suffix in IMPORTED_FILES and path.is_file():
@@ -103,8 +123,9 @@ def _read(config: Config, uri: str, tasks_uri: str | None, skip_bad: bool,
         variants = [_from_candidate(c, pool) for c in read_records(uri, "candidates", config, endpoint)]
         return variants, _tasks(config, tasks_uri or uri, endpoint), tasks_uri or uri
     if path.suffix in IMPORTED_FILES or (not path.exists() and "://" not in uri):
-        raise UserError(f"variant set not found: {uri} (a store, a staged data set, builtin[:FAMILY] or a CUDA-L1 "
-                        ".jsonl file)")  # fmt: skip
+        raise UserError(
+            f"variant set not found: {uri} (a store, a staged data set, builtin[:FAMILY] or a CUDA-L1 .jsonl file)"
+        )
     from speedforge.variants import VariantsTable
     from speedforge.store import open_store
 
@@ -114,8 +135,10 @@ def _read(config: Config, uri: str, tasks_uri: str | None, skip_bad: bool,
     elif store.table_parts("candidates"):
         variants = [_from_candidate(c, "") for c in read_records(uri, "candidates", config, endpoint)]
     else:
-        raise UserError(f"the variant set {uri} is empty: it has no variants or candidates table; give a store with "
-                        "one (speedforge optimize --store), a staged data set, builtin[:FAMILY] or a CUDA-L1 .jsonl")  # fmt: skip
+        raise UserError(
+            f"the variant set {uri} is empty: it has no variants or candidates table; give a store with "
+            "one (speedforge optimize --store), a staged data set, builtin[:FAMILY] or a CUDA-L1 .jsonl"
+        )
     tasks_from = tasks_uri or (uri if store.table_parts("tasks") else BUILTIN)
     return variants, _tasks(config, tasks_from, endpoint), tasks_from
 
@@ -141,9 +164,17 @@ def _from_candidate(candidate: Candidate, pool: str) -> Variant:
     published = meta.get("published", {}) if isinstance(meta, dict) else {}
     score = published.get(PUBLISHED_SCORE) if isinstance(published, dict) else None
     score = float(score) if isinstance(score, (int, float)) and score > 0 else None
-    return Variant(variant_id=candidate.candidate_id, task_id=candidate.task_id, pool=pool if score else "",
-                   source=candidate.source, status="ok" if score else "unmeasured", score=score,
-                   origin=candidate.origin, parent_ids=candidate.parent_ids, created_at=candidate.created_at)  # fmt: skip
+    return Variant(
+        variant_id=candidate.candidate_id,
+        task_id=candidate.task_id,
+        pool=pool if score else "",
+        source=candidate.source,
+        status="ok" if score else "unmeasured",
+        score=score,
+        origin=candidate.origin,
+        parent_ids=candidate.parent_ids,
+        created_at=candidate.created_at,
+    )
 
 
 def _rank(variant: Variant) -> tuple:
@@ -179,6 +210,8 @@ def _select(variants: list[Variant], select: str) -> tuple[list[Variant], list[s
             failed.append(task_id)
     notes = [f"best variant per task: {len(chosen)} of {len(variants)} variants"] if len(chosen) < len(variants) else []
     if failed:
-        notes.append(f"{len(failed)} task(s) have no variant that succeeded where it was measured, none chosen: "
-                     f"{', '.join(sorted(failed)[:5])}{' ...' if len(failed) > 5 else ''}")  # fmt: skip
+        notes.append(
+            f"{len(failed)} task(s) have no variant that succeeded where it was measured, none chosen: "
+            f"{', '.join(sorted(failed)[:5])}{' ...' if len(failed) > 5 else ''}"
+        )
     return chosen, notes

@@ -40,8 +40,9 @@ def _speedup_axis(axis, which: str = "y") -> None:
     target.set_minor_formatter(NullFormatter())
 
 
-def heatmap(rows: Sequence[str], columns: Sequence[str], cells: Sequence[Sequence[tuple[str, float | None]]],
-            title: str) -> bytes:  # fmt: skip
+def heatmap(
+    rows: Sequence[str], columns: Sequence[str], cells: Sequence[Sequence[tuple[str, float | None]]], title: str
+) -> bytes:
     """Task x pool speedups. `cells[i][j]` is ("ok", speedup), ("failed", None) or ("missing", None)."""
     import numpy as np
     from matplotlib.colors import ListedColormap, LogNorm
@@ -75,9 +76,16 @@ def heatmap(rows: Sequence[str], columns: Sequence[str], cells: Sequence[Sequenc
     bar = fig.colorbar(image, ax=axis, shrink=min(1.0, 8.0 / height), label="speedup (log scale)")
     bar.set_ticks([1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8], labels=["1/8x", "1/4x", "1/2x", "1x", "2x", "4x", "8x"])
     bar.ax.yaxis.set_minor_formatter(NullFormatter())
-    axis.legend(handles=[Patch(color=FAILED_COLOUR, label="failed"), Patch(facecolor=MISSING_COLOUR,
-                edgecolor="black", label="not run")], loc="upper left", bbox_to_anchor=(1.0, -0.02 * 8 / height),
-                fontsize=7, frameon=False)  # fmt: skip
+    axis.legend(
+        handles=[
+            Patch(color=FAILED_COLOUR, label="failed"),
+            Patch(facecolor=MISSING_COLOUR, edgecolor="black", label="not run"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.0, -0.02 * 8 / height),
+        fontsize=7,
+        frameon=False,
+    )
     return _png(fig)
 
 
@@ -91,8 +99,13 @@ def distribution(speedups: Mapping[str, Sequence[float]], title: str) -> bytes:
     data = [[s for s in speedups[label] if s and s > 0] for label in labels]
     shown = [i for i, d in enumerate(data) if d]
     if shown:
-        axis.boxplot([data[i] for i in shown], positions=[i + 1 for i in shown], widths=0.5, showfliers=False,
-                     medianprops={"color": "black"})  # fmt: skip
+        axis.boxplot(
+            [data[i] for i in shown],
+            positions=[i + 1 for i in shown],
+            widths=0.5,
+            showfliers=False,
+            medianprops={"color": "black"},
+        )
     rng = np.random.default_rng(0)  # the jitter only spreads points sideways; fixed so reports are stable
     ticks = []
     for i, values in enumerate(data):
@@ -152,8 +165,14 @@ def ann_curves(panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, fl
         axis = fig.add_subplot(rows, columns, index + 1)
         for label, points in lines.items():
             points = sorted(points)
-            axis.plot([r for r, _ in points], [q for _, q in points], marker="o", markersize=3,
-                      linestyle="--" if label.endswith("baseline") else "-", label=label)  # fmt: skip
+            axis.plot(
+                [r for r, _ in points],
+                [q for _, q in points],
+                marker="o",
+                markersize=3,
+                linestyle="--" if label.endswith("baseline") else "-",
+                label=label,
+            )
         axis.axvspan(0.85, 0.95, color="#e0e0e0", zorder=0)  # the reward's recall band
         axis.set_yscale("log")
         axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))

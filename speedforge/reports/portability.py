@@ -88,7 +88,7 @@ class PoolSummary:
 
     @property
     def state(self) -> str:
-        """"ok", or "no results" for a pool that a run named but recorded nothing for."""
+        """ "ok", or "no results" for a pool that a run named but recorded nothing for."""
         return "ok" if self.evaluated else "no results"
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,8 +122,14 @@ class AnnCurve:
     candidate: tuple[tuple[int, float, float], ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "variant_id": self.variant_id, "pool": self.pool, "status": self.status,
-                "baseline": [list(p) for p in self.baseline], "candidate": [list(p) for p in self.candidate]}
+        return {
+            "task_id": self.task_id,
+            "variant_id": self.variant_id,
+            "pool": self.pool,
+            "status": self.status,
+            "baseline": [list(p) for p in self.baseline],
+            "candidate": [list(p) for p in self.candidate],
+        }
 
 
 def speedup_stats(speedups: Sequence[float]) -> dict[str, float | int | None]:
@@ -216,8 +222,10 @@ class PortabilityTable:
     def measured_variants(self) -> list[Variant]:
         """Variants with a result on at least one pool, by task id."""
         ids = {v for v, _ in self.results}
-        return sorted((v for v in self.variants.values() if v.variant_id in ids),
-                      key=lambda v: (task_order(v.task_id), v.variant_id))  # fmt: skip
+        return sorted(
+            (v for v in self.variants.values() if v.variant_id in ids),
+            key=lambda v: (task_order(v.task_id), v.variant_id),
+        )
 
     # -- the table -----------------------------------------------------------------------------
 
@@ -226,10 +234,17 @@ class PortabilityTable:
         stats = speedup_stats([r.speedup for r in results if r.ok])
         measured = {v for v, _ in self.results}
         not_run = sum(1 for v in measured if (v, pool) not in self.results)
-        return PoolSummary(pool=pool, kind="measured", tasks=len({r.task_id for r in results}),
-                           evaluated=len(results), correct=sum(r.ok for r in results), not_run=not_run,
-                           statuses=dict(sorted(Counter(r.status for r in results).items())),
-                           regressions=tuple(self.regressions(pool)), **stats)  # fmt: skip
+        return PoolSummary(
+            pool=pool,
+            kind="measured",
+            tasks=len({r.task_id for r in results}),
+            evaluated=len(results),
+            correct=sum(r.ok for r in results),
+            not_run=not_run,
+            statuses=dict(sorted(Counter(r.status for r in results).items())),
+            regressions=tuple(self.regressions(pool)),
+            **stats,
+        )
 
     def summaries(self) -> list[PoolSummary]:
         return [self.summary(pool) for pool in self.pools]
@@ -244,9 +259,18 @@ class PortabilityTable:
                 continue
             tasks = {self.variants[v].task_id for v in scores}
             kind = "published" if label.startswith("published") else "recorded"
-            rows.append(PoolSummary(pool=label, kind=kind, tasks=len(tasks), evaluated=len(scores),
-                                    correct=len(scores), not_run=len(measured) - len(scores),
-                                    statuses={"ok": len(scores)}, **speedup_stats(list(scores.values()))))  # fmt: skip
+            rows.append(
+                PoolSummary(
+                    pool=label,
+                    kind=kind,
+                    tasks=len(tasks),
+                    evaluated=len(scores),
+                    correct=len(scores),
+                    not_run=len(measured) - len(scores),
+                    statuses={"ok": len(scores)},
+                    **speedup_stats(list(scores.values())),
+                )
+            )
         return rows
 
     def regressions(self, pool: str) -> list[Regression]:
@@ -258,14 +282,28 @@ class PortabilityTable:
             slow = not result.ok or result.speedup is None or result.speedup < SLOW
             if not slow:
                 continue
-            fast = [(p, s[result.candidate_id]) for p, s in elsewhere.items()
-                    if result.candidate_id in s and s[result.candidate_id] > FAST]  # fmt: skip
-            fast += [(label, s[result.candidate_id]) for label, s in sources.items()
-                     if s.get(result.candidate_id, 0.0) > FAST]  # fmt: skip
+            fast = [
+                (p, s[result.candidate_id])
+                for p, s in elsewhere.items()
+                if result.candidate_id in s and s[result.candidate_id] > FAST
+            ]
+            fast += [
+                (label, s[result.candidate_id])
+                for label, s in sources.items()
+                if s.get(result.candidate_id, 0.0) > FAST
+            ]
             if fast:
-                found.append(Regression(result.candidate_id, result.task_id, pool, result.status,
-                                        result.speedup if result.ok else None, result.reason,
-                                        tuple(sorted(fast, key=lambda f: -f[1]))))  # fmt: skip
+                found.append(
+                    Regression(
+                        result.candidate_id,
+                        result.task_id,
+                        pool,
+                        result.status,
+                        result.speedup if result.ok else None,
+                        result.reason,
+                        tuple(sorted(fast, key=lambda f: -f[1])),
+                    )
+                )
         return found
 
     def correlations(self) -> list[Correlation]:
@@ -290,16 +328,25 @@ class PortabilityTable:
         for (variant_id, pool), result in self.results.items():
             curves = parse_curves(result.log) if result.log else None
             if curves is not None:
-                out.append(AnnCurve(result.task_id, variant_id, pool, result.status,
-                                    tuple((p.ef, p.recall, p.qps) for p in curves["base"]),
-                                    tuple((p.ef, p.recall, p.qps) for p in curves["cand"])))  # fmt: skip
+                out.append(
+                    AnnCurve(
+                        result.task_id,
+                        variant_id,
+                        pool,
+                        result.status,
+                        tuple((p.ef, p.recall, p.qps) for p in curves["base"]),
+                        tuple((p.ef, p.recall, p.qps) for p in curves["cand"]),
+                    )
+                )
         return sorted(out, key=lambda c: (task_order(c.task_id), order.get(c.pool, len(order)), c.variant_id))
 
     def failures(self) -> list[EvalResult]:
         """Every result that is not ok, by pool (in pool order), then task."""
         order = {pool: i for i, pool in enumerate(self.pools)}
-        return sorted((r for r in self.results.values() if not r.ok),
-                      key=lambda r: (order.get(r.pool, len(order)), task_order(r.task_id), r.candidate_id))  # fmt: skip
+        return sorted(
+            (r for r in self.results.values() if not r.ok),
+            key=lambda r: (order.get(r.pool, len(order)), task_order(r.task_id), r.candidate_id),
+        )
 
 
 def merge_runs(runs: Sequence[PortabilityRun]) -> PortabilityTable:
@@ -320,8 +367,15 @@ def merge_runs(runs: Sequence[PortabilityRun]) -> PortabilityTable:
             replaced += key in results
             results[key] = result
             if result.candidate_id not in variants:  # a plain sweep: no variant set recorded
-                variants[result.candidate_id] = Variant(variant_id=result.candidate_id, task_id=result.task_id,
-                                                        pool="", source="", status="", score=None, origin="")  # fmt: skip
+                variants[result.candidate_id] = Variant(
+                    variant_id=result.candidate_id,
+                    task_id=result.task_id,
+                    pool="",
+                    source="",
+                    status="",
+                    score=None,
+                    origin="",
+                )
         infos: dict[str, PoolInfo] = {}
         for info in run.pools:  # in the order recorded; a pool probed again keeps its latest record
             if info.pool not in infos or info.measured_at >= infos[info.pool].measured_at:
@@ -330,18 +384,24 @@ def merge_runs(runs: Sequence[PortabilityRun]) -> PortabilityTable:
             info = infos.get(pool) or _info_from_results(pool, [r for r in latest.values() if r.pool == pool])
             earlier = pools.get(pool)
             if earlier is not None:
-                differ = [f"{f} {getattr(earlier, f) or '?'} vs {getattr(info, f) or '?'}" for f in ENVIRONMENT
-                          if getattr(earlier, f) != getattr(info, f)]  # fmt: skip
+                differ = [
+                    f"{f} {getattr(earlier, f) or '?'} vs {getattr(info, f) or '?'}"
+                    for f in ENVIRONMENT
+                    if getattr(earlier, f) != getattr(info, f)
+                ]
                 if differ:
-                    notes.append(f"pool {pool} was measured in {', '.join(seen_in[pool])} and {run.uri} on different "
-                                 f"environments ({'; '.join(differ)}): the latest is shown")  # fmt: skip
+                    notes.append(
+                        f"pool {pool} was measured in {', '.join(seen_in[pool])} and {run.uri} on different "
+                        f"environments ({'; '.join(differ)}): the latest is shown"
+                    )
                 if info.measured_at < earlier.measured_at:
                     info = earlier
             pools[pool] = info
             seen_in.setdefault(pool, []).append(run.uri)
     if replaced:
-        notes.append(f"{replaced} result(s) of a (variant, pool) pair measured again in a later input replace the "
-                     "earlier one")  # fmt: skip
+        notes.append(
+            f"{replaced} result(s) of a (variant, pool) pair measured again in a later input replace the earlier one"
+        )
     return PortabilityTable(tuple(r.uri for r in runs), pools, variants, results, tuple(notes))
 
 
@@ -349,8 +409,11 @@ def _info_from_results(pool: str, results: Iterable[EvalResult]) -> PoolInfo:
     """A pool's environment where no run recorded one (results of `speedforge evaluate`): the
     device its results name; driver and versions unknown."""
     names = Counter(r.device_name for r in results if r.device_name)
-    return PoolInfo(pool=pool, device_name=names.most_common(1)[0][0] if names else "",
-                    note="no environment recorded (not a portability run's results): driver and torch unknown")
+    return PoolInfo(
+        pool=pool,
+        device_name=names.most_common(1)[0][0] if names else "",
+        note="no environment recorded (not a portability run's results): driver and torch unknown",
+    )
 
 
 def format_speedup(value: float | None) -> str:
@@ -376,21 +439,38 @@ def table_as_dict(table: PortabilityTable) -> dict[str, Any]:
         for pool in table.pools:
             result = table.results.get((variant.variant_id, pool))
             if result is not None:
-                cells[pool] = {"status": result.status, "speedup": _finite(result.speedup) if result.ok else None,
-                               "speedup_lo": _finite(result.speedup_lo), "speedup_hi": _finite(result.speedup_hi),
-                               "unstable": result.unstable, "reason": result.reason, "device_name": result.device_name}  # fmt: skip
+                cells[pool] = {
+                    "status": result.status,
+                    "speedup": _finite(result.speedup) if result.ok else None,
+                    "speedup_lo": _finite(result.speedup_lo),
+                    "speedup_hi": _finite(result.speedup_hi),
+                    "unstable": result.unstable,
+                    "reason": result.reason,
+                    "device_name": result.device_name,
+                }
         label = source_label(variant)
-        rows.append({"variant_id": variant.variant_id, "task_id": variant.task_id, "origin": variant.origin,
-                     "source": {"where": label, "speedup": sources[label][variant.variant_id]} if label else None,
-                     "pools": cells})  # fmt: skip
+        rows.append(
+            {
+                "variant_id": variant.variant_id,
+                "task_id": variant.task_id,
+                "origin": variant.origin,
+                "source": {"where": label, "speedup": sources[label][variant.variant_id]} if label else None,
+                "pools": cells,
+            }
+        )
     return {
-        "pools": [dataclasses.asdict(table.pools[s.pool]) | {"environment": pool_environment(table.pools[s.pool]),
-                                                             "summary": s.to_dict()} for s in table.summaries()],
+        "pools": [
+            dataclasses.asdict(table.pools[s.pool])
+            | {"environment": pool_environment(table.pools[s.pool]), "summary": s.to_dict()}
+            for s in table.summaries()
+        ],
         "sources": [s.to_dict() for s in table.source_summaries()],
         "variants": rows,
         "correlations": [c.to_dict() for c in table.correlations()],
-        "failures": [{"pool": r.pool, "task_id": r.task_id, "variant_id": r.candidate_id, "status": r.status,
-                      "reason": r.reason} for r in table.failures()],  # fmt: skip
+        "failures": [
+            {"pool": r.pool, "task_id": r.task_id, "variant_id": r.candidate_id, "status": r.status, "reason": r.reason}
+            for r in table.failures()
+        ],
         "ann_curves": [c.to_dict() for c in table.ann_curves()],
         "notes": list(table.notes),
     }

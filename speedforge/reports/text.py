@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from speedforge.records import EvalResult
@@ -35,9 +34,12 @@ def cell(value: object) -> str:
 
 def describe_result(result: EvalResult) -> str:
     """A readable multi-line account of one evaluation."""
-    lines = [f"task        {result.task_id}", f"candidate   {result.candidate_id}",
-             f"pool        {result.pool} ({result.device_name or 'device not reached'})",
-             f"status      {result.status}"]
+    lines = [
+        f"task        {result.task_id}",
+        f"candidate   {result.candidate_id}",
+        f"pool        {result.pool} ({result.device_name or 'device not reached'})",
+        f"status      {result.status}",
+    ]
     if result.reason:
         lines.append(f"why         {result.reason}")
     if result.status == "ok":
@@ -47,8 +49,10 @@ def describe_result(result: EvalResult) -> str:
             f"candidate   {result.cand_us:.1f} us (IQR {result.cand_iqr_us:.1f})",
             f"speedup     {result.speedup:.3f}x  over {result.timed_calls} paired calls",
         ]
-    lines.append(f"build       {'cached' if result.build_cached else f'{result.build_s:.1f} s'}; "
-                 f"run {result.run_s:.1f} s; wall {result.wall_s:.1f} s")
+    lines.append(
+        f"build       {'cached' if result.build_cached else f'{result.build_s:.1f} s'}; "
+        f"run {result.run_s:.1f} s; wall {result.wall_s:.1f} s"
+    )
     for finding in result.screen_findings:
         lines.append(f"screen      {finding}")
     for warning in result.warnings:

@@ -86,7 +86,9 @@ def _guarded_evaluate(evaluate: BatchEvaluate, task: Task, candidates: list[Cand
     except Exception as exc:  # the loop must survive an evaluation service outage
         reason = f"evaluation failed: {type(exc).__name__}: {exc}"
         return [
-            EvalResult(candidate_id=c.candidate_id, task_id=task.task_id, pool=pool, status="infra_error", reason=reason)
+            EvalResult(
+                candidate_id=c.candidate_id, task_id=task.task_id, pool=pool, status="infra_error", reason=reason
+            )
             for c in candidates
         ]
     by_id = {r.candidate_id: r for r in results}
@@ -136,7 +138,11 @@ def run_search(
                 continue
             for generation in generations:
                 candidate, parsed = candidate_from(
-                    task, generation.text, origin, prompt.exemplar_ids, finish_reason=generation.finish_reason,
+                    task,
+                    generation.text,
+                    origin,
+                    prompt.exemplar_ids,
+                    finish_reason=generation.finish_reason,
                     completion_tokens=generation.completion_tokens,
                 )
                 pending.append((candidate, parsed.analysis, generation.completion_tokens, parsed.missing))

@@ -25,8 +25,11 @@ class SearchPrinter:
         self.quiet = quiet
 
     def searching(self, task: Task, search: SearchConfig, backend: Backend, pool: str) -> None:
-        print(f"{task.task_id}: {search.rounds} round(s) x {search.samples} sample(s), "
-              f"policy {backend.name}:{backend.model_name}, pool {pool}", flush=True)  # fmt: skip
+        print(
+            f"{task.task_id}: {search.rounds} round(s) x {search.samples} sample(s), "
+            f"policy {backend.name}:{backend.model_name}, pool {pool}",
+            flush=True,
+        )
         print(round_header(), flush=True)
 
     def round(self, stats: RoundStats) -> None:
@@ -40,9 +43,15 @@ class SearchPrinter:
 def round_row(stats: RoundStats) -> str:
     statuses = ", ".join(f"{status} {n}" for status, n in sorted(stats.statuses.items(), key=lambda kv: -kv[1]))
     cells = (
-        str(stats.round), str(stats.samples), str(stats.valid), f"{stats.valid_fraction:.0%}",
-        _speedup(stats.round_best), _speedup(stats.best), f"{stats.seconds:.0f}s", statuses,
-    )  # fmt: skip
+        str(stats.round),
+        str(stats.samples),
+        str(stats.valid),
+        f"{stats.valid_fraction:.0%}",
+        _speedup(stats.round_best),
+        _speedup(stats.best),
+        f"{stats.seconds:.0f}s",
+        statuses,
+    )
     return "  ".join(c.ljust(w) for c, w in zip(cells, ROUND_WIDTHS)).rstrip()
 
 
@@ -60,8 +69,10 @@ def describe_outcome(result: SearchResult) -> str:
     if best is None:
         statuses = Counter(s.status for s in result.samples)
         reasons = Counter(s.reason.splitlines()[0][:100] for s in result.samples if s.reason)
-        lines = [f"no valid variant of {result.task_id} on {result.pool} after {len(result.samples)} sample(s): "
-                 + ", ".join(f"{k} {v}" for k, v in statuses.most_common())]  # fmt: skip
+        lines = [
+            f"no valid variant of {result.task_id} on {result.pool} after {len(result.samples)} sample(s): "
+            + ", ".join(f"{k} {v}" for k, v in statuses.most_common())
+        ]
         lines += [f"  {n} x {reason}" for reason, n in reasons.most_common(3)]
         return "\n".join(lines)
     lines = [

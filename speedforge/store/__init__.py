@@ -1,8 +1,8 @@
 """One object store over URIs: `s3://bucket/prefix` (AWS or any S3-compatible endpoint) or a folder.
 
-    store = open_store("s3://speedforge/runs/a", endpoint_url="http://127.0.0.1:8333")
-    store.append_records("results", results)      # one new immutable parquet part
-    results = store.read_records("results", EvalResult)   # every part, sha256-verified
+store = open_store("s3://speedforge/runs/a", endpoint_url="http://127.0.0.1:8333")
+store.append_records("results", results)      # one new immutable parquet part
+results = store.read_records("results", EvalResult)   # every part, sha256-verified
 """
 
 from __future__ import annotations
@@ -39,8 +39,12 @@ __all__ = [
 ]
 
 
-def open_store(uri: str | os.PathLike, endpoint_url: str | None = None, config: StoreConfig | None = None,
-               credentials: tuple[str, str] | None = None) -> Store:  # fmt: skip
+def open_store(
+    uri: str | os.PathLike,
+    endpoint_url: str | None = None,
+    config: StoreConfig | None = None,
+    credentials: tuple[str, str] | None = None,
+) -> Store:
     """A Store for `s3://bucket/prefix` or a local folder (created on first write).
 
     S3 credentials come from the AWS environment and profiles, or are given as (access key,
@@ -57,8 +61,9 @@ def open_store(uri: str | os.PathLike, endpoint_url: str | None = None, config: 
 
         if not parsed.netloc:
             raise StoreError(f"invalid store URI {text!r}: expected s3://bucket/prefix")
-        backend = S3Backend(parsed.netloc, parsed.path, endpoint_url=endpoint_url, config=config,
-                            credentials=credentials)
+        backend = S3Backend(
+            parsed.netloc, parsed.path, endpoint_url=endpoint_url, config=config, credentials=credentials
+        )
         backend.check_bucket(retry_s=min(config.retry_s, config.open_retry_s))
         return Store(backend)
     if parsed.scheme in ("", "file"):

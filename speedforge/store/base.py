@@ -248,7 +248,7 @@ def download_keys(store: "Store", keys: list[str], folder, base: str = "") -> No
     from pathlib import Path
 
     for key in keys:
-        target = Path(folder) / key[len(base):]
+        target = Path(folder) / key[len(base) :]
         data = store.get_bytes(key)
         if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
             continue

@@ -109,21 +109,33 @@ class Lease:
         generation, current = current_lease(store, name)
         where = f"{store.uri} ({name})"
         if current is not None and not current.released and current.owner_gone():
-            print(f"speedforge: taking over the lease of {current.owner} on {where}: that process is gone",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"speedforge: taking over the lease of {current.owner} on {where}: that process is gone",
+                file=sys.stderr,
+                flush=True,
+            )
             current = dataclasses.replace(current, released=True)
         if current is not None and current.live(now):
-            raise LeaseHeldError(f"another run is writing to {where}: {current.describe(now)}; wait for it to end "
-                                 "(--force does not take a live lease)")  # fmt: skip
+            raise LeaseHeldError(
+                f"another run is writing to {where}: {current.describe(now)}; wait for it to end "
+                "(--force does not take a live lease)"
+            )
         if current is not None and not current.released and not force:
-            raise LeaseHeldError(f"a run that writes to {where} stopped without releasing its lease: "
-                                 f"{current.describe(now)}; if that run is gone, rerun with --force to take "
-                                 "the lease over")  # fmt: skip
+            raise LeaseHeldError(
+                f"a run that writes to {where} stopped without releasing its lease: "
+                f"{current.describe(now)}; if that run is gone, rerun with --force to take "
+                "the lease over"
+            )
         if current is not None and not current.released:
-            print(f"speedforge: taking over the expired lease of {current.owner} on {where}",
-                  file=sys.stderr, flush=True)  # fmt: skip
-        record = LeaseRecord(owner=f"{socket.gethostname()}:{os.getpid()}", token=uuid.uuid4().hex,
-                             started_at=now, expires_at=now + ttl_s)  # fmt: skip
+            print(
+                f"speedforge: taking over the expired lease of {current.owner} on {where}", file=sys.stderr, flush=True
+            )
+        record = LeaseRecord(
+            owner=f"{socket.gethostname()}:{os.getpid()}",
+            token=uuid.uuid4().hex,
+            started_at=now,
+            expires_at=now + ttl_s,
+        )
         lease = cls(store, name, generation + 1, record, ttl_s)
         try:
             store.put_bytes(lease.key, _encode(record), if_absent=True)
@@ -180,9 +192,12 @@ class Lease:
         except StoreError as exc:
             _UNRELEASED.add(self.record.token)
             expiry = time.strftime("%H:%M:%S", time.localtime(self.record.expires_at))
-            print(f"speedforge: could not release the lease on {self.store.uri} ({exc}); it expires at {expiry}; "
-                  "a rerun from this host takes it over, from another host with --force after that",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"speedforge: could not release the lease on {self.store.uri} ({exc}); it expires at {expiry}; "
+                "a rerun from this host takes it over, from another host with --force after that",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self) -> "Lease":
         return self.start_heartbeat()
@@ -194,7 +209,7 @@ class Lease:
 def current_lease(store: Store, name: str) -> tuple[int, LeaseRecord | None]:
     """The highest generation of lease `name` and its record (0, None when there is none)."""
     prefix = f"{PREFIX}/{name}/"
-    generations = [int(m.group(1)) for k in store.list(prefix) if (m := GENERATION.match(k[len(prefix):]))]
+    generations = [int(m.group(1)) for k in store.list(prefix) if (m := GENERATION.match(k[len(prefix) :]))]
     if not generations:
         return 0, None
     generation = max(generations)
@@ -203,8 +218,10 @@ def current_lease(store: Store, name: str) -> tuple[int, LeaseRecord | None]:
         fields = json.loads(data)
         return generation, LeaseRecord(**fields)
     except (ValueError, TypeError) as exc:
-        raise StoreError(f"{store.describe(_key(name, generation))}: not a lease record ({exc}); delete it "
-                         "if no run is writing there") from None  # fmt: skip
+        raise StoreError(
+            f"{store.describe(_key(name, generation))}: not a lease record ({exc}); delete it "
+            "if no run is writing there"
+        ) from None
 
 
 def _key(name: str, generation: int) -> str:

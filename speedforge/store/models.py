@@ -62,8 +62,9 @@ def model_files(location: str, store_config: StoreConfig | None = None) -> dict[
     return files
 
 
-def fetch_model(location: str, cache_dir: str, files: dict[str, str] | None = None,
-                store_config: StoreConfig | None = None) -> str:  # fmt: skip
+def fetch_model(
+    location: str, cache_dir: str, files: dict[str, str] | None = None, store_config: StoreConfig | None = None
+) -> str:
     """A local folder holding the model at `location` (a store URI or a folder), in `cache_dir`
     (see the module docstring). With `files` ({path: sha256}), exactly those, each checked: a file
     missing or changed is the store's MissingObjectError or CorruptObjectError."""
@@ -75,8 +76,10 @@ def fetch_model(location: str, cache_dir: str, files: dict[str, str] | None = No
     store = model_store(location, store_config)
     keys = sorted(files) if files is not None else store.list("")
     if not keys:
-        raise UserError(f"no model at {location}: the store has nothing under that prefix (seed one with "
-                        "`speedforge models push`, or give a training run's final_checkpoint_uri)")  # fmt: skip
+        raise UserError(
+            f"no model at {location}: the store has nothing under that prefix (seed one with "
+            "`speedforge models push`, or give a training run's final_checkpoint_uri)"
+        )
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=root))
     try:

@@ -18,7 +18,7 @@ import random
 import sys
 import threading
 import time
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 from urllib.parse import urlparse
 
 import boto3
@@ -30,15 +30,39 @@ from speedforge.config import StoreConfig
 from speedforge.errors import first_line
 from speedforge.store.base import MissingObjectError, ObjectExistsError, StoreError
 
+if TYPE_CHECKING:
+    import pyarrow.fs
+
 T = TypeVar("T")
 
 ENDPOINT_ENV = "SPEEDFORGE_S3_ENDPOINT"
-TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable",
-                   "InternalError", "RequestTimeTooSkewed", "ConditionalRequestConflict"}  # fmt: skip
-CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
-                    "InvalidToken", "ExpiredToken"}  # fmt: skip
-CONNECTION_ERRORS = (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ConnectTimeoutError,
-                     bx.ReadTimeoutError, bx.ResponseStreamingError, bx.ProxyConnectionError)  # fmt: skip
+TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeTooSkewed",
+    "ConditionalRequestConflict",
+}
+CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "403",
+    "Forbidden",
+    "InvalidToken",
+    "ExpiredToken",
+}
+CONNECTION_ERRORS = (
+    bx.EndpointConnectionError,
+    bx.ConnectionClosedError,
+    bx.ConnectTimeoutError,
+    bx.ReadTimeoutError,
+    bx.ResponseStreamingError,
+    bx.ProxyConnectionError,
+)
 REPORT_EVERY_S = 10.0  # while retrying, one line on stderr at most this often (per backend, over all threads)
 
 
@@ -51,8 +75,14 @@ def resolve_endpoint(endpoint_url: str | None, config: StoreConfig) -> str | Non
 
 
 class S3Backend:
-    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None, config: StoreConfig | None = None,
-                 credentials: tuple[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        endpoint_url: str | None = None,
+        config: StoreConfig | None = None,
+        credentials: tuple[str, str] | None = None,
+    ):
         self.config = config or StoreConfig()
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -119,8 +149,12 @@ class S3Backend:
             if now - self._last_report < REPORT_EVERY_S:
                 return
             self._last_report = now
-        print(f"speedforge: S3 {what} at {self.endpoint} failed ({reason}); retrying for up to "
-              f"{max(0.0, deadline - now):.0f} s more ({now - start:.0f} s so far)", file=sys.stderr, flush=True)
+        print(
+            f"speedforge: S3 {what} at {self.endpoint} failed ({reason}); retrying for up to "
+            f"{max(0.0, deadline - now):.0f} s more ({now - start:.0f} s so far)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _translate(self, what: str, exc: bx.ClientError) -> StoreError:
         error = exc.response.get("Error", {})
@@ -150,8 +184,11 @@ class S3Backend:
 
     def put(self, key: str, data: bytes, if_absent: bool = False, retry_s: float | None = None) -> None:
         extra = {"IfNoneMatch": "*"} if if_absent else {}
-        self.call(f"put {key}", lambda: self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,
-                                                               **extra), retry_s)  # fmt: skip
+        self.call(
+            f"put {key}",
+            lambda: self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data, **extra),
+            retry_s,
+        )
 
     def get(self, key: str) -> bytes:
         def fetch() -> bytes:
@@ -200,7 +237,7 @@ class S3Backend:
             connect_timeout=self.config.connect_timeout_s,
             request_timeout=self.config.read_timeout_s,
             retry_strategy=pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=10),
-        )  # fmt: skip
+        )
         return fs, f"{self.bucket}/{self.prefix}".rstrip("/")
 
     def delete(self, key: str) -> None:

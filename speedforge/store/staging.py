@@ -125,10 +125,17 @@ def _unique(records: list[Record], kind: str) -> list[Record]:
     return [by_id[k] for k in sorted(by_id)]
 
 
-def stage_dataset(store: Store, name: str, tasks: list[Task], candidates: list[Candidate],
-                  source: str = "", skipped: list[str] | tuple[str, ...] = (),
-                  part_rows: int = DEFAULT_PART_ROWS, upload_threads: int = 8,
-                  progress: bool | None = None) -> StageResult:  # fmt: skip
+def stage_dataset(
+    store: Store,
+    name: str,
+    tasks: list[Task],
+    candidates: list[Candidate],
+    source: str = "",
+    skipped: list[str] | tuple[str, ...] = (),
+    part_rows: int = DEFAULT_PART_ROWS,
+    upload_threads: int = 8,
+    progress: bool | None = None,
+) -> StageResult:
     """Stage tasks and candidates as a new version of data set `name`, unless unchanged.
 
     Returns what was done; StageResult.created is False (and nothing was written) when the
@@ -165,7 +172,9 @@ def stage_dataset(store: Store, name: str, tasks: list[Task], candidates: list[C
     all_parts = [p for kind in kinds for p in parts[kind]]
     with concurrent.futures.ThreadPoolExecutor(max(1, upload_threads)) as pool:
         futures = [pool.submit(upload, part) for part in all_parts]
-        bar = tqdm(total=len(futures), desc=f"staging {name}", unit="part", disable=None if progress is None else not progress)
+        bar = tqdm(
+            total=len(futures), desc=f"staging {name}", unit="part", disable=None if progress is None else not progress
+        )
         try:
             for future in concurrent.futures.as_completed(futures):
                 future.result()
@@ -185,8 +194,10 @@ def stage_dataset(store: Store, name: str, tasks: list[Task], candidates: list[C
         "content_sha256": content,
         "counts": counts,
         "tables": {
-            kind: [{"key": key, "sha256": key.rsplit("-", 1)[1][: -len(".parquet")], "rows": rows}
-                   for key, _, rows in parts[kind]]  # fmt: skip
+            kind: [
+                {"key": key, "sha256": key.rsplit("-", 1)[1][: -len(".parquet")], "rows": rows}
+                for key, _, rows in parts[kind]
+            ]
             for kind in kinds
         },
         "items": items,
@@ -204,8 +215,9 @@ def stage_dataset(store: Store, name: str, tasks: list[Task], candidates: list[C
             if taken is not None and taken["content_sha256"] == content:
                 break
             version = list_versions(store, name)[-1] + 1
-    return StageResult(name, version, key, True, store.stats.puts - puts_before,
-                       store.stats.bytes_put - bytes_before, counts)  # fmt: skip
+    return StageResult(
+        name, version, key, True, store.stats.puts - puts_before, store.stats.bytes_put - bytes_before, counts
+    )
 
 
 def load_dataset(store: Store, name: str, version: int | None = None) -> Dataset:

@@ -56,8 +56,10 @@ class ImportProblems(UserError):
         self.imported = imported
         first = imported.problems[0]
         more = f" (and {len(imported.problems) - 1} more)" if len(imported.problems) > 1 else ""
-        super().__init__(f"{len(imported.problems)} bad item(s) in {imported.source}: {first}{more}; "
-                         f"fix them, or pass --skip-bad to stage the rest")  # fmt: skip
+        super().__init__(
+            f"{len(imported.problems)} bad item(s) in {imported.source}: {first}{more}; "
+            f"fix them, or pass --skip-bad to stage the rest"
+        )
 
 
 def importer(name: str) -> Callable:
@@ -84,8 +86,9 @@ def _detect_path_kind(source: str) -> str:
             return "kernelbench-folder"
         if any(path.glob("*.parquet")):
             return "kernelbench-parquet"
-        raise UserError(f"{source}: a folder with neither level*/ folders nor .parquet files; "
-                        f"name the importer with --kind")  # fmt: skip
+        raise UserError(
+            f"{source}: a folder with neither level*/ folders nor .parquet files; name the importer with --kind"
+        )
     if not path.exists():
         raise UserError(f"source not found: {source}")
     if path.suffix == ".parquet":
@@ -138,8 +141,10 @@ def import_kernelbench_parquet(source: str, family: str) -> Imported:
             raise UserError(f"{file}: not a readable parquet file: {exc}") from None
         missing = [c for c in KERNELBENCH_COLUMNS if c not in table.column_names]
         if missing:
-            raise UserError(f"{file}: not KernelBench parquet: missing column(s) {missing} "
-                            f"(expected {', '.join(KERNELBENCH_COLUMNS)})")  # fmt: skip
+            raise UserError(
+                f"{file}: not KernelBench parquet: missing column(s) {missing} "
+                f"(expected {', '.join(KERNELBENCH_COLUMNS)})"
+            )
         rows = table.select(list(KERNELBENCH_COLUMNS)).to_pylist()
         for row_no, row in enumerate(tqdm(rows, desc=f"importing {file.name}", unit="row", disable=None)):
             where = f"{file}: row {row_no} (name {clip(repr(row['name']), 40)})"
@@ -160,8 +165,14 @@ def _kernelbench_row(row: dict, family: str, where: str) -> Task:
         raise TaskFormatError(f"{where}: no code")
     name = name.strip().removesuffix(".py")
     check_reference_source(code, where)
-    return Task(task_id=f"kernelbench/level{level}/{name}", family=family, name=name, source=code, level=level,
-                origin="kernelbench")  # fmt: skip
+    return Task(
+        task_id=f"kernelbench/level{level}/{name}",
+        family=family,
+        name=name,
+        source=code,
+        level=level,
+        origin="kernelbench",
+    )
 
 
 # -- CUDA-L1 ------------------------------------------------------------------------------------
@@ -212,8 +223,15 @@ def _cuda_l1_item(line: str, family: str, where: str) -> tuple[Task, Candidate |
     level, number = _positive_id(item, "level_id", where), _positive_id(item, "task_id", where)
     name = f"level{level}_task{number}"
     check_reference_source(item["ref_code"], f"{where} ({name}) ref_code")
-    task = Task(task_id=f"cuda-l1/level{level}/{number}", family=family, name=name, source=item["ref_code"],
-                level=level, origin="cuda-l1", mode="eval")  # fmt: skip  (its harness calls .eval() on both)
+    task = Task(
+        task_id=f"cuda-l1/level{level}/{number}",
+        family=family,
+        name=name,
+        source=item["ref_code"],
+        level=level,
+        origin="cuda-l1",
+        mode="eval",
+    )  # its harness calls .eval() on both
     code = item.get("custom_code")
     if code in NO_CODE:
         return task, None
@@ -231,8 +249,9 @@ def _positive_id(item: dict, field: str, where: str) -> int:
     boolean (true is not task 1) or a string."""
     value = item[field]
     if type(value) is not int or not 1 <= value <= MAX_ID:
-        raise TaskFormatError(f"{where}: {field} must be a whole number from 1 up (a JSON integer such as 19), "
-                              f"got {_show_json(value)}")  # fmt: skip
+        raise TaskFormatError(
+            f"{where}: {field} must be a whole number from 1 up (a JSON integer such as 19), got {_show_json(value)}"
+        )
     return value
 
 

@@ -65,8 +65,9 @@ def load_task_file(path: str | Path, family: str = "cuda", task_id: str | None =
     )
 
 
-def load_task_folder(root: str | Path, family: str = "cuda",
-                     prefix: str = "kernelbench") -> tuple[list[Task], list[str], list[str]]:
+def load_task_folder(
+    root: str | Path, family: str = "cuda", prefix: str = "kernelbench"
+) -> tuple[list[Task], list[str], list[str]]:
     """Tasks from a folder laid out by level (`level1/19_ReLU.py`, ...).
 
     Returns (tasks, problems, other_folders): one problem line per task file that could not be
@@ -81,8 +82,10 @@ def load_task_folder(root: str | Path, family: str = "cuda",
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     others = [p.name for p in folders if not LEVEL_DIR.match(p.name)]
     if not any(LEVEL_DIR.match(p.name) for p in folders):
-        raise TaskFormatError(f"{root}: no level folders (expected level1/, level2/, ...)"
-                              + (f"; found only {', '.join(others)}" if others else ""))
+        raise TaskFormatError(
+            f"{root}: no level folders (expected level1/, level2/, ...)"
+            + (f"; found only {', '.join(others)}" if others else "")
+        )
     for level_dir in folders:
         match = LEVEL_DIR.match(level_dir.name)
         if not match:

@@ -18,6 +18,7 @@ from speedforge.errors import UserError
 from speedforge.records import Candidate, Task
 from speedforge.tasks.loader import check_reference_source, module_docstring
 
+
 def _suite_dir(family: str):
     return resources.files("speedforge.tasks").joinpath("suite", family)
 

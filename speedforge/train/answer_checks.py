@@ -24,8 +24,9 @@ from speedforge.policy.prompts import init_arguments
 from speedforge.records import Task
 
 
-def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgrade: bool = False,
-                    measured: bool = False) -> str:  # fmt: skip
+def unusable_answer(
+    task: Task, answer: str, source: str, allow_precision_downgrade: bool = False, measured: bool = False
+) -> str:
     """Why an answer (holding the program `source`) would teach what a sample fails on, or ""
     when it does not: the code our parser extracts from it (`candidate_from`, as the held-out
     check and every stage do) is not `source`, our screen rejects it (not Python, no ModelNew, a
@@ -48,14 +49,22 @@ def unusable_answer(task: Task, answer: str, source: str, allow_precision_downgr
         return f"it lowers float32 precision ({lowered}), which the evaluator refuses (allow_precision_downgrade)"
     kept = kept_output(candidate.source)
     if kept:
-        return (f"its forward returns a tensor the module keeps ({kept}): the same storage every call, which the "
-                "evaluator's fresh-outputs contract refuses")  # fmt: skip
+        return (
+            f"its forward returns a tensor the module keeps ({kept}): the same storage every call, which the "
+            "evaluator's fresh-outputs contract refuses"
+        )
     return ""
 
 
-_LOWERING = (("cuda.matmul.allow_tf32", True), ("allow_fp16_reduced_precision_reduction", True),
-             ("allow_bf16_reduced_precision_reduction", True), ("allow_fp16_accumulation", True),
-             ("matmul.fp32_precision", "tf32"), ("conv.fp32_precision", "tf32"), ("fp32_precision", "bf16"))  # fmt: skip
+_LOWERING = (
+    ("cuda.matmul.allow_tf32", True),
+    ("allow_fp16_reduced_precision_reduction", True),
+    ("allow_bf16_reduced_precision_reduction", True),
+    ("allow_fp16_accumulation", True),
+    ("matmul.fp32_precision", "tf32"),
+    ("conv.fp32_precision", "tf32"),
+    ("fp32_precision", "bf16"),
+)
 
 
 def lowered_precision(code: str) -> str:
@@ -73,8 +82,13 @@ def lowered_precision(code: str) -> str:
                 name = ast.unparse(target)
                 if any(name.endswith(knob) and node.value.value == value for knob, value in _LOWERING):
                     return ast.unparse(node)
-        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("set_float32_matmul_precision") and \
-                node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in ("high", "medium"):
+        if (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func).endswith("set_float32_matmul_precision")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in ("high", "medium")
+        ):
             return ast.unparse(node)
     return ""
 
@@ -123,7 +137,9 @@ def kept_output(code: str) -> str:
 
 
 def _returns_kept(method: ast.FunctionDef) -> str:
-    fresh = {ast.unparse(t) for statement in method.body if isinstance(statement, ast.Assign) for t in statement.targets}
+    fresh = {
+        ast.unparse(t) for statement in method.body if isinstance(statement, ast.Assign) for t in statement.targets
+    }
     for node in ast.walk(method):
         if isinstance(node, ast.Return) and node.value is not None:
             base = node.value.value if isinstance(node.value, ast.Subscript) else node.value

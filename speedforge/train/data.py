@@ -59,8 +59,10 @@ def split_tasks(tasks: Sequence[Task], config: TrainConfig) -> TaskSplit:
     for what, ids in (("train.tasks", config.tasks), ("train.heldout", config.heldout)):
         unknown = [i for i in ids if i not in of_family]
         if unknown:
-            raise UserError(f"{what}: no {config.family} task(s) {', '.join(unknown)} in {config.tasks_uri}; known: "
-                            f"{', '.join(sorted(of_family)[:12])}{' ...' if len(of_family) > 12 else ''}")  # fmt: skip
+            raise UserError(
+                f"{what}: no {config.family} task(s) {', '.join(unknown)} in {config.tasks_uri}; known: "
+                f"{', '.join(sorted(of_family)[:12])}{' ...' if len(of_family) > 12 else ''}"
+            )
     chosen = [of_family[i] for i in config.tasks] if config.tasks else list(of_family.values())
     order = sorted(chosen, key=lambda t: content_id(str(config.seed), t.task_id))
     if config.heldout:
@@ -70,8 +72,10 @@ def split_tasks(tasks: Sequence[Task], config: TrainConfig) -> TaskSplit:
     rest = [t for t in order if t.task_id not in {h.task_id for h in heldout}]
     train = rest[: config.train_count] if config.train_count else rest
     if not train:
-        raise UserError(f"no training tasks left: {len(chosen)} task(s), {len(heldout)} held out "
-                        "(train.heldout / train.heldout_count)")  # fmt: skip
+        raise UserError(
+            f"no training tasks left: {len(chosen)} task(s), {len(heldout)} held out "
+            "(train.heldout / train.heldout_count)"
+        )
     return TaskSplit(tuple(train), tuple(heldout))
 
 
@@ -102,20 +106,27 @@ def answer_text(task: Task, variant: Variant) -> str:
     """An answer in the three sections for a variant that measured ok: the analysis the model
     wrote when it has one, else what the task's notes say about it; the design from the
     variant's own docstring; its code."""
-    return _answer(task, variant.source, variant.analysis,
-                   f"This variant measured {variant.score:.2f}x the reference's speed on {variant.pool}.")
+    return _answer(
+        task,
+        variant.source,
+        variant.analysis,
+        f"This variant measured {variant.score:.2f}x the reference's speed on {variant.pool}.",
+    )
 
 
 def _answer(task: Task, source: str, analysis: str, measured: str) -> str:
     notes = _first_paragraph(task.notes)
     analysis = analysis.strip() or (f"{notes} " if notes else "") + measured
     design = _first_paragraph(module_docstring(source)) or (
-        f"Compute the same function as the reference with the implementation below instead of the reference's "
-        f"operations one after another.")  # fmt: skip
+        "Compute the same function as the reference with the implementation below instead of the reference's "
+        "operations one after another."
+    )
     family = families.find(task.family)
     fence = family.language if family is not None else "python"  # the block the family's prompt asks for
-    return (f"### Performance Analysis\n{analysis}\n\n### Algorithm Design\n{design}\n\n"
-            f"### Code Implementation\n```{fence}\n{source.rstrip()}\n```\n")  # fmt: skip
+    return (
+        f"### Performance Analysis\n{analysis}\n\n### Algorithm Design\n{design}\n\n"
+        f"### Code Implementation\n```{fence}\n{source.rstrip()}\n```\n"
+    )
 
 
 def _first_paragraph(text: str) -> str:
@@ -146,10 +157,16 @@ class SFTData:
         by = {}
         for pair in self.pairs:
             by[pair.validated] = by.get(pair.validated, 0) + 1
-        return {"pairs": len(self.pairs), "tasks": len({p.task_id for p in self.pairs}),
-                "fewer_exemplars": self.fewer_exemplars, "dropped_too_long": self.dropped_too_long,
-                "dropped_unwritable": self.dropped_unwritable, "dropped_unusable": len(self.unusable),
-                "heldout_skipped": self.heldout_skipped, **{f"validated_{k}": v for k, v in sorted(by.items())}}  # fmt: skip
+        return {
+            "pairs": len(self.pairs),
+            "tasks": len({p.task_id for p in self.pairs}),
+            "fewer_exemplars": self.fewer_exemplars,
+            "dropped_too_long": self.dropped_too_long,
+            "dropped_unwritable": self.dropped_unwritable,
+            "dropped_unusable": len(self.unusable),
+            "heldout_skipped": self.heldout_skipped,
+            **{f"validated_{k}": v for k, v in sorted(by.items())},
+        }
 
     def to_dict(self) -> dict:
         return {"pairs": [p.to_dict() for p in self.pairs], "counts": self.counts(), "unusable": list(self.unusable)}
@@ -157,14 +174,27 @@ class SFTData:
     @classmethod
     def from_dict(cls, value: dict) -> "SFTData":
         counts = value.get("counts", {})
-        return cls(tuple(SFTPair(**p) for p in value["pairs"]), int(counts.get("fewer_exemplars", 0)),
-                   int(counts.get("dropped_too_long", 0)), int(counts.get("heldout_skipped", 0)),
-                   int(counts.get("dropped_unwritable", 0)), tuple(value.get("unusable", ())))  # fmt: skip
+        return cls(
+            tuple(SFTPair(**p) for p in value["pairs"]),
+            int(counts.get("fewer_exemplars", 0)),
+            int(counts.get("dropped_too_long", 0)),
+            int(counts.get("heldout_skipped", 0)),
+            int(counts.get("dropped_unwritable", 0)),
+            tuple(value.get("unusable", ())),
+        )
 
 
-def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exemplars: int, seed: int,
-              fits: Fits | None = None, trusted: Sequence[Candidate] = (), writable: Writable | None = None,
-              allow_precision_downgrade: bool = False) -> SFTData:  # fmt: skip
+def sft_pairs(
+    tasks: Sequence[Task],
+    variants: VariantsTable,
+    pool: str,
+    exemplars: int,
+    seed: int,
+    fits: Fits | None = None,
+    trusted: Sequence[Candidate] = (),
+    writable: Writable | None = None,
+    allow_precision_downgrade: bool = False,
+) -> SFTData:
     """One pair per successful variant of each task on `pool`, and one per `trusted` candidate
     (validated by its source) of these tasks that the table does not already hold as measured:
     its prompt shows up to `exemplars` lower-scoring variants of the task (fewer when the prompt
@@ -182,16 +212,29 @@ def sft_pairs(tasks: Sequence[Task], variants: VariantsTable, pool: str, exempla
         by_task.setdefault(candidate.task_id, []).append(candidate)
     for task in tasks:
         ok = variants.successful(task.task_id, pool)
-        answers = [(v.variant_id, v.score, answer_text(task, v), "measured", v.source)
-                   for v in sorted(ok, key=lambda v: (v.score, v.variant_id))]  # fmt: skip
+        answers = [
+            (v.variant_id, v.score, answer_text(task, v), "measured", v.source)
+            for v in sorted(ok, key=lambda v: (v.score, v.variant_id))
+        ]
         measured = {v.variant_id for v in ok}
         for candidate in by_task.get(task.task_id, ()):
             if candidate.candidate_id not in measured:
                 score = published_speedup(candidate)
                 where = candidate.origin.removeprefix("import:")
-                answers.append((candidate.candidate_id, score, _answer(task, candidate.source, "",
-                                f"Its source ({where}) measured it at {score:.2f}x the reference's speed."),
-                                f"source:{where}", candidate.source))  # fmt: skip
+                answers.append(
+                    (
+                        candidate.candidate_id,
+                        score,
+                        _answer(
+                            task,
+                            candidate.source,
+                            "",
+                            f"Its source ({where}) measured it at {score:.2f}x the reference's speed.",
+                        ),
+                        f"source:{where}",
+                        candidate.source,
+                    )
+                )
         for answer_id, score, answer, validated, source in answers:
             why = unusable_answer(task, answer, source, allow_precision_downgrade, measured=validated == "measured")
             if why:
@@ -250,8 +293,16 @@ class LivePrompts:
     shown from step n + 1. The draw is seeded by the row and the task's successful variants, so
     a resumed run renders what the uninterrupted one did."""
 
-    def __init__(self, tasks: Mapping[str, Task], variants: VariantsTable, policy: PolicyConfig, pool: str,
-                 seed: int, contrastive: bool = True, fits: Fits | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tasks: Mapping[str, Task],
+        variants: VariantsTable,
+        policy: PolicyConfig,
+        pool: str,
+        seed: int,
+        contrastive: bool = True,
+        fits: Fits | None = None,
+    ) -> None:
         self.tasks, self.variants, self.policy, self.pool = tasks, variants, policy, pool
         self.seed, self.contrastive, self.fits = seed, contrastive, fits
 
@@ -266,8 +317,10 @@ class LivePrompts:
             chosen.sort(key=lambda v: (v.score, v.variant_id))
         prompt = fitting_prompt(task, chosen, self.fits)
         if prompt is None:
-            raise UserError(f"the prompt of {task_id} does not fit the model even without exemplars "
-                            "(raise train.grpo.max_prompt_tokens, or use a model with a longer context)")  # fmt: skip
+            raise UserError(
+                f"the prompt of {task_id} does not fit the model even without exemplars "
+                "(raise train.grpo.max_prompt_tokens, or use a model with a longer context)"
+            )
         return prompt
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:

@@ -29,7 +29,9 @@ class StageJob:
     init_model: str  # "" default model, a .gguf file or checkpoint folder, or "store:<stage>" (that stage's final)
     evaluate: Any = None  # a stand-in BatchEvaluate for train.evaluation (tests inject faults with it)
     trusted: tuple[Candidate, ...] = ()  # sft: source kernels taken as validated by their source (sft.trust_source)
-    attempt: float = dataclasses.field(default_factory=time.time)  # when this attempt (start or resume) began: its rollouts' stamp
+    attempt: float = dataclasses.field(
+        default_factory=time.time
+    )  # when this attempt (start or resume) began: its rollouts' stamp
 
     @property
     def run_dir(self) -> Path:

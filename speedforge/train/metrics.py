@@ -46,11 +46,17 @@ class StepTimes:
         return max(0.0, self.step_s - self.generation_s - self.evaluation_s)
 
     def as_dict(self) -> dict[str, float]:
-        out = {"generation_s": self.generation_s, "evaluation_s": self.evaluation_s, "update_s": self.update_s,
-               "step_s": self.step_s}  # fmt: skip
+        out = {
+            "generation_s": self.generation_s,
+            "evaluation_s": self.evaluation_s,
+            "update_s": self.update_s,
+            "step_s": self.step_s,
+        }
         if self.generated_tokens and self.generation_s > 0:
-            out |= {"generated_tokens": self.generated_tokens,
-                    "generation_tokens_per_s": self.generated_tokens / self.generation_s}  # fmt: skip
+            out |= {
+                "generated_tokens": self.generated_tokens,
+                "generation_tokens_per_s": self.generated_tokens / self.generation_s,
+            }
         return out
 
 
@@ -187,7 +193,9 @@ def read_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
         if stage not in order:
             order.append(stage)
         latest[(stage, record.get("kind", "step"), record.get("step", 0))] = record
-    return sorted(latest.values(), key=lambda r: (order.index(r.get("stage", "")), r.get("step", 0), r.get("kind", "step")))
+    return sorted(
+        latest.values(), key=lambda r: (order.index(r.get("stage", "")), r.get("step", 0), r.get("kind", "step"))
+    )
 
 
 def plot_rewards(metrics: Sequence[dict[str, Any]], png: Path, title: str = "reward per step") -> Path:
@@ -211,7 +219,9 @@ def plot_rewards(metrics: Sequence[dict[str, Any]], png: Path, title: str = "rew
     axis.set_title(title)
     axis.grid(alpha=0.3)
     valid = axis.twinx()
-    valid.plot([m["step"] for m in rows], [m["valid_fraction"] for m in rows], "s:", color="grey", label="valid fraction")
+    valid.plot(
+        [m["step"] for m in rows], [m["valid_fraction"] for m in rows], "s:", color="grey", label="valid fraction"
+    )
     valid.set_ylabel("valid fraction")
     valid.set_ylim(0, 1)
     lines = axis.get_legend_handles_labels()

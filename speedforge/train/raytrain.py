@@ -24,9 +24,15 @@ def scaling_config(config: RayTrainConfig):
     from ray.train import ScalingConfig
 
     gpu = config.use_gpu
-    resources = {"CPU": config.cpus_per_worker} | ({"GPU": config.gpus_per_worker} if gpu else {}) | dict(config.resources)
-    return ScalingConfig(num_workers=config.workers, use_gpu=gpu, resources_per_worker=resources,
-                         accelerator_type=config.accelerator_type or None)  # fmt: skip
+    resources = (
+        {"CPU": config.cpus_per_worker} | ({"GPU": config.gpus_per_worker} if gpu else {}) | dict(config.resources)
+    )
+    return ScalingConfig(
+        num_workers=config.workers,
+        use_gpu=gpu,
+        resources_per_worker=resources,
+        accelerator_type=config.accelerator_type or None,
+    )
 
 
 def fit_stage(job: StageJob) -> None:

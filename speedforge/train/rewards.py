@@ -98,8 +98,10 @@ def effective_speedup(result: EvalResult, config: "RewardConfig") -> float:
 def check_scored(result: EvalResult) -> None:
     """MissingReward for a result that has no reward (infra_error)."""
     if result.status in UNSCORED:
-        raise MissingReward(f"{result.candidate_id} on {result.pool}: {result.status} ({result.reason or 'no reason'}) "
-                            "says nothing about the candidate; it must be measured again, not scored")  # fmt: skip
+        raise MissingReward(
+            f"{result.candidate_id} on {result.pool}: {result.status} ({result.reason or 'no reason'}) "
+            "says nothing about the candidate; it must be measured again, not scored"
+        )
 
 
 def cheated(result: EvalResult) -> bool:
@@ -113,8 +115,9 @@ def cheated(result: EvalResult) -> bool:
     return not (rule and rule.group(1) in NOT_A_PROGRAM)
 
 
-def per_result(samples: Sequence[Sample], config: "RewardConfig", score: Callable[[float], float],
-               lowest: float) -> list[float]:  # fmt: skip
+def per_result(
+    samples: Sequence[Sample], config: "RewardConfig", score: Callable[[float], float], lowest: float
+) -> list[float]:
     """`score(effective speedup)` for ok results; failures `lowest` minus their penalty."""
     out = []
     for sample in samples:

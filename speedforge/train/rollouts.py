@@ -24,9 +24,22 @@ def policy_version(run: str, stage: str, steps_done: int) -> str:
     return f"{run}/{stage}@{steps_done}"
 
 
-def make_rollout(run: str, stage: str, step: int, index: int, group_id: str, task_id: str, prompt: str,
-                 completion: str, candidate: Candidate, missing: Sequence[str], result: EvalResult,
-                 reward: float, rewards: dict[str, float], created_at: float | None = None) -> Rollout:  # fmt: skip
+def make_rollout(
+    run: str,
+    stage: str,
+    step: int,
+    index: int,
+    group_id: str,
+    task_id: str,
+    prompt: str,
+    completion: str,
+    candidate: Candidate,
+    missing: Sequence[str],
+    result: EvalResult,
+    reward: float,
+    rewards: dict[str, float],
+    created_at: float | None = None,
+) -> Rollout:
     """The record of sample `index` of a step."""
     return Rollout(
         rollout_id=content_id(run, stage, str(step), str(index)),
@@ -79,8 +92,11 @@ class RolloutsTable:
     @classmethod
     def load(cls, store, run: str | None = None, stage: str | None = None) -> list[Rollout]:
         """The rollouts of a run (and stage), by step; a step written twice keeps its latest write."""
-        rows = [r for r in store.read_records(cls.name, cls.record)
-                if (run is None or r.run == run) and (stage is None or r.stage == stage)]  # fmt: skip
+        rows = [
+            r
+            for r in store.read_records(cls.name, cls.record)
+            if (run is None or r.run == run) and (stage is None or r.stage == stage)
+        ]
         latest: dict[tuple[str, str, int], float] = {}
         for row in rows:
             key = (row.run, row.stage, row.step)

@@ -57,8 +57,13 @@ class ScoredStep:
     attempts: int  # evaluation calls made (1 when nothing was retried)
 
 
-def evaluate_with_retries(candidates: Sequence[Candidate], evaluate: BatchEvaluate, retries: int, wait_s: float,
-                          sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, EvalResult], int]:  # fmt: skip
+def evaluate_with_retries(
+    candidates: Sequence[Candidate],
+    evaluate: BatchEvaluate,
+    retries: int,
+    wait_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[dict[str, EvalResult], int]:
     """A scored result (any status but infra_error) for every candidate, and the calls it took;
     RewardsUnavailable when some candidate has none after `retries` further attempts."""
     pending = list({c.candidate_id: c for c in candidates}.values())
@@ -92,9 +97,18 @@ def evaluate_with_retries(candidates: Sequence[Candidate], evaluate: BatchEvalua
 class Scorer:
     """Scores the steps of one stage of a run (see the module docstring)."""
 
-    def __init__(self, config: Config, tasks: Mapping[str, Task], evaluate: BatchEvaluate, pool: str, stage: str,
-                 store, variants: VariantsTable, sleep: Callable[[float], None] = time.sleep,
-                 attempt: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        tasks: Mapping[str, Task],
+        evaluate: BatchEvaluate,
+        pool: str,
+        stage: str,
+        store,
+        variants: VariantsTable,
+        sleep: Callable[[float], None] = time.sleep,
+        attempt: float | None = None,
+    ) -> None:
         self.config, self.train = config, config.train
         self.attempt = attempt  # the stage attempt's start (every worker's): its rollouts' created_at
         self.tasks, self.evaluate, self.pool, self.stage = tasks, evaluate, pool, stage
@@ -107,21 +121,37 @@ class Scorer:
         started = time.perf_counter()
         made = [candidate_from(self.tasks[c.task_id], c.text, self.origin(step), c.parent_ids) for c in completions]
         candidates = [candidate for candidate, _ in made]
-        results, attempts = evaluate_with_retries(candidates, self.evaluate, self.train.eval_retries,
-                                                  self.train.eval_retry_wait_s, self.sleep)  # fmt: skip
+        results, attempts = evaluate_with_retries(
+            candidates, self.evaluate, self.train.eval_retries, self.train.eval_retry_wait_s, self.sleep
+        )
         if self.train.rewards.unstable == "remeasure":
             attempts += self._remeasure(candidates, results)
         evaluation_s = time.perf_counter() - started
-        samples = [Sample(results[cand.candidate_id], c.group_id, parsed.missing)
-                   for c, (cand, parsed) in zip(completions, made)]  # fmt: skip
+        samples = [
+            Sample(results[cand.candidate_id], c.group_id, parsed.missing)
+            for c, (cand, parsed) in zip(completions, made)
+        ]
         parts = rewards_by_name(samples, self.train.rewards)
         weights = self.train.rewards.weights
         totals = [sum(weights[name] * parts[name][i] for name in parts) for i in range(len(samples))]
         now = time.time() if self.attempt is None else self.attempt
         rollouts = [
-            make_rollout(self.train.run, self.stage, step, i, c.group_id, c.task_id, c.prompt, c.text, cand,
-                         parsed.missing, results[cand.candidate_id], totals[i], {n: parts[n][i] for n in parts},
-                         created_at=now)  # fmt: skip
+            make_rollout(
+                self.train.run,
+                self.stage,
+                step,
+                i,
+                c.group_id,
+                c.task_id,
+                c.prompt,
+                c.text,
+                cand,
+                parsed.missing,
+                results[cand.candidate_id],
+                totals[i],
+                {n: parts[n][i] for n in parts},
+                created_at=now,
+            )
             for i, (c, (cand, parsed)) in enumerate(zip(completions, made))
         ]
         new = self._new_variants(made, results)
@@ -133,12 +163,16 @@ class Scorer:
         """Measure ok but unstable results again, up to `rewards.remeasure` times."""
         calls = 0
         for _ in range(self.train.rewards.remeasure):
-            unstable = [c for c in {c.candidate_id: c for c in candidates}.values()
-                        if results[c.candidate_id].ok and results[c.candidate_id].unstable]  # fmt: skip
+            unstable = [
+                c
+                for c in {c.candidate_id: c for c in candidates}.values()
+                if results[c.candidate_id].ok and results[c.candidate_id].unstable
+            ]
             if not unstable:
                 break
-            again, used = evaluate_with_retries(unstable, self.evaluate, self.train.eval_retries,
-                                                self.train.eval_retry_wait_s, self.sleep)  # fmt: skip
+            again, used = evaluate_with_retries(
+                unstable, self.evaluate, self.train.eval_retries, self.train.eval_retry_wait_s, self.sleep
+            )
             calls += used
             results.update(again)  # the latest measurement counts; one still unstable is discounted
         return calls

@@ -89,8 +89,9 @@ def open_run_store(config):
     """The store of a run's state, rollouts and variants (`train.store`, else `store.uri`)."""
     from speedforge.store import open_store
 
-    return open_store(config.train.store or config.store.uri, endpoint_url=config.store.endpoint_url,
-                      config=config.store)  # fmt: skip
+    return open_store(
+        config.train.store or config.store.uri, endpoint_url=config.store.endpoint_url, config=config.store
+    )
 
 
 def train_loop(loop_config: dict) -> None:
@@ -139,8 +140,10 @@ def load_policy(job: StageJob, worker: Worker):
     if is_reference(ref):  # a registry version: fetched from the store to this worker's cache
         ref = resolve_configured(ref, job.config)[0]
     elif ref.startswith(STORE_MODEL):
-        stage = ref[len(STORE_MODEL):]
-        ref = str(RunState(worker.store, job.config.train.run, stage).download("final", job.run_dir.parent / stage / "final"))
+        stage = ref[len(STORE_MODEL) :]
+        ref = str(
+            RunState(worker.store, job.config.train.run, stage).download("final", job.run_dir.parent / stage / "final")
+        )
     folder, gguf_file, name = resolve_model(ref)
     transformers.logging.set_verbosity_error()
     tokenizer = training_tokenizer(folder, gguf_file)
@@ -174,9 +177,11 @@ def plain_weights(model, where: str):
         return model
     packed = [n for n, m in model.named_modules() if type(m).__name__.startswith("Gguf")]
     if packed:
-        raise StageError(f"{where}: {len(packed)} layer(s) stayed packed as GGUF blocks (e.g. {packed[0]}), which "
-                         "cannot be trained; uninstall the `kernels` package so transformers dequantizes them, or "
-                         "start from a Hugging Face checkpoint folder")  # fmt: skip
+        raise StageError(
+            f"{where}: {len(packed)} layer(s) stayed packed as GGUF blocks (e.g. {packed[0]}), which "
+            "cannot be trained; uninstall the `kernels` package so transformers dequantizes them, or "
+            "start from a Hugging Face checkpoint folder"
+        )
     quantizer.remove_quantization_config(model)
     return model
 
@@ -240,8 +245,9 @@ def deferred_stop_check(device: str):
         check.is_supported = original
 
 
-def generate_under_autocast(model, device: str, compile_decode: bool = False, defer_stop: bool | None = None,
-                            autocast: bool = True):  # fmt: skip
+def generate_under_autocast(
+    model, device: str, compile_decode: bool = False, defer_stop: bool | None = None, autocast: bool = True
+):
     """`model` whose `generate` runs under torch.autocast(bfloat16) on a GPU. The trainers keep
     float32 master weights and train under bf16 autocast, but TRL's GRPOTrainer generates outside
     the training step's autocast context, in the weights' float32 (benchmarks/bench_grpo_generation.py
@@ -312,16 +318,29 @@ def context_tokens(model) -> int:
     return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
 
 
-def common_args(worker: Worker, output_dir: Path, steps: int, batch_size: int, learning_rate: float,
-                save_every: int) -> dict[str, Any]:  # fmt: skip
+def common_args(
+    worker: Worker, output_dir: Path, steps: int, batch_size: int, learning_rate: float, save_every: int
+) -> dict[str, Any]:
     """TrainingArguments shared by every stage."""
     import torch
 
     on_gpu = worker.device.startswith("cuda")
-    return dict(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=batch_size,
-                learning_rate=learning_rate, logging_steps=1, save_steps=save_every, save_total_limit=1,
-                report_to=[], seed=worker.train.seed, data_seed=worker.train.seed, use_cpu=not on_gpu,
-                bf16=on_gpu and torch.cuda.is_bf16_supported(), disable_tqdm=True, dataloader_num_workers=0)  # fmt: skip
+    return dict(
+        output_dir=str(output_dir),
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        logging_steps=1,
+        save_steps=save_every,
+        save_total_limit=1,
+        report_to=[],
+        seed=worker.train.seed,
+        data_seed=worker.train.seed,
+        use_cpu=not on_gpu,
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
 
 def local_checkpoint(worker: Worker, output_dir: Path, local_step: int) -> str | None:
@@ -403,7 +422,9 @@ class StepClock:
         self.rollouts: list = []
         self.began = time.perf_counter()
         self.pending: dict | None = None
-        self.device: dict[str, str] = {}  # where this worker's model ran (`model_device`), in each rank's part of a line
+        self.device: dict[
+            str, str
+        ] = {}  # where this worker's model ran (`model_device`), in each rank's part of a line
 
     def start(self) -> None:
         self.times, self.rollouts, self.began = StepTimes(), [], time.perf_counter()
@@ -423,9 +444,15 @@ class StepClock:
         if self.pending is None:
             return
         record = {**self.pending, **extra}
-        mine = {"rank": worker.rank, "samples": len(self.rollouts), "generated_tokens": self.times.generated_tokens,
-                "generation_s": self.times.generation_s, "evaluation_s": self.times.evaluation_s,
-                "step_s": self.times.step_s, **self.device}  # fmt: skip
+        mine = {
+            "rank": worker.rank,
+            "samples": len(self.rollouts),
+            "generated_tokens": self.times.generated_tokens,
+            "generation_s": self.times.generation_s,
+            "evaluation_s": self.times.evaluation_s,
+            "step_s": self.times.step_s,
+            **self.device,
+        }
         parts = worker.gather((mine, self.rollouts))
         record["ranks"] = [rank for rank, _ in parts]  # what each worker did this step: all ranks in rank 0's line
         gathered = [r for _, part in parts for r in part]
@@ -447,8 +474,13 @@ def save_final(worker: Worker, trainer, model, tokenizer) -> None:
     if worker.rank == 0:
         tokenizer.save_pretrained(str(final))
         worker.state.upload(final, "final")
-        worker.state.update(status="done", final="final", final_local=str(final), reason="",
-                            ended="time limit" if worker.time_limited else "steps")  # fmt: skip
+        worker.state.update(
+            status="done",
+            final="final",
+            final_local=str(final),
+            reason="",
+            ended="time limit" if worker.time_limited else "steps",
+        )
     worker.barrier()
 
 
@@ -471,18 +503,39 @@ def frozen_pairs(worker: Worker, name: str, build: Callable[[], SFTData]) -> SFT
     return SFTData.from_dict(worker.state.get_json(name))
 
 
-def fine_tune(worker: Worker, model, tokenizer, pairs: list[SFTPair], output_dir: Path, steps: int, batch_size: int,
-              learning_rate: float, max_length: int, save_every: int, resume_from: str | None, clock: StepClock,
-              offset: int = 0, fields: Callable[[int], dict] | None = None):  # fmt: skip
+def fine_tune(
+    worker: Worker,
+    model,
+    tokenizer,
+    pairs: list[SFTPair],
+    output_dir: Path,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    max_length: int,
+    save_every: int,
+    resume_from: str | None,
+    clock: StepClock,
+    offset: int = 0,
+    fields: Callable[[int], dict] | None = None,
+):
     """TRL's SFTTrainer on the pairs for `steps` steps (loss on the answers only); the trainer."""
     import datasets
     from trl import SFTConfig, SFTTrainer
 
     dataset = datasets.Dataset.from_list([p.example() for p in pairs])
-    args = SFTConfig(**common_args(worker, output_dir, steps, batch_size, learning_rate, save_every),
-                     max_length=max_length, completion_only_loss=True)  # fmt: skip
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=callbacks(worker, clock, offset, fields))  # fmt: skip
+    args = SFTConfig(
+        **common_args(worker, output_dir, steps, batch_size, learning_rate, save_every),
+        max_length=max_length,
+        completion_only_loss=True,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks(worker, clock, offset, fields),
+    )
     trainer.train(resume_from_checkpoint=resume_from)
     return trainer
 
@@ -495,33 +548,68 @@ def run_sft(job: StageJob, worker: Worker) -> None:
     model, tokenizer, _ = load_policy(job, worker)
     limit = min(sft.max_length, context_tokens(model))
     answers = sft.max_answer_tokens or job.config.policy.max_new_tokens  # what the policy can write
-    data = frozen_pairs(worker, "data.json", lambda: sft_pairs(
-        job.train_tasks, VariantsTable.load(worker.store), job.pool, sft.exemplars, job.config.train.seed,
-        token_budget(tokenizer, limit), job.trusted, answer_budget(tokenizer, answers),
-        job.config.evaluator.allow_precision_downgrade))  # fmt: skip
+    data = frozen_pairs(
+        worker,
+        "data.json",
+        lambda: sft_pairs(
+            job.train_tasks,
+            VariantsTable.load(worker.store),
+            job.pool,
+            sft.exemplars,
+            job.config.train.seed,
+            token_budget(tokenizer, limit),
+            job.trusted,
+            answer_budget(tokenizer, answers),
+            job.config.evaluator.allow_precision_downgrade,
+        ),
+    )
     if worker.rank == 0:
         worker.state.update(data=data.counts())
         if worker.metrics is not None:
-            worker.metrics.write({"stage": "sft", "kind": "data", "step": 0, "max_length": limit,
-                                  "max_answer_tokens": answers, **data.counts()})  # fmt: skip
+            worker.metrics.write(
+                {
+                    "stage": "sft",
+                    "kind": "data",
+                    "step": 0,
+                    "max_length": limit,
+                    "max_answer_tokens": answers,
+                    **data.counts(),
+                }
+            )
     pairs = list(data.pairs)
     if not pairs:
-        raise StageError(f"no SFT pair fits {limit} tokens (sft.max_length, or the model's context) with an answer "
-                         f"of at most {answers} tokens (sft.max_answer_tokens, else policy.max_new_tokens): "
-                         f"{data.dropped_too_long} dropped as too long, {data.dropped_unwritable} as answers too long "
-                         f"to write, {len(data.unusable)} unusable")  # fmt: skip
+        raise StageError(
+            f"no SFT pair fits {limit} tokens (sft.max_length, or the model's context) with an answer "
+            f"of at most {answers} tokens (sft.max_answer_tokens, else policy.max_new_tokens): "
+            f"{data.dropped_too_long} dropped as too long, {data.dropped_unwritable} as answers too long "
+            f"to write, {len(data.unusable)} unusable"
+        )
     output_dir = job.run_dir / "checkpoints"
     done = resumed_step(worker)
     resume_from = local_checkpoint(worker, output_dir, done) if done else None
-    trainer = fine_tune(worker, model, tokenizer, pairs, output_dir, sft.steps, sft.batch_size, sft.learning_rate,
-                        sft.max_length, sft.save_every, resume_from, StepClock("sft"))  # fmt: skip
+    trainer = fine_tune(
+        worker,
+        model,
+        tokenizer,
+        pairs,
+        output_dir,
+        sft.steps,
+        sft.batch_size,
+        sft.learning_rate,
+        sft.max_length,
+        sft.save_every,
+        resume_from,
+        StepClock("sft"),
+    )
     save_final(worker, trainer, model, tokenizer)
 
 
 # -- stage 2: self-training --------------------------------------------------------------------
 
 
-def sample_round(job: StageJob, worker: Worker, model, tokenizer, name: str, scorer: Scorer, round_no: int) -> list[SFTPair]:
+def sample_round(
+    job: StageJob, worker: Worker, model, tokenizer, name: str, scorer: Scorer, round_no: int
+) -> list[SFTPair]:
     """Stage 2's sampling: `samples` answers per training task, evaluated as one batch; the pairs
     of those that measured ok (the model's own answers)."""
     from speedforge.policy.backends import HFBackend
@@ -536,19 +624,37 @@ def sample_round(job: StageJob, worker: Worker, model, tokenizer, name: str, sco
         prompt = render_prompt(task)
         prompts[task.task_id] = prompt
         seed = job.config.train.seed * 1_000_003 + round_no * 1_000 + index
-        for generation in backend.generate(prompt.messages(), settings.samples, max_new_tokens=settings.max_new_tokens,
-                                           temperature=settings.temperature, seed=seed):  # fmt: skip
-            completions.append(Completion(task.task_id, prompt.user, generation.text,
-                                          group_id(job.config.train.run, "self", round_no, index)))  # fmt: skip
+        for generation in backend.generate(
+            prompt.messages(),
+            settings.samples,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            seed=seed,
+        ):
+            completions.append(
+                Completion(
+                    task.task_id, prompt.user, generation.text, group_id(job.config.train.run, "self", round_no, index)
+                )
+            )
     generation_s = time.perf_counter() - started
     scored = scorer.score(round_no, completions)
     if worker.metrics is not None:
-        worker.metrics.write({"stage": "self", "kind": "round", "step": round_no, "generation_s": generation_s,
-                              "evaluation_s": scored.evaluation_s, "new_variants": scored.new_variants,
-                              **rollout_stats(scored.rollouts)})  # fmt: skip
+        worker.metrics.write(
+            {
+                "stage": "self",
+                "kind": "round",
+                "step": round_no,
+                "generation_s": generation_s,
+                "evaluation_s": scored.evaluation_s,
+                "new_variants": scored.new_variants,
+                **rollout_stats(scored.rollouts),
+            }
+        )
     kept = [r for r in scored.rollouts if r.status == "ok"]
-    return [SFTPair(r.task_id, r.candidate_id, r.speedup or 0.0, prompts[r.task_id].system, r.prompt, r.completion)
-            for r in kept]  # fmt: skip
+    return [
+        SFTPair(r.task_id, r.candidate_id, r.speedup or 0.0, prompts[r.task_id].system, r.prompt, r.completion)
+        for r in kept
+    ]
 
 
 @register_stage("self")
@@ -567,22 +673,38 @@ def run_self(job: StageJob, worker: Worker) -> None:
     first_round = int(saved.get("round", 1))
     variants = VariantsTable.load(worker.store)
     with evaluation(job, worker) as evaluate:
-        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "self", worker.store, variants, attempt=job.attempt)
+        scorer = Scorer(
+            job.config, worker.tasks, evaluate, job.pool, "self", worker.store, variants, attempt=job.attempt
+        )
         trainer = None
         for round_no in range(first_round, settings.rounds + 1):
-            pairs = frozen_pairs(worker, f"rounds/{round_no:03d}.json",
-                                 lambda r=round_no: SFTData(tuple(sample_round(job, worker, model, tokenizer, name,
-                                                                               scorer, r)))).pairs  # fmt: skip
+            pairs = frozen_pairs(
+                worker,
+                f"rounds/{round_no:03d}.json",
+                lambda r=round_no: SFTData(tuple(sample_round(job, worker, model, tokenizer, name, scorer, r))),
+            ).pairs
             pairs = [p for p in pairs if fits(_as_prompt(p), p.answer)]
             offset = (round_no - 1) * settings.steps
             if pairs:
                 output_dir = job.run_dir / f"round-{round_no:03d}"
                 done = int(saved.get("round_step", 0)) if round_no == first_round else 0
                 resume_from = local_checkpoint(worker, output_dir, done) if done else None
-                trainer = fine_tune(worker, model, tokenizer, pairs, output_dir, settings.steps, settings.batch_size,
-                                    settings.learning_rate, settings.max_length, settings.save_every, resume_from,
-                                    StepClock("self"), offset,
-                                    lambda step, r=round_no: {"round": r, "round_step": step})  # fmt: skip
+                trainer = fine_tune(
+                    worker,
+                    model,
+                    tokenizer,
+                    pairs,
+                    output_dir,
+                    settings.steps,
+                    settings.batch_size,
+                    settings.learning_rate,
+                    settings.max_length,
+                    settings.save_every,
+                    resume_from,
+                    StepClock("self"),
+                    offset,
+                    lambda step, r=round_no: {"round": r, "round_step": step},
+                )
                 model = trainer.model
             if worker.rank == 0:
                 worker.state.update(round=round_no + 1, round_step=0)
@@ -605,8 +727,9 @@ def evaluation(job: StageJob, worker: Worker):
 
     if job.evaluate is not None:
         return contextlib.nullcontext(job.evaluate)
-    return open_evaluation(job.config.train.evaluation, job.config, worker.tasks, job.pool,
-                           build_workers=job.config.train.build_workers)  # fmt: skip
+    return open_evaluation(
+        job.config.train.evaluation, job.config, worker.tasks, job.pool, build_workers=job.config.train.build_workers
+    )
 
 
 # -- stage 3: GRPO -----------------------------------------------------------------------------
@@ -620,7 +743,7 @@ def live_variants(worker: Worker, steps_done: int):
     mine = f"model:{worker.train.run}/{worker.job.stage}@"
 
     def later(origin: str) -> bool:
-        return origin.startswith(mine) and origin[len(mine):].isdigit() and int(origin[len(mine):]) > steps_done
+        return origin.startswith(mine) and origin[len(mine) :].isdigit() and int(origin[len(mine) :]) > steps_done
 
     return VariantsTable(v for v in VariantsTable.load(worker.store) if not later(v.origin))
 
@@ -659,19 +782,26 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     variants = live_variants(worker, done)
     limit = min(settings.max_prompt_tokens, context_tokens(model) - settings.max_new_tokens)
     fits = token_budget(tokenizer, limit)
-    live = LivePrompts(worker.tasks, variants, job.config.policy, job.pool, job.config.train.seed,
-                       settings.contrastive, fits)  # fmt: skip
+    live = LivePrompts(
+        worker.tasks, variants, job.config.policy, job.pool, job.config.train.seed, settings.contrastive, fits
+    )
     if worker.rank == 0:
         if not done or worker.state.get_json("data.json") is None:  # no step trained yet: the data may change
             tasks = fitting_tasks(job.train_tasks, fits)
             if len(tasks) < len(job.train_tasks):
-                print(f"  grpo data: {len(job.train_tasks) - len(tasks)} task(s) left out, their prompt longer than "
-                      f"{limit} tokens even without exemplars", flush=True)  # fmt: skip
+                print(
+                    f"  grpo data: {len(job.train_tasks) - len(tasks)} task(s) left out, their prompt longer than "
+                    f"{limit} tokens even without exemplars",
+                    flush=True,
+                )
             if not tasks:
-                raise UserError(f"no training task's prompt fits in {limit} tokens (train.grpo.max_prompt_tokens, "
-                                "the model's context less train.grpo.max_new_tokens)")  # fmt: skip
-            worker.state.put_json("data.json", grpo_rows(tasks, settings.steps, settings.prompts_per_step,
-                                                         job.config.train.seed))  # fmt: skip
+                raise UserError(
+                    f"no training task's prompt fits in {limit} tokens (train.grpo.max_prompt_tokens, "
+                    "the model's context less train.grpo.max_new_tokens)"
+                )
+            worker.state.put_json(
+                "data.json", grpo_rows(tasks, settings.steps, settings.prompts_per_step, job.config.train.seed)
+            )
         RolloutsTable.supersede(worker.store, worker.train.run, job.stage, done)  # steps an interrupted attempt began
     worker.barrier()
     dataset = datasets.Dataset.from_list(worker.state.get_json("data.json")).with_transform(live)
@@ -679,33 +809,55 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     batch = settings.prompts_per_step * settings.generations  # prompts x generations: one generate call per step
     output_dir = job.run_dir / "checkpoints"
     with evaluation(job, worker) as evaluate:
-        scorer = Scorer(job.config, worker.tasks, evaluate, job.pool, "grpo", worker.store, variants, attempt=job.attempt)
+        scorer = Scorer(
+            job.config, worker.tasks, evaluate, job.pool, "grpo", worker.store, variants, attempt=job.attempt
+        )
 
         def speedforge_reward(prompts, completions, task_id, row, parents, trainer_state, completion_ids=None, **_):
             clock.generated(sum(len(ids) for ids in completion_ids or ()))  # the trainer generated since the step began
             if settings.static_cache:  # the static cache's length so far (transformers keeps it on the model)
                 clock.device["static_cache_len"] = getattr(model, "_previous_max_cache_length", None)
             step = trainer_state.global_step + 1
-            samples = [Completion(t, p[-1]["content"], c[-1]["content"], group_id(worker.train.run, "grpo", step, r),
-                                  tuple(parent))  # fmt: skip
-                       for p, c, t, r, parent in zip(prompts, completions, task_id, row, parents)]
+            samples = [
+                Completion(
+                    t, p[-1]["content"], c[-1]["content"], group_id(worker.train.run, "grpo", step, r), tuple(parent)
+                )
+                for p, c, t, r, parent in zip(prompts, completions, task_id, row, parents)
+            ]
             release_cached_memory(worker.device)  # the generate call's KV cache: the sandboxes time on this GPU
             scored = scorer.score(step, samples)
             clock.times.evaluation_s += scored.evaluation_s
             clock.rollouts.extend(scored.rollouts)
             return scored.rewards
 
-        args = GRPOConfig(**common_args(worker, output_dir, settings.steps, batch // worker.world, settings.learning_rate,
-                                        settings.save_every),
-                          num_generations=settings.generations, max_completion_length=settings.max_new_tokens,
-                          generation_batch_size=batch, use_vllm=False,
-                          generation_kwargs=generation_kwargs(settings.static_cache),
-                          temperature=settings.temperature, top_p=settings.top_p, beta=settings.beta,
-                          scale_rewards=GRPO_SCALE_REWARDS, remove_unused_columns=False, shuffle_dataset=False)  # fmt: skip
-        if args.bf16 or settings.static_cache:  # the step's generate call in bf16 as it trains; compiled with the static cache
+        args = GRPOConfig(
+            **common_args(
+                worker, output_dir, settings.steps, batch // worker.world, settings.learning_rate, settings.save_every
+            ),
+            num_generations=settings.generations,
+            max_completion_length=settings.max_new_tokens,
+            generation_batch_size=batch,
+            use_vllm=False,
+            generation_kwargs=generation_kwargs(settings.static_cache),
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            beta=settings.beta,
+            scale_rewards=GRPO_SCALE_REWARDS,
+            remove_unused_columns=False,
+            shuffle_dataset=False,
+        )
+        if (
+            args.bf16 or settings.static_cache
+        ):  # the step's generate call in bf16 as it trains; compiled with the static cache
             generate_under_autocast(model, worker.device, settings.static_cache, autocast=args.bf16)
-        trainer = GRPOTrainer(model=model, reward_funcs=[speedforge_reward], args=args, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=callbacks(worker, clock))  # fmt: skip
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[speedforge_reward],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks(worker, clock),
+        )
         clock.device = model_device(trainer.model)
         trainer.train(resume_from_checkpoint=local_checkpoint(worker, output_dir, done) if done else None)
     save_final(worker, trainer, trainer.model, tokenizer)

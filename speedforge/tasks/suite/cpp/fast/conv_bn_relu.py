@@ -61,6 +61,16 @@ class ModelNew(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.conv
         return _ext.conv_bn_relu(
-            x, c.weight, c.bias, self.bn_weight, self.bn_bias, self.running_mean, self.running_var, self.eps,
-            list(c.stride), list(c.padding), list(c.dilation), c.groups,
+            x,
+            c.weight,
+            c.bias,
+            self.bn_weight,
+            self.bn_bias,
+            self.running_mean,
+            self.running_var,
+            self.eps,
+            list(c.stride),
+            list(c.padding),
+            list(c.dilation),
+            c.groups,
         )

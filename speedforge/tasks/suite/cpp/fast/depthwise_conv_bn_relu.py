@@ -108,6 +108,15 @@ class ModelNew(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.conv
         return _ext.depthwise_conv_bn_relu(
-            x, c.weight, self.bn_weight, self.bn_bias, self.running_mean, self.running_var, self.eps,
-            list(c.stride), list(c.padding), list(c.dilation), c.groups,
+            x,
+            c.weight,
+            self.bn_weight,
+            self.bn_bias,
+            self.running_mean,
+            self.running_var,
+            self.eps,
+            list(c.stride),
+            list(c.padding),
+            list(c.dilation),
+            c.groups,
         )

@@ -40,7 +40,9 @@ class Model(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
-        y = F.batch_norm(y, self.running_mean, self.running_var, self.bn_weight, self.bn_bias, training=False, eps=self.eps)
+        y = F.batch_norm(
+            y, self.running_mean, self.running_var, self.bn_weight, self.bn_bias, training=False, eps=self.eps
+        )
         return torch.relu(y)
 
 

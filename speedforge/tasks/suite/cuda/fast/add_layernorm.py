@@ -101,6 +101,7 @@ _ext = load_inline(
     verbose=False,
 )
 
+
 class ModelNew(nn.Module):
     def __init__(self, hidden: int):
         super().__init__()

@@ -78,6 +78,7 @@ _ext = load_inline(
     verbose=False,
 )
 
+
 class ModelNew(nn.Module):
     def __init__(self, hidden: int, eps: float):
         super().__init__()

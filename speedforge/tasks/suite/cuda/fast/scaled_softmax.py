@@ -80,6 +80,7 @@ _ext = load_inline(
     verbose=False,
 )
 
+
 class ModelNew(nn.Module):
     def __init__(self, temperature: float):
         super().__init__()
