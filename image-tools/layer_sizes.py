@@ -48,8 +48,12 @@ def size_mb(dist: md.Distribution) -> float:
 def source_mb() -> float:
     """The source as the last layer copies and builds it (this checkout: the package may be an
     editable install, whose RECORD lists no files)."""
-    files = [p for d in ("speedforge", "components", "pipelines", "native") for p in (ROOT / d).rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts]
+    files = [
+        p
+        for d in ("speedforge", "components", "pipelines", "native")
+        for p in (ROOT / d).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
     return sum(p.stat().st_size for p in files) / 2**20
 
 

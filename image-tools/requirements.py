@@ -27,7 +27,9 @@ def requirements(pyproject: Path, extras: list[str]) -> list[str]:
         if extra in seen:
             continue
         if extra not in optional:
-            raise SystemExit(f"image-tools/requirements.py: no extra {extra!r} in {pyproject} (known: {', '.join(optional)})")
+            raise SystemExit(
+                f"image-tools/requirements.py: no extra {extra!r} in {pyproject} (known: {', '.join(optional)})"
+            )
         seen.add(extra)
         for requirement in optional[extra]:
             own = re.fullmatch(rf"{re.escape(name)}\[([^\]]+)\]", requirement.strip())

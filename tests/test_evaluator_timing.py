@@ -11,11 +11,18 @@ import pytest
 import torch
 
 from speedforge.config import EvaluatorConfig
+from speedforge.evaluator.correctness import trial_count
 from speedforge.evaluator import evaluate
 from speedforge.config import FieldError
 from speedforge.evaluator.rotation import Rotation
-from speedforge.evaluator.timing import (SchedulerMarks, drift_reasons, pairs_wanted, speedup_interval,
-                                         unstable_reasons)
+from speedforge.evaluator.timing import (
+    SchedulerMarks,
+    contention_reasons,
+    drift_reasons,
+    pairs_wanted,
+    speedup_interval,
+    unstable_reasons,
+)
 from speedforge.stats import quantile as time_quantile
 from speedforge.records import Candidate, Task
 
@@ -29,8 +36,10 @@ def test_interval_of_constant_pairs_is_the_point():
 
 def test_interval_brackets_the_median_ratio_and_narrows_with_more_pairs():
     gen = torch.Generator().manual_seed(0)
+
     def noisy(n, centre):
         return (centre * (1 + 0.05 * torch.randn(n, generator=gen))).tolist()
+
     few = speedup_interval(torch, noisy(20, 300.0), noisy(20, 100.0), seed=2)
     many = speedup_interval(torch, noisy(2000, 300.0), noisy(2000, 100.0), seed=2)
     for lo, hi, width in (few, many):
@@ -49,9 +58,17 @@ def task() -> Task:
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> EvaluatorConfig:
-    return EvaluatorConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), run_timeout_s=120.0,
-                           correctness_trials=1, cpu_timed_calls=6, min_timed_s=0.0, max_timed_calls=12,
-                           warmup_calls=1, contention_limit=1.0)  # the stop rule, whatever else runs here  # fmt: skip
+    return EvaluatorConfig(
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        run_timeout_s=120.0,
+        correctness_trials=1,
+        cpu_timed_calls=6,
+        min_timed_s=0.0,
+        max_timed_calls=12,
+        warmup_calls=1,
+        contention_limit=1.0,
+        contention_wait_limit=1.0,
+    )  # the stop rule, whatever else runs here
 
 
 def _good(task: Task) -> Candidate:
@@ -70,7 +87,9 @@ def test_a_decided_answer_stops_at_the_least_pairs(task, config):
 def test_an_undecided_answer_is_measured_again_then_marked_unstable(task, config):
     # no early stop: under `pytest -n 2` on 2 cores one round of the good candidate read wholly
     # below 0.5x at its 6th pair and stopped there (timed_calls 6), which is the early stop's test
-    result = evaluate(task, _good(task), dataclasses.replace(config, ci_target=0.0, unstable_ci=0.0, early_stop_below=0.0))
+    result = evaluate(
+        task, _good(task), dataclasses.replace(config, ci_target=0.0, unstable_ci=0.0, early_stop_below=0.0)
+    )
     assert result.status == "ok", result.reason
     assert result.timed_calls == 12  # the reported round ran to the maximum
     assert result.unstable
@@ -109,16 +128,25 @@ def test_the_timing_budget_stops_a_slow_references_pairs_in_the_pristine_turn_an
     is reported with the interval it has, unstable since it is wider than unstable_ci (0), and
     neither is measured again."""
     task = Task(task_id="timing/slow-relu", family="cpp", name="slow-relu", source=SLOW_REFERENCE)
-    config = dataclasses.replace(config, cpu_timed_calls=16, max_timed_calls=40, ci_target=0.0, unstable_ci=0.0,
-                                 max_timed_s=0.9, reference_slowdown_limit=1.5)  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        cpu_timed_calls=16,
+        max_timed_calls=40,
+        ci_target=0.0,
+        unstable_ci=0.0,
+        max_timed_s=0.9,
+        reference_slowdown_limit=1.5,
+    )
     result = evaluate(task, _good(task), config)
     assert result.status == "ok", result.reason
     assert 16 <= result.timed_calls <= 18 < config.max_timed_calls
     assert result.speedup is not None and result.speedup_lo <= result.speedup <= result.speedup_hi
     assert result.unstable and any("when the timing budget ran out" in w for w in result.warnings), result.warnings
     budget = [w for w in result.warnings if w.startswith("timing budget:")]
-    assert budget == [f"timing budget: the timed pairs stopped at evaluator.max_timed_s=0.9 s "
-                      f"({result.timed_calls} pairs reported, {result.timed_calls} taken)"]  # not measured again
+    assert budget == [
+        f"timing budget: the timed pairs stopped at evaluator.max_timed_s=0.9 s "
+        f"({result.timed_calls} pairs reported, {result.timed_calls} taken)"
+    ]  # not measured again
     pristine = importlib.import_module("speedforge.evaluator.evaluate")._cached_pristine(task, config, "cpu", "cpu")
     assert pristine is not None and pristine.ok and pristine.timed_calls == 16
     assert any(w.startswith("timing budget:") for w in pristine.warnings) and pristine.unstable
@@ -140,7 +168,8 @@ def test_min_timed_s_counts_timed_work_or_the_pairs_wall_clock_time():
 
 
 SLOW_INPUTS = SLOW_REFERENCE.replace("time.sleep(0.05)  # a slow reference: at least 0.05 s a call", "pass").replace(
-    "def get_inputs():\n", "def get_inputs():\n    time.sleep(0.05)  # a pair's harness work: at least 0.05 s\n")
+    "def get_inputs():\n", "def get_inputs():\n    time.sleep(0.05)  # a pair's harness work: at least 0.05 s\n"
+)
 
 
 @pytest.mark.parametrize("span, pairs", [("work", (40, 40)), ("wall", (6, 10))])
@@ -150,8 +179,16 @@ def test_a_call_shorter_than_its_pairs_harness_work_stops_sooner_when_min_timed_
     cpu_timed_calls, 6). Any interval stops a round here (ci_target 1e9)."""
     assert "time.sleep(0.05)  # a pair's" in SLOW_INPUTS and "time.sleep(0.05)  # a slow" not in SLOW_INPUTS
     task = Task(task_id=f"timing/slow-inputs-{span}", family="cpp", name="slow-inputs", source=SLOW_INPUTS)
-    config = dataclasses.replace(config, cpu_timed_calls=6, max_timed_calls=40, min_timed_s=0.5, min_timed_span=span,
-                                 ci_target=1e9, unstable_ci=1e9, reference_slowdown_limit=0.0)  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        cpu_timed_calls=6,
+        max_timed_calls=40,
+        min_timed_s=0.5,
+        min_timed_span=span,
+        ci_target=1e9,
+        unstable_ci=1e9,
+        reference_slowdown_limit=0.0,
+    )
     result = evaluate(task, _good(task), config)
     assert result.status == "ok", result.reason
     assert pairs[0] <= result.timed_calls <= pairs[1]
@@ -167,8 +204,15 @@ def test_without_a_budget_a_slow_references_round_runs_to_its_maximum(config):
     """max_timed_s 0: no deadline; the same slow reference's rounds run to max_timed_calls (20),
     and it is measured again (unstable_ci 0), as before the budget."""
     task = Task(task_id="timing/slow-relu", family="cpp", name="slow-relu", source=SLOW_REFERENCE)
-    config = dataclasses.replace(config, cpu_timed_calls=16, max_timed_calls=20, ci_target=0.0, unstable_ci=0.0,
-                                 max_timed_s=0.0, reference_slowdown_limit=0.0)  # fmt: skip
+    config = dataclasses.replace(
+        config,
+        cpu_timed_calls=16,
+        max_timed_calls=20,
+        ci_target=0.0,
+        unstable_ci=0.0,
+        max_timed_s=0.0,
+        reference_slowdown_limit=0.0,
+    )
     result = evaluate(task, _good(task), config)
     assert result.status == "ok", result.reason
     assert result.timed_calls == 20 and result.unstable
@@ -222,7 +266,7 @@ def test_the_cpu_time_quantile_is_checked():
 # Fails (a runtime_error) once its input's memory is one it ran on in the last few calls. Calls 1
 # and 2 are the first call (in lockstep with the reference's) and the correctness trial, whose
 # inputs are freed before the timed calls begin.
-SAME_MEMORY_PROBE = '''
+SAME_MEMORY_PROBE = """
 import collections
 import torch
 import torch.nn as nn
@@ -238,18 +282,20 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls += 1
-        if self.calls > 2:
+        if self.calls > FIRST_TIMED:
             if x.data_ptr() in SEEN:
                 raise RuntimeError(f"call {self.calls} ran on the same memory as one of the last {len(SEEN)}")
             SEEN.append(x.data_ptr())
         return torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
-'''
+"""
 
 
 def test_on_the_cpu_successive_timed_calls_run_on_different_memory(task, config):
     # a process that frees and reallocates the same sizes gets the same blocks back: each sandbox
     # measured the one placement it got (1.14x-1.45x for one kernel over 10 processes)
-    probe = Candidate.make(task.task_id, SAME_MEMORY_PROBE)
+    # the lockstep call and the correctness trials (whose last ones reuse earlier inputs' tensors on purpose) come first
+    source = SAME_MEMORY_PROBE.replace("FIRST_TIMED", str(1 + trial_count(config.correctness_trials)))
+    probe = Candidate.make(task.task_id, source)
     rotated = evaluate(task, probe, config)
     assert rotated.status == "ok", rotated.reason
     assert rotated.timed_calls >= 6
@@ -278,7 +324,7 @@ def test_the_rotation_keeps_as_many_pairs_as_its_memory_budget_fits(config):
         EvaluatorConfig(cpu_rotation_pairs=-1)
 
 
-HOPELESS = '''
+HOPELESS = """
 import torch
 import torch.nn as nn
 
@@ -292,7 +338,7 @@ class ModelNew(nn.Module):
         for _ in range(40):  # the same result, forty times over
             out = torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
         return out
-'''
+"""
 
 
 def test_timing_stops_early_once_the_interval_lies_wholly_below_the_bound(task, config):
@@ -308,10 +354,24 @@ def test_timing_stops_early_once_the_interval_lies_wholly_below_the_bound(task, 
 # -- contention ---------------------------------------------------------------------------------
 
 
-def _round(disturbed: int, pairs: int = 200, width: float = 0.01, steal_s: float = 0.0,
-           stopped_early: bool = False) -> dict:  # fmt: skip
-    return {"times": {"ref": [100.0] * pairs, "cand": [100.0] * pairs}, "width": width, "disturbed": disturbed,
-            "steal_s": steal_s, "stopped_early": stopped_early}
+def _round(
+    disturbed: int,
+    pairs: int = 200,
+    width: float = 0.01,
+    steal_s: float = 0.0,
+    stopped_early: bool = False,
+    others_s: float = 0.0,
+    round_s: float = 4.0,
+) -> dict:
+    return {
+        "times": {"ref": [100.0] * pairs, "cand": [100.0] * pairs},
+        "width": width,
+        "disturbed": disturbed,
+        "steal_s": steal_s,
+        "stopped_early": stopped_early,
+        "others_s": others_s,
+        "round_s": round_s,
+    }
 
 
 def test_a_measurement_the_machine_kept_interrupting_is_marked_unstable_naming_the_contention():
@@ -333,6 +393,79 @@ def test_a_measurement_the_machine_kept_interrupting_is_marked_unstable_naming_t
     assert unstable(_round(disturbed=200), config=EvaluatorConfig(contention_limit=1.0)) == []
     with pytest.raises(FieldError, match="contention_limit"):
         EvaluatorConfig(contention_limit=1.5)
+
+
+def test_a_round_whose_cpu_other_processes_held_for_a_share_of_its_time_is_marked_naming_the_contention():
+    """A busy loop that shares the timed CPU half the time preempts a minority of the calls (a
+    call is a small part of its pair's time), which the pairs' count lets through."""
+    config = EvaluatorConfig(contention_limit=0.5, contention_wait_limit=0.1)
+
+    def unstable(chosen: dict, config: EvaluatorConfig = config, is_cuda: bool = False) -> list[str]:
+        return unstable_reasons(chosen, wide=0.05, timed_s=0.04, config=config, is_cuda=is_cuda)
+
+    assert unstable(_round(disturbed=80, others_s=0.2)) == []  # 5% of the round
+    (why,) = unstable(_round(disturbed=80, others_s=2.0))
+    assert why.startswith("contention: other processes held this process's CPU for 50% of the timed phase")
+    assert "2.00 of 4.00 s" in why and "limit 10%" in why
+    assert contention_reasons(_round(disturbed=80, others_s=2.0), 0.04, config) == [why]
+    assert unstable(_round(disturbed=80, others_s=2.0, stopped_early=True)) == []
+    assert unstable(_round(disturbed=80, others_s=2.0), is_cuda=True) == []
+    assert unstable(_round(disturbed=80, others_s=2.0), config=EvaluatorConfig(contention_wait_limit=1.0)) == []
+    assert unstable(_round(disturbed=0, others_s=0.0, round_s=0.0)) == []
+    with pytest.raises(FieldError, match="contention_wait_limit"):
+        EvaluatorConfig(contention_wait_limit=1.5)
+
+
+ROUND_BESIDE_A_BUSY_LOOP = """
+import json, os, random, subprocess, sys, time
+import torch
+from speedforge.config import EvaluatorConfig
+from speedforge.evaluator.timing import Timer, contention_reasons
+
+cpu = max(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+torch.set_num_threads(1)
+
+
+class Sides:
+    Event = None
+    def fresh_inputs(self, index): return [torch.randn(256, 1024, generator=torch.Generator().manual_seed(index))]
+    def clone(self, inputs): return [x.clone() for x in inputs]
+    def switch(self, side): pass
+    def call(self, what, fn, *args): return fn(*args)
+    def compare(self, *args, **kwargs): return 0.0
+    def sync(self): pass
+
+
+config = EvaluatorConfig(cpu_timed_calls=40, max_timed_calls=40, min_timed_s=0.0, early_stop_below=0.0,
+                         cpu_rotation_pairs=0)
+timer = Timer(torch, config, torch.device("cpu"), random.Random(0), Sides())
+busy = subprocess.Popen([sys.executable, "-c", f"import os, time\\nos.sched_setaffinity(0, {{{cpu}}})\\n"
+                         "end = time.monotonic() + 60\\nwhile time.monotonic() < end: pass"])
+try:
+    time.sleep(0.3)
+    chosen = timer._timed_round(torch.relu, torch.relu, None, 40, 40, 0)
+finally:
+    busy.kill()
+    busy.wait()
+print(json.dumps({"share": chosen["others_s"] / chosen["round_s"], "reasons": contention_reasons(chosen, 1.0, config)}))
+"""
+
+
+def test_a_busy_loop_on_the_timed_cpu_is_found_holding_it_for_much_of_the_round():
+    import json
+    import subprocess
+    import sys
+
+    if not Path("/proc/thread-self/schedstat").exists():
+        pytest.skip("the scheduler's wait is not readable here (SchedulerMarks)")
+    probe = subprocess.run(
+        [sys.executable, "-c", ROUND_BESIDE_A_BUSY_LOOP], capture_output=True, text=True, timeout=120
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout)
+    assert found["share"] > 0.25, found  # about half: the busy loop and the round take turns
+    assert any(why.startswith("contention: other processes held") for why in found["reasons"]), found
 
 
 def test_only_a_wait_while_no_thread_of_the_process_ran_is_taken_off_a_call():
@@ -368,7 +501,7 @@ def test_company_is_judged_with_one_torch_thread_over_enough_calls_only():
     assert company_share(0.05, 0.1, threads=2) is None
 
 
-COMPANY_PROBE = '''
+COMPANY_PROBE = """
 import json, threading, time
 from speedforge.evaluator.timing import SchedulerMarks
 
@@ -390,7 +523,7 @@ def call(marks, beside):
 
 marks = SchedulerMarks()
 print(json.dumps({"alone": call(marks, False), "beside": call(marks, True)}))
-'''
+"""
 
 
 def test_a_thread_left_working_during_a_call_is_counted_and_a_call_alone_counts_none():
@@ -405,7 +538,7 @@ def test_a_thread_left_working_during_a_call_is_counted_and_a_call_alone_counts_
     assert found["beside"] > 0.25, found  # the worker took turns with the call's own work
 
 
-NEIGHBOUR_PROBE = '''
+NEIGHBOUR_PROBE = """
 import json, os, subprocess, sys, time
 from speedforge.evaluator.timing import SchedulerMarks
 
@@ -426,7 +559,7 @@ finally:
     busy.wait()
 print(json.dumps({"one_cpu": marks.one_cpu, "disturbed": marks.disturbed(before, after),
                   "waited_s": marks.waited_s(before, after, wall), "wall_s": wall}))
-'''
+"""
 
 
 def test_a_call_sharing_its_cpu_with_a_busy_process_is_disturbed_and_the_neighbours_share_is_found():
@@ -486,7 +619,7 @@ def test_too_few_pairs_or_no_limit_check_nothing():
 
 # -- untimed calls before short timed calls (host_warm_below_us) --------------------------------
 
-COUNTING = '''
+COUNTING = """
 import torch
 import torch.nn as nn
 
@@ -502,22 +635,33 @@ class ModelNew(nn.Module):
         if self.calls == 12:
             raise RuntimeError("call 12")
         return torch.relu(x) * self.scale + x.sum(dim=1, keepdim=True) * 0.01
-'''
+"""
 
 
 def test_a_short_call_gets_an_untimed_call_of_its_side_before_each_timed_call(task, config):
     # one round of 6 pairs (any interval is narrow enough), one warm-up pair, no rotation: the
-    # candidate is called 1 (lockstep) + 1 (trial) + 1 (warm-up) + 6 times, and 6 more untimed
-    config = dataclasses.replace(config, ci_target=10.0, cpu_timed_calls=6, max_timed_calls=6, cpu_rotation_pairs=0,
-                                 warmup_calls=1, correctness_trials=1, screen="report")  # fmt: skip
-    candidate = Candidate.make(task.task_id, COUNTING)
+    # candidate is called 1 (lockstep) + the trials + 1 (warm-up) + 6 times, and 6 more untimed
+    config = dataclasses.replace(
+        config,
+        ci_target=10.0,
+        cpu_timed_calls=6,
+        max_timed_calls=6,
+        cpu_rotation_pairs=0,
+        warmup_calls=1,
+        correctness_trials=1,
+        screen="report",
+    )
+    calls = 1 + trial_count(1) + 1 + 6
+    candidate = Candidate.make(
+        task.task_id, COUNTING.replace("== 12", f"== {calls + 3}").replace('"call 12"', '"untimed"')
+    )
     warmed = evaluate(task, candidate, config)
-    assert warmed.status == "runtime_error" and "call 12" in warmed.reason, warmed.reason
+    assert warmed.status == "runtime_error" and "untimed" in warmed.reason, warmed.reason
     cold = evaluate(task, candidate, dataclasses.replace(config, host_warm_below_us=0.0))
     assert cold.status == "ok" and cold.timed_calls == 6, cold.reason
 
 
-MEMO_POISON = '''
+MEMO_POISON = """
 import torch
 import torch.nn as nn
 
@@ -536,7 +680,7 @@ class ModelNew(nn.Module):
             return out + 1.0
         SEEN.add(key)
         return out
-'''
+"""
 
 
 def test_the_untimed_calls_never_run_on_a_timed_calls_inputs(task, config):
@@ -584,9 +728,15 @@ def _gpu_timer(config, line: _Timeline):
     import random
     import types
 
-    sides = types.SimpleNamespace(fresh_inputs=None, clone=None, switch=lambda side: None,
-                                  call=lambda what, fn, *args: fn(*args), compare=None, sync=line.sync,
-                                  Event=line.event)  # fmt: skip
+    sides = types.SimpleNamespace(
+        fresh_inputs=None,
+        clone=None,
+        switch=lambda side: None,
+        call=lambda what, fn, *args: fn(*args),
+        compare=None,
+        sync=line.sync,
+        Event=line.event,
+    )
     timer = Timer(torch, dataclasses.replace(config, l2_flush_mb=0), torch.device("cpu"), random.Random(0), sides)
     timer.is_cuda = True
     return timer
@@ -601,12 +751,14 @@ def test_a_gpu_calls_time_leaves_out_the_synchronizes_round_trip_but_not_side_st
     def on_stream(seconds):
         def call():
             line.now += seconds
+
         return call
 
     def side_stream(own, left):
         def call():
             line.now += own
             line.pending += left  # still running on another stream when the call returns
+
         return call
 
     _, seconds, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")

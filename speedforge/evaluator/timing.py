@@ -12,11 +12,12 @@ its pair's reference output. Pairs are taken until the speedup's 95% interval is
 (`speedup_interval`), or lies wholly below early_stop_below (early stop), or the timing phase
 has lasted max_timed_s (the budget: a slow reference holds the device's turn no longer; the
 interval it has is reported, marked unstable when wide as any other). On the CPU the
-scheduler is read around every call (`SchedulerMarks`): a neighbour's time slice is taken off a
-call pinned to one CPU, and contention during timing marks the result unstable, as does an
-interval that stayed wide (`unstable_reasons`), a speedup that drifted through the run or two
-halves in two states (`drift_reasons`). The CPU's buffer rotation is
-speedforge.evaluator.rotation.
+scheduler is read around every call and every round (`SchedulerMarks`): a neighbour's time
+slice is taken off a call pinned to one CPU, and contention during timing (`contention_reasons`:
+preempted calls in most pairs, or other processes holding the CPU for a share of the round)
+marks the result unstable, as does an interval that stayed wide (`unstable_reasons`), a speedup
+that drifted through the run or two halves in two states (`drift_reasons`). The CPU's buffer
+rotation is speedforge.evaluator.rotation.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class Timer:
     def __init__(self, torch, config, device, rng: random.Random, sides: Sides) -> None:
         self.torch, self.config, self.device, self.rng = torch, config, device, rng
         # the harness's calls, bound now (`_pinned`)
-        self.sides = types.SimpleNamespace(**{name: getattr(sides, name) for name in
-                                              ("fresh_inputs", "clone", "switch", "call", "compare")})
+        self.sides = types.SimpleNamespace(
+            **{name: getattr(sides, name) for name in ("fresh_inputs", "clone", "switch", "call", "compare")}
+        )
         self.is_cuda = device.type == "cuda"
         self.sync, self.Event = sides.sync, sides.Event  # the harness's, captured before the candidate loaded
         # the time each side is summarised by: the median on the GPU, a low quantile on the CPU
@@ -130,8 +132,11 @@ class Timer:
         wide = max(float(config.unstable_ci), float(config.ci_target))  # wider than this: undecided
         rounds = []
         for attempt in range(2):
-            rounds.append(self._timed_round(ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt,
-                                            deadline, warm_host))  # fmt: skip
+            rounds.append(
+                self._timed_round(
+                    ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt, deadline, warm_host
+                )
+            )
             if rounds[-1]["width"] <= wide or rounds[-1]["stopped_early"]:
                 break
             if _perf_counter() >= deadline:  # undecided, and no time left to measure again
@@ -141,11 +146,18 @@ class Timer:
         times = chosen["times"]
         chosen_s = sum(sum(chosen["times"][side]) for side in chosen["times"]) / 1e6
         unstable = unstable_reasons(chosen, wide, chosen_s, self.config, self.is_cuda)
-        contended = not self.is_cuda and not chosen["stopped_early"] and bool(
-            contention_reasons(chosen, chosen_s, self.config))
+        contended = (
+            not self.is_cuda and not chosen["stopped_early"] and bool(contention_reasons(chosen, chosen_s, self.config))
+        )
         if not chosen["stopped_early"]:  # one steady state measured, not a drifting or switching one
-            unstable += drift_reasons(times["ref"], times["cand"], self.rng.getrandbits(31), self.torch,
-                                      float(config.drift_limit), self.quantile)
+            unstable += drift_reasons(
+                times["ref"],
+                times["cand"],
+                self.rng.getrandbits(31),
+                self.torch,
+                float(config.drift_limit),
+                self.quantile,
+            )
         ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
         speedup = ref_us / cand_us if cand_us > 0 else None
         # an interval always contains its own estimate (a resampled one may fall just beside it); the
@@ -158,9 +170,11 @@ class Timer:
             ref_lo, ref_hi = min(ref_lo, ref_us), max(ref_hi, ref_us)
         warnings = [f"unstable: {why}" for why in unstable]
         if any(r["out_of_time"] for r in rounds):
-            warnings.append(f"timing budget: the timed pairs stopped at evaluator.max_timed_s={budget:g} s "
-                            f"({len(times['ref'])} pairs reported, {sum(len(r['times']['ref']) for r in rounds)} "
-                            f"taken)")  # fmt: skip
+            warnings.append(
+                f"timing budget: the timed pairs stopped at evaluator.max_timed_s={budget:g} s "
+                f"({len(times['ref'])} pairs reported, {sum(len(r['times']['ref']) for r in rounds)} "
+                f"taken)"
+            )
         return {
             "ref_lo_us": ref_lo,
             "ref_hi_us": ref_hi,
@@ -182,14 +196,24 @@ class Timer:
             "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
         }
 
-    def _timed_round(self, ref_model, cand_model, flush, least: int, most: int, first_index: int,
-                     deadline: float = math.inf, warm_host: bool = False) -> dict:  # fmt: skip
+    def _timed_round(
+        self,
+        ref_model,
+        cand_model,
+        flush,
+        least: int,
+        most: int,
+        first_index: int,
+        deadline: float = math.inf,
+        warm_host: bool = False,
+    ) -> dict:
         """Pairs until the interval is within +-ci_target (checked every few pairs past `least`),
         or lies wholly below early_stop_below (checked every EARLY_CHECK_EVERY pairs from
         EARLY_CHECK_FROM on), or `most` pairs, or `deadline` (perf_counter) has passed once it has
         min(least, BUDGET_MIN_PAIRS) pairs, each call after an untimed one when `warm_host`;
         returns the times (us), the interval (lo, hi, relative half-width), whether it stopped
-        early and whether it ran out of time."""
+        early and whether it ran out of time, and the round's wall seconds with the part of them
+        in which other processes held the CPU (`SchedulerMarks.waited_s` over the whole round)."""
         target = float(self.config.ci_target)
         bound = float(self.config.early_stop_below)
         times: dict[str, list[float]] = {"ref": [], "cand": []}
@@ -201,6 +225,7 @@ class Timer:
         disturbed = 0
         company = None if self.is_cuda else _pinned(Company(self.scheduler), ("open", "called", "close", "share"))
         steal = _steal_ticks()
+        started = self.scheduler.read(), _perf_counter()  # for the time others held the CPU (`others_s`)
         # the untimed calls' inputs, one set a round, copied for every call: a negative index below
         # the first call's -1, which no timed pair, warm-up call or correctness trial draws
         warm = self.sides.fresh_inputs(-2 - first_index) if warm_host else None
@@ -216,8 +241,9 @@ class Timer:
                 args[side] = self.sides.clone(inputs)
                 if warm is not None:  # kept with the pair below: the untimed call too runs on memory of its own
                     warmed[side] = self.sides.clone(warm)
-                outs[side], seconds, preempted = self._timed_call(model, args[side], flush, side, warmed.get(side),
-                                                                  company)  # fmt: skip
+                outs[side], seconds, preempted = self._timed_call(
+                    model, args[side], flush, side, warmed.get(side), company
+                )
                 times[side].append(seconds * 1e6)
                 hit = hit or preempted
             del inputs
@@ -227,8 +253,9 @@ class Timer:
             del outs, args, warmed
             n = i + 1
             if n >= floor and n < most and _perf_counter() >= deadline:  # the budget: the interval it has
-                lo, hi, width = speedup_interval(self.torch, times["ref"], times["cand"], self.rng.getrandbits(31),
-                                                 quantile=self.quantile)  # fmt: skip
+                lo, hi, width = speedup_interval(
+                    self.torch, times["ref"], times["cand"], self.rng.getrandbits(31), quantile=self.quantile
+                )
                 out_of_time = True
                 break
             regular = n == most or (n >= least and (n - least) % check_every == 0)
@@ -244,10 +271,23 @@ class Timer:
                     break
         stopped = bound > 0 and hi is not None and hi < bound
         steal = _steal_ticks() - steal
+        round_s = _perf_counter() - started[1]
+        others_s = self.scheduler.waited_s(started[0], self.scheduler.read(), round_s)
         if company is not None:
             company.close()
-        return {"times": times, "lo": lo, "hi": hi, "width": width, "stopped_early": stopped, "disturbed": disturbed,
-                "steal_s": steal / _CLOCK_TICKS, "out_of_time": out_of_time, "company": company}
+        return {
+            "times": times,
+            "lo": lo,
+            "hi": hi,
+            "width": width,
+            "stopped_early": stopped,
+            "disturbed": disturbed,
+            "steal_s": steal / _CLOCK_TICKS,
+            "round_s": round_s,
+            "others_s": others_s,
+            "out_of_time": out_of_time,
+            "company": company,
+        }
 
     def _sync_gap(self) -> float:
         """The median, over SYNC_GAP_SAMPLES calls that launch nothing, of the seconds from an event
@@ -265,8 +305,9 @@ class Timer:
             gaps.append(done.elapsed_time(end) / 1e3)
         return statistics.median(gaps)
 
-    def _timed_call(self, model, args: list, flush, side: str, warm: list | None = None,
-                    company: "Company | None" = None):  # fmt: skip
+    def _timed_call(
+        self, model, args: list, flush, side: str, warm: list | None = None, company: "Company | None" = None
+    ):
         what = "ModelNew.forward" if side == "cand" else "the reference"
         self.sides.switch(side)  # the side's backend knobs, set outside the timed region
         if warm is not None:  # untimed, on this side's copy of the untimed inputs: the host's caches warm
@@ -284,8 +325,11 @@ class Timer:
             self.sync()  # device-wide: work on any stream is inside the timed region
             end.record()
             end.synchronize()
-            return out, gpu_call_seconds(start.elapsed_time(done) / 1e3, start.elapsed_time(end) / 1e3,
-                                         self.sync_gap_s), False  # fmt: skip
+            return (
+                out,
+                gpu_call_seconds(start.elapsed_time(done) / 1e3, start.elapsed_time(end) / 1e3, self.sync_gap_s),
+                False,
+            )
         marks = self.scheduler
         before = marks.read()
         if company is not None:
@@ -299,7 +343,6 @@ class Timer:
         if marks.one_cpu:
             seconds -= marks.waited_s(before, after, seconds)  # a neighbour's time slice is not the call's
         return out, seconds, marks.disturbed(before, after)
-
 
 
 SYNC_GAP_SAMPLES = 33
@@ -341,8 +384,9 @@ def pristine_settings(config):
     against a limit of 1.5x; timing it to +-1% against its twin made pristine turns 52 of the 83 s
     a 25-kernel cold run held an H200 (benchmarks/RESULTS.md). A wider pristine interval only
     makes a trip harder to reach."""
-    return dataclasses.replace(config, early_stop_below=0.0,
-                               ci_target=max(float(config.ci_target), float(config.unstable_ci)))
+    return dataclasses.replace(
+        config, early_stop_below=0.0, ci_target=max(float(config.ci_target), float(config.unstable_ci))
+    )
 
 
 def gpu_call_seconds(on_stream: float, overall: float, sync_gap: float) -> float:
@@ -380,17 +424,17 @@ def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda:
     """Why the chosen round cannot be trusted, one line each; empty when it can.
 
     The interval stayed too wide (the batch-means part widens it where the machine's state
-    drifted), or on the CPU the machine took the CPU away during timing: more than
-    contention_limit of the pairs had a call during which this process was preempted or
-    waited for a CPU (`SchedulerMarks`), or the hypervisor took more than that share of the
-    timed seconds (steal). A low quantile shrugs off a few slowed calls, not most of them. A
-    round that stopped early is decided (its interval lies wholly below the bound)."""
+    drifted), or on the CPU the machine took the CPU away during timing (`contention_reasons`).
+    A round that stopped early is decided (its interval lies wholly below the bound)."""
     found = []
     if chosen["stopped_early"]:  # wholly below the bound: decided, whatever else went on
         return found
     if chosen["width"] > wide:
-        after = ("when the timing budget ran out (evaluator.max_timed_s)" if chosen.get("out_of_time")
-                 else "after measuring again")  # fmt: skip
+        after = (
+            "when the timing budget ran out (evaluator.max_timed_s)"
+            if chosen.get("out_of_time")
+            else "after measuring again"
+        )
         found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} {after} (+-{chosen['width']:.1%})")
     if is_cuda:
         return found
@@ -400,16 +444,41 @@ def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda:
 def contention_reasons(chosen: dict, timed_s: float, config) -> list[str]:
     """On the CPU, why the machine took the CPU away during the chosen round's timing, one line
     each (each begins "contention:"); empty when it did not. A run with any is `contended`
-    (StageResult), which the tripwire judges by its reference's median alone."""
+    (StageResult), which the tripwire judges by its reference's median alone.
+
+    - more than contention_limit of the pairs had a call during which this process was
+      preempted or waited for a CPU (`SchedulerMarks`): a low quantile shrugs off a few slowed
+      calls, not most of them;
+    - other processes held the CPU for more than contention_wait_limit of the round's wall time
+      (`others_s`: this process waited for a CPU while none of its threads ran). A pair's calls
+      can be a small part of its time (relu(2x + y) on 512x1024: 4 calls of about 270 us in a
+      pair of 11 ms, the rest the harness's work around them), so a busy loop that shares the
+      timed CPU half the time lands in a minority of the calls:
+      beside busy loops pinned to a 2-core box's CPUs, 20-55% of the pairs had a preempted call
+      while others held the CPU for 30-70% of the round, and the calls they did not preempt ran
+      up to 50% slower than on a quieter machine, by amounts that moved through the round (the
+      reference against its twin read 0.91x, 95% 0.85-0.99);
+    - the hypervisor took more than contention_limit of the timed seconds (steal)."""
     found = []
     limit = float(config.contention_limit)
     pairs = len(chosen["times"]["ref"])
     if pairs and chosen["disturbed"] / pairs > limit:
-        found.append(f"contention: in {chosen['disturbed']} of {pairs} timed pairs this process was preempted or "
-                     f"waited for a CPU during a call (limit {limit:.0%}; load average {os.getloadavg()[0]:.1f})")
+        found.append(
+            f"contention: in {chosen['disturbed']} of {pairs} timed pairs this process was preempted or "
+            f"waited for a CPU during a call (limit {limit:.0%}; load average {os.getloadavg()[0]:.1f})"
+        )
+    held, round_s = chosen["others_s"], chosen["round_s"]
+    if round_s > 0 and held / round_s > float(config.contention_wait_limit):
+        found.append(
+            f"contention: other processes held this process's CPU for {held / round_s:.0%} of the timed "
+            f"phase ({held:.2f} of {round_s:.2f} s waiting for a CPU while none of its threads ran; limit "
+            f"{float(config.contention_wait_limit):.0%}; load average {os.getloadavg()[0]:.1f})"
+        )
     if timed_s > 0 and chosen["steal_s"] / timed_s > limit:
-        found.append(f"contention: the hypervisor took {chosen['steal_s']:.2f} s of this CPU during "
-                     f"{timed_s:.2f} s of timed calls (steal)")
+        found.append(
+            f"contention: the hypervisor took {chosen['steal_s']:.2f} s of this CPU during "
+            f"{timed_s:.2f} s of timed calls (steal)"
+        )
     return found
 
 
@@ -519,8 +588,11 @@ def _steal_ticks() -> int:
     try:
         cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
         with open("/proc/stat") as f:
-            return sum(int(fields[8]) for fields in (line.split() for line in f)
-                       if fields and fields[0] in cpus and len(fields) > 8)
+            return sum(
+                int(fields[8])
+                for fields in (line.split() for line in f)
+                if fields and fields[0] in cpus and len(fields) > 8
+            )
     except (OSError, ValueError):
         return 0
 
@@ -534,8 +606,9 @@ BATCHES = 4  # consecutive batches for the batch-means interval
 T_975_3DOF = 3.182  # Student's t, 97.5% quantile, BATCHES - 1 degrees of freedom
 
 
-def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int,
-                     resamples: int = 400, quantile: float = 0.5) -> tuple[float, float, float]:
+def speedup_interval(
+    torch, ref_us: list[float], cand_us: list[float], seed: int, resamples: int = 400, quantile: float = 0.5
+) -> tuple[float, float, float]:
     """95% interval of q(ref) / q(cand), q the times' `quantile` (the median by default): the
     wider of a bootstrap over whole pairs and a batch-means interval over consecutive batches
     of pairs.
@@ -567,8 +640,11 @@ def speedup_interval(torch, ref_us: list[float], cand_us: list[float], seed: int
     lo, hi = float(ratios[int(0.025 * resamples)]), float(ratios[int(0.975 * resamples) - 1])
     if n >= 4 * BATCHES:
         size = n // BATCHES
-        batch = [stats.quantile(ref_us[b * size:(b + 1) * size], quantile)
-                 / max(stats.quantile(cand_us[b * size:(b + 1) * size], quantile), 1e-12) for b in range(BATCHES)]
+        batch = [
+            stats.quantile(ref_us[b * size : (b + 1) * size], quantile)
+            / max(stats.quantile(cand_us[b * size : (b + 1) * size], quantile), 1e-12)
+            for b in range(BATCHES)
+        ]
         half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
         lo, hi = min(lo, point - half), max(hi, point + half)
     return lo, hi, (hi - lo) / 2 / point
@@ -583,8 +659,9 @@ def _hi_at_least(ref_us: list[float], cand_us: list[float], quantile: float, bou
     return cand > 0 and stats.quantile(ref_us, quantile) / cand >= bound
 
 
-def quantile_interval(torch, values: list[float], seed: int, resamples: int = 400,
-                      quantile: float = 0.5) -> tuple[float | None, float | None]:
+def quantile_interval(
+    torch, values: list[float], seed: int, resamples: int = 400, quantile: float = 0.5
+) -> tuple[float | None, float | None]:
     """95% interval of the `quantile` of one side's times: the wider of a bootstrap and a
     batch-means interval (see speedup_interval); (None, None) for fewer than 4 values."""
     n = len(values)
@@ -597,11 +674,10 @@ def quantile_interval(torch, values: list[float], seed: int, resamples: int = 40
     lo, hi = float(picked[int(0.025 * resamples)]), float(picked[int(0.975 * resamples) - 1])
     if n >= 4 * BATCHES:
         size = n // BATCHES
-        batch = [stats.quantile(values[b * size:(b + 1) * size], quantile) for b in range(BATCHES)]
+        batch = [stats.quantile(values[b * size : (b + 1) * size], quantile) for b in range(BATCHES)]
         half = T_975_3DOF * statistics.stdev(batch) / math.sqrt(BATCHES)
         lo, hi = min(lo, point - half), max(hi, point + half)
     return lo, hi
-
 
 
 def iqr(values: list[float]) -> float:
@@ -615,8 +691,9 @@ DRIFT_BLOCKS = 6  # consecutive blocks of pairs whose speedups a monotone trend 
 DRIFT_MIN_PAIRS = 4 * DRIFT_BLOCKS  # fewer pairs: blocks too small to tell a trend from noise
 
 
-def drift_reasons(ref_us: list[float], cand_us: list[float], seed: int, torch, limit: float,
-                  quantile: float = 0.5) -> list[str]:  # fmt: skip
+def drift_reasons(
+    ref_us: list[float], cand_us: list[float], seed: int, torch, limit: float, quantile: float = 0.5
+) -> list[str]:
     """Why a series of timed pairs does not measure one steady state, one line each.
 
     - drift: the speedups of DRIFT_BLOCKS consecutive blocks of pairs rise (or fall) block after
@@ -633,13 +710,18 @@ def drift_reasons(ref_us: list[float], cand_us: list[float], seed: int, torch, l
         return []
     found = []
     size = n // DRIFT_BLOCKS
-    blocks = [stats.quantile(ref_us[b * size:(b + 1) * size], quantile)
-              / max(stats.quantile(cand_us[b * size:(b + 1) * size], quantile), 1e-12) for b in range(DRIFT_BLOCKS)]
+    blocks = [
+        stats.quantile(ref_us[b * size : (b + 1) * size], quantile)
+        / max(stats.quantile(cand_us[b * size : (b + 1) * size], quantile), 1e-12)
+        for b in range(DRIFT_BLOCKS)
+    ]
     steps = [later - earlier for earlier, later in zip(blocks, blocks[1:])]
     change = (blocks[-1] - blocks[0]) / max(statistics.median(blocks), 1e-12)
     if (all(s > 0 for s in steps) or all(s < 0 for s in steps)) and abs(change) > limit:
-        found.append(f"drift: the speedup moved {'up' if change > 0 else 'down'} in every one of {DRIFT_BLOCKS} "
-                     f"consecutive blocks of pairs, {blocks[0]:.3g}x to {blocks[-1]:.3g}x ({change:+.1%})")
+        found.append(
+            f"drift: the speedup moved {'up' if change > 0 else 'down'} in every one of {DRIFT_BLOCKS} "
+            f"consecutive blocks of pairs, {blocks[0]:.3g}x to {blocks[-1]:.3g}x ({change:+.1%})"
+        )
     half = n // 2
     first = speedup_interval(torch, ref_us[:half], cand_us[:half], seed, quantile=quantile)
     second = speedup_interval(torch, ref_us[half:], cand_us[half:], seed + 1, quantile=quantile)
@@ -648,6 +730,8 @@ def drift_reasons(ref_us: list[float], cand_us: list[float], seed: int, torch, l
         b = stats.quantile(ref_us[half:], quantile) / max(stats.quantile(cand_us[half:], quantile), 1e-12)
         apart = first[1] < second[0] or second[1] < first[0]
         if apart and abs(b - a) / max(min(a, b), 1e-12) > limit:
-            found.append(f"two modes: the first half of the pairs read {a:.3g}x (95% {first[0]:.3g}-{first[1]:.3g}), "
-                         f"the second {b:.3g}x (95% {second[0]:.3g}-{second[1]:.3g})")
+            found.append(
+                f"two modes: the first half of the pairs read {a:.3g}x (95% {first[0]:.3g}-{first[1]:.3g}), "
+                f"the second {b:.3g}x (95% {second[0]:.3g}-{second[1]:.3g})"
+            )
     return found
