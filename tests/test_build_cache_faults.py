@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from speedforge.config import EvaluatorConfig
-from speedforge.evaluator import buildcache, evaluate, extensions, harness
-from speedforge.evaluator.buildcache import BuildCache, HostWatch, claimed_fault, host_fault
+from speedforge.evaluator import evaluate, extensions, harness, host_faults
+from speedforge.evaluator.buildcache import BuildCache
+from speedforge.evaluator.host_faults import HostWatch, claimed_fault, host_fault
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.job import Job, StageResult
 from speedforge.records import Candidate, Task
@@ -120,7 +121,7 @@ def test_a_host_fault_the_host_does_not_show_stays_the_candidates_and_is_not_cac
     compile_error = _failed("compile_error", "RuntimeError: Error building extension", GCC_DISK_FULL)
     assert roomy.judge(compile_error) == compile_error
     claimed = _failed(
-        "infra_error", buildcache.host_fault_reason("disk full", "fatal error: ...: No space left on device")
+        "infra_error", host_faults.host_fault_reason("disk full", "fatal error: ...: No space left on device")
     )
     judged = roomy.judge(claimed)
     assert judged.status == "compile_error" and "does not show" in judged.reason

@@ -20,7 +20,8 @@ import traceback
 from speedforge import families
 from speedforge.config import EvaluatorConfig
 from speedforge.evaluator import checks, phases
-from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, HostWatch, build_arch, build_key, toolchain_id
+from speedforge.evaluator.buildcache import HARNESS_VERSION, BuildCache, build_arch, build_key, toolchain_id
+from speedforge.evaluator.host_faults import HostWatch
 from speedforge.evaluator.job import Job, RecordError, StageResult
 from speedforge.evaluator.sandbox import Outcome, Zygote, run_job
 from speedforge.evaluator.timing import TIMING_VERSION, fewest_pairs, pristine_settings

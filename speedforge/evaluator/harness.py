@@ -58,7 +58,7 @@ from pathlib import Path
 from speedforge import families
 from speedforge.errors import first_line
 from speedforge.evaluator import checks, fingerprint, phases, process_state, turns
-from speedforge.evaluator.buildcache import exception_fault, host_fault_reason
+from speedforge.evaluator.host_faults import exception_fault, host_fault_reason
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
@@ -182,12 +182,12 @@ def _load_candidate(job: Job):
 
 def _host_fault(exc: BaseException, job: Job) -> Verdict | None:
     """The infra_error of an exception that reports a host fault (a full disk, an exceeded quota,
-    an I/O error, a killed compiler: buildcache.exception_fault), when it comes from where the
+    an I/O error, a killed compiler: host_faults.exception_fault), when it comes from where the
     candidate cannot simply raise it: an inline-extension loader (the very exception it raised),
     or harness code before the candidate's module ran (no frame of it in the traceback). What
     the candidate raises itself is its own failure, whatever it says. A compiler's output can
     still carry the candidate's words (its flags, its source), so in the build stage the parent
-    believes the claim only where it sees the host in that state (buildcache.HostWatch)."""
+    believes the claim only where it sees the host in that state (host_faults.HostWatch)."""
     from speedforge.evaluator import extensions
 
     if not extensions.raised_by_loader(exc) and _ran_candidate(exc, job):
