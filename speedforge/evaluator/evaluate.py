@@ -191,14 +191,9 @@ def run_candidate(
         outcome = _run_pinned(cache, job, task, config, device, zygote)
         stage = _stage_result(outcome, "run", job)
         phases.mark("run_read")
-        if pristine_first and outcome.first is not None:
-            _keep_pristine(
-                task,
-                config,
-                device,
-                pool,
-                _stage_result(dataclasses.replace(outcome, result=outcome.first), "pristine reference run"),
-            )
+        sent_first = _sent_first(outcome) if pristine_first else None
+        if sent_first is not None:
+            _keep_pristine(task, config, device, pool, sent_first)
         if stage.ok and tripwire:
             reruns = []
 
@@ -207,13 +202,7 @@ def run_candidate(
                 itself before it imports the candidate: the run, and that same-process pristine time."""
                 again = dataclasses.replace(job, pristine_first=True, seed=_seed(config))
                 reruns.append(_run_pinned(cache, again, task, config, device, zygote, quiet=True))
-                first = reruns[-1].first
-                alongside = (
-                    None
-                    if first is None
-                    else _stage_result(dataclasses.replace(reruns[-1], result=first), "pristine reference run")
-                )
-                return _stage_result(reruns[-1], "run", again), alongside
+                return _stage_result(reruns[-1], "run", again), _sent_first(reruns[-1])
 
             stage = _tripwire(
                 stage,
@@ -257,6 +246,14 @@ def run_candidate(
             log=traceback.format_exc()[-4000:],
             **common,
         )
+
+
+def _sent_first(outcome: Outcome) -> StageResult | None:
+    """The pristine reference's result a run sent ahead of its own (before it imported the
+    candidate), or None when it sent none."""
+    if outcome.first is None:
+        return None
+    return _stage_result(dataclasses.replace(outcome, result=outcome.first), "pristine reference run")
 
 
 def _seed(config: EvaluatorConfig) -> int:
