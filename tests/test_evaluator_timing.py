@@ -20,6 +20,7 @@ from speedforge.evaluator.timing import (
     contention_reasons,
     drift_reasons,
     pairs_wanted,
+    pristine_settings,
     speedup_interval,
     unstable_reasons,
 )
@@ -150,6 +151,21 @@ def test_the_timing_budget_stops_a_slow_references_pairs_in_the_pristine_turn_an
     pristine = importlib.import_module("speedforge.evaluator.evaluate")._cached_pristine(task, config, "cpu", "cpu")
     assert pristine is not None and pristine.ok and pristine.timed_calls == 16
     assert any(w.startswith("timing budget:") for w in pristine.warnings) and pristine.unstable
+
+
+def test_a_pristine_reference_on_the_gpu_takes_fewer_pairs_and_a_quarter_of_the_budget():
+    config = EvaluatorConfig(timed_calls=30, max_timed_calls=200, max_timed_s=20.0, ci_target=0.01, unstable_ci=0.05)
+    gpu, cpu = pristine_settings(config, True), pristine_settings(config, False)
+    for settings in (gpu, cpu):  # both: no early stop, an interval to +-unstable_ci
+        assert settings.early_stop_below == 0.0 and settings.ci_target == 0.05
+    assert (gpu.max_timed_calls, gpu.max_timed_s) == (64, 5.0)
+    assert (cpu.max_timed_calls, cpu.max_timed_s) == (200, 20.0)
+    # a short GPU reference that min_timed_s would hold to max_timed_calls stops at the cap
+    assert pairs_wanted(gpu, True, 90e-6, 3e-3) == (64, 64)
+    # never below timed_calls, never above max_timed_calls
+    assert pristine_settings(dataclasses.replace(config, timed_calls=100), True).max_timed_calls == 100
+    assert pristine_settings(dataclasses.replace(config, max_timed_calls=40), True).max_timed_calls == 40
+    assert pristine_settings(dataclasses.replace(config, max_timed_s=0.0), True).max_timed_s == 0.0
 
 
 def test_min_timed_s_counts_timed_work_or_the_pairs_wall_clock_time():

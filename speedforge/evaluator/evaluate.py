@@ -341,7 +341,7 @@ def _pristine_reference(
         seed=seed,
         workdir="",
         build_dir="",
-        config=pristine_settings(config),
+        config=pristine_settings(config, device.startswith("cuda")),
     )
     result = _stage_result(
         _run_pinned(cache, job, task, config, device, zygote, quiet=fresh), "pristine reference run", job

@@ -260,7 +260,7 @@ def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -
 
     from speedforge.evaluator import child
 
-    pristine = dataclasses.replace(job, config=pristine_settings(job.config))
+    pristine = dataclasses.replace(job, config=pristine_settings(job.config, device.type == "cuda"))
     try:
         harness = _Harness(torch, guards, pristine, device, seed)
         child.send_first({**metrics, "status": "ok", **harness.measure_pristine(), **harness.spent})

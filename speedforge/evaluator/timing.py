@@ -349,8 +349,9 @@ SYNC_GAP_SAMPLES = 33
 # what a pristine reference's cached timing was measured with (speedforge.evaluator.evaluate's key):
 # 2, a GPU call's end less the synchronize's round trip (`gpu_call_seconds`); 3, a pristine reference
 # timed to +-unstable_ci (`pristine_settings`); 4, with the CPU time of its other threads (`ref_company`);
-# 5, on the CPU with every loaded BLAS library at cpu_threads threads (speedforge.evaluator.blas_threads)
-TIMING_VERSION = "5"
+# 5, on the CPU with every loaded BLAS library at cpu_threads threads (speedforge.evaluator.blas_threads);
+# 6, on the GPU with at most PRISTINE_GPU_PAIRS pairs and a quarter of the budget
+TIMING_VERSION = "6"
 
 
 def pairs_wanted(config, is_cuda: bool, per_call: float, pair_wall: float) -> tuple[int, int]:
@@ -377,16 +378,26 @@ def fewest_pairs(config, is_cuda: bool, stopped_early: bool) -> int:
     return max(1, least)
 
 
-def pristine_settings(config):
+# A pristine reference on the GPU takes at most this many pairs (at least timed_calls) and a quarter
+# of max_timed_s: against its twin it is within +-unstable_ci long before min_timed_s's floor, which
+# held short references to max_timed_calls.
+PRISTINE_GPU_PAIRS = 64
+
+
+def pristine_settings(config, is_cuda: bool):
     """The timing settings of a pristine reference run (the tripwire's, speedforge.evaluator.evaluate):
     no early stop (the reference against itself is about 1x), and an interval to within
     +-unstable_ci rather than +-ci_target. The tripwire needs the reference's time to a few percent
-    against a limit of 1.5x; timing it to +-1% against its twin made pristine turns 52 of the 83 s
-    a 25-kernel cold run held an H200 (benchmarks/RESULTS.md). A wider pristine interval only
-    makes a trip harder to reach."""
-    return dataclasses.replace(
+    against a limit of 1.5x, and a wider pristine interval only makes a trip harder to reach. On the
+    GPU the pairs and the budget are capped (PRISTINE_GPU_PAIRS): pristine turns were half the
+    device's held time in a cold GRPO-sized batch (benchmarks/RESULTS.md)."""
+    settings = dataclasses.replace(
         config, early_stop_below=0.0, ci_target=max(float(config.ci_target), float(config.unstable_ci))
     )
+    if not is_cuda:
+        return settings
+    most = min(int(config.max_timed_calls), max(int(config.timed_calls), PRISTINE_GPU_PAIRS))
+    return dataclasses.replace(settings, max_timed_calls=most, max_timed_s=float(config.max_timed_s) / 4)
 
 
 def gpu_call_seconds(on_stream: float, overall: float, sync_gap: float) -> float:
