@@ -1,4 +1,4 @@
-"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels (issues 10, 25).
+"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels.
 
 Every kernel of the chosen levels of a CUDA-L1 JSONL (every k-th, to spread a corpus over
 calls) is evaluated with speedforge and with CUDA-L1's harness (its `eval_pipeline`, one
@@ -929,7 +929,7 @@ def statistics_counts(statuses) -> str:
 
 
 def agreement(ratios: list[float]) -> dict | None:
-    """The figures the issue's targets are stated in, for a list of speedup ratios: median,
+    """The figures the agreement targets are stated in, for a list of speedup ratios: median,
     p10-p90 (min-max below 10 ratios), min, max, n, how many within +-10% and outside [0.8, 1.25]."""
     if not ratios:
         return None

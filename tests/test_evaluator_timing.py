@@ -591,7 +591,7 @@ def test_a_steady_series_is_neither_drifting_nor_two_modes():
 
 
 def test_a_monotone_drift_across_the_blocks_is_named():
-    # a clock that falls during the run: 22.2x to 18.8x over 200 pairs (issue 25's GPU kernel, in one run)
+    # a clock that falls during the run: 22.2x to 18.8x over 200 pairs (as a GPU kernel read in one run)
     ref, cand = _series([22.2 - 3.4 * i / 199 for i in range(200)])
     reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
     assert any(r.startswith("drift: the speedup moved down in every one of 6") for r in reasons), reasons
@@ -601,7 +601,7 @@ def test_a_monotone_drift_across_the_blocks_is_named():
 
 
 def test_two_halves_in_two_states_are_named_and_not_taken_for_a_drift():
-    # 1.38x, then 1.49x (issue 25's bimodal kernel, within one run)
+    # 1.38x, then 1.49x (as a bimodal kernel read within one run)
     ref, cand = _series([1.38] * 100 + [1.49] * 100, seed=3)
     reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
     assert any(r.startswith("two modes: the first half of the pairs read 1.38x") for r in reasons), reasons
