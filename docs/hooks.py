@@ -52,7 +52,8 @@ def cli_reference() -> str:
 
 def _field_comments(cls: type) -> dict[str, str]:
     """Each field's comment in the class source: the comment lines right above it and the
-    trailing comment of its own lines."""
+    trailing comment of its own lines (a call the formatter wrapped included, up to its closing
+    bracket)."""
     comments: dict[str, str] = {}
     above: list[str] = []
     current = None
@@ -67,6 +68,8 @@ def _field_comments(cls: type) -> dict[str, str]:
             above.append(stripped.lstrip("# ").strip())
             current = None
             continue
+        elif current and stripped[:1] in (")", "]"):
+            pass  # the closing bracket of the field's wrapped value, which may carry its comment
         elif not stripped or not line.startswith(" " * 5):
             current = None
             above = []

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import re
 import subprocess
 import sys
+import typing
 from functools import cache
 from pathlib import Path
 
@@ -111,3 +113,46 @@ def test_the_cli_reference_has_every_command_and_the_config_reference_every_sect
 def test_an_unknown_placeholder_fails_the_build():
     with pytest.raises(ValueError, match="unknown placeholder"):
         hooks().render("<!-- generated:nothing-of-the-kind -->")
+
+
+def config_classes() -> list[type]:
+    """The root config and every dataclass under it."""
+    from speedforge.config import Config
+
+    found, todo = [], [Config]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        hints = typing.get_type_hints(cls)
+        todo += [hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
+    return found
+
+
+def test_each_config_field_has_at_most_one_line_of_comment():
+    """A field's comment says what it is in one line; why it is so belongs in the documentation."""
+    long = []
+    for cls in config_classes():
+        above = 0
+        for line in inspect.getsource(cls).splitlines()[1:]:
+            if line.strip().startswith("#"):
+                above += 1
+                continue
+            if re.match(r"\s{4}\w+\s*:", line) and not line.startswith(" " * 5) and above > 1:
+                long.append(f"{cls.__name__}.{line.split(':')[0].strip()} ({above} lines)")
+            above = 0
+    assert not long, f"config fields with more than one comment line: {long}"
+
+
+def test_the_config_reference_reads_a_comment_above_a_field_and_after_a_wrapped_value(monkeypatch):
+    source = '''class Example:
+    """An example."""
+
+    # what a is
+    a: int = 1
+    b: int = setting(
+        2, CHECK
+    )  # what b is
+    c: int = 3
+'''
+    monkeypatch.setattr(inspect, "getsource", lambda obj: source)
+    assert hooks()._field_comments(object) == {"a": "what a is", "b": "what b is", "c": ""}
