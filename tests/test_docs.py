@@ -61,7 +61,7 @@ def test_the_site_builds_strictly(tmp_path):
 def test_every_page_is_in_the_navigation_and_every_nav_entry_exists():
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     nav = nav_pages()
-    assert sorted(set(nav) - {"benchmarks/results.md"}) == pages  # results.md: benchmarks/RESULTS.md, added by the hook
+    assert sorted(nav) == pages
     assert len(nav) == len(set(nav)), "a page listed twice"
 
 
@@ -75,8 +75,20 @@ def test_the_readme_is_short_and_its_links_resolve():
     missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
     assert not missing, f"the README links to files that do not exist: {missing}"
     docs_linked = {link.removeprefix("docs/") for link in links if link.startswith("docs/")}
-    unlinked = set(nav_pages()) - {"benchmarks/results.md", "index.md"} - docs_linked
+    measures = {page for page in nav_pages() if page.startswith("benchmarks/")} - {"benchmarks/index.md"}
+    unlinked = set(nav_pages()) - {"index.md"} - measures - docs_linked
     assert not unlinked, f"pages the README does not link to: {sorted(unlinked)}"
+
+
+def test_the_benchmarks_index_links_every_benchmark_page_and_results_md_points_to_the_site():
+    """One page per measure, each listed on the benchmarks index (the README links the index);
+    benchmarks/RESULTS.md, where people look first, names every page too."""
+    index = (DOCS / "benchmarks" / "index.md").read_text()
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    pages = sorted(p.name for p in (DOCS / "benchmarks").glob("*.md") if p.name != "index.md")
+    assert pages
+    assert not [p for p in pages if f"]({p})" not in index], "benchmark pages the index does not link"
+    assert not [p for p in pages if f"docs/benchmarks/{p}" not in results], "benchmark pages RESULTS.md does not name"
 
 
 @pytest.mark.parametrize(
