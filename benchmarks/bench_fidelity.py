@@ -587,7 +587,7 @@ def whole_throughput(l1_runs: dict, sf_runs: dict, summaries: dict[str, dict]) -
     time for that same kernel, from whichever of its runs timed it first without an earlier build
     (run 1 covers the kernels speedforge accepted, `--only sf-rejected` the rest). Pro rata over the
     accepted kernels alone overstates the ratio where the rejected ones are quicker for CUDA-L1 too
-    (a 24-kernel sample read 3.45x so, 2.90x whole: benchmarks/RESULTS.md). Nothing is printed until
+    (a 24-kernel sample read 3.27-3.76x so, 2.74-3.15x whole: docs/benchmarks/throughput.md). Nothing is printed until
     CUDA-L1's cold runs cover every kernel of a speedforge run; then one line per speedforge run."""
     cold: dict[str, float] = {}
     for run in l1_runs.values():  # run 1 first, then by label

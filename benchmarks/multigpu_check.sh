@@ -22,7 +22,7 @@
 # portability over two CPU pools. CPU figures prove the path, not the speed (2 workers share the cores).
 # Knobs: MULTIGPU_DEVICE (cuda | cpu)  MULTIGPU_STEPS (cuda 8, cpu 2)  MULTIGPU_PROMPTS (cuda 32, cpu 1)
 #   MULTIGPU_GENERATIONS (cuda 8, cpu 2)  MULTIGPU_NEW_TOKENS (cuda 256, cpu 16)
-#   (on cuda, 256 samples a step, 128 a rank on 2 workers: the batch of the figures in benchmarks/RESULTS.md;
+#   (on cuda, 256 samples a step, 128 a rank on 2 workers: the batch of the figures in docs/benchmarks/multigpu.md;
 #   at 16 prompts, 64 a rank, a step's fixed costs weigh more and the ratio is lower, 1.34x on two H200s)  MULTIGPU_MODEL ("" = SmolLM2-135M)
 #   MULTIGPU_CORPUS (builtin:cuda | builtin:cpp; or a CUDA-L1 .jsonl)  MULTIGPU_GRPO_TIMEOUT (cuda 1200, cpu 1500 s per run)
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)

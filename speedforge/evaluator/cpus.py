@@ -3,7 +3,7 @@ on the same CPU, alone.
 
 Where a process runs changes what it measures. On the 2-vCPU dev box the same cpp kernel
 measured 1.55x pinned to CPU 0 and 1.20x pinned to CPU 1, each steady within its process
-(benchmarks/RESULTS.md); unpinned, a sandbox kept to whichever CPU the scheduler first gave it,
+(docs/benchmarks/defaults.md); unpinned, a sandbox kept to whichever CPU the scheduler first gave it,
 so the figure over 6 sandboxes was bimodal. A run stage therefore claims `count` CPUs of this
 process's allowed set, the highest-numbered free ones first (CPU 0 takes most interrupts and
 housekeeping), and the sandbox pins itself to them. A claim is an exclusive `flock` on a file

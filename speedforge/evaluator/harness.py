@@ -372,7 +372,7 @@ class _Harness:
         CPU's generator through module attributes a candidate can point at a generator of its own
         (tests/adversarial/swaps_the_default_generator.py), and torch.manual_seed also seeds every
         other device type's (xpu, mps), each first recording the Python stack: 1.3 ms of every
-        timed pair on an H100 host (benchmarks/RESULTS.md)."""
+        timed pair on an H100 host (docs/benchmarks/overhead.md)."""
         torch = self.torch
         if self.is_cuda and len(self.generators) == 1:  # the first draw, before the candidate is imported
             torch.cuda.init()

@@ -98,7 +98,7 @@ STDERR_TAIL_BYTES = 8000
 # size never satisfies the next request while a cached chunk pins its neighbour. Each of these
 # made a timed call pay for thousands of page faults in some processes and none in others: the
 # same cpp kernel measured 0.42x-1.43x over 6 sandboxes on a 2-core box, and 1.18x-1.27x with
-# these settings (benchmarks/RESULTS.md). Blocks over 1 GiB are still mapped afresh. Without
+# these settings (docs/benchmarks/defaults.md). Blocks over 1 GiB are still mapped afresh. Without
 # mxfast=0 the in-sandbox test failed 1 run in 6 (a small freed chunk in a fast bin pinned the
 # block); with it, 10 of 10 passed.
 #
