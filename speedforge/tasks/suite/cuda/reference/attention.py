@@ -5,7 +5,7 @@ The reference materialises the score matrix, divides it into a second temporary 
 it into a third; a faster version folds the 1/sqrt(d) scale into the batched product, runs the
 softmax in place over each cache-resident row and feeds the result to the second product.
 
-No fast candidate ships for the cuda family: a hand-written one did not beat cuBLAS plus PyTorch's
+No fast candidate ships for the cuda family: a hand-written one could not beat cuBLAS plus PyTorch's
 softmax on an H200 (docs/benchmarks/builtin-suite.md).
 """
 

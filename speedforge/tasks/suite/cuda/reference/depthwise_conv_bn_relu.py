@@ -7,7 +7,7 @@ activations. Folding the batch norm into the per-channel filters and computing e
 directly (its K*K inputs come from cache) with the ReLU applied before the store leaves a single
 read and a single write of the activations.
 
-No fast candidate ships for the cuda family: a hand-written direct kernel did not beat cuDNN's
+No fast candidate ships for the cuda family: a hand-written direct kernel could not beat cuDNN's
 depthwise kernel plus two element-wise passes on an H200 (docs/benchmarks/builtin-suite.md); a
 faster one needs shared-memory tiling of the input planes.
 """

@@ -6,7 +6,7 @@ temporaries; a faster version keeps the GEMMs in the library and fuses SiLU and 
 multiply into one pass that writes the hidden activation once.
 
 No fast candidate ships for the cuda family: the three GEMMs are almost all of the time, and
-hand-written versions did not beat the reference by a margin the timing resolves on an H200
+hand-written versions could not beat the reference by a margin the timing resolves on an H200
 (docs/benchmarks/builtin-suite.md).
 """
 
