@@ -762,7 +762,7 @@ def test_a_gpu_calls_time_leaves_out_the_synchronizes_round_trip_but_not_side_st
         return call
 
     _, seconds, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
-    assert seconds == pytest.approx(30e-6)  # without the fix: 39 us, the round trip counted
+    assert seconds == pytest.approx(30e-6)  # 39 us if the synchronize's round trip were counted
     _, seconds, _ = timer._timed_call(side_stream(5e-6, 40e-6), [], None, "cand")
     assert seconds == pytest.approx(45e-6)  # the other stream's 40 us counted in full
     # work a candidate left queued before the round trip is measured does not inflate it (which
