@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29's Show, for the 16-core host: every ANN library (sfann, hnswlib, faiss HNSW, ScaNN,
+# The ANN benchmark at scale, for the 16-core host: every ANN library (sfann, hnswlib, faiss HNSW, ScaNN,
 # USearch, GLASS, NGT ONNG, VSAG, DiskANN; NGT-QG is noted as unbuildable) in one run per data
 # set, single-threaded and on all cores, at least 3 interleaved repeats per point, at 1,000,000
 # SIFT- and GloVe-shaped vectors and the largest GIST-shaped size whose data and indexes fit in
@@ -10,13 +10,13 @@
 # Each data set is its own stage (one bench_ann.py run, all libraries, its own --budget-s), so a
 # machine whose commands are cut after some minutes can take one stage per call; `report` merges
 # the stages' JSON files found in $OUT and prints the table, the ratios to the best other library
-# (QPS at recall 0.90 and AUC over [0.85, 0.95], per thread count), and the issue's targets.
+# (QPS at recall 0.90 and AUC over [0.85, 0.95], per thread count), and the targets (bench_ann.verdict).
 # gpu_check.sh's `ann-scale` stage runs this after installing the carried wheels. The host has no
 # package index and runs Python 3.12: fetch its wheels here first, e.g.
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #     --platform manylinux_2_17_x86_64 \
 #     -d wheels pyglass-portable==2.1.0 ngt==2.8.0.post1 pyvsag==0.18.5
-# (with hnswlib, faiss-cpu, scann, usearch as issue 15 carried them). diskannpy has no Python 3.12
+# (with hnswlib, faiss-cpu, scann and usearch). diskannpy has no Python 3.12
 # wheel and no sdist on the index, so DiskANN is skipped there with a note unless built from source.
 #
 # Knobs (environment): OUT (default /tmp/ann_scale), PY, ANN_SCALE_N (SIFT and GloVe, default

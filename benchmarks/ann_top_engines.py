@@ -1,5 +1,5 @@
 """Adapters of benchmarks/bench_ann.py for the engines at the top of ann-benchmarks' graph
-rankings (issue 29): GLASS, NGT (ONNG), VSAG and DiskANN's in-memory Vamana.
+rankings: GLASS, NGT (ONNG), VSAG and DiskANN's in-memory Vamana.
 
 Each is configured as ann-benchmarks configures it (ann_benchmarks/algorithms/<name>/config.yml
 and module.py), with the build setting nearest to the other graph libraries' M=16 picked from
@@ -369,7 +369,7 @@ IMPORTS = {
     "vsag-hgraph": "pyvsag",
     "diskann": "diskannpy",
 }
-# Engines of the issue that no package here can build, printed as a note when asked for.
+# Engines of those rankings that no package here can build, printed as a note when asked for.
 UNAVAILABLE = {
     "ngt-qg": "the ngt wheel (ngtpy) opens a quantized graph but cannot build one; that takes NGT's qbg "
     "command-line tool (create-qg, build-qg), which no Python package ships",

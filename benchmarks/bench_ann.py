@@ -564,11 +564,11 @@ def summary(rows, threads, metric="qps90"):
     return "\n".join(lines)
 
 
-TARGET_EVERY, TARGET_STRONG, TARGET_STRONG_SHAPES = 1.0, 1.3, 2  # issue 29's targets
+TARGET_EVERY, TARGET_STRONG, TARGET_STRONG_SHAPES = 1.0, 1.3, 2  # the engine's targets, used by verdict()
 
 
 def verdict(rows, threads):
-    """Issue 29's targets on QPS at recall 0.90: ours >= TARGET_EVERY x the best other library on
+    """The engine's targets on QPS at recall 0.90: ours >= TARGET_EVERY x the best other library on
     every data set and thread count, and >= TARGET_STRONG x on at least TARGET_STRONG_SHAPES data
     sets (on each of their thread counts). A missing ratio counts as missed."""
     lows, strong = [], []
@@ -600,7 +600,7 @@ def report(rows, threads):
         + summary(rows, threads, "auc"),
         flush=True,
     )
-    print("\n# targets (issue 29, QPS at recall 0.90)\n" + verdict(rows, threads), flush=True)
+    print("\n# targets (QPS at recall 0.90)\n" + verdict(rows, threads), flush=True)
 
 
 def _count(text):

@@ -1,4 +1,4 @@
-"""Issue 15's reward reproducibility figure: the `ann` family's AUC reward for one candidate,
+"""The reward's reproducibility: the `ann` family's AUC reward for one candidate,
 evaluated in N fresh sandboxes through the sandboxed evaluator, with the baseline measured in
 the same evaluation as always. Prints each sandbox's reward (candidate AUC / baseline AUC), the
 baseline's QPS at the band's middle, and the rewards' coefficient of variation (the target:

@@ -1,4 +1,4 @@
-"""Issue 2's evaluator figures, measured in one run on one machine:
+"""The evaluator's basic figures, measured in one run on one machine:
 
 1. harness overhead per candidate = wall time - build time - timed work (median over >= 10
    candidates whose builds are already cached); target <= 1.0 s on the GPU machine;

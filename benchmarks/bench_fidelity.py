@@ -1,4 +1,4 @@
-"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels (issues 10, 25).
+"""Agreement with CUDA-L1's own harness on CUDA-L1's published kernels.
 
 Every kernel of the chosen levels of a CUDA-L1 JSONL (every k-th, to spread a corpus over
 calls) is evaluated with speedforge and with CUDA-L1's harness (its `eval_pipeline`, one
@@ -26,31 +26,8 @@ keep only medians, so its own ratio of means cannot be had.
 
 The corpus and the harness default to ../shared/data/cuda-l1/ beside the checkout.
 
-On the GPU machine, levels 1-3 every 9th kernel (25): one command, repeated in 10-minute calls
-(timeout_s 600) until its report lists no kernel left to measure (two calls for the kernels both
-accept, likely a short third for the rest of CUDA-L1's run 1). A call may get a fresh machine,
-so results travel in .fid/ (a folder of the checkout, ignored through .git/info/exclude, named
-in carry, with a100.jsonl and eval_cuda.py in it; copy each call's returned files into it). Begin
-with what installs the carried Ray, e.g. `OUT=/tmp/gc bash benchmarks/gpu_check.sh install
->/dev/null; export PYTHONPATH=/tmp/site` (no stage named: wheels/ and speedforge only); the
-deadlines count from the call's start. In order: speedforge cold (~180-210 s), CUDA-L1 cold on
-the kernels speedforge accepted (~20 s a kernel, the torch.compile ones 23-70 s) until 470 s,
-CUDA-L1 again on those both accepted (this machine's builds reused: seconds a kernel) until
-550 s, so both sides measure those on one machine; in a later call speedforge again cold (if it
-can start by 300 s), then CUDA-L1's run 1 on the rest (speedforge's rejections; all 25 took
-511 s serially before) until 510 s; the report:
-
-    export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH; mkdir -p /tmp/fid; cp -n .fid/*.json* /tmp/fid/
-    F="python3 benchmarks/bench_fidelity.py --out /tmp/fid --jsonl .fid/a100.jsonl --harness .fid/eval_cuda.py --every 9"
-    save() { cp /tmp/fid/cuda_l1*.jsonl /tmp/fid/speedforge*.jsonl /tmp/fid/speedforge_run*.json $OUT/ 2>/dev/null; true; }
-    L1="$F cuda-l1 --timeout-s 150 --budget-s"
-    [ -s /tmp/fid/speedforge.jsonl ] || $F speedforge; save
-    b=$((470 - SECONDS)); [ $b -gt 30 ] && $L1 $b --only sf-accepted; save
-    b=$((550 - SECONDS)); [ $b -gt 20 ] && $L1 $b --run-label 2 --only accepted; save
-    [ -s /tmp/fid/speedforge.2.jsonl ] || [ $SECONDS -gt 300 ] || $F speedforge --run-label 2; save
-    b=$((510 - SECONDS)); [ $b -gt 30 ] && $L1 $b; save
-    $F report > $OUT/report.txt; cat $OUT/report.txt
-
+On a lent GPU machine, `bash benchmarks/device/fidelity.sh 1` and `... 2` run these steps within
+10-minute calls (its header has the plan); the current figures are in docs/benchmarks/fidelity.md.
 `report` runs on any machine from the returned files (`--out` their folder, the same --every).
 """
 
@@ -587,7 +564,7 @@ def whole_throughput(l1_runs: dict, sf_runs: dict, summaries: dict[str, dict]) -
     time for that same kernel, from whichever of its runs timed it first without an earlier build
     (run 1 covers the kernels speedforge accepted, `--only sf-rejected` the rest). Pro rata over the
     accepted kernels alone overstates the ratio where the rejected ones are quicker for CUDA-L1 too
-    (a 24-kernel sample read 3.45x so, 2.90x whole: benchmarks/RESULTS.md). Nothing is printed until
+    (a 24-kernel sample read 3.27-3.76x so, 2.74-3.15x whole: docs/benchmarks/throughput.md). Nothing is printed until
     CUDA-L1's cold runs cover every kernel of a speedforge run; then one line per speedforge run."""
     cold: dict[str, float] = {}
     for run in l1_runs.values():  # run 1 first, then by label
@@ -929,7 +906,7 @@ def statistics_counts(statuses) -> str:
 
 
 def agreement(ratios: list[float]) -> dict | None:
-    """The figures the issue's targets are stated in, for a list of speedup ratios: median,
+    """The figures the agreement targets are stated in, for a list of speedup ratios: median,
     p10-p90 (min-max below 10 ratios), min, max, n, how many within +-10% and outside [0.8, 1.25]."""
     if not ratios:
         return None

@@ -1,4 +1,4 @@
-"""What the reference's fingerprint costs a timed pair (issue 25's throughput): the time of
+"""What the reference's fingerprint costs a timed pair: the time of
 `speedforge.evaluator.fingerprint.take` on the reference models of CUDA-L1's corpus, built on the CPU.
 
 During the timed calls the harness takes the reference's structure twice a pair (after its call, and

@@ -1,4 +1,4 @@
-"""Generation inside GRPO against plain batched generation, same model, batch and device (issue 26).
+"""Generation inside GRPO against plain batched generation, same model, batch and device.
 
 The GRPO stage generates a step's prompts x generations in one `generate` call of TRL's
 GRPOTrainer, with speedforge's trainer settings (float32 master weights, bf16 mixed precision on a

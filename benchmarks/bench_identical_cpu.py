@@ -1,4 +1,4 @@
-"""Identical work must read 1.0x on the CPU, quiet or loaded (issue 25).
+"""Identical work must read 1.0x on the CPU, quiet or loaded.
 
 The task is relu(2x + y) on two 512x1024 float32 inputs; the candidate makes the reference's
 own torch calls, written out (`torch.relu(torch.add(torch.mul(x, 2), y))`), so it does the same

@@ -1,4 +1,4 @@
-"""Per-run overhead of the evaluator (issue 25's throughput target): where a sandboxed run's time
+"""Per-run overhead of the evaluator: where a sandboxed run's time
 goes when it is not in timed calls.
 
 Every candidate is built first (the content-hash cache; builds are not what is measured), then

@@ -1,4 +1,4 @@
-"""Run-stage throughput with evaluator.overlap_runs 1 against N (issue 25): only the phases that
+"""Run-stage throughput with evaluator.overlap_runs 1 against N: only the phases that
 time hold the device (speedforge.evaluator.turns), so one run prepares while another times.
 
 The same batch of candidates goes through the local batch path

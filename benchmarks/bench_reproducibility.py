@@ -1,6 +1,6 @@
-"""Issue 10's CPU reproducibility figure: the same kernel evaluated in N separate sandboxes.
+"""CPU reproducibility: the same kernel evaluated in N separate sandboxes.
 
-For each kernel (the issue's example, `clamp_min(add(y, x, alpha=2), 0)` for relu(2x + y) on
+For each kernel (an example, `clamp_min(add(y, x, alpha=2), 0)` for relu(2x + y) on
 512x1024 floats, and every built-in cpp candidate), N evaluations, each in a fresh sandbox, with
 the default evaluator config; per kernel the speedups, their CV, the reference's time, how many
 results were marked unstable, and the timed pairs used. The summary is the median CV over the

@@ -1,5 +1,5 @@
 """Where a launch-bound kernel's time goes: one CUDA-L1 pair timed the ways two harnesses time it
-(issue 25: level2/14 read 2.25x in speedforge against 3.0-3.2x in CUDA-L1's harness).
+(level2/14 once read 2.25x in speedforge against 3.0-3.2x in CUDA-L1's harness).
 
 In one plain process on the GPU (no sandbox), the reference and the candidate of one corpus entry
 are timed, pair after pair in alternating order, under each of these regimes (each changes one

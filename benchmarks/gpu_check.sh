@@ -73,7 +73,7 @@ if want tests; then
   note cpu-tricks "$(tail -1 "$OUT/cpu_tricks.txt")"
 fi
 
-if want fidelity; then  # issue 10: CUDA-L1's published kernels, its harness vs speedforge (needs ../shared/data or FIDELITY_ARGS)
+if want fidelity; then  # CUDA-L1's published kernels, its harness vs speedforge (needs ../shared/data or FIDELITY_ARGS)
   fid=${FIDELITY_OUT:-$OUT/fidelity}
   # levels 1-3 by default; FIDELITY_ARGS="--direct ..." evaluates without Ray (a machine without it)
   for step in ${FIDELITY_STEPS:-cuda-l1 speedforge repeat report}; do
@@ -81,7 +81,7 @@ if want fidelity; then  # issue 10: CUDA-L1's published kernels, its harness vs 
       || { note fidelity "$step failed (fidelity.txt)"; break; }
   done
   note fidelity "$(grep -m1 'kernels: accepted by both' "$OUT/fidelity.txt" || echo 'no report')"
-  # where a launch-bound kernel's time goes under each harness's regime (issue 25's short-call outliers);
+  # where a launch-bound kernel's time goes under each harness's regime (the short-call outliers);
   # SHORT_CALL_ARGS e.g. "--jsonl .fid/a100.jsonl --kernel level2/14 --kernel level1/44"
   $PY benchmarks/bench_short_call.py ${SHORT_CALL_ARGS:-} >"$OUT/short_call.txt" 2>&1
   note short-call "exit $? (short_call.txt)"
@@ -107,11 +107,11 @@ if want generation && [ -f benchmarks/bench_generation.py ]; then
     $PY benchmarks/bench_generation.py --device cuda --batch "$batch" >"$OUT/bench_generation_b$batch.txt" 2>&1
     note generation "batch $batch: exit $? (bench_generation_b$batch.txt)"
   done
-  # issue 26: GRPO's one generate call per step against plain batched generation, same model and batch
+  # GRPO's one generate call per step against plain batched generation, same model and batch
   $PY benchmarks/bench_grpo_generation.py --device cuda --batch 16 --new-tokens 256 --variants default \
     >"$OUT/bench_grpo_generation.txt" 2>&1
   note generation "grpo: $(grep -m1 'ratio plain / grpo' "$OUT/bench_grpo_generation.txt" || echo "exit $? (bench_grpo_generation.txt)")"
-  # issue 30: GRPO's decode with train.grpo.static_cache (CUDA graphs) against speedforge's default
+  # GRPO's decode with train.grpo.static_cache (CUDA graphs) against speedforge's default
   # (autocast), at the multigpu stage's batch of 128 and at a rank's half of it; the eager decode
   # took as long a token step at 64 as at 128 (host-bound), so this says what a second GPU can give;
   # static_sync: the same without the deferred stop check (the host waits for the device every token);
@@ -122,7 +122,7 @@ if want generation && [ -f benchmarks/bench_generation.py ]; then
       >"$OUT/bench_grpo_static_b$batch.txt" 2>&1
     note generation "grpo batch $batch: $(grep 'ratio grpo static' "$OUT/bench_grpo_static_b$batch.txt" | xargs || echo "exit $? (bench_grpo_static_b$batch.txt)")"
   done
-  # issue 26: the weights' dtype at the training check's batch and length (bf16 read slower than
+  # the weights' dtype at the training check's batch and length (bf16 read slower than
   # float32 there on an H100); GENERATION_LONG="32 3072" by default, "" skips it
   # on the default model saved as a plain checkpoint, as SFT saves it (no packed GGUF weights)
   set -- ${GENERATION_LONG-32 3072}
@@ -142,7 +142,7 @@ model.save_pretrained(sys.argv[1]); training_tokenizer(folder, gguf).save_pretra
 fi
 
 if want ann && [ -f benchmarks/bench_ann.py ]; then
-  # Issue 15: every library (sfann, hnswlib, faiss HNSW, ScaNN, USearch f32/i8; a missing one is
+  # every library (sfann, hnswlib, faiss HNSW, ScaNN, USearch f32/i8; a missing one is
   # skipped with a note) on clustered and uniform data, 1 thread and all threads, in one run that
   # stops sweeping after ANN_BUDGET_S seconds (default 270; killed at ANN_BUDGET_S + 60). ANN_ARGS
   # replaces the sizes below. Then the ann reward's CV over 6 sandboxes (ANN_REWARD_BUDGET_S, default 80).
@@ -157,7 +157,7 @@ if want ann && [ -f benchmarks/bench_ann.py ]; then
   note ann-reward "exit $? (bench_ann_reward.txt: $(tail -n 1 "$OUT/bench_ann_reward.txt" | grep -o 'CV [0-9.]*%'))"
 fi
 
-if want portability; then  # issue 14: the built-in CUDA suite + CUDA-L1's A100 kernels (levels 1-2) on this GPU's pool
+if want portability; then  # the built-in CUDA suite + CUDA-L1's A100 kernels (levels 1-2) on this GPU's pool
   pool=${PORTABILITY_POOL:-$($PY -c 'from speedforge.cluster.pools import local_gpu_pool; print(local_gpu_pool() or "")')}
   jsonl=${PORTABILITY_JSONL:-../shared/data/cuda-l1/a100.jsonl}  # or carried: PORTABILITY_JSONL=.speedforge/a100.jsonl
   port=$OUT/portability-$pool  # builtin/, level1/, level2/ and report/
@@ -168,7 +168,7 @@ if want portability; then  # issue 14: the built-in CUDA suite + CUDA-L1's A100 
   else
     # One results store per step (a step cut short leaves no lease in the way of the next); run
     # the stage again on a warm cache to finish one. The report merges the stores; merge another
-    # machine's with more --results (see RESULTS.md, issue 14).
+    # machine's with more --results (docs/benchmarks/portability.md).
     measure_portability() {
       $PY -m speedforge.cli portability --variants builtin:cuda --pools "$pool" --out "$port/builtin" || return 1
       for level in 1 2; do  # the first PORTABILITY_TASKS kernels of each level (CUDA-L1 publishes 87 and 94)
@@ -183,20 +183,20 @@ if want portability; then  # issue 14: the built-in CUDA suite + CUDA-L1's A100 
   fi
 fi
 
-if want train; then  # issue 12: held-out check, SFT of SmolLM2-135M, held-out, GRPO for TRAIN_GRPO_SECONDS, held-out
+if want train; then  # held-out check, SFT of SmolLM2-135M, held-out, GRPO for TRAIN_GRPO_SECONDS, held-out
   # (cuda family, local Ray and evaluator, one Ray Train worker on the GPU); knobs: benchmarks/train_check.sh
   OUT="$OUT" PY="$PY" bash benchmarks/train_check.sh >"$OUT/train.txt" 2>&1
   note train "exit $? (train/summary.md, train/reward_curve.png, train/metrics-*.jsonl; train.txt)"
 fi
 
-if want ann-scale; then  # issue 29: every ANN library at 1M vectors (SIFT, GloVe) and the largest GIST that fits;
+if want ann-scale; then  # every ANN library at 1M vectors (SIFT, GloVe) and the largest GIST that fits;
   # stages and knobs: benchmarks/ann_scale_check.sh (ANN_SCALE_STAGES, default all, one data set each)
   OUT="$OUT/ann_scale" PY="$PY" bash benchmarks/ann_scale_check.sh ${ANN_SCALE_STAGES:-sift glove gist report} \
     >"$OUT/ann_scale.txt" 2>&1
   note ann-scale "exit $? (ann_scale/ann_scale_report.txt; ann_scale.txt)"
 fi
 
-if want multigpu; then  # issue 30, on a host with 2 GPUs (nvidia-h200-x2): GRPO on 1 against 2 Ray Train workers
+if want multigpu; then  # on a host with 2 GPUs (nvidia-h200-x2): GRPO on 1 against 2 Ray Train workers
   # (steps/s, tokens/s, checkpoint resumed on both, every rank in the logs), bench-bound 1 against 2 bench
   # workers, portability over two pools of one GPU each; fewer GPUs: it says so and runs what it can.
   # Parts and knobs: benchmarks/multigpu_check.sh (MULTIGPU_DEVICE=cpu: the CPU dry run)

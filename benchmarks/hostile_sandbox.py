@@ -1,4 +1,4 @@
-"""Issue 28's hostile candidates at full size, through `speedforge eval` as a user runs it, with the
+"""Hostile candidates against the sandbox's shared memory and disk, at full size, through `speedforge eval` as a user runs it, with the
 default config (its own cache folder only): what status each gets and whether the host is left clean.
 
     python benchmarks/hostile_sandbox.py            # about a minute and 3 GiB of disk, briefly

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30 on one host with two GPUs (nvidia-h200-x2): gpu_check.sh's `multigpu` stage.
+# GRPO on one host with two GPUs (nvidia-h200-x2): gpu_check.sh's `multigpu` stage.
 #
 #   bash benchmarks/gpu_check.sh multigpu                      # on the 2-GPU machine (wheels installed first)
 #   MULTIGPU_DEVICE=cpu bash benchmarks/multigpu_check.sh      # the CPU dry run: the same script, tiny settings
@@ -22,7 +22,7 @@
 # portability over two CPU pools. CPU figures prove the path, not the speed (2 workers share the cores).
 # Knobs: MULTIGPU_DEVICE (cuda | cpu)  MULTIGPU_STEPS (cuda 8, cpu 2)  MULTIGPU_PROMPTS (cuda 32, cpu 1)
 #   MULTIGPU_GENERATIONS (cuda 8, cpu 2)  MULTIGPU_NEW_TOKENS (cuda 256, cpu 16)
-#   (on cuda, 256 samples a step, 128 a rank on 2 workers: the batch of the figures in benchmarks/RESULTS.md;
+#   (on cuda, 256 samples a step, 128 a rank on 2 workers: the batch of the figures in docs/benchmarks/multigpu.md;
 #   at 16 prompts, 64 a rank, a step's fixed costs weigh more and the ratio is lower, 1.34x on two H200s)  MULTIGPU_MODEL ("" = SmolLM2-135M)
 #   MULTIGPU_CORPUS (builtin:cuda | builtin:cpp; or a CUDA-L1 .jsonl)  MULTIGPU_GRPO_TIMEOUT (cuda 1200, cpu 1500 s per run)
 #   BENCHBOUND_ARGS (cuda "--n 24 --repeats 2", cpu "--n 4 --repeats 1")  PORTABILITY_VARIANTS (builtin:cuda | builtin:cpp)
@@ -30,7 +30,7 @@
 #   MULTIGPU_RESUME (true: the 2-worker run is stopped at its checkpoint and resumed; false: it runs its steps to
 #     the end, for a run that measures steps/s alone)
 #   MULTIGPU_STATIC_CACHE (cuda true, cpu false: train.grpo.static_cache, the decode compiled with CUDA graphs;
-#     2.3-3x the decode's tokens/s on an H100, benchmarks/RESULTS.md issue 30; false: the eager decode)
+#     2.3-3x the decode's tokens/s on an H100, docs/benchmarks/generation.md; false: the eager decode)
 # Everything goes to $OUT/multigpu (default OUT=/tmp/gpu_check): grpo-w{1,2}/, *.log, *.txt, portability/.
 # On cuda, gpu-samples-w1.txt, -w2.txt and -w2-resume.txt: nvidia-smi every 2 s during each GRPO run, which
 #   process is on which GPU (pid, gpu_uuid, used_memory) and each GPU's load (index, uuid, utilization.gpu,

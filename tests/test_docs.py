@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import re
 import subprocess
 import sys
+import typing
 from functools import cache
 from pathlib import Path
 
@@ -59,7 +61,7 @@ def test_the_site_builds_strictly(tmp_path):
 def test_every_page_is_in_the_navigation_and_every_nav_entry_exists():
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     nav = nav_pages()
-    assert sorted(set(nav) - {"benchmarks/results.md"}) == pages  # results.md: benchmarks/RESULTS.md, added by the hook
+    assert sorted(nav) == pages
     assert len(nav) == len(set(nav)), "a page listed twice"
 
 
@@ -73,8 +75,20 @@ def test_the_readme_is_short_and_its_links_resolve():
     missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
     assert not missing, f"the README links to files that do not exist: {missing}"
     docs_linked = {link.removeprefix("docs/") for link in links if link.startswith("docs/")}
-    unlinked = set(nav_pages()) - {"benchmarks/results.md", "index.md"} - docs_linked
+    measures = {page for page in nav_pages() if page.startswith("benchmarks/")} - {"benchmarks/index.md"}
+    unlinked = set(nav_pages()) - {"index.md"} - measures - docs_linked
     assert not unlinked, f"pages the README does not link to: {sorted(unlinked)}"
+
+
+def test_the_benchmarks_index_links_every_benchmark_page_and_results_md_points_to_the_site():
+    """One page per measure, each listed on the benchmarks index (the README links the index);
+    benchmarks/RESULTS.md, where people look first, names every page too."""
+    index = (DOCS / "benchmarks" / "index.md").read_text()
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    pages = sorted(p.name for p in (DOCS / "benchmarks").glob("*.md") if p.name != "index.md")
+    assert pages
+    assert not [p for p in pages if f"]({p})" not in index], "benchmark pages the index does not link"
+    assert not [p for p in pages if f"docs/benchmarks/{p}" not in results], "benchmark pages RESULTS.md does not name"
 
 
 @pytest.mark.parametrize(
@@ -111,3 +125,46 @@ def test_the_cli_reference_has_every_command_and_the_config_reference_every_sect
 def test_an_unknown_placeholder_fails_the_build():
     with pytest.raises(ValueError, match="unknown placeholder"):
         hooks().render("<!-- generated:nothing-of-the-kind -->")
+
+
+def config_classes() -> list[type]:
+    """The root config and every dataclass under it."""
+    from speedforge.config import Config
+
+    found, todo = [], [Config]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        hints = typing.get_type_hints(cls)
+        todo += [hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
+    return found
+
+
+def test_each_config_field_has_at_most_one_line_of_comment():
+    """A field's comment says what it is in one line; why it is so belongs in the documentation."""
+    long = []
+    for cls in config_classes():
+        above = 0
+        for line in inspect.getsource(cls).splitlines()[1:]:
+            if line.strip().startswith("#"):
+                above += 1
+                continue
+            if re.match(r"\s{4}\w+\s*:", line) and not line.startswith(" " * 5) and above > 1:
+                long.append(f"{cls.__name__}.{line.split(':')[0].strip()} ({above} lines)")
+            above = 0
+    assert not long, f"config fields with more than one comment line: {long}"
+
+
+def test_the_config_reference_reads_a_comment_above_a_field_and_after_a_wrapped_value(monkeypatch):
+    source = '''class Example:
+    """An example."""
+
+    # what a is
+    a: int = 1
+    b: int = setting(
+        2, CHECK
+    )  # what b is
+    c: int = 3
+'''
+    monkeypatch.setattr(inspect, "getsource", lambda obj: source)
+    assert hooks()._field_comments(object) == {"a": "what a is", "b": "what b is", "c": ""}

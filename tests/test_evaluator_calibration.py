@@ -1,5 +1,5 @@
 """Calibration on the CPU: a candidate that does the reference's own work reads 1.0x, on a quiet
-machine and beside busy loops (issue 25). The measurement is benchmarks/bench_identical_cpu.py's,
+machine and beside busy loops. The measurement is benchmarks/bench_identical_cpu.py's,
 run here with fewer sandboxes."""
 
 from __future__ import annotations

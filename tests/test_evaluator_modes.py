@@ -209,9 +209,9 @@ def test_other_global_settings_stay_violations(relu_task, config):
 
 
 def test_a_numpy_candidate_gets_the_threads_torch_gets_and_is_not_rejected_for_blas_threads(config):
-    """numpy's OpenBLAS keeps a thread per CPU unless told otherwise: a candidate whose forward is a
-    numpy matmul used to start its worker threads and was hack_detected by native-threads. The
-    harness now sets every loaded BLAS library to cpu_threads. The candidate is the trick
+    """numpy's OpenBLAS keeps a thread per CPU unless told otherwise, so a candidate whose forward is
+    a numpy matmul would start its worker threads and be hack_detected by native-threads; the
+    harness sets every loaded BLAS library to cpu_threads. The candidate is the trick
     tests/adversarial/openblas_threads_raised.py without its one line that raises the count again
     (with it, it is caught)."""
     trick = (ADVERSARIAL / "openblas_threads_raised.py").read_text()

@@ -49,8 +49,8 @@ def _param(path: Path):
 
 @pytest.mark.parametrize("path", [_param(p) for p in TRICKS], ids=lambda p: p.stem)
 def test_sabotage_of_the_reference_through_process_state_gains_nothing(path: Path, config) -> None:
-    """Today's code (c78699c) read these ok at 39x (oneDNN), 1.6x (flash attention) and 3.9x
-    (profile hook); the reference's own state put back, the same work reads no faster. The
+    """Undefended, these read ok at 39x (oneDNN), 1.6x (flash attention) and 3.9x (profile hook);
+    with the reference's own state put back, the same work reads no faster. The
     tripwire is off here, so that the snapshot is shown to hold on its own (a sabotage it missed
     would read ok at its full gain, not hack_detected); a trick whose gain stays under the
     default limit names a tighter one (`tripwire: 1.2`), under which the reference must not

@@ -607,7 +607,7 @@ def test_a_steady_series_is_neither_drifting_nor_two_modes():
 
 
 def test_a_monotone_drift_across_the_blocks_is_named():
-    # a clock that falls during the run: 22.2x to 18.8x over 200 pairs (issue 25's GPU kernel, in one run)
+    # a clock that falls during the run: 22.2x to 18.8x over 200 pairs (as a GPU kernel read in one run)
     ref, cand = _series([22.2 - 3.4 * i / 199 for i in range(200)])
     reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
     assert any(r.startswith("drift: the speedup moved down in every one of 6") for r in reasons), reasons
@@ -617,7 +617,7 @@ def test_a_monotone_drift_across_the_blocks_is_named():
 
 
 def test_two_halves_in_two_states_are_named_and_not_taken_for_a_drift():
-    # 1.38x, then 1.49x (issue 25's bimodal kernel, within one run)
+    # 1.38x, then 1.49x (as a bimodal kernel read within one run)
     ref, cand = _series([1.38] * 100 + [1.49] * 100, seed=3)
     reasons = drift_reasons(ref, cand, seed=1, torch=torch, limit=0.03)
     assert any(r.startswith("two modes: the first half of the pairs read 1.38x") for r in reasons), reasons
@@ -778,7 +778,7 @@ def test_a_gpu_calls_time_leaves_out_the_synchronizes_round_trip_but_not_side_st
         return call
 
     _, seconds, _ = timer._timed_call(on_stream(30e-6), [], None, "ref")
-    assert seconds == pytest.approx(30e-6)  # without the fix: 39 us, the round trip counted
+    assert seconds == pytest.approx(30e-6)  # 39 us if the synchronize's round trip were counted
     _, seconds, _ = timer._timed_call(side_stream(5e-6, 40e-6), [], None, "cand")
     assert seconds == pytest.approx(45e-6)  # the other stream's 40 us counted in full
     # work a candidate left queued before the round trip is measured does not inflate it (which

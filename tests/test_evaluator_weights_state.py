@@ -2,7 +2,7 @@
 
 - Reference and candidate are built under the same seed and nothing is copied between them
   (KernelBench's and CUDA-L1's rule): a constant the candidate's constructor folds into its own
-  parameter stands. A copy of the reference's state_dict would undo the fold (issue 25: every
+  parameter stands. A copy of the reference's state_dict would undo the fold (every
   element off by the folded constant).
 - A reference that keeps state across calls (level 3's vanilla RNN reassigns self.hidden in
   forward) and the candidate get the same calls in the same order on the same inputs.

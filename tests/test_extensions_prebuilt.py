@@ -1,4 +1,4 @@
-"""Inline extensions compile in the build stage only (issue 10): a candidate that calls
+"""Inline extensions compile in the build stage only: a candidate that calls
 load_inline in ModelNew.__init__ (or behind a GPU check, or in forward) is compiled by the build
 stage, and the run stage invokes no compiler; a compile that failed in the build stage is not
 attempted again, the run stage raises the recorded error at once."""

@@ -9,8 +9,8 @@ enough for CI (two to three minutes on 2 cores: the session's tiny model trained
 the one candidate measured already built in the session's warm cache); and, slow, the stage ->
 baselines -> select part of the training pipeline with its real components (compiling one
 candidate takes a minute or two on 2 cores) and the whole training pipeline with the default
-model, as `make run` runs it. The training pipeline needs issue 12's training and issue 14's
-portability and report recipes (skipped until they are there)."""
+model, as `make run` runs it. The training pipeline needs the training, portability and report
+recipes (skipped without them)."""
 
 # no `from __future__ import annotations`: KFP reads the pipeline function's annotations as types
 
@@ -223,7 +223,7 @@ def test_baselines_fan_out_over_two_pools_and_the_best_variants_are_selected(tmp
 NEEDS = ("speedforge.recipes.training", "speedforge.recipes.portability", "speedforge.recipes.report")
 needs_training = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in NEEDS),
-    reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS),
+    reason="the training pipeline needs the training, portability and report recipes: " + ", ".join(NEEDS),
 )
 TINY_BUDGET = {
     "source": "builtin:cpp",

@@ -139,7 +139,7 @@ def test_task_notes_shown_only_when_not_already_in_the_source():
 
 def test_the_prompt_repeats_the_references_constructor_for_model_new() -> None:
     """After SFT the 135M model wrote ModelNew with another task's constructor in 68 of 128
-    held-out samples (issue 26); the rule now names the reference's own parameters."""
+    held-out samples; the rule names the reference's own parameters."""
     from speedforge.policy.prompts import init_signature
 
     source = (

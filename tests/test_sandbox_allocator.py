@@ -1,6 +1,6 @@
 """The sandbox's heap reuses freed tensor memory, so a timed call does not pay for page faults
-that only some processes would see (issue 10: the same cpp kernel measured 0.42x-1.43x over 6
-sandboxes while glibc faulted fresh pages in on every large allocation)."""
+that only some processes would see (with glibc's defaults the same cpp kernel measured
+0.42x-1.43x over 6 sandboxes, glibc faulting fresh pages in on every large allocation)."""
 
 from __future__ import annotations
 

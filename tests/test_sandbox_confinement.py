@@ -134,7 +134,7 @@ FILL_DISK = {
 
 @pytest.mark.parametrize("how", sorted(FILL_DISK))
 def test_a_candidate_writing_past_its_disk_quota_is_killed_with_a_reason(tmp_path, how):
-    """5 files of half the quota each (the issue's 5 x 1 GiB, scaled down): killed, said why."""
+    """5 files of half the quota each (5 x 1 GiB at full size, scaled down): killed, said why."""
     result = probe(f"fill_{how}", FILL_DISK[how], str(tmp_path), disk_limit_mb=DISK_QUOTA_MB, run_timeout_s=120.0)
     assert result.status == "crashed", (result.reason, result.log[-2000:])
     assert QUOTA_FOUND_IN in result.reason

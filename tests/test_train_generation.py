@@ -1,5 +1,5 @@
 """GRPO's one generate call per step runs in bf16 on a GPU while the weights stay float32
-(issue 26: TRL's GRPOTrainer generates outside the training step's autocast, in the weights'
+(TRL's GRPOTrainer generates outside the training step's autocast, in the weights'
 dtype; benchmarks/bench_grpo_generation.py measures the difference)."""
 
 from __future__ import annotations

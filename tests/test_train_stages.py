@@ -139,7 +139,7 @@ def passes_the_first_sample():
     return evaluate
 
 
-def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):  # the issue asks for every stage in CI
+def test_self_training_keeps_what_passed_and_fine_tunes_on_it(sft_run):  # every stage runs in CI
     config, _ = sft_run
     outcome = run_training(config, "self", evaluate=passes_the_first_sample())
     assert outcome.steps == 2
@@ -267,7 +267,7 @@ def test_a_run_whose_evaluation_dies_stops_with_a_checkpoint_and_resumes_exactly
 def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
     """DDP through ScalingConfig.num_workers (gloo on the CPU): a group's two samples are
     generated and scored one per worker, and both land in the rollouts table. Each worker decodes
-    with the static KV cache (train.grpo.static_cache, issue 30's setting; compiled with CUDA graphs
+    with the static KV cache (train.grpo.static_cache; compiled with CUDA graphs
     on a GPU, the same cache uncompiled on the CPU) and says how long it was."""
     _, sft = sft_run
     config = make_config(

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 29's ANN benchmark in one short window on the 16-core GPU host (Python 3.12, no package
+# The ANN benchmark in one short window on the 16-core GPU host (Python 3.12, no package
 # index): SIFT-shaped clustered data at 1,000,000 vectors, 1,000 queries, 3 repeats, every library
 # single-threaded and on all cores (bench_ann.py sweeps one thread and --threads in one run;
 # --threads is nproc, not 0: 0 takes os.cpu_count(), which ignores a container's CPU set), in
-# about ANN_QUICK_S (900 s) from the detached run's start. Not the Show (ann_scale_check.sh: three
+# about ANN_QUICK_S (900 s) from the detached run's start. Not the full run (ann_scale_check.sh: three
 # data sets, 30-60 min each); the same bench_ann.py, one data set, fewer libraries per run.
 #
 #   ann_quick.sh pack          here: .ann, the carried Python 3.12 x86-64 wheels (ignored; at most

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# There: one 10-minute call (timeout_s 600) of issue 25's GPU figures, bench_fidelity.py --help's plan
+# There: one 10-minute call (timeout_s 600) of the evaluator's GPU figures, bench_fidelity.py --help's plan
 # in two calls on one-GPU machines. Carry .fid (here: `bash benchmarks/device/fidelity.sh pack`),
 # which holds Ray (trimmed), the wheels it needs, CUDA-L1's a100.jsonl and eval_cuda.py, and the
 # result files of earlier calls (copy each call's returned fid-*.tgz contents into .fid/results/).

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # There: benchmarks/train_check.sh detached from the call (through detach.sh), so that it outlives the
 # call's 10-minute limit while later calls wait for it (wait_train.sh) on the same warm machine. Output
-# in /tmp/gc (train_check.sh's OUT), its log in /tmp/gc/train.log. The settings of this session's runs
-# are the defaults; every TRAIN_* knob of train_check.sh passes through, and:
+# in /tmp/gc (train_check.sh's OUT), its log in /tmp/gc/train.log. The settings of the last recorded runs
+# (docs/benchmarks/training.md) are the defaults; every TRAIN_* knob of train_check.sh passes through, and:
 #   TRAIN_CORPUS (default /tmp/stash/a100.jsonl, as install.sh stashed it)
 #   GENERATE_DTYPE (e.g. float32: the held-out checks' weights, written into config.yaml once it exists;
 #                   float32 generated 1.6x the tokens/s of bf16 at batch 128 on the H100)

@@ -22,7 +22,7 @@ T* room(std::vector<T>& buffer, int capacity) {
 // 500 queries missed 8-10 of their 10 neighbours and recall stopped at 0.964. A beam on level 1
 // alone took it to 0.977, yet 7-13 queries still missed 8 or more: the greedy descent above
 // level 1 had already left their cluster. A beam on every level took recall to 0.987-0.989, with
-// no query missing more than 4 (benchmarks/RESULTS.md). The upper levels hold 1/16 of the nodes,
+// no query missing more than 4 (docs/benchmarks/ann.md). The upper levels hold 1/16 of the nodes,
 // so a beam of ef / 16 there costs little beside level 0's ef; a fixed beam of 8 cost 10-25% at
 // 20k vectors.
 constexpr int kUpperShare = 16;

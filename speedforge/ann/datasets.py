@@ -12,7 +12,7 @@ one of two ways (`DISTRIBUTIONS`):
   low-dimensional (16-32) subspace with a decaying spectrum plus a little isotropic noise. As
   in real descriptors and embeddings, the local intrinsic dimension is low (`intrinsic_dimension`:
   about 9-11 at 20k vectors, 15 at 200k) and dense and sparse regions sit side by side.
-- `uniform`: the earlier generator, kept as it was: 32 wide, evenly weighted clusters whose
+- `uniform`: 32 wide, evenly weighted clusters whose
   isotropic noise dominates, so at the scale of nearest neighbours the points fill the space
   nearly uniformly (intrinsic dimension 18-57 at 20k vectors): the hard case for a graph and
   for codes.

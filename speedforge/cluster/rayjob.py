@@ -7,35 +7,16 @@ its status followed to the end.
     submit_rayjob(api, spec)
     final = follow_rayjob(api, spec.namespace, spec.name, timeout_s=3600, on_status=print)
 
-The job runs on an existing RayCluster (`clusterSelector`, the cluster of `k8s/`), so no cluster
-is created per job, and the RayJob lives in that cluster's namespace (KubeRay looks for the
-selected cluster there).
-
-Its lifecycle is owned (the client that follows it may be gone):
-- `activeDeadlineSeconds`: KubeRay fails the job after the step's own timeout, whoever watches.
-- the step deletes its RayJob however the follow ends: succeeded (its outcome is in the store),
-  failed (its reason and message are in the step's error, hence in the run's failure report),
-  terminated (SIGTERM, an evicted or stopped pod: the KFP executor does not make that a
-  KeyboardInterrupt, so the step installs a handler that does), or past its deadline. KubeRay
-  deletes no RayJob that selects an existing cluster (clusterSelector): it returns before
-  `shutdownAfterJobFinishes`, `ttlSecondsAfterFinished` and DELETE_RAYJOB_CR_AFTER_JOB_FINISHES
-  apply, so nobody else would.
-- an owner reference to the step's pod (its name and uid from the downward API, POD_NAME and
-  POD_UID) only when the pod is in the RayJob's namespace: owner and dependent must share one, a
-  namespaced owner elsewhere counts as absent and the garbage collector would delete the job at
-  once. A pod in KFP's namespace (the default) owns nothing; a pod killed without SIGTERM (its node
-  lost) leaves the job to `activeDeadlineSeconds`, which ends it, and to `kubectl delete`.
-
-Every Kubernetes API call the code makes is in API_CALLS (resource, verb, namespace); the Role
-of k8s/ grants exactly these, and a test checks both sides. KubeRay writes two fields as the job goes: `status.jobDeploymentStatus`
-(its own lifecycle: Initializing, Running, Complete, Failed, ValidationFailed, ...) and
-`status.jobStatus` (Ray's: PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED). Following ends when
-the deployment status is terminal; only Complete with SUCCEEDED is a success, anything else
-raises RayJobFailed carrying the job's `reason` and `message`. A job that is gone, a deadline
-passed or an API that refuses are failures too (the job is deleted on a deadline, so none is
-left running); nothing here waits without a limit.
-
-`api` is a kubernetes.client.CustomObjectsApi, or anything with its four methods used here.
+The job runs on the existing RayCluster of `k8s/` (`clusterSelector`), in that cluster's
+namespace. Its lifecycle is owned here, since KubeRay deletes no RayJob that selects an existing
+cluster: KubeRay fails it after `activeDeadlineSeconds`, and the step deletes it however the follow
+ends (SIGTERM included: the step installs a handler, since the KFP executor raises nothing on it);
+an owner reference to the step's pod (POD_NAME, POD_UID) is set only where both share a namespace
+(docs/guides/cluster-install.md). Following ends when `status.jobDeploymentStatus` is terminal:
+only Complete with `status.jobStatus` SUCCEEDED is a success; anything else, a job gone, a deadline
+passed or an API that refuses raises RayJobFailed with the job's reason and message. Every API call
+is in API_CALLS, which the Role of k8s/ grants exactly (tested). `api` is a CustomObjectsApi, or
+anything with its four methods used here.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """Every runtime check of the evaluator, in one list: what it catches and the status it gives.
 
-One function per check. Each returns what it found (a line, or None / an empty list when the
-check holds); the line carries the check's id in brackets, as the screen's findings carry their
-rule's (speedforge.evaluator.screen), so a result's reason names the check that gave it. Where
-they run:
+One function per check, returning what it found (a line, or None / an empty list when the check
+holds); the line carries the check's id in brackets, as a screen finding carries its rule's, so a
+result's reason names the check that gave it. Where they run (the table's `place`):
 
-- `guards`: inside the sandbox after every phase (loading ModelNew, the correctness trials, the
-  timed calls), against a baseline taken before the candidate loaded (speedforge.evaluator.guards
-  takes the baseline; speedforge.evaluator.harness runs them);
-- `outputs`: inside the sandbox on every output of every correctness trial and timed call
-  (speedforge.evaluator.correctness);
-- `state`: inside the sandbox before every reference call (the process state it had before the
-  candidate loaded must be put back: speedforge.evaluator.process_state; its own module must be as
-  its last call left it: speedforge.evaluator.fingerprint);
-- `outcome`: in the parent, on how a sandboxed stage ended when it sent no result, or misused its
-  verdict channel (speedforge.evaluator.sandbox, .verdict);
-- `record`: in the parent, on the figures of a run's result, which need no trust in the child: the
-  counts and bounds the harness keeps, and the device's turn the parent saw the run hold
-  (speedforge.evaluator.evaluate);
-- `tripwire`: in the parent, the reference's time beside the candidate against its pristine time
-  (speedforge.evaluator.evaluate);
-- `ann`: inside the sandbox, on the ann family's searches (speedforge.ann.family).
+- `guards`: in the sandbox after every phase, against a baseline taken before the candidate loaded;
+- `outputs`: in the sandbox on every output of every correctness trial and timed call;
+- `state`: in the sandbox before every reference call (process_state, fingerprint);
+- `outcome`: in the parent, on how a stage ended without a result, or misused its verdict channel;
+- `record`: in the parent, on the figures of a result, which need no trust in the child;
+- `tripwire`: in the parent, the reference's time beside the candidate against its pristine time;
+- `ann`: in the sandbox, on the ann family's searches (speedforge.ann.family).
 
 No module here imports torch or numpy at import time: the parent reads this list too.
 """

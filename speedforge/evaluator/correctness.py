@@ -29,7 +29,7 @@ FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
 # check with probability (1 - s)^65536 (s = 0.01%: 0.14%), and every timed call is checked
 # (tests/adversarial/partial_work_while_timed.py, flush_denormals_while_timed.py). The full
 # check of a 4M-element output cost 20 ms a pair on the CPU against 5.4 ms of timed calls, and
-# about 1.5 ms a pair on an H100 (benchmarks/RESULTS.md).
+# about 1.5 ms a pair on an H100 (docs/benchmarks/overhead.md).
 TIMED_SAMPLE = 65536
 
 # The last trials run on reused storage: the first on the tensors of the trial right before it, the

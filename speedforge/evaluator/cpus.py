@@ -1,21 +1,14 @@
 """CPUs for a CPU-family run stage, claimed host-wide so that every measurement of a kernel runs
 on the same CPU, alone.
 
-Where a process runs changes what it measures. On the 2-vCPU dev box the same cpp kernel
-measured 1.55x pinned to CPU 0 and 1.20x pinned to CPU 1, each steady within its process
-(benchmarks/RESULTS.md); unpinned, a sandbox kept to whichever CPU the scheduler first gave it,
-so the figure over 6 sandboxes was bimodal. A run stage therefore claims `count` CPUs of this
-process's allowed set, the highest-numbered free ones first (CPU 0 takes most interrupts and
-housekeeping), and the sandbox pins itself to them. A claim is an exclusive `flock` on a file
-per CPU in a host-wide folder, so concurrent evaluations (threads of one process, Ray actors,
-other users of the same build cache host) never share a CPU; it ends with the job, or with the
-process that held it. When fewer CPUs are free than asked for, the run goes unpinned, as before.
-
-Candidate builds keep off the highest-numbered CPUs (`build_cpus`, evaluator.build_spare_cpus):
-a cold run builds extensions while other candidates are timed, and a compiler on every core slowed
-a launch-bound GPU reference to 1.62x its pristine time in two sandboxes in a row on a 16-core
-H100 host, which the tripwire reads as sabotage. Timed runs claim from the top (CPU family), or,
-unpinned (GPU), find those CPUs idle.
+Where a process runs changes what it measures (docs/benchmarks/defaults.md). A run stage claims
+`count` CPUs of this process's allowed set, the highest-numbered free ones first (CPU 0 takes most
+interrupts and housekeeping), and the sandbox pins itself to them. A claim is an exclusive `flock`
+on a file per CPU in a host-wide folder, so concurrent evaluations never share a CPU; it ends with
+the job, or with the process that held it. When fewer CPUs are free than asked for, the run goes
+unpinned. Candidate builds keep off the highest-numbered CPUs (`build_cpus`,
+evaluator.build_spare_cpus), which timed runs claim (CPU family) or, unpinned (GPU), find idle: a
+compiler on every core slows a launch-bound reference beside it (docs/concepts/evaluator.md).
 """
 
 from __future__ import annotations

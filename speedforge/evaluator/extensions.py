@@ -1,41 +1,16 @@
 """Inline extensions compiled once, in the build stage, and never again in the run stage.
 
-Published kernels call `torch.utils.cpp_extension.load_inline` (or `load`) in many places: at
-import, in `ModelNew.__init__`, in a helper, in the first `forward`, behind
-`torch.cuda.is_available()` (false on a build worker), inside a `try` that falls back to
-PyTorch when the compile fails. Importing the module compiles only the first kind, so the rest
-used to compile in the run stage, on the GPU worker's critical path, and a failing compile was
-attempted twice (ninja retries a failed target).
-
-The build stage therefore:
-
-1. wraps `load_inline` and `load` (`install`) so every call made while importing the candidate
-   is recorded with its outcome;
-2. constructs `ModelNew(*get_init_inputs())` on the CPU (best effort: `construct`), which
-   compiles the loads in its constructor;
-3. finds every other `load_inline(...)`/`load(...)` call in the source (`static_calls`) and
-   evaluates it ahead of time (`prebuild`): in the module's namespace, with the imports and
-   string-building assignments that precede it in its function (sources are often locals of
-   `forward`), and `self` bound to the constructed model in a method of ModelNew. A call whose
-   arguments need the real inputs (a shape baked into the source) is left to the run stage;
-4. writes the outcomes to the build directory (`save`).
-
-The run stage installs the same wrapper with those outcomes (`install(build_dir, replay=True)`):
-a call the build stage saw fail raises the same error at once, without a compiler; a call it
-saw succeed finds its build directory up to date (the same sources and flags: ninja does
-nothing) and only loads the library.
-
-Each extension is named by its content (`sf_<hash of sources and flags>`), not by the name the
-candidate gave: published kernels put `os.getpid()` in the name "to avoid conflicts", which
-made every process build anew. For the same reason the source files a `load` names are copied
-into the build directory by content (`stable_sources`): published kernels write them to a fresh
-`tempfile.mkdtemp()` in every process, and a new path is a new ninja command, which compiled a
-level-2 kernel again in each run sandbox on an H100 (62-73 s each, after its 96 s build). A
-`build_directory` the candidate names is dropped: builds live in the job's build directory
-(TORCH_EXTENSIONS_DIR), the only place one may be written and kept.
-
-A load behind a GPU check in the constructor, on a build worker without one, is reached by
-step 3 (control flow is not followed: every load the source names is compiled).
+The build stage wraps `load_inline` and `load` (`install`) so every call made while importing the
+candidate is recorded with its outcome, constructs `ModelNew(*get_init_inputs())` on the CPU
+(`construct`), evaluates ahead of time every other loader call the source names (`static_calls`,
+`prebuild`: with the imports and string-building assignments before it in its function, `self`
+bound to the constructed model; control flow is not followed), and writes the outcomes to the build
+directory (`save`). A call whose arguments need the real inputs is left to the run stage. The run
+stage installs the same wrapper with those outcomes (`install(build_dir, replay=True)`): a call the
+build saw fail raises its error at once, a call it saw succeed only loads the library. Extensions
+are named by content (`sf_<hash>`), a `load`'s sources are copied into the build directory by
+content (`stable_sources`), and a candidate's own `build_directory` is dropped, so every process
+finds the same build (docs/concepts/evaluator.md, the build stage).
 """
 
 from __future__ import annotations

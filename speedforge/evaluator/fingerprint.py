@@ -37,7 +37,7 @@ def _describe(torch, value, tensors: list, depth: int = 0) -> object:
     """One attribute's description. A module holds mostly flags, numbers and empty hook dicts, and a
     deep model hundreds of modules, each described before and after every timed call of the
     reference: the common cases come first, each by one type lookup (DenseNet201's 526 modules took
-    19-42 ms a fingerprint on the 2-core box in 14,000 calls of this function; benchmarks/RESULTS.md)."""
+    19-42 ms a fingerprint on the 2-core box in 14,000 calls of this function; docs/benchmarks/overhead.md)."""
     kind = type(value)
     if kind in _SCALAR_TYPES:
         return value

@@ -1,46 +1,16 @@
 """The cpp/cuda harness: the `cpp` and `cuda` task families inside the sandbox.
 
-`build(job)` imports the candidate module, which compiles its inline C++/CUDA with
-`load_inline` into the job's build directory. `run(job)` loads reference and candidate into
-this (sandboxed) process and measures them:
-
-- the task's weights: both constructed under the same seed (KernelBench's and CUDA-L1's rule),
-  nothing copied between them, so what a candidate's constructor does to its own parameters
-  (a constant folded into a bias) stands;
-- lockstep: a stateful reference (one that keeps state across calls, such as a hidden state
-  reassigned in forward) and the candidate get the same calls in the same order on the same
-  inputs, from the first warm-up call through correctness and timing;
-- the task's model mode: both models in train or eval mode (`.train()`/`.eval()`), every call
-  under no_grad unless the task asks for autograd;
-- fresh inputs from the task's own `get_inputs()` under a secret seed for every trial and every
-  timed pair (created directly on the device), cloned so neither side can corrupt the other.
-  The inputs' seed is not the one the models are built under, which a candidate can read in its
-  constructor (torch.initial_seed()): it is drawn in this process before the candidate loads and
-  kept nowhere else (speedforge.evaluator.seeds), and each draw saves and restores the generators it
-  seeds (`fresh_inputs`), so the global generator a candidate sees carries no trace of it. A
-  candidate that knew it could build every trial's and timed call's inputs in its untimed
-  constructor and answer with stored outputs (tests/adversarial/predicts_inputs_from_seed.py: ok
-  at 1.8-1.95x before; swaps_the_default_generator.py, whose decoy generator the old draw seeded:
-  ok at 2.62x). A fixed evaluator seed (config.seed, for reproducing a run) fixes the inputs'
-  seed too;
-- correctness (speedforge.evaluator.correctness): trials with the candidate first, after the
-  allocator was filled with NaN, every output through the output checks;
-- timing (speedforge.evaluator.timing, with the CPU's buffer rotation in
-  speedforge.evaluator.rotation): warm-up, then pairs in random order until the interval is
-  decided; early stop below early_stop_below, marked `stopped_early`; `unstable` marks with
-  their reasons;
-- process-wide state per side (speedforge.evaluator.process_state): every backend flag, thread
-  count, default dtype/device, grad and autocast mode and the environment the reference had
-  before the candidate loaded is put back around every reference call; what the candidate sets
-  (cudnn.benchmark, and TF32 or reduced-precision reductions where the config allows them)
-  applies to its own calls only (`_Harness.switch`);
-- pristine runs (job kind "pristine"): the reference timed against a second instance of itself
-  in a process that never loaded a candidate, the tripwire of speedforge.evaluator.evaluate;
-- the device's turn (speedforge.evaluator.turns): loading, construction and each side's first
-  call (where torch.compile and CUDA-graph capture do their work) run without it; correctness,
-  timing and the guards after them hold it, so another sandbox may prepare meanwhile;
-- guards after every phase: the guard checks of speedforge.evaluator.checks against a baseline
-  taken before the candidate loaded (speedforge.evaluator.guards).
+`build(job)` imports the candidate module, which compiles its inline C++/CUDA with `load_inline`
+into the job's build directory. `run(job)` loads reference and candidate into this (sandboxed)
+process and measures them: both models built under one seed, in the task's mode, called in
+lockstep on fresh inputs from `get_inputs()` drawn under a hidden seed of their own
+(speedforge.evaluator.seeds, `fresh_inputs`) and cloned for each side; correctness trials
+(speedforge.evaluator.correctness); timing (speedforge.evaluator.timing, the CPU's buffer rotation
+in speedforge.evaluator.rotation); each side under its own process-wide state (`_Harness.switch`,
+speedforge.evaluator.process_state); the guards after every phase (speedforge.evaluator.guards).
+Loading and the first calls run without the device's turn (speedforge.evaluator.turns). A
+"pristine" job times the reference against a second instance of itself, for the tripwire. The
+contracts, and why each holds, are in docs/concepts/evaluator.md.
 """
 
 from __future__ import annotations
@@ -372,7 +342,7 @@ class _Harness:
         CPU's generator through module attributes a candidate can point at a generator of its own
         (tests/adversarial/swaps_the_default_generator.py), and torch.manual_seed also seeds every
         other device type's (xpu, mps), each first recording the Python stack: 1.3 ms of every
-        timed pair on an H100 host (benchmarks/RESULTS.md)."""
+        timed pair on an H100 host (docs/benchmarks/overhead.md)."""
         torch = self.torch
         if self.is_cuda and len(self.generators) == 1:  # the first draw, before the candidate is imported
             torch.cuda.init()

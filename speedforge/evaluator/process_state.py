@@ -1,47 +1,17 @@
 """Process-wide state the reference's speed can depend on: read all of it, put it back.
 
-A candidate runs in the same process as the reference it is timed against, so anything it
-changes process-wide (a backend switched off at import, thread counts, the default dtype, an
-environment variable torch reads) could slow the reference down and make the candidate look
-faster. The harness takes a `capture()` of this state before the candidate is imported and
-`apply()`s it around every reference call; the candidate keeps what it set for its own calls
-(speedforge.evaluator.harness, `_Harness.switch`).
-
-The state is found, not listed, so that a knob nobody thought of is covered too:
-
-- every getter/setter pair of torch's global context (`torch._C._get_X` / `torch._C._set_X`:
-  cudnn, mkldnn, nnpack, blas/linalg backends, deterministic algorithms, ...), and the scaled
-  dot-product attention kernels (`_get_<k>_sdp_enabled` / `_set_sdp_use_<k>`);
-- every getter/setter pair of torch._C's submodules, walked recursively (`get_X` / `set_X`): the
-  frame-evaluation callback torch.compile uses (torch._C._dynamo.eval_frame), which sees every
-  Python frame of a reference call, among them;
-- every property of the `torch.backends.*` module objects, walked recursively
-  (`torch.backends.mkldnn.enabled`, `torch.backends.opt_einsum.strategy`, ...);
-- threads (intra- and inter-op, and each loaded BLAS library's: speedforge.evaluator.blas_threads),
-  default dtype and device, grad mode, autocast per device type,
-  anomaly mode, deterministic-algorithms warn-only, the CUDA allocator's memory fraction;
-- the interpreter's: profile and trace functions, switch interval, recursion limit, the
-  garbage collector's thresholds and switch;
-- what intercepts the reference's calls: every module-level hook registry of torch (a dict or
-  list whose name says hook, in any torch module loaded: `nn.Module`'s global forward hooks,
-  through which a hook would see, slow down or rewrite the reference's output, and whatever else
-  torch keeps so), and the stacks of torch function and dispatch modes (a Python mode left
-  entered, `FlopCounterMode` for one, sees and slows every op of the reference);
-- the process environment (os.environ: OMP_*, MKL_*, TORCH_* and the like);
-- the scheduling of every thread of the process: CPU affinity, policy (SCHED_IDLE, SCHED_BATCH)
-  and nice value, read from the kernel (a thread moved to a busy CPU or made idle-priority runs
-  the reference's work slower, whatever library set it); the harness records the pin it sets
-  itself when it takes the device's turn (`SCHEDULING`, `refresh_scheduling`).
-
-State that has no getter is written instead of read: glibc's malloc parameters (mallopt) are set
-back before every call of either side to what the sandbox started the process with
-(GLIBC_TUNABLES, which names every one of them: speedforge.evaluator.sandbox.MALLOC_TUNABLES).
-
-The float32-precision and algorithm knobs (TF32, reduced-precision reductions, cudnn.benchmark)
-are read and written through speedforge.evaluator.guards.KNOBS, which knows their legacy/new API
-order; a candidate lowering precision is still a violation there. What no capture covers
-(work a candidate leaves running between calls, memory pressure) is what the pristine tripwire
-(speedforge.evaluator.evaluate, `_pristine_reference`) is for.
+A candidate runs in the reference's process, so anything it changes process-wide could slow the
+reference. The harness takes a `capture()` before the candidate is imported and `apply()`s it around
+every reference call (speedforge.evaluator.harness, `_Harness.switch`); the candidate keeps what it
+set for its own calls. The state is found, not listed, so that a knob nobody thought of is covered
+too: the getter/setter pairs of torch's global context and of torch._C's submodules, walked
+recursively; the properties of the `torch.backends.*` modules; thread counts (torch's and each BLAS
+library's), default dtype and device, grad, autocast and anomaly modes; the interpreter's hooks,
+limits and collector; torch's module-level hook registries and its function and dispatch mode
+stacks; os.environ; every thread's scheduling (`SCHEDULING`). glibc's malloc parameters have no
+getter and are written back before every call instead (sandbox.MALLOC_TUNABLES). The precision and
+algorithm knobs go through guards.KNOBS; what no capture covers is the pristine tripwire's
+(docs/concepts/evaluator.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ sets, pages), and a process that frees and reallocates the same sizes gets the s
 on every call: each sandbox then measured the one placement it happened to get. The same cpp
 kernel gave 1.14x-1.45x over 10 processes, each steady within itself; with 8 pairs kept alive,
 so that each call runs on other blocks than the last 8 did, 1.25x-1.31x with the same mean
-(benchmarks/RESULTS.md). The rotation's size is set by the largest pair so far: as many
+(docs/benchmarks/defaults.md). The rotation's size is set by the largest pair so far: as many
 pairs as fit in cpu_rotation_mb. The GPU keeps nothing.
 """
 

@@ -1,36 +1,16 @@
 """Run one evaluator job in a fresh sandboxed process and bring back its JSON result.
 
-The parent side of the sandbox. Jobs run in processes forked from a warm zygote
-(speedforge.evaluator.zygote), each of which:
-- starts its own process session, so the whole group is killed (SIGKILL) on timeout;
-- enters new network, PID and mount namespaces: no network, a /proc of its own, and every
-  process it starts dies with it;
-- inherits an environment scrubbed to an allow-list (no credentials), with HOME and TMPDIR in a
-  private temp dir;
-- adds resource limits and Landlock itself, before any candidate code runs;
-- has a /dev/shm of its own: a tmpfs in its mount namespace, as large as its memory limit, gone
-  with the namespace; the rest of /dev it may not write, bar /dev/null and friends and the
-  NVIDIA devices (speedforge.evaluator.landlock);
-- is watched from here: killed past the time limit, the memory limit (proportional set size of
-  its process tree plus what it keeps in its /dev/shm), the disk quota (what it wrote to its
-  scratch and build folders, files it deleted but keeps open included) or the process limit
-  (RLIMIT_NPROC does not bind root).
-
-Each job's scratch folder (`scratch_dir`) is named after the process that made it; it is removed
-when the job ends, by the zygote when it ends its jobs because that process has gone, and else
-by the next `scratch_dir` under the same folder once that process is gone.
-
-The zygote is an object, `Zygote`: whoever wants its sandboxes gone at a moment of its own
-choosing makes one, passes it to `run_job` (and the evaluator's entry points) and closes it;
-everyone else shares `default_zygote()`, made on first use.
-
-No sandbox process outlives the process that launched it: a job interrupted here
-(KeyboardInterrupt included) has its process group killed on the way out, `Zygote.close` (run
-at exit for every zygote still open) kills every live job and the zygote, and if this process
-dies without cleaning up (SIGKILL, SIGTERM) the zygote's parent-death signal makes it kill its
-jobs. Each zygote is started from one thread that lives as long as this process: a parent-death
-signal follows the thread that forked, and evaluations may run in short-lived threads (Ray
-actors, thread pools).
+The parent side of the sandbox. Each job runs in a process forked from a warm zygote
+(speedforge.evaluator.zygote), in its own process session and network, PID and mount namespaces,
+with a scrubbed environment, resource limits, Landlock and a /dev/shm of its own
+(docs/concepts/evaluator.md, the run stage). From here it is killed past its time, memory, disk or
+process limit (RLIMIT_NPROC does not bind root). Its scratch folder (`scratch_dir`) is named after
+the process that made it and removed however the job ends. Whoever wants its sandboxes gone at a
+moment of its own makes a `Zygote`, passes it to `run_job` and closes it; everyone else shares
+`default_zygote()`. No sandbox process outlives its launcher: an interrupted job's group is killed
+on the way out, `Zygote.close` (at exit) kills every live job, and after a SIGKILL the zygote's
+parent-death signal does, which follows the thread that forked: each zygote is started from a
+thread that lives as long as this process, since evaluations may run in short-lived threads.
 """
 
 from __future__ import annotations
@@ -98,7 +78,7 @@ STDERR_TAIL_BYTES = 8000
 # size never satisfies the next request while a cached chunk pins its neighbour. Each of these
 # made a timed call pay for thousands of page faults in some processes and none in others: the
 # same cpp kernel measured 0.42x-1.43x over 6 sandboxes on a 2-core box, and 1.18x-1.27x with
-# these settings (benchmarks/RESULTS.md). Blocks over 1 GiB are still mapped afresh. Without
+# these settings (docs/benchmarks/defaults.md). Blocks over 1 GiB are still mapped afresh. Without
 # mxfast=0 the in-sandbox test failed 1 run in 6 (a small freed chunk in a fast bin pinned the
 # block); with it, 10 of 10 passed.
 #

@@ -710,10 +710,10 @@ def drift_reasons(
     - drift: the speedups of DRIFT_BLOCKS consecutive blocks of pairs rise (or fall) block after
       block, by more than `limit` (relative) from the first block to the last. Six blocks in a
       strict order by chance: 2 in 720. A clock or thermal state that changes during the
-      measurement moves the ratio this way (issue 25: one kernel drifted from 22.2x to 18.8x).
+      measurement moves the ratio this way (one kernel drifted from 22.2x to 18.8x).
     - two modes: the speedups of the first and second halves, each with its 95% interval
       (`speedup_interval`), lie apart by more than `limit` with the intervals disjoint: the
-      measurement switched between two states (issue 25: 1.37-1.40x against 1.48-1.50x).
+      measurement switched between two states (1.37-1.40x against 1.48-1.50x).
 
     `limit` 0 checks nothing; fewer than DRIFT_MIN_PAIRS pairs are too few to tell."""
     n = len(ref_us)

@@ -1,39 +1,20 @@
 """The device's turn: only the phases of a run that time hold the device.
 
-A run stage prepares without the turn (sandbox start, reference load, candidate import and
-construction, each side's first call, where torch.compile, inductor and CUDA-graph capture do
-their work) and holds the turn only for what measures: correctness (short, but its device work
-would disturb another run's timed calls, and its allocator poisoning fills device memory), the
-timed pairs and the guards after them. Several sandboxes may then run at once per device
-(`evaluator.overlap_runs`): one prepares while another times.
-
-The turn is mediated by the parent, over a socket of its own beside the result pipe, so that
-code in the sandbox can neither hold it longer than its run may last nor hand it to anyone:
+A run prepares without the turn (loading, construction, each side's first call) and holds it for
+correctness, the timed pairs and the guards, so several sandboxes may run at once per device
+(`evaluator.overlap_runs`; docs/concepts/evaluator.md). The parent mediates the turn over a socket
+of its own, so code in the sandbox can neither keep it past its run nor hand it on:
 
     child (harness)              parent (`Turn`, one per sandboxed run)
-    "ask"          ------------>  waits for the device's lock (host-wide flock, `device_key`)
+    "ask"          ------------>  waits for the device's host-wide lock (flock, `device_key`)
                    <------------  "go CPUS" once held (CPUS: where the timed phase runs, on the CPU)
-    ... timed phase ...
-    "done"         ------------>  released: only the first "done" of a run whose pristine
-                                  reference is timed first (sent by the harness before the
-                                  candidate is imported; every later "done" is ignored)
+    "done"         ------------>  released, once: after a cold run's pristine reference, sent
+                                  before the candidate is imported (any later "done" is ignored)
 
-Otherwise the turn is released when the sandbox has ended (its whole process group killed), by
-the parent, which sees the end: a child that dies, hangs until its time limit or closes the
-socket holds the turn no longer than its run. The time a run waited for the turn does not count
-against its time limit (`Turn.credit_s`); its own time before and after does.
-
-On the CPU the turn also pins the timed phase: the parent claims `pin` CPUs when it grants
-(speedforge.evaluator.cpus, highest-numbered free first, as every timed phase of a kernel ran
-before), and the harness moves every thread of the sandbox there; preparing runs unpinned.
-
-A cold run has two turns: the pristine reference's (until the harness's "done") and the main
-one (correctness, timed pairs, guards); `pristine_held_s` is the part of `held_s` that went to the
-first. A pristine job's one turn is its pristine turn.
-
-`spans()` keeps the recent turns of this process (asked, granted, released), the turns' own
-record, for tests and benchmarks; with SPEEDFORGE_PHASE_LOG on, requests, grants and releases are
-phase marks naming the turn ("turn:granted:pristine", "turn:released:main").
+Otherwise the parent releases the turn when the sandbox has ended. The time a run waited for it
+does not count against the run's limit (`Turn.credit_s`). On the CPU the grant claims the CPUs the
+timed phase is pinned to (speedforge.evaluator.cpus). A cold run has two turns, the pristine
+reference's and the main one (`pristine_held_s` of `held_s`); `spans()` keeps the recent turns.
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
 """The verdict channel: how a sandboxed job's result reaches the parent, and why the parent believes it.
 
-The harness runs in the same process as the candidate, so whatever the process can reach, the
-candidate can reach too: the channel's descriptor (listed in /proc/self/fd), the harness's memory,
-its functions. The channel is therefore built so that being able to write to it is not enough:
-
-- it is a Unix stream socket of its own, framed: each message is a kind byte, a 4-byte length and
-  that many bytes. The parent reads at most `MAX_FRAME_BYTES` a message and `MAX_CHANNEL_BYTES` in
-  all; past either, or on bytes that do not frame, it stops reading and the job is killed;
-- the result is authenticated by a nonce that exists only in the parent until the harness asks for
-  it, after the candidate's last call has returned. The parent hands it out once: a second request
-  means somebody else asked first, and the run is `hack_detected` whatever it reports;
-- the channel carries, in this order, at most: the pristine reference's record (`FIRST`, sent before
-  any candidate code is imported, so nothing the candidate does can change it), one nonce request
-  (`ASK`) and one result (`RESULT`: the HMAC-SHA256 of the record under the nonce, then the record).
-  Anything else (a frame out of order, a second result, a record that does not verify, bytes after
-  the result) is the candidate's doing: `hack_detected` [verdict-channel];
-- the harness checks, before it asks, that its descriptor still names the socket it was given (a
-  candidate may `dup2` another file over it or close it); if not, it writes nothing and the run
-  ends without a result, never with a verdict. The descriptor is not inherited across exec.
-
-What this does not stop: code that runs before the harness asks can ask first and write a record
-that verifies, then end the process before the harness learns of it. The parent's own checks of
-the figures (speedforge.evaluator.checks.record_figures: counts, bounds, the device's turn the run
-actually held) bound what such a record can claim.
+The harness shares its process with the candidate, so being able to write to the channel is not
+enough (docs/concepts/evaluator.md): a framed Unix socket of its own (a kind byte, a 4-byte length,
+that many bytes; at most `MAX_FRAME_BYTES` a message and `MAX_CHANNEL_BYTES` in all, else the job is
+killed), a result authenticated by a nonce the parent hands out once, after the candidate's last
+call, and at most these frames, in this order; anything else is `hack_detected` [verdict-channel]:
 
     child (harness)                 parent (`Reader`)
-    FIRST  record         ------->   kept as Outcome.first (only as the first frame of a run that
-                                     times its pristine reference first)
+    FIRST  record         ------->   kept as Outcome.first (the pristine reference's, sent before
+                                     any candidate code is imported)
     ASK                   ------->
                           <-------   NONCE + 32 bytes (the first ASK), REFUSED + 32 zero bytes after
-    RESULT mac + record   ------->   kept as Outcome.result when the mac verifies and nothing follows
+    RESULT mac + record   ------->   kept as Outcome.result when the HMAC-SHA256 verifies and nothing follows
+
+Before it asks, the harness checks that its descriptor still names its socket; if not it writes
+nothing, and the run ends without a result. Code that runs before the harness asks can still ask
+first; speedforge.evaluator.checks.record_figures bounds what its record can claim.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def model_dtype(configured: str, device: str, gguf_file: str | None) -> str:
     """The hf backend's weights dtype: `policy.dtype`, or with "auto" bfloat16 on a GPU except for
     a GGUF file (where transformers keeps its weights packed through the `kernels` package, the
     kernels compute in float32 and a bfloat16 model casts around every matmul: 86-111 ms a decode
-    step against 27 ms in float32 on an H100, benchmarks/RESULTS.md), float32 elsewhere."""
+    step against 27 ms in float32 on an H100, docs/benchmarks/generation.md), float32 elsewhere."""
     if configured != "auto":
         return configured
     return "bfloat16" if device.startswith("cuda") and not gguf_file else "float32"
@@ -229,7 +229,7 @@ class HFBackend:
 
         generate runs the prompt once per sequence. Running it once and sharing its KV cache
         (repeated n times) was tried: prefill 7.9 s -> 3.1 s for 4 x 883 tokens, but decode got
-        slower (26.8 -> 18.3 tokens/s), a net loss beyond ~64 new tokens (benchmarks/RESULTS.md).
+        slower (26.8 -> 18.3 tokens/s), a net loss beyond ~64 new tokens (docs/benchmarks/generation.md).
         """
         import torch
 

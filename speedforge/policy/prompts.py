@@ -112,7 +112,7 @@ def init_signature(source: str) -> str:
     """`Model.__init__`'s parameters as written in the reference (`self, in_channels, ...`), or ""
     when the source has no such class or does not parse. The prompt repeats them for ModelNew:
     after SFT, SmolLM2-135M wrote ModelNew with the constructor of a training task in 68 of 128
-    held-out samples (benchmarks/RESULTS.md)."""
+    held-out samples (docs/benchmarks/training.md)."""
     import ast
 
     arguments = init_arguments(source, "Model")

@@ -5,7 +5,7 @@ cluster, or as a Ray job through the Job Submission API.
                       image="speedforge:0.1.0")
     outcome = run_training_job(job, config.store, on_status=print)   # TrainOutcome.to_dict()
 
-Every mode runs the same thing, `train_and_record`: issue 12's training recipe on the training
+Every mode runs the same thing, `train_and_record`: the training recipe on the training
 config (YAML text; empty: its embedded defaults), then the outcome's dict written to
 `<store>/train/<stage>/outcome.json`, which is how a remote run hands its outcome back. On the
 cluster the driver is started as
@@ -43,7 +43,7 @@ NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 class TrainingJob:
     """One training stage and where it runs."""
 
-    stage: str  # sft | self | grpo (issue 12's stages)
+    stage: str  # sft | self | grpo
     store: str  # the run's store: the outcome is recorded under train/<stage>/outcome.json
     config_text: str = ""  # YAML of the training config ("" = the training recipe's embedded defaults)
     resume: bool = False
@@ -189,7 +189,7 @@ def train_and_record(
     store_config: StoreConfig | None = None,
     run: str = "",
 ) -> dict:
-    """Issue 12's training stage on the config text (empty: embedded defaults), its outcome's
+    """The training stage on the config text (empty: embedded defaults), its outcome's
     dict recorded in the run's store (train/<stage>/outcome.json) and returned. `run` names the
     training run where the config leaves train.run at its default: each pipeline run trains a
     run of its own in a store that nightly runs share."""

@@ -2,35 +2,21 @@
 
     rewards = total_rewards(samples, config.train.rewards)   # the weighted sum the trainer uses
 
-A reward function takes the samples of one step (`Sample`: the EvalResult, the group it belongs
-to, and what the answer parser missed) and returns one float per sample:
+A reward function takes the samples of one step (`Sample`: the EvalResult, its group, what the
+answer parser missed) and returns one float per sample:
 
     speedup      the measured speedup, clipped to max_speedup
     log_speedup  ln(speedup), clipped to +- ln(max_speedup)
     auc          the ann family's AUC ratio over the baseline, minus 1 (clipped like speedup)
     cudal1       CUDA-L1's: speedup gated by correctness (0 when not ok, minus rejected_penalty
                  for a cheat), clipped to max_speedup
-
-Rewards are normalised once, by the trainer: TRL's GRPOTrainer turns the weighted sum into
-advantages within each group ((r - mean) / std over the prompt's generations, `scale_rewards:
-group`, speedforge.train.stages.GRPO_SCALE_REWARDS). No reward function here normalises: a
-z-score here would be undone and redone there, would normalise the `format` part apart from the
-speedup, and under several Ray Train workers would see only the worker's share of a group
-(TRL gathers the whole group before it normalises). So the rewards in the rollouts table and
-the reward curve are the measured values, comparable across steps.
     format       the fraction of the answer's three sections and its code that were found
 
-Every status has a defined reward. A failed candidate (compile_error, runtime_error,
-incorrect, timeout, crashed, and an answer the screen refused as no program at all: not Python,
-no ModelNew) scores `failed_penalty` below the lowest score a correct one can get, one that
-cheated (hack_detected, or screen_rejected by an exploit rule) `rejected_penalty` below it. An
-infra_error is not the candidate's doing and has no reward: it raises MissingReward, loudly,
-instead of a silent zero (speedforge.train.scoring retries such results before rewards are
-computed). A result marked unstable counts with its speedup pulled towards 1:
-1 + (s - 1) * unstable_discount.
-
-This module imports only the standard library, the records and the registry helper; the names
-in `train.rewards.weights` are checked where a stage is planned (speedforge.recipes.training).
+Every status has a reward: a failure `failed_penalty` below the lowest correct score, a cheat
+(hack_detected, an exploit rule of the screen) `rejected_penalty` below it, an unstable result's
+speedup pulled towards 1 (1 + (s - 1) * unstable_discount); an infra_error raises MissingReward.
+None normalises: TRL does, once per group (docs/concepts/training.md). This module imports only
+the standard library, the records and the registry helper.
 """
 
 from __future__ import annotations

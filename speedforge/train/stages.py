@@ -258,7 +258,7 @@ def generate_under_autocast(
     (torch.compile, mode reduce-overhead: CUDA graphs), which it does only with a static cache on a
     GPU. TRL's generation config disables that compile, so the call overrides it. A token step then
     costs the GPU's time, not the host's Python and kernel launches, which bounded it at 50-86 ms
-    whatever the batch on an H100 (benchmarks/RESULTS.md). Its cache is sized in buckets
+    whatever the batch on an H100 (docs/benchmarks/generation.md). Its cache is sized in buckets
     (`static_cache_length`), so that a slightly longer prompt does not recompile.
 
     `defer_stop` (default: as `compile_decode`) runs the call under `deferred_stop_check`, so that

@@ -1,7 +1,7 @@
 """Keeps torch on itself (a module the screen cannot follow through self), reaches sys.modules as
 torch.sys.modules, and swaps the evaluator's own clock (speedforge.evaluator.timing._perf_counter,
 captured before any candidate code) for one that shortens the call that follows its forward:
-identical work read ok at 3.66x. The screen judges `.sys` on any object as sys (sys.modules:
+where the swap holds, identical work reads ok at 3.66x. The screen judges `.sys` on any object as sys (sys.modules:
 introspection); at run time speedforge's modules are sealed before the candidate loads, so the
 swap raises (and were it made another way, the evaluator's functions are in the guards' function
 table: hack_detected).

@@ -1,10 +1,10 @@
 """Reads the seed it is built under (torch.initial_seed(), which a candidate may read: reference
 and candidate are built under one seed) and, assuming the harness draws every trial's and timed
-call's inputs from seeds derived from that one (seed + 7919 x (index + 1), as it once did), builds
+call's inputs from seeds derived from that one (seed + 7919 x (index + 1)), builds
 those inputs in its constructor, which is not timed, and keeps their outputs; each call answers
 with a copy of the stored output whose input matches, and computes on a miss (a candidate that
-answered a miss with a stored output was caught as incorrect by the timed calls' output checks
-even before). Against the old harness it was `ok` at 1.8-1.95x on the CPU; the inputs' seed is now
+answered a miss with a stored output is caught as incorrect by the timed calls' output checks).
+Against a harness that draws inputs so it reads `ok` at 1.8-1.95x on the CPU; the inputs' seed is
 a secret of its own (speedforge.evaluator.harness.input_seed), so every call is a miss and the
 candidate does the reference's work and a lookup, never faster.
 screen: pass

@@ -1,13 +1,12 @@
 """Points torch.default_generator and torch.random.default_generator at a generator of its own at
 import. torch.manual_seed and torch.random.fork_rng reach the CPU's generator through those
-attributes, so a harness that seeded its inputs' draw with torch.manual_seed inside fork_rng
-seeded (and saved and restored) the decoy, while torch.randn in get_inputs drew from the real
+attributes, so a harness that seeds its inputs' draw with torch.manual_seed inside fork_rng
+seeds (and saves and restores) the decoy, while torch.randn in get_inputs drew from the real
 generator, which the candidate sets to a seed of its choosing at the end of every call: every
 trial's and timed call's inputs are then the ones it built in its untimed constructor, and it
-answers with a copy of the stored output. The harness now seeds, saves and restores the generator
+answers with a copy of the stored output. The harness seeds, saves and restores the generator
 objects it kept before the candidate was imported, so the inputs come from the hidden seed, every
-call is a miss, and the candidate does the reference's work and a lookup, never faster. It also
-found that torch.manual_seed recorded the Python stack for every other device type on every draw.
+call is a miss, and the candidate does the reference's work and a lookup, never faster.
 screen: reject
 runtime: ok
 honest_speed: true

@@ -3,7 +3,7 @@ allocates or frees is memset; a 64 KiB mmap threshold and no trim threshold: eve
 mapped afresh and faulted in) and sets the sandbox's values back before its next. mallopt has no
 getter, so no capture sees it; the sandbox names every malloc parameter in GLIBC_TUNABLES and the
 harness writes them back before every call. Its gain sits under the tripwire's default limit:
-before the write-back it read ok at 1.45x with the default tripwire on, and hack_detected under
+without the write-back it reads ok at 1.45x with the default tripwire on, and hack_detected under
 the tighter limit below (the reference 1.45x slower beside it than in pristine).
 task: alloc_task.py
 tripwire: 1.2

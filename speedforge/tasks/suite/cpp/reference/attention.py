@@ -4,16 +4,6 @@ category: attention, matmul, softmax
 The reference materialises the score matrix, divides it into a second temporary and softmaxes
 it into a third; a faster version folds the 1/sqrt(d) scale into the batched product, runs the
 softmax in place over each cache-resident row and feeds the result to the second product.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/attention.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 8.52 | 5.91 | 1.44x |
-| 2 | 8.06 | 6.65 | 1.21x |
-| 3 | 7.81 | 6.11 | 1.28x |
-| median | | | 1.28x |
 """
 
 import math

@@ -4,16 +4,6 @@ category: normalization, fused
 The reference runs batch_norm with running statistics and then a separate ReLU pass; a fused
 kernel folds mean, variance, weight and bias into one scale and shift per channel and applies
 scale, shift and ReLU in a single pass.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/batchnorm_relu.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 14.98 | 7.63 | 1.96x |
-| 2 | 5.59 | 2.61 | 2.14x |
-| 3 | 5.30 | 2.50 | 2.12x |
-| median | | | 2.12x |
 """
 
 import torch

@@ -4,16 +4,6 @@ category: convolution, normalization, fused
 The reference runs the convolution, a batch-norm pass and a ReLU pass; at inference the batch
 norm is an affine map per output channel, so it can be folded into the convolution's weights
 and bias, leaving one convolution and one in-place ReLU.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/conv_bn_relu.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 2.22 | 1.23 | 1.80x |
-| 2 | 1.99 | 1.26 | 1.58x |
-| 3 | 2.02 | 1.21 | 1.66x |
-| median | | | 1.66x |
 """
 
 import torch

@@ -6,16 +6,6 @@ memory traffic: the reference makes three passes (convolution, batch norm, ReLU)
 activations. Folding the batch norm into the per-channel filters and applying ReLU as each
 output row is finished leaves a single pass; on CPU the framework's generic depthwise path is
 also far from the machine's speed, so a direct, vectorised kernel wins more than the fusion.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/depthwise_conv_bn_relu.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 2.66 | 1.19 | 2.25x |
-| 2 | 2.69 | 1.12 | 2.39x |
-| 3 | 2.80 | 1.18 | 2.38x |
-| median | | | 2.38x |
 """
 
 import torch

@@ -4,16 +4,6 @@ category: matmul, fused
 The reference runs the product, then a bias-add pass and a GELU pass, each with a full-size
 temporary; a faster version keeps the product in a library GEMM and applies bias and GELU in
 one pass over its output, in place.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/matmul_bias_gelu.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 9.87 | 6.82 | 1.45x |
-| 2 | 9.39 | 6.45 | 1.46x |
-| 3 | 9.80 | 6.92 | 1.42x |
-| median | | | 1.45x |
 """
 
 import torch

@@ -4,16 +4,6 @@ category: normalization
 The reference runs six kernels (pow, mean, add, rsqrt and two multiplies), two of them
 writing full-size temporaries; a fused kernel reads each row once for the sum of squares and
 once more (from cache) to write the normalised row.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/rmsnorm.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 8.81 | 2.56 | 3.44x |
-| 2 | 9.25 | 2.57 | 3.60x |
-| 3 | 8.52 | 2.76 | 3.09x |
-| median | | | 3.44x |
 """
 
 import torch

@@ -3,16 +3,6 @@
 category: softmax
 The reference divides into a full-size temporary before the softmax kernel; a fused kernel
 applies the temperature inside the softmax passes over each (cache-resident) row.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/scaled_softmax.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 3.18 | 1.83 | 1.74x |
-| 2 | 3.07 | 1.90 | 1.61x |
-| 3 | 3.26 | 1.87 | 1.75x |
-| median | | | 1.74x |
 """
 
 import torch

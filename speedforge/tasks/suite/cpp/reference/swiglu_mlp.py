@@ -4,16 +4,6 @@ category: mlp, matmul, fused
 The reference runs three GEMMs plus a SiLU pass and a multiply pass with full-size
 temporaries; a faster version keeps the GEMMs in the library and fuses SiLU and the gating
 multiply into one pass that writes the hidden activation once.
-
-Measured with `speedforge eval` (one thread; 2-core Xeon, AVX-512, dev box shared with
-other jobs at load average 2-3; 3 separate evaluations of fast/swiglu_mlp.py):
-
-| run | reference ms | candidate ms | speedup |
-|---|---|---|---|
-| 1 | 7.52 | 6.08 | 1.24x |
-| 2 | 7.66 | 3.91 | 1.96x |
-| 3 | 7.59 | 3.81 | 2.00x |
-| median | | | 1.96x |
 """
 
 import torch

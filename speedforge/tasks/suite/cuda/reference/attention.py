@@ -5,9 +5,8 @@ The reference materialises the score matrix, divides it into a second temporary 
 it into a third; a faster version folds the 1/sqrt(d) scale into the batched product, runs the
 softmax in place over each cache-resident row and feeds the result to the second product.
 
-No fast candidate ships for the cuda family: the hand-written one (scale folded into the
-product, in-place row softmax) measured 0.938x and 0.956x of the reference on an H200
-(2026-11-21, benchmarks/RESULTS.md), so it could not beat cuBLAS plus PyTorch's softmax here.
+No fast candidate ships for the cuda family: a hand-written one could not beat cuBLAS plus PyTorch's
+softmax on an H200 (docs/benchmarks/builtin-suite.md).
 """
 
 import math

@@ -7,9 +7,9 @@ activations. Folding the batch norm into the per-channel filters and computing e
 directly (its K*K inputs come from cache) with the ReLU applied before the store leaves a single
 read and a single write of the activations.
 
-No fast candidate ships for the cuda family: the hand-written direct kernel measured 0.927x of
-the reference on an H200 (2026-11-21, benchmarks/RESULTS.md), so it could not beat the reference: cuDNN's depthwise kernel plus two
-element-wise passes beat it; a faster one needs shared-memory tiling of the input planes.
+No fast candidate ships for the cuda family: a hand-written direct kernel could not beat cuDNN's
+depthwise kernel plus two element-wise passes on an H200 (docs/benchmarks/builtin-suite.md); a
+faster one needs shared-memory tiling of the input planes.
 """
 
 import torch

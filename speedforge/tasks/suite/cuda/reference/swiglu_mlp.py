@@ -5,12 +5,9 @@ The reference runs three GEMMs plus a SiLU pass and a multiply pass with full-si
 temporaries; a faster version keeps the GEMMs in the library and fuses SiLU and the gating
 multiply into one pass that writes the hidden activation once.
 
-No fast candidate ships for the cuda family: the three GEMMs are almost all of the time here,
-and two hand-written ones did not reliably beat the reference on an H200: cuBLAS GEMMs with
-an in-place fused SiLU-multiply measured 0.98x (2026-11-22), and one gate|up GEMM per
-2048-token chunk (kept in L2) with a vectorised SiLU-multiply 0.99x-1.02x over five
-evaluations (benchmarks/RESULTS.md), so it could not beat the reference by a margin the
-timing resolves.
+No fast candidate ships for the cuda family: the three GEMMs are almost all of the time, and
+hand-written versions could not beat the reference by a margin the timing resolves on an H200
+(docs/benchmarks/builtin-suite.md).
 """
 
 import torch
