@@ -390,7 +390,7 @@ def pristine_settings(config, is_cuda: bool):
     +-unstable_ci rather than +-ci_target. The tripwire needs the reference's time to a few percent
     against a limit of 1.5x, and a wider pristine interval only makes a trip harder to reach. On the
     GPU the pairs and the budget are capped (PRISTINE_GPU_PAIRS): pristine turns were half the
-    device's held time in a cold GRPO-sized batch (benchmarks/RESULTS.md)."""
+    device's held time in a cold GRPO-sized batch (docs/benchmarks/throughput.md)."""
     settings = dataclasses.replace(
         config, early_stop_below=0.0, ci_target=max(float(config.ci_target), float(config.unstable_ci))
     )
