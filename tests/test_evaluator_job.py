@@ -135,6 +135,35 @@ def test_a_run_answer_with_an_unknown_key_is_an_infra_error_naming_it(task, conf
     assert result.reason == "the run returned a malformed result (stage result: unknown key(s) 'speedup_ci')"
 
 
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("speedup", "1.5", "speedup is str '1.5', not float | None"),
+        ("timed_calls", 200.0, "timed_calls is float 200.0, not int"),
+        ("correct", 1, "correct is int 1, not bool"),
+        ("warnings", "w", "warnings is str 'w', not tuple[str, ...]"),
+        ("warnings", ["w", 3], "warnings[1] is int 3, not str"),
+    ],
+    ids=["text-for-a-number", "float-for-a-count", "int-for-a-flag", "text-for-a-list", "number-in-a-list"],
+)
+def test_a_run_answer_with_a_field_of_the_wrong_type_is_an_infra_error_naming_it(
+    task, config, monkeypatch, field, value, why
+):
+    candidate = Candidate.make(task.task_id, (ADVERSARIAL / "good.py").read_text())
+    build = build_candidate(task, candidate, config)
+    answer = {"status": "ok", "correct": True, "speedup": 1.5, "ref_us": 3.0, "cand_us": 2.0, field: value}
+    monkeypatch.setattr(evaluate_module, "run_job", _answering(answer))
+    result = run_candidate(task, candidate, build, config)
+    assert result.status == "infra_error" and result.speedup is None
+    assert result.reason == f"the run returned a malformed result (stage result: {why})"
+
+
+def test_a_stage_result_reads_jsons_numbers_and_lists_into_its_fields_types():
+    result = StageResult.from_dict({"status": "ok", "speedup": 2, "ref_us": None, "warnings": ["a"], "trials": 3})
+    assert (result.speedup, result.ref_us, result.warnings, result.trials) == (2.0, None, ("a",), 3)
+    assert type(result.speedup) is float
+
+
 def test_a_run_answer_with_known_keys_becomes_the_result(task, config, monkeypatch):
     candidate = Candidate.make(task.task_id, (ADVERSARIAL / "good.py").read_text())
     build = build_candidate(task, candidate, config)

@@ -142,22 +142,28 @@ def test_a_cpu_run_the_scheduler_kept_interrupting_is_judged_by_its_reference_me
     median alone; the same run without that mark does not."""
     import dataclasses
 
-    from speedforge.evaluator.timing import contention_reasons, unstable_reasons
+    from speedforge.evaluator.timing import Round, contention_reasons, unstable_reasons
 
     pristine = {False: _stage(100.0, 95.0, 110.0), True: _stage(100.0, 96.0, 108.0)}
     config = EvaluatorConfig()
-    chosen = {
-        "stopped_early": False,
-        "width": 0.4,
-        "times": {"ref": [1.0] * 16},
-        "disturbed": 15,
-        "steal_s": 0.0,
-        "round_s": 1.0,
-        "others_s": 0.0,
-    }
+    chosen = Round(
+        ref_us=(1.0,) * 16,
+        cand_us=(1.0,) * 16,
+        lo=0.6,
+        hi=1.4,
+        width=0.4,
+        stopped_early=False,
+        disturbed=15,
+        steal_s=0.0,
+        round_s=1.0,
+        others_s=0.0,
+        out_of_time=False,
+        company=None,
+    )
     assert contention_reasons(chosen, 1.0, config)[0].startswith("contention: in 15 of 16 timed pairs")
     assert contention_reasons(chosen, 1.0, config)[0] in unstable_reasons(chosen, 0.05, 1.0, config, is_cuda=False)
-    assert contention_reasons(dict(chosen, disturbed=8), 1.0, config) == []  # half the pairs: not most
+    half = dataclasses.replace(chosen, disturbed=8)
+    assert contention_reasons(half, 1.0, config) == []  # half the pairs: not most
     wide = _stage(190.0, 90.0, 260.0)  # 1.9x by the median, the interval down over the pristine one
     assert _tripwire(wide, pristine.get, 1.5).ok
     tripped = _tripwire(dataclasses.replace(wide, unstable=True, contended=True), pristine.get, 1.5)

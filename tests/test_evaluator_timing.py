@@ -16,6 +16,7 @@ from speedforge.evaluator import evaluate
 from speedforge.config import FieldError
 from speedforge.evaluator.rotation import Rotation
 from speedforge.evaluator.timing import (
+    Round,
     SchedulerMarks,
     contention_reasons,
     drift_reasons,
@@ -378,22 +379,27 @@ def _round(
     stopped_early: bool = False,
     others_s: float = 0.0,
     round_s: float = 4.0,
-) -> dict:
-    return {
-        "times": {"ref": [100.0] * pairs, "cand": [100.0] * pairs},
-        "width": width,
-        "disturbed": disturbed,
-        "steal_s": steal_s,
-        "stopped_early": stopped_early,
-        "others_s": others_s,
-        "round_s": round_s,
-    }
+) -> Round:
+    return Round(
+        ref_us=(100.0,) * pairs,
+        cand_us=(100.0,) * pairs,
+        lo=0.99,
+        hi=1.01,
+        width=width,
+        stopped_early=stopped_early,
+        disturbed=disturbed,
+        steal_s=steal_s,
+        round_s=round_s,
+        others_s=others_s,
+        out_of_time=False,
+        company=None,
+    )
 
 
 def test_a_measurement_the_machine_kept_interrupting_is_marked_unstable_naming_the_contention():
     config = EvaluatorConfig(contention_limit=0.5)
 
-    def unstable(chosen: dict, config: EvaluatorConfig = config, is_cuda: bool = False) -> list[str]:
+    def unstable(chosen: Round, config: EvaluatorConfig = config, is_cuda: bool = False) -> list[str]:
         return unstable_reasons(chosen, wide=0.05, timed_s=0.04, config=config, is_cuda=is_cuda)
 
     assert unstable(_round(disturbed=40)) == []
@@ -416,7 +422,7 @@ def test_a_round_whose_cpu_other_processes_held_for_a_share_of_its_time_is_marke
     call is a small part of its pair's time), which the pairs' count lets through."""
     config = EvaluatorConfig(contention_limit=0.5, contention_wait_limit=0.1)
 
-    def unstable(chosen: dict, config: EvaluatorConfig = config, is_cuda: bool = False) -> list[str]:
+    def unstable(chosen: Round, config: EvaluatorConfig = config, is_cuda: bool = False) -> list[str]:
         return unstable_reasons(chosen, wide=0.05, timed_s=0.04, config=config, is_cuda=is_cuda)
 
     assert unstable(_round(disturbed=80, others_s=0.2)) == []  # 5% of the round
@@ -464,7 +470,7 @@ try:
 finally:
     busy.kill()
     busy.wait()
-print(json.dumps({"share": chosen["others_s"] / chosen["round_s"], "reasons": contention_reasons(chosen, 1.0, config)}))
+print(json.dumps({"share": chosen.others_s / chosen.round_s, "reasons": contention_reasons(chosen, 1.0, config)}))
 """
 
 

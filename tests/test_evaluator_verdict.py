@@ -148,6 +148,14 @@ def test_encode_is_json_and_does_not_use_what_a_candidate_can_rebind(monkeypatch
     assert verdict.mac(b"k" * 32, data) == hmac.new(b"k" * 32, data, "sha256").digest()
 
 
+def test_the_encoders_escape_table_cannot_be_rewritten():
+    """A character of a string the harness sends stays that character: the table that escapes
+    them is read-only (tests/adversarial/escape_table_rewritten.py rewrote "k" into JSON of its own)."""
+    with pytest.raises(TypeError):
+        verdict._ESCAPES[ord("k")] = 'k", "speedup": 42.0, "reason": "'
+    assert verdict.encode({"status": "ok"}) == b'{"status": "ok"}'
+
+
 def _stage(**fields):
     base = dict(
         status="ok",

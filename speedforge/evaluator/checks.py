@@ -274,7 +274,7 @@ def guard_findings(
         patched_functions(
             baseline,
             guards.function_table(),
-            guards.WATCHED_CLASSES,
+            guards.classes_without_additions(),
             guards.changed_module_functions(baseline.module_functions),
         ),
         global_settings(baseline, guards.global_settings()),

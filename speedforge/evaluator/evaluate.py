@@ -533,8 +533,8 @@ def _sandboxed(
 
 def _stage_result(outcome: Outcome, stage: str, job: Job | None = None) -> StageResult:
     """The child's result, validated, or the status of the outcome check (speedforge.evaluator.checks)
-    for how the child ended when it sent none; a result with a key no StageResult has is an
-    infra_error naming it. A run's result (`job` given) must also have figures the harness can
+    for how the child ended when it sent none; a result with a key no StageResult has, or a value
+    not of its field's type, is an infra_error naming it. A run's result (`job` given) must also have figures the harness can
     have measured (checks.record_figures)."""
     ended = checks.outcome(
         outcome.result,

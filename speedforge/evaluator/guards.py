@@ -26,6 +26,8 @@ import types
 
 import torch
 
+from speedforge.evaluator.sealed import Sealed
+
 
 def _watched_classes() -> dict[str, type]:
     """The classes whose methods the timer and the checks call (their modules' functions are in
@@ -92,13 +94,22 @@ def seal_harness() -> None:
 
 def function_table() -> dict[str, int]:
     """id() of every callable attribute of the watched classes, and of the evaluator's own modules
-    and classes."""
+    and classes; of every attribute of a sealed record class (speedforge.evaluator.sealed), whose
+    fields are descriptors, not callables."""
     table: dict[str, int] = {}
     for prefix, obj in {**_watched_classes(), **_harness_objects()}.items():
+        every = isinstance(obj, Sealed)
         for name, value in dict(vars(obj)).items():
-            if callable(value) and not isinstance(value, types.ModuleType):
+            if every or (callable(value) and not isinstance(value, types.ModuleType)):
                 table[f"{prefix}.{name}"] = id(value)
     return table
+
+
+def classes_without_additions() -> frozenset[str]:
+    """The classes in `function_table` on which a new attribute counts as a patch: the watched
+    classes, and the evaluator's sealed records (a property or a __getattribute__ put on one would
+    read its fields for the timer)."""
+    return WATCHED_CLASSES | {prefix for prefix, obj in _harness_objects().items() if isinstance(obj, Sealed)}
 
 
 def _watched_module(name: str) -> bool:

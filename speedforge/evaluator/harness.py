@@ -33,7 +33,7 @@ from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
 from speedforge.evaluator.job import Job
 from speedforge.evaluator.seeds import hidden_seed
-from speedforge.evaluator.timing import Timer, pristine_settings
+from speedforge.evaluator.timing import Timer, pristine_settings, result_fields
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
 
@@ -392,10 +392,12 @@ class _Harness:
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
             self._guard(baseline, "the timed calls")
-            elsewhere = checks.candidate_company(timing.pop("cand_company"), timing["ref_company"])
+            elsewhere = checks.candidate_company(timing.cand_company, timing.ref_company)
             if elsewhere:
                 raise Verdict(checks.CHECK["candidate-company"].status, elsewhere)
-        return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+            # into plain values here, while the candidate's objects are still held: none of its code
+            # (a finalizer) has run since the guards above, nor takes part (timing.result_fields)
+            return {"correct": True, "max_abs_err": max_err, "trials": trials, **result_fields(timing)}
 
     def measure_pristine(self) -> dict:
         """The reference against a second instance of itself, in a process no candidate touched:
@@ -418,8 +420,7 @@ class _Harness:
                 )
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, twin)
-        timing.pop("cand_company")  # the twin's: the reference's own
-        return {"correct": True, "max_abs_err": max_err, "trials": trials, **timing}
+        return {"correct": True, "max_abs_err": max_err, "trials": trials, **result_fields(timing)}
 
     def take_turn(self) -> None:
         """The device's turn (speedforge.evaluator.turns); on the CPU it pins every thread, a

@@ -6,14 +6,17 @@ record (the EvaluatorConfig rebuilt, not a dict read by string keys) and hands i
 family's `build(job)` or `run(job)`. The family answers with a dict of result fields, which the
 parent reads back as a StageResult. Both directions are strict: a missing or unknown key is an
 error naming it, never dropped, so a field renamed on one side cannot silently vanish on the
-other.
+other; so is a result's value that is not of its field's type.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Any, Self
+import types
+import typing
+from typing import Any, Self, get_args, get_origin, get_type_hints
 
 from speedforge.config import EvaluatorConfig, from_mapping
 from speedforge.records import STATUSES, Candidate, EvalResult, Task
@@ -179,13 +182,12 @@ class StageResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        """RecordError naming any key that is not a field, or a missing status."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        _check_keys("stage result", data, {"status"}, names)
-        values = dict(data)
-        if "warnings" in values:
-            values["warnings"] = tuple(values["warnings"] or ())
-        return cls(**values)
+        """The result a stage answered (JSON's values: lists for tuples, an int for a whole float);
+        RecordError naming any key that is not a field, a missing status, or a value that is not
+        of its field's type."""
+        hints = _field_types(cls)
+        _check_keys("stage result", data, {"status"}, set(hints))
+        return cls(**{name: _typed(f"stage result: {name}", hints[name], value) for name, value in data.items()})
 
     def result_fields(self) -> dict[str, Any]:
         """The EvalResult fields it measured (a speedup only when ok; the mode only when set)."""
@@ -195,3 +197,30 @@ class StageResult:
         if not self.mode:
             del fields["mode"]
         return fields
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    return {field.name: hints[field.name] for field in dataclasses.fields(cls)}
+
+
+def _typed(what: str, hint: Any, value: Any) -> Any:
+    """`value` as a field of type `hint` holds it (str, bool, int, float, tuple[str, ...], or one of
+    them or None): an int is taken for a float, a list for a tuple; RecordError for anything else
+    (a bool is no number here)."""
+    wanted = hint
+    if get_origin(hint) in (types.UnionType, typing.Union):
+        if value is None and type(None) in get_args(hint):
+            return None
+        (hint,) = [arg for arg in get_args(hint) if arg is not type(None)]
+    if get_origin(hint) is tuple and isinstance(value, (list, tuple)):
+        return tuple(_typed(f"{what}[{i}]", get_args(hint)[0], item) for i, item in enumerate(value))
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint in (str, bool) and isinstance(value, hint):
+        return value
+    named = wanted.__name__ if isinstance(wanted, type) else str(wanted)
+    raise RecordError(f"{what} is {type(value).__name__} {value!r:.40}, not {named}")

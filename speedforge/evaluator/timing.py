@@ -18,6 +18,9 @@ preempted calls in most pairs, or other processes holding the CPU for a share of
 marks the result unstable, as does an interval that stayed wide (`unstable_reasons`), a speedup
 that drifted through the run or two halves in two states (`drift_reasons`). The CPU's buffer
 rotation is speedforge.evaluator.rotation.
+
+A round and what the timer found are typed records, `Round` and `Timing`, sealed against the
+candidate (speedforge.evaluator.sealed); `result_fields` takes a Timing into the run's result.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ import resource
 import statistics
 import time
 import types
+from collections.abc import Sequence
 from typing import Protocol
 
 from speedforge import stats
+from speedforge.evaluator import sealed
 from speedforge.evaluator.rotation import Rotation
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
@@ -58,6 +63,63 @@ class Sides(Protocol):
     def sync(self) -> None: ...  # the device-wide synchronize (nothing on the CPU)
 
     Event: type | None  # torch.cuda.Event on the GPU
+
+
+@sealed.seal
+@dataclasses.dataclass(frozen=True, slots=True)
+class Round(metaclass=sealed.Sealed):
+    """One round of timed pairs (`Timer._timed_round`). Sealed (speedforge.evaluator.sealed): the
+    timer reads it after candidate code has run."""
+
+    ref_us: tuple[float, ...]  # the reference's timed calls, microseconds, in the order of the pairs
+    cand_us: tuple[float, ...]  # the candidate's timed calls, pair for pair with ref_us
+    lo: float | None  # the speedup's 95% interval (`speedup_interval`); None until it was computed
+    hi: float | None  # the interval's upper end
+    width: float  # the interval's relative half-width, (hi - lo) / 2 / estimate; inf until computed
+    stopped_early: bool  # the interval lies wholly below early_stop_below
+    disturbed: int  # pairs with a call during which this process was preempted or waited for a CPU
+    steal_s: float  # seconds the hypervisor took from this process's CPUs during the round
+    round_s: float  # the round's wall-clock seconds
+    others_s: float  # seconds of round_s in which other processes held the CPU (`SchedulerMarks.waited_s`)
+    out_of_time: bool  # the timing budget (max_timed_s) ended the round before its interval was decided
+    company: Company | None  # the other threads' work beside each side's calls; None on the GPU
+
+
+@sealed.seal
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timing(metaclass=sealed.Sealed):
+    """What `Timer.measure` found, from the round it reports. Every field but cand_company is a
+    field of the run's result under the same name (speedforge.evaluator.job.StageResult), taken
+    into it by `result_fields`."""
+
+    ref_lo_us: float | None  # the reference's time's 95% interval (`quantile_interval`); None under 4 pairs
+    ref_hi_us: float | None  # its upper end
+    stopped_early: bool  # the speedup's interval lay wholly below early_stop_below: decided
+    ref_us: float  # the reference's time: its calls' median on the GPU, their cpu_time_quantile on the CPU
+    cand_us: float  # the candidate's time, the same way
+    ref_iqr_us: float  # the interquartile range of the reference's calls (0 under 4 pairs)
+    cand_iqr_us: float  # the interquartile range of the candidate's calls
+    speedup: float | None  # ref_us / cand_us; None when cand_us is 0
+    speedup_lo: float | None  # the speedup's 95% interval, widened to contain the speedup
+    speedup_hi: float | None  # its upper end
+    unstable: bool  # the figures cannot be trusted; `warnings` says why
+    contended: bool  # on the CPU, the machine took the CPU away during the timing (`contention_reasons`)
+    ref_company: float | None  # the other threads' CPU seconds per second of the reference's calls (`company_share`)
+    cand_company: float | None  # the same beside the candidate's calls: judged in the sandbox, not sent
+    warnings: tuple[str, ...]  # why it is unstable, and where the budget stopped the pairs
+    timed_calls: int  # the timed pairs of the reported round
+    timed_s: float  # seconds of timed calls in every round, both sides
+
+
+# taken before any candidate code is imported: a Timing's fields read through its slots' own
+# descriptors, whatever is later done to the class or to dataclasses (speedforge.evaluator.sealed)
+_SENT = tuple((name, read) for name, read in sealed.readers(Timing) if name != "cand_company")
+
+
+def result_fields(timing: Timing) -> dict[str, object]:
+    """The fields of the run's result that `timing` gives, as a plain dict of built-in values (all
+    of Timing's but cand_company, which the sandbox judges itself)."""
+    return sealed.values(timing, _SENT)
 
 
 def _pinned(obj, names: tuple[str, ...]):
@@ -86,7 +148,7 @@ class Timer:
         self.rotation = _pinned(Rotation(torch, config, self.is_cuda), ("keep", "filling"))
         _pinned(self, ("measure", "_timed_round", "_timed_call", "_sync_gap"))
 
-    def measure(self, ref_model, cand_model) -> dict:
+    def measure(self, ref_model, cand_model) -> Timing:
         """Paired timing that stops once the answer is decided.
 
         Pairs (fresh inputs, random order) are taken until the speedup's 95% interval is within
@@ -130,71 +192,72 @@ class Timer:
         warm_host = (fastest_ref if fastest_ref < math.inf else 0.0) * 1e6 < float(config.host_warm_below_us)
         least, most = pairs_wanted(config, self.is_cuda, per_call, pair_wall)
         wide = max(float(config.unstable_ci), float(config.ci_target))  # wider than this: undecided
-        rounds = []
+        rounds: list[Round] = []
+        no_time_left = False  # the last round stayed undecided, and the budget left no time to measure again
         for attempt in range(2):
             rounds.append(
                 self._timed_round(
                     ref_model, cand_model, flush, least, most, 20_000 + 100_000 * attempt, deadline, warm_host
                 )
             )
-            if rounds[-1]["width"] <= wide or rounds[-1]["stopped_early"]:
+            if rounds[-1].width <= wide or rounds[-1].stopped_early:
                 break
-            if _perf_counter() >= deadline:  # undecided, and no time left to measure again
-                rounds[-1]["out_of_time"] = True
+            if _perf_counter() >= deadline:
+                no_time_left = True
                 break
-        chosen = rounds[-1] if rounds[-1]["stopped_early"] else min(rounds, key=lambda r: r["width"])
-        times = chosen["times"]
-        chosen_s = sum(sum(chosen["times"][side]) for side in chosen["times"]) / 1e6
-        unstable = unstable_reasons(chosen, wide, chosen_s, self.config, self.is_cuda)
-        contended = (
-            not self.is_cuda and not chosen["stopped_early"] and bool(contention_reasons(chosen, chosen_s, self.config))
+        chosen = rounds[-1] if rounds[-1].stopped_early else min(rounds, key=lambda r: r.width)
+        chosen_s = (sum(chosen.ref_us) + sum(chosen.cand_us)) / 1e6
+        unstable = unstable_reasons(
+            chosen, wide, chosen_s, self.config, self.is_cuda, no_time_left=no_time_left and chosen is rounds[-1]
         )
-        if not chosen["stopped_early"]:  # one steady state measured, not a drifting or switching one
+        contended = (
+            not self.is_cuda and not chosen.stopped_early and bool(contention_reasons(chosen, chosen_s, self.config))
+        )
+        if not chosen.stopped_early:  # one steady state measured, not a drifting or switching one
             unstable += drift_reasons(
-                times["ref"],
-                times["cand"],
+                chosen.ref_us,
+                chosen.cand_us,
                 self.rng.getrandbits(31),
                 self.torch,
                 float(config.drift_limit),
                 self.quantile,
             )
-        ref_us, cand_us = stats.quantile(times["ref"], self.quantile), stats.quantile(times["cand"], self.quantile)
+        ref_us, cand_us = stats.quantile(chosen.ref_us, self.quantile), stats.quantile(chosen.cand_us, self.quantile)
         speedup = ref_us / cand_us if cand_us > 0 else None
         # an interval always contains its own estimate (a resampled one may fall just beside it); the
         # parent checks that it does (speedforge.evaluator.checks.record_figures)
-        lo, hi = chosen["lo"], chosen["hi"]
+        lo, hi = chosen.lo, chosen.hi
         if speedup is not None and lo is not None and hi is not None:
             lo, hi = min(lo, speedup), max(hi, speedup)
-        ref_lo, ref_hi = quantile_interval(self.torch, times["ref"], self.rng.getrandbits(31), quantile=self.quantile)
+        ref_lo, ref_hi = quantile_interval(self.torch, chosen.ref_us, self.rng.getrandbits(31), quantile=self.quantile)
         if ref_lo is not None:
             ref_lo, ref_hi = min(ref_lo, ref_us), max(ref_hi, ref_us)
         warnings = [f"unstable: {why}" for why in unstable]
-        if any(r["out_of_time"] for r in rounds):
+        if no_time_left or any(r.out_of_time for r in rounds):
             warnings.append(
                 f"timing budget: the timed pairs stopped at evaluator.max_timed_s={budget:g} s "
-                f"({len(times['ref'])} pairs reported, {sum(len(r['times']['ref']) for r in rounds)} "
-                f"taken)"
+                f"({len(chosen.ref_us)} pairs reported, {sum(len(r.ref_us) for r in rounds)} taken)"
             )
-        return {
-            "ref_lo_us": ref_lo,
-            "ref_hi_us": ref_hi,
-            "stopped_early": chosen["stopped_early"],
-            "ref_us": ref_us,
-            "cand_us": cand_us,
-            "ref_iqr_us": iqr(times["ref"]),
-            "cand_iqr_us": iqr(times["cand"]),
-            "speedup": speedup,
-            "speedup_lo": lo,
-            "speedup_hi": hi,
-            "unstable": bool(unstable),
-            "contended": contended,
-            # the work the process's other threads did beside each side's timed calls, per second of its own
-            "ref_company": chosen["company"] and chosen["company"].share("ref", int(config.cpu_threads)),
-            "cand_company": chosen["company"] and chosen["company"].share("cand", int(config.cpu_threads)),
-            "warnings": warnings,
-            "timed_calls": len(times["ref"]),
-            "timed_s": sum((sum(r["times"]["ref"]) + sum(r["times"]["cand"])) / 1e6 for r in rounds),
-        }
+        company, threads = chosen.company, int(config.cpu_threads)
+        return Timing(
+            ref_lo_us=ref_lo,
+            ref_hi_us=ref_hi,
+            stopped_early=chosen.stopped_early,
+            ref_us=ref_us,
+            cand_us=cand_us,
+            ref_iqr_us=iqr(chosen.ref_us),
+            cand_iqr_us=iqr(chosen.cand_us),
+            speedup=speedup,
+            speedup_lo=lo,
+            speedup_hi=hi,
+            unstable=bool(unstable),
+            contended=contended,
+            ref_company=company.share("ref", threads) if company is not None else None,
+            cand_company=company.share("cand", threads) if company is not None else None,
+            warnings=tuple(warnings),
+            timed_calls=len(chosen.ref_us),
+            timed_s=sum((sum(r.ref_us) + sum(r.cand_us)) / 1e6 for r in rounds),
+        )
 
     def _timed_round(
         self,
@@ -206,14 +269,11 @@ class Timer:
         first_index: int,
         deadline: float = math.inf,
         warm_host: bool = False,
-    ) -> dict:
+    ) -> Round:
         """Pairs until the interval is within +-ci_target (checked every few pairs past `least`),
         or lies wholly below early_stop_below (checked every EARLY_CHECK_EVERY pairs from
         EARLY_CHECK_FROM on), or `most` pairs, or `deadline` (perf_counter) has passed once it has
-        min(least, BUDGET_MIN_PAIRS) pairs, each call after an untimed one when `warm_host`;
-        returns the times (us), the interval (lo, hi, relative half-width), whether it stopped
-        early and whether it ran out of time, and the round's wall seconds with the part of them
-        in which other processes held the CPU (`SchedulerMarks.waited_s` over the whole round)."""
+        min(least, BUDGET_MIN_PAIRS) pairs, each call after an untimed one when `warm_host`."""
         target = float(self.config.ci_target)
         bound = float(self.config.early_stop_below)
         times: dict[str, list[float]] = {"ref": [], "cand": []}
@@ -275,19 +335,20 @@ class Timer:
         others_s = self.scheduler.waited_s(started[0], self.scheduler.read(), round_s)
         if company is not None:
             company.close()
-        return {
-            "times": times,
-            "lo": lo,
-            "hi": hi,
-            "width": width,
-            "stopped_early": stopped,
-            "disturbed": disturbed,
-            "steal_s": steal / _CLOCK_TICKS,
-            "round_s": round_s,
-            "others_s": others_s,
-            "out_of_time": out_of_time,
-            "company": company,
-        }
+        return Round(
+            ref_us=tuple(times["ref"]),
+            cand_us=tuple(times["cand"]),
+            lo=lo,
+            hi=hi,
+            width=width,
+            stopped_early=stopped,
+            disturbed=disturbed,
+            steal_s=steal / _CLOCK_TICKS,
+            round_s=round_s,
+            others_s=others_s,
+            out_of_time=out_of_time,
+            company=company,
+        )
 
     def _sync_gap(self) -> float:
         """The median, over SYNC_GAP_SAMPLES calls that launch nothing, of the seconds from an event
@@ -431,28 +492,32 @@ def company_share(other_s: float, own_s: float, threads: int) -> float | None:
     return max(0.0, other_s) / own_s
 
 
-def unstable_reasons(chosen: dict, wide: float, timed_s: float, config, is_cuda: bool) -> list[str]:
+def unstable_reasons(
+    chosen: Round, wide: float, timed_s: float, config, is_cuda: bool, no_time_left: bool = False
+) -> list[str]:
     """Why the chosen round cannot be trusted, one line each; empty when it can.
 
     The interval stayed too wide (the batch-means part widens it where the machine's state
     drifted), or on the CPU the machine took the CPU away during timing (`contention_reasons`).
-    A round that stopped early is decided (its interval lies wholly below the bound)."""
+    A round that stopped early is decided (its interval lies wholly below the bound).
+    `no_time_left`: the round ended undecided with the timing budget spent, so it was not
+    measured again."""
     found = []
-    if chosen["stopped_early"]:  # wholly below the bound: decided, whatever else went on
+    if chosen.stopped_early:  # wholly below the bound: decided, whatever else went on
         return found
-    if chosen["width"] > wide:
+    if chosen.width > wide:
         after = (
             "when the timing budget ran out (evaluator.max_timed_s)"
-            if chosen.get("out_of_time")
+            if chosen.out_of_time or no_time_left
             else "after measuring again"
         )
-        found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} {after} (+-{chosen['width']:.1%})")
+        found.append(f"the speedup's 95% interval stayed wider than +-{wide:.0%} {after} (+-{chosen.width:.1%})")
     if is_cuda:
         return found
     return found + contention_reasons(chosen, timed_s, config)
 
 
-def contention_reasons(chosen: dict, timed_s: float, config) -> list[str]:
+def contention_reasons(chosen: Round, timed_s: float, config) -> list[str]:
     """On the CPU, why the machine took the CPU away during the chosen round's timing, one line
     each (each begins "contention:"); empty when it did not. A run with any is `contended`
     (StageResult), which the tripwire judges by its reference's median alone.
@@ -472,22 +537,22 @@ def contention_reasons(chosen: dict, timed_s: float, config) -> list[str]:
     - the hypervisor took more than contention_limit of the timed seconds (steal)."""
     found = []
     limit = float(config.contention_limit)
-    pairs = len(chosen["times"]["ref"])
-    if pairs and chosen["disturbed"] / pairs > limit:
+    pairs = len(chosen.ref_us)
+    if pairs and chosen.disturbed / pairs > limit:
         found.append(
-            f"contention: in {chosen['disturbed']} of {pairs} timed pairs this process was preempted or "
+            f"contention: in {chosen.disturbed} of {pairs} timed pairs this process was preempted or "
             f"waited for a CPU during a call (limit {limit:.0%}; load average {os.getloadavg()[0]:.1f})"
         )
-    held, round_s = chosen["others_s"], chosen["round_s"]
+    held, round_s = chosen.others_s, chosen.round_s
     if round_s > 0 and held / round_s > float(config.contention_wait_limit):
         found.append(
             f"contention: other processes held this process's CPU for {held / round_s:.0%} of the timed "
             f"phase ({held:.2f} of {round_s:.2f} s waiting for a CPU while none of its threads ran; limit "
             f"{float(config.contention_wait_limit):.0%}; load average {os.getloadavg()[0]:.1f})"
         )
-    if timed_s > 0 and chosen["steal_s"] / timed_s > limit:
+    if timed_s > 0 and chosen.steal_s / timed_s > limit:
         found.append(
-            f"contention: the hypervisor took {chosen['steal_s']:.2f} s of this CPU during "
+            f"contention: the hypervisor took {chosen.steal_s:.2f} s of this CPU during "
             f"{timed_s:.2f} s of timed calls (steal)"
         )
     return found
@@ -618,7 +683,7 @@ T_975_3DOF = 3.182  # Student's t, 97.5% quantile, BATCHES - 1 degrees of freedo
 
 
 def speedup_interval(
-    torch, ref_us: list[float], cand_us: list[float], seed: int, resamples: int = 400, quantile: float = 0.5
+    torch, ref_us: Sequence[float], cand_us: Sequence[float], seed: int, resamples: int = 400, quantile: float = 0.5
 ) -> tuple[float, float, float]:
     """95% interval of q(ref) / q(cand), q the times' `quantile` (the median by default): the
     wider of a bootstrap over whole pairs and a batch-means interval over consecutive batches
@@ -642,7 +707,7 @@ def speedup_interval(
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, n, (resamples, n), generator=gen)
 
-    def resampled(values: list[float]):
+    def resampled(values: Sequence[float]):
         drawn = torch.tensor(values, dtype=torch.float64)[idx]
         return drawn.median(dim=1).values if quantile == 0.5 else torch.quantile(drawn, quantile, dim=1)
 
@@ -661,7 +726,7 @@ def speedup_interval(
     return lo, hi, (hi - lo) / 2 / point
 
 
-def _hi_at_least(ref_us: list[float], cand_us: list[float], quantile: float, bound: float) -> bool:
+def _hi_at_least(ref_us: Sequence[float], cand_us: Sequence[float], quantile: float, bound: float) -> bool:
     """Whether speedup_interval's upper end is sure to be at least `bound`, without the bootstrap:
     from 4 * BATCHES pairs on it is at least the point estimate (the batch-means part)."""
     if len(ref_us) < 4 * BATCHES:
@@ -671,7 +736,7 @@ def _hi_at_least(ref_us: list[float], cand_us: list[float], quantile: float, bou
 
 
 def quantile_interval(
-    torch, values: list[float], seed: int, resamples: int = 400, quantile: float = 0.5
+    torch, values: Sequence[float], seed: int, resamples: int = 400, quantile: float = 0.5
 ) -> tuple[float | None, float | None]:
     """95% interval of the `quantile` of one side's times: the wider of a bootstrap and a
     batch-means interval (see speedup_interval); (None, None) for fewer than 4 values."""
@@ -691,7 +756,7 @@ def quantile_interval(
     return lo, hi
 
 
-def iqr(values: list[float]) -> float:
+def iqr(values: Sequence[float]) -> float:
     if len(values) < 4:
         return 0.0
     q = statistics.quantiles(values, n=4)
@@ -703,7 +768,7 @@ DRIFT_MIN_PAIRS = 4 * DRIFT_BLOCKS  # fewer pairs: blocks too small to tell a tr
 
 
 def drift_reasons(
-    ref_us: list[float], cand_us: list[float], seed: int, torch, limit: float, quantile: float = 0.5
+    ref_us: Sequence[float], cand_us: Sequence[float], seed: int, torch, limit: float, quantile: float = 0.5
 ) -> list[str]:
     """Why a series of timed pairs does not measure one steady state, one line each.
 

@@ -31,6 +31,7 @@ import socket
 import stat
 import struct
 import threading
+import types
 
 # What the harness's side calls, taken when the evaluator is imported, before any candidate code: a
 # candidate that rebinds os.write, select.select or hashlib.sha256 (or json's encoder) changes
@@ -64,8 +65,12 @@ def encode(record: dict) -> bytes:
     return _json(record).encode()
 
 
-# control characters and lone surrogates (which UTF-8 cannot carry) as \\u escapes
-_ESCAPES = {**{i: f"\\u{i:04x}" for i in (*range(0x20), *range(0xD800, 0xE000))}, ord('"'): '\\"', ord("\\"): "\\\\"}
+# control characters and lone surrogates (which UTF-8 cannot carry) as \\u escapes; read-only, so a
+# candidate that reached this module cannot make a character of a string the harness sends into
+# JSON of its own (keys after the harness's figures, which the parent would take in their place)
+_ESCAPES = types.MappingProxyType(
+    {**{i: f"\\u{i:04x}" for i in (*range(0x20), *range(0xD800, 0xE000))}, ord('"'): '\\"', ord("\\"): "\\\\"}
+)
 
 
 def _json(value) -> str:
