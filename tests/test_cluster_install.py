@@ -346,11 +346,11 @@ def test_no_disruption_budget_is_ignored_or_blocks_every_drain(installed):
 # -- Ray resources and autoscaling ----------------------------------------------------------
 
 
-def cluster_train_config():
-    """The training config the training pipeline's train step uses by default (its train_config parameter)."""
+def cluster_config():
+    """The config the training pipeline's steps, its train step among them, use by default (its config parameter)."""
     from speedforge.config import loads_config
 
-    return loads_config(str(pipeline_parameters("training")["train_config"] or ""), where="train_config")
+    return loads_config(str(pipeline_parameters("training")["config"] or ""), where="config")
 
 
 def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(installed, monkeypatch):
@@ -369,7 +369,7 @@ def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(
         raise AssertionError("the placement must not depend on the GPUs the cluster has up now")
 
     monkeypatch.setattr(ray, "cluster_resources", no_cluster_here)
-    scaling = scaling_config(cluster_train_config().train.ray)
+    scaling = scaling_config(cluster_config().train.ray)
     assert scaling.resources_per_worker.get(TRAIN_RESOURCE, 0) > 0, "training may land on a bench or build pod"
     assert scaling.use_gpu is True and scaling.resources_per_worker.get("GPU", 0) > 0
 
@@ -377,7 +377,7 @@ def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(
 def test_the_training_family_is_the_one_the_pipeline_stages():
     source = str(pipeline_parameters("training")["source"])
     assert source.startswith("builtin:")
-    train = cluster_train_config().train
+    train = cluster_config().train
     assert train.family == source.split(":", 1)[1], f"the pipeline stages {source}, training reads {train.family} tasks"
 
 
@@ -396,7 +396,7 @@ def test_every_custom_resource_asked_for_is_offered_by_a_group_that_scales_from_
     settings = loads_config(str(pipeline_parameters("training")["config"] or ""))
     for pool in str(pipeline_parameters("training")["pools"]).split(","):
         asked[f"pool {pool}"] = worker_need(settings.service.pools[pool])
-    asked["training"] = dict(cluster_train_config().train.ray.resources)
+    asked["training"] = dict(cluster_config().train.ray.resources)
     for who, need in asked.items():
         for resource in need:
             if resource not in ("CPU", "GPU", "memory"):
@@ -406,7 +406,7 @@ def test_every_custom_resource_asked_for_is_offered_by_a_group_that_scales_from_
 def test_the_configs_used_against_a_cluster_autoscale():
     """Every GPU group scales from zero and goes down after idleTimeoutSeconds, so a nightly run
     finds its pools without a node: the evaluating steps (the pipeline's config, joined to the
-    cluster at ray_address) and the train driver (its training config) must wait for one."""
+    cluster at ray_address) and the train driver (the config's service: section) must wait for one."""
     from pipelines.steps import CLUSTER_ADDRESS
     from speedforge.cluster.pools import for_address, plan_bench_workers
     from speedforge.config import loads_config
@@ -419,7 +419,7 @@ def test_the_configs_used_against_a_cluster_autoscale():
         assert service.autoscaling is True, name
         pools = {p: service.pools[p] for p in str(params["pools"]).split(",")}
         assert plan_bench_workers(pools, [], autoscaling=service.autoscaling)  # no node up: asked for, not refused
-    assert cluster_train_config().service.autoscaling is True
+    assert cluster_config().service.autoscaling is True
     assert for_address(loads_config("").service, "").autoscaling is False  # a Ray started here: refused at once
 
 

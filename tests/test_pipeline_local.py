@@ -318,19 +318,14 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
     own through the Job Submission API; the trained weights handed to the search as a store URI
     (a local path would not exist in the search's step)."""
     measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
-    text, config = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
-    train = (
+    pools, _ = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
+    text = pools + (
         f'policy: {{model: "{tiny_model}", device: cpu}}\n'
-        f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {measure}}}\n'
         f"train:\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n"
         "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n"
-    )
+    )  # one config for every step: the train step reads its train: section
     run = run_pipeline_locally(
-        PIPELINES["training"].func,
-        {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
-        config,
-        text,
-        ray_head=True,
+        PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 16}, loads_config(text), text, ray_head=True
     )
     steps = check_training_run(run)
     # quiet: one line per step as it ended, its figure after the seconds; the tasks' output in log files

@@ -101,14 +101,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "only the store and KFP's values), the store on an embedded S3 server, a local Ray per "
         "evaluating step, the train step submitted to a Ray head of its own through the Job "
         "Submission API (as KubeRay's submitter does); the cpp family and the default small model "
-        "on a tiny budget. Prints a line per step as it ends (name, state, seconds, its main figure) "
-        "and where the report is; each step's own output goes to a log file (<cache>/pipeline-root/<run>/"
+        "on a tiny budget. --config names the run's one config, which every step reads (its train: "
+        "section the train step's; default: the embedded defaults). Prints a line per step as it ends "
+        "(name, state, seconds, its main figure) and where the report is; each step's own output goes to a log file (<cache>/pipeline-root/<run>/"
         "logs/), whose path is printed when the step fails.",
     )
     run_local.add_argument("--source", default="builtin:cpp", help="task source (default: builtin:cpp)")
     run_local.add_argument("--pools", default="cpu", help="comma-separated pools (default: cpu)")
     run_local.add_argument("--train-stage", default="grpo", help="training stage (default: grpo)")
-    run_local.add_argument("--train-config", help="YAML file of the training config (default: embedded defaults)")
     run_local.add_argument("--model", default="", help="policy model of the search (default: the trained checkpoint)")
     run_local.add_argument(
         "--baseline-candidates", type=int, default=2, help="candidates measured per pool (default: 2)"
@@ -269,7 +269,6 @@ def _run_local(args: argparse.Namespace) -> int:
         "search_rounds": args.search_rounds,
         "search_samples": args.search_samples,
         "max_new_tokens": args.search_tokens,
-        "train_config": read_text(args.train_config, "training config") if args.train_config else "",
     }
     config_text = read_text(args.config, "config file") if args.config else ""
     run = run_pipeline_locally(

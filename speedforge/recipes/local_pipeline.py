@@ -71,8 +71,8 @@ def run_pipeline_locally(
 
     A pipeline's `ray_address` defaults to the cluster's head service (pipelines.steps.CLUSTER_ADDRESS),
     a name only a cluster resolves: unless `arguments` name one, the run passes "" (a local Ray in
-    each evaluating step). So with `train_config`, whose default is a cluster's (the training group's
-    resource, a GPU, the cuda family): unless named, the run passes "" (the embedded defaults).
+    each evaluating step). Its `config` defaults to a cluster's too (the training group's resource,
+    a GPU, the cuda family): the run passes `config_text` ("" = the embedded defaults) instead.
 
     Quiet (the default): `say` gets one line per step as it ends (speedforge.recipes.run_progress),
     each KFP task's output goes to <pipeline root>/<KFP run>/logs/<NN>-<task>.log and kfp.local's
@@ -86,7 +86,7 @@ def run_pipeline_locally(
     from speedforge.store.s3server import SeaweedServer
 
     inputs = pipeline_func.component_spec.inputs or {}
-    arguments = {**{name: "" for name in ("ray_address", "train_config") if name in inputs}, **arguments}
+    arguments = {**({"ray_address": ""} if "ray_address" in inputs else {}), **arguments}
     cache = Path(config.evaluator.cache_dir).expanduser().resolve()  # absolute: each step runs in a folder of its own
     pipeline_root = cache / "pipeline-root"
     store_uri = f"s3://{BUCKET}/{PREFIX}"

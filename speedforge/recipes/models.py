@@ -225,19 +225,14 @@ def split_moved(config: Config, reg: ModelRegistry) -> str:
     )
 
 
-def gate_training_outcome(
-    train_config: str, outcome: dict, store: str, store_config=None, dataset: str = "", say: Say = print
-) -> dict:
+def gate_training_outcome(config: Config, outcome: dict, store: str, dataset: str = "", say: Say = print) -> dict:
     """The pipeline's gate step: register the checkpoint a training step wrote (`outcome`, its
     TrainOutcome as a dict; the weights by their store URI) in `store`'s registry with its lineage
-    and held-out check, then gate it against the champion. `train_config`: the training config's
-    YAML text (its tasks, split, pool, policy and gate settings)."""
-    from speedforge.config import loads_config
+    and held-out check, then gate it against the champion. `config`: the run's (its train: tasks,
+    split and pool, its policy and its models.gate settings)."""
     from speedforge.recipes.training import with_run_store
 
-    config = with_run_store(
-        loads_config(train_config, where="the training config"), store, store_config, run=outcome["run"]
-    )
+    config = with_run_store(config, store, run=outcome["run"])
     version = register_checkpoint(
         config,
         outcome["final_checkpoint_uri"],
