@@ -29,7 +29,7 @@ import yaml
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -128,8 +128,8 @@ def test_every_ray_address_a_pipeline_pod_dials_resolves_from_the_namespace_it_r
 
 
 def test_the_components_fill_in_the_namespace_as_this_test_does():
-    from pipelines.steps import CLUSTER_ADDRESS
-    from speedforge.recipes.placement import ray_address_in
+    from speedforge.kubeflow.pipelines.steps import CLUSTER_ADDRESS
+    from speedforge.kubeflow.placement import ray_address_in
 
     assert ray_address_in(CLUSTER_ADDRESS, "ray-team") == "ray://speedforge-head-svc.ray-team.svc.cluster.local:10001"
     assert ray_address_in("", "ray-team") == ""  # a local Ray in the step's pod
@@ -407,7 +407,7 @@ def test_the_configs_used_against_a_cluster_autoscale():
     """Every GPU group scales from zero and goes down after idleTimeoutSeconds, so a nightly run
     finds its pools without a node: the evaluating steps (the pipeline's config, joined to the
     cluster at ray_address) and the train driver (the config's service: section) must wait for one."""
-    from pipelines.steps import CLUSTER_ADDRESS
+    from speedforge.kubeflow.pipelines.steps import CLUSTER_ADDRESS
     from speedforge.cluster.pools import for_address, plan_bench_workers
     from speedforge.config import loads_config
 
@@ -601,7 +601,7 @@ def test_the_train_steps_rayjob_is_deleted_however_it_ends_and_never_owned_acros
     none, and the step deletes the job whatever ends it: success, failure, a stop, its deadline.
     KubeRay deletes no RayJob that selects a cluster (clusterSelector), TTL or not."""
     from speedforge.cluster import rayjob
-    from speedforge.recipes import training_job
+    from speedforge.train import remote as training_job
 
     monkeypatch.setenv("POD_NAMESPACE", "kubeflow")
     monkeypatch.setenv("POD_NAME", "p")
@@ -648,11 +648,7 @@ def test_every_kubernetes_call_in_the_code_is_granted_and_nothing_else(installed
     from speedforge.cluster.rayjob import API_CALLS, CLIENT_VERBS, GROUP, PLURAL
 
     called = set()
-    for path in [
-        *(ROOT / "speedforge").rglob("*.py"),
-        *(ROOT / "components").rglob("*.py"),
-        *(ROOT / "pipelines").rglob("*.py"),
-    ]:
+    for path in (ROOT / "speedforge").rglob("*.py"):  # the Kubeflow components and pipelines among them
         for method in re.findall(
             r"\.((?:create|get|list|delete|patch|replace|delete_collection)_\w*namespaced_\w+)\(", path.read_text()
         ):
@@ -668,7 +664,7 @@ def test_every_kubernetes_call_in_the_code_is_granted_and_nothing_else(installed
 def test_evaluating_steps_keep_their_ray_client_session_through_a_short_outage():
     """The evaluating steps hold a Ray Client session for hours; Ray drops one after 30 s without a
     connection unless the client asks for a longer grace period (its environment)."""
-    from pipelines.steps import CLIENT_GRACE_S
+    from speedforge.kubeflow.pipelines.steps import CLIENT_GRACE_S
 
     assert CLIENT_GRACE_S >= 300
     for pipeline in PIPELINES:

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 from speedforge.config import loads_config  # noqa: E402
-from speedforge.recipes.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
+from speedforge.kubeflow.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
 from speedforge.models.records import HeldoutEval  # noqa: E402
 from speedforge.models.registry import ModelRegistry  # noqa: E402
 from speedforge.store import open_store  # noqa: E402

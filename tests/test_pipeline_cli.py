@@ -15,12 +15,12 @@ import pytest
 
 from speedforge.cli import main
 from speedforge.errors import UserError
-from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, next_runs, parse_params
+from speedforge.kubeflow.kfp_runs import DEFAULT_CRON, check_cron, next_runs, parse_params
 from kfp_fakes import FakeApi, closed_port
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 
 TRAINING = str(PIPELINES["training"].package)
 IMAGE = "registry.example.com/team/speedforge:7"
@@ -279,7 +279,7 @@ def test_a_bare_or_missing_image_is_refused_in_one_line_before_any_endpoint_is_t
 
 
 def test_fully_qualified_images_pass(monkeypatch):
-    from speedforge.recipes.kfp_runs import check_image
+    from speedforge.kubeflow.kfp_runs import check_image
 
     for image in (
         "registry.example.com/speedforge:0.1.0",

@@ -25,15 +25,15 @@ pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
 from kfp import dsl  # noqa: E402
 
-from components.baselines import measure_baselines  # noqa: E402
-from components.pools import check_pools, pool_placement  # noqa: E402
-from components.select import select_best  # noqa: E402
-from components.stage import stage_dataset  # noqa: E402
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.components.baselines import measure_baselines  # noqa: E402
+from speedforge.kubeflow.components.pools import check_pools, pool_placement  # noqa: E402
+from speedforge.kubeflow.components.select import select_best  # noqa: E402
+from speedforge.kubeflow.components.stage import stage_dataset  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 from speedforge.cli import main  # noqa: E402
 from speedforge.config import loads_config  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
-from speedforge.recipes.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
+from speedforge.kubeflow.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.store.s3server import SeaweedServer  # noqa: E402
 
@@ -84,7 +84,7 @@ def write_a_model_here(config: str, store: str, run_id: str) -> str:
     from pathlib import Path
 
     from speedforge.config import loads_config
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     def write() -> dict:
         folder = Path("model").resolve()
@@ -99,7 +99,7 @@ def write_a_model_here(config: str, store: str, run_id: str) -> str:
 def load_the_model(config: str, store: str, run_id: str, model: str) -> dict:
     from speedforge.config import loads_config
     from speedforge.policy.backends import resolve_model
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     return run_step(loads_config(config), store, run_id, "load", lambda: {"folder": resolve_model(model)[0]})
 
@@ -136,7 +136,7 @@ def where_am_i(config: str, store: str, run_id: str, name: str) -> dict:
     import tempfile
 
     from speedforge.config import loads_config
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     return run_step(
         loads_config(config),
@@ -220,7 +220,7 @@ def test_baselines_fan_out_over_two_pools_and_the_best_variants_are_selected(tmp
     assert selected["pools"][task_id] in ("cpu", "cpu2") and selected["best"][task_id] > 0
 
 
-NEEDS = ("speedforge.recipes.training", "speedforge.recipes.portability", "speedforge.recipes.report")
+NEEDS = ("speedforge.train.run", "speedforge.recipes.portability", "speedforge.recipes.report")
 needs_training = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in NEEDS),
     reason="the training pipeline needs issue 12's and issue 14's recipes: " + ", ".join(NEEDS),

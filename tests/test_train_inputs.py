@@ -17,7 +17,7 @@ pytest.importorskip("ray")
 from speedforge import families  # noqa: E402
 from speedforge.config import Config, ConfigError, SFTConfig, TrainConfig, load_config  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
-from speedforge.recipes.training import run_training, with_run_store  # noqa: E402
+from speedforge.train.run import run_training, with_run_store  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("trl", reason="training needs the 'train' extra")
 
 from speedforge.cluster.ray_head import WORKER_PORTS, RayHead, worker_range  # noqa: E402
 from speedforge.config import CPU_POOL_RESOURCE, GPU_BENCH_RESOURCE  # noqa: E402
-from speedforge.recipes.training_job import TrainingJob, run_training_job  # noqa: E402
+from speedforge.train.remote import TrainingJob, run_training_job  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
 

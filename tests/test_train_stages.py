@@ -20,7 +20,7 @@ from speedforge.config import RewardConfig  # noqa: E402
 from speedforge.config import SelfTrainConfig, SFTConfig, TrainConfig  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
 from speedforge.records import Candidate  # noqa: E402
-from speedforge.recipes.training import run_training  # noqa: E402
+from speedforge.train.run import run_training  # noqa: E402
 from speedforge.variants import VariantsTable, make_variant  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.tasks import find_task  # noqa: E402
@@ -301,7 +301,7 @@ def test_grpo_generation_kwargs_name_the_static_cache_only_when_asked():
 
 @pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)
 def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(workspace, tiny_model, ray_local):
-    from speedforge.recipes.training_job import TrainingJob, run_training_job
+    from speedforge.train.remote import TrainingJob, run_training_job
 
     store = workspace / "pipeline-store"
     seed_store(make_config(workspace, tiny_model, "job", "pipeline-store"))  # the baselines seed it in a pipeline

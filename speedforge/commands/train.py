@@ -14,7 +14,7 @@ import dataclasses
 import json
 
 from speedforge.config import Config, load_config
-from speedforge.recipes.training import STAGES
+from speedforge.train.run import STAGES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -104,7 +104,7 @@ def with_run(config: Config, run: str | None) -> Config:
 
 def _train(args: argparse.Namespace) -> int:
     from speedforge.errors import UserError
-    from speedforge.recipes.training import run_training
+    from speedforge.train.run import run_training
     from speedforge.reports.training import TrainPrinter
 
     if not args.stage:
@@ -122,7 +122,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from speedforge.recipes.training import train_status
+    from speedforge.train.run import train_status
     from speedforge.reports.training import stages_table, steps_table
     from speedforge.train.metrics import plot_rewards
 
@@ -168,7 +168,7 @@ def _tensorboard(args: argparse.Namespace) -> int:
 
 def _heldout(args: argparse.Namespace) -> int:
     from speedforge.errors import UserError
-    from speedforge.recipes.training import evaluate_heldout
+    from speedforge.train.run import evaluate_heldout
     from speedforge.reports.text import print_table
 
     if args.samples < 1:

@@ -6,7 +6,7 @@ training pipeline.
     version = register_checkpoint(config, "s3://.../final", run_id="pipeline-7", stage="grpo")
     decision = gate_version(config, version.version)            # held-out check of both, judge, record, promote
 
-The gate runs the held-out check (speedforge.recipes.training.evaluate_heldout) on the candidate
+The gate runs the held-out check (speedforge.train.run.evaluate_heldout) on the candidate
 and on the champion with the same tasks, samples (models.gate.samples) and seeds (train.seed), on
 the same pool, and promotes only what speedforge.models.gate.judge says is better; the decision
 is recorded either way, with its figures. A champion that moved while the gate ran is not
@@ -87,7 +87,7 @@ def split_id(heldout: Sequence[Task]) -> str:
 def heldout_eval(config: Config, folder: str, shown_as: str) -> HeldoutEval:
     """The held-out check of the model in `folder` (models.gate.samples per task, seeds from
     train.seed), sample by sample."""
-    from speedforge.recipes.training import evaluate_heldout, read_tasks
+    from speedforge.train.run import evaluate_heldout, read_tasks
     from speedforge.train.data import split_tasks
 
     samples = config.models.gate.samples
@@ -207,7 +207,7 @@ def gate_version(
 def split_moved(config: Config, reg: ModelRegistry) -> str:
     """Why this night's held-out split is not the one fixed for its data set version ("" when it is;
     the first night on a data set version fixes it)."""
-    from speedforge.recipes.training import read_tasks
+    from speedforge.train.run import read_tasks
     from speedforge.train.data import split_tasks
 
     tasks = read_tasks(config)
@@ -230,7 +230,7 @@ def gate_training_outcome(config: Config, outcome: dict, store: str, dataset: st
     TrainOutcome as a dict; the weights by their store URI) in `store`'s registry with its lineage
     and held-out check, then gate it against the champion. `config`: the run's (its train: tasks,
     split and pool, its policy and its models.gate settings)."""
-    from speedforge.recipes.training import with_run_store
+    from speedforge.train.run import with_run_store
 
     config = with_run_store(config, store, run=outcome["run"])
     version = register_checkpoint(
@@ -257,7 +257,7 @@ def gate_training_outcome(config: Config, outcome: dict, store: str, dataset: st
 def held_out_check(config: Config, version: ModelVersion, say: Say, fresh: bool = False) -> HeldoutEval | None:
     """The version's held-out check: the one recorded at registration when it is this check (same
     split, samples, seed, pool) and not `fresh`, else run now; None when it cannot run."""
-    from speedforge.recipes.training import read_tasks
+    from speedforge.train.run import read_tasks
     from speedforge.evaluation import default_pool
     from speedforge.train.data import split_tasks
 

@@ -30,7 +30,7 @@ computed). A result marked unstable counts with its speedup pulled towards 1:
 1 + (s - 1) * unstable_discount.
 
 This module imports only the standard library, the records and the registry helper; the names
-in `train.rewards.weights` are checked where a stage is planned (speedforge.recipes.training).
+in `train.rewards.weights` are checked where a stage is planned (speedforge.train.run).
 """
 
 from __future__ import annotations

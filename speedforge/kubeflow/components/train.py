@@ -5,7 +5,7 @@ from typing import List, NamedTuple
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Model, Output
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -35,9 +35,9 @@ def train(
 
     from speedforge.config import loads_config
     from speedforge.recipes.baselines import describe_baselines
-    from speedforge.recipes.run_steps import run_step
-    from speedforge.recipes.store_artifacts import record
-    from speedforge.recipes.training_job import TrainingJob, run_training_job
+    from speedforge.kubeflow.run_steps import run_step
+    from speedforge.kubeflow.store_artifacts import record
+    from speedforge.train.remote import TrainingJob, run_training_job
 
     print(describe_baselines([dict(results.metadata) for results in baselines]))
     settings = loads_config(config, where="the config parameter")

@@ -11,7 +11,7 @@ outcome's dict written to
 `<store>/train/<stage>/outcome.json`, which is how a remote run hands its outcome back. On the
 cluster the driver is started as
 
-    python -m speedforge.recipes.training_job --stage grpo --store s3://b/runs/n1
+    python -m speedforge.train.remote --stage grpo --store s3://b/runs/n1
 
 with the config text in $SPEEDFORGE_CONFIG_YAML (a runtime env var of the job, never a
 credential: the cluster's pods get those from their own secret). A remote job that fails, is
@@ -76,7 +76,7 @@ class TrainingJob:
 
     def entrypoint(self) -> str:
         """The driver's command on the cluster."""
-        words = ["python", "-m", "speedforge.recipes.training_job", "--stage", self.stage, "--store", self.store]
+        words = ["python", "-m", "speedforge.train.remote", "--stage", self.stage, "--store", self.store]
         return shlex.join(words + (["--run", self.run] if self.run else []) + (["--resume"] if self.resume else []))
 
 
@@ -190,7 +190,7 @@ def train_and_record(stage: str, store: str, config: Config, resume: bool = Fals
     (train/<stage>/outcome.json, reached with config.store) and returned. `run` names the
     training run where the config leaves train.run at its default: each pipeline run trains a
     run of its own in a store that nightly runs share."""
-    from speedforge.recipes.training import run_training, with_run_store
+    from speedforge.train.run import run_training, with_run_store
     from speedforge.store import open_store
 
     target = open_store(store, config=config.store)  # an unreachable store fails before hours of training
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     parser = argparse.ArgumentParser(
-        prog="python -m speedforge.recipes.training_job",
+        prog="python -m speedforge.train.remote",
         description="Run one training stage and record its outcome in the store.",
     )
     parser.add_argument("--stage", required=True)

@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -15,7 +15,7 @@ def gate(config: str, store: str, outcome: dict, dataset_uri: str, run_id: str) 
     worse night leaves the champion as it was."""
     from speedforge.config import loads_config
     from speedforge.recipes.models import gate_training_outcome
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     settings = loads_config(config, where="the config parameter")
     return run_step(

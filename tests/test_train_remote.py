@@ -6,7 +6,7 @@ There is no Kubernetes API here (no cluster in CI): the real kubernetes client, 
 kubeconfig, talks to a fake API server on 127.0.0.1 (tests/kfp_fakes.py) that serves the rayjobs
 resource and moves a job's status along a script, as KubeRay would. The fake plays the job's
 driver too: when the job completes, it records the outcome in the store, as
-`python -m speedforge.recipes.training_job` does on the cluster."""
+`python -m speedforge.train.remote` does on the cluster."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from speedforge.cluster.rayjob import (  # noqa: E402
     rayjob_manifest,
 )
 from speedforge.errors import UserError  # noqa: E402
-from speedforge.recipes.training_job import CONFIG_ENV, TrainingJob, run_training_job  # noqa: E402
+from speedforge.train.remote import CONFIG_ENV, TrainingJob, run_training_job  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
 NAMESPACE = "speedforge"
@@ -148,7 +148,7 @@ def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconf
         {"apiVersion": "v1", "kind": "Pod", "name": "training-abc-train-1", "uid": "0f6c1b6e-uid"}
     ]
     assert name.startswith("speedforge-grpo-") and len(name) <= 47
-    assert body["spec"]["entrypoint"] == f"python -m speedforge.recipes.training_job --stage grpo --store {store}"
+    assert body["spec"]["entrypoint"] == f"python -m speedforge.train.remote --stage grpo --store {store}"
     assert body["spec"]["clusterSelector"] == {"ray.io/cluster": "speedforge"}
     assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {"env_vars": {CONFIG_ENV: "train: {grpo: {steps: 2}}\n"}}
     container = body["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
@@ -228,7 +228,7 @@ def test_every_kubernetes_call_the_train_step_makes_is_in_the_table(kubeconfig, 
 def test_a_named_training_run_travels_to_the_remote_driver():
     store = "s3://b/pipeline"
     assert job(store, run="pipeline-7", resume=True).entrypoint() == (
-        f"python -m speedforge.recipes.training_job --stage grpo --store {store} --run pipeline-7 --resume"
+        f"python -m speedforge.train.remote --stage grpo --store {store} --run pipeline-7 --resume"
     )
 
 
@@ -437,7 +437,7 @@ def test_a_ray_job_is_submitted_to_the_dashboard_and_followed_to_its_outcome(tmp
             run_training_job(ray_job(store, api.url, config_text="train: {sft: {}}\n"), on_status=lines.append)
             == outcome
         )
-    assert jobs.submitted["entrypoint"] == f"python -m speedforge.recipes.training_job --stage sft --store {store}"
+    assert jobs.submitted["entrypoint"] == f"python -m speedforge.train.remote --stage sft --store {store}"
     assert jobs.submitted["runtime_env"] == {"env_vars": {CONFIG_ENV: "train: {sft: {}}\n"}}
     assert [line.rsplit(": ", 1)[1] for line in lines[1:]] == ["PENDING", "RUNNING", "SUCCEEDED"]
 

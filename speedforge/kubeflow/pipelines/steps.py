@@ -11,9 +11,9 @@ GPU (use it without a RayCluster, never beside one that holds the same GPUs)."""
 import yaml
 from kfp import dsl, kubernetes
 
-from components.pools import pool_placement
-from components.portability import portability
-from components.report import report
+from speedforge.kubeflow.components.pools import pool_placement
+from speedforge.kubeflow.components.portability import portability
+from speedforge.kubeflow.components.report import report
 from speedforge.cluster.rayjob import IMAGE_UID, PULL_SECRET
 from speedforge.config import TRAIN_RESOURCE
 

@@ -122,7 +122,7 @@ def read_tasks(config: Config) -> list[Task]:
         from speedforge.tasks.importers import import_source
 
         return import_source(uri[len(CUDA_L1) :], kind="cuda-l1-jsonl", family=config.train.family, skip_bad=True).tasks
-    from speedforge.recipes.records import read_records
+    from speedforge.record_sources import read_records
 
     return read_records(uri, "tasks", config, config.store.endpoint_url)
 

@@ -14,16 +14,16 @@ defaults instead.
 
 from kfp import dsl
 
-from components import IMAGE
-from components.baselines import measure_baselines
-from components.failure import run_report
-from components.gate import gate
-from components.optimize import optimize
-from components.pools import check_pools, pool_placement
-from components.select import select_best
-from components.stage import stage_dataset
-from components.train import train
-from pipelines.steps import (
+from speedforge.kubeflow.components import IMAGE
+from speedforge.kubeflow.components.baselines import measure_baselines
+from speedforge.kubeflow.components.failure import run_report
+from speedforge.kubeflow.components.gate import gate
+from speedforge.kubeflow.components.optimize import optimize
+from speedforge.kubeflow.components.pools import check_pools, pool_placement
+from speedforge.kubeflow.components.select import select_best
+from speedforge.kubeflow.components.stage import stage_dataset
+from speedforge.kubeflow.components.train import train
+from speedforge.kubeflow.pipelines.steps import (
     CLUSTER_ADDRESS,
     CLUSTER_CONFIG,
     CLUSTER_NAMESPACE,
@@ -59,8 +59,8 @@ def training(
     search_rounds: int = 2,
     search_samples: int = 4,
     max_new_tokens: int = 0,  # 0 = config.policy.max_new_tokens
-    config: str = CLUSTER_CONFIG,  # YAML text of the speedforge config, train: among its sections: the cluster's (pipelines/steps.py); "" = the embedded defaults (a CPU run on cpp tasks)
-    s3_secret: str = "speedforge-s3",  # Kubernetes secret with the S3 credentials (pipelines/steps.py)
+    config: str = CLUSTER_CONFIG,  # YAML text of the speedforge config, train: among its sections: the cluster's (steps.py); "" = the embedded defaults (a CPU run on cpp tasks)
+    s3_secret: str = "speedforge-s3",  # Kubernetes secret with the S3 credentials (steps.py)
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     failure = step(run_report(config=config, store=store, run_id=run_id), s3_secret, name="run report")
