@@ -5,11 +5,10 @@ cluster, or as a Ray job through the Job Submission API.
                       image="speedforge:0.1.0")
     outcome = run_training_job(job, on_status=print)   # TrainOutcome.to_dict()
 
-Every mode runs the same thing, `train_and_record`: issue 12's training recipe on the run's
-config (YAML text, its `train:` section the stage's; empty: the embedded defaults), then the
-outcome's dict written to
-`<store>/train/<stage>/outcome.json`, which is how a remote run hands its outcome back. On the
-cluster the driver is started as
+Every mode runs the same thing, `train_and_record`: the stage (speedforge.train.run) on the
+run's config (YAML text, its `train:` section the stage's; empty: the embedded defaults), then
+the outcome's dict written to `<store>/train/<stage>/outcome.json`, which is how a remote run
+hands its outcome back. On the cluster the driver is started as
 
     python -m speedforge.train.remote --stage grpo --store s3://b/runs/n1
 
@@ -186,9 +185,9 @@ def pod_namespace() -> str:
 
 
 def train_and_record(stage: str, store: str, config: Config, resume: bool = False, run: str = "") -> dict:
-    """Issue 12's training stage on `config`, its outcome's dict recorded in the run's store
-    (train/<stage>/outcome.json, reached with config.store) and returned. `run` names the
-    training run where the config leaves train.run at its default: each pipeline run trains a
+    """The training stage (speedforge.train.run) on `config`, its outcome's dict recorded in the
+    run's store (train/<stage>/outcome.json, reached with config.store) and returned. `run` names
+    the training run where the config leaves train.run at its default: each pipeline run trains a
     run of its own in a store that nightly runs share."""
     from speedforge.train.run import run_training, with_run_store
     from speedforge.store import open_store
