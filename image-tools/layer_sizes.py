@@ -50,7 +50,7 @@ def source_mb() -> float:
     editable install, whose RECORD lists no files)."""
     files = [
         p
-        for d in ("speedforge", "components", "pipelines", "native")
+        for d in ("speedforge", "native")
         for p in (ROOT / d).rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     ]

@@ -5,10 +5,10 @@ run stage needs, the language a candidate is written in, what the response parse
 the module that builds and runs it in the sandbox, how it is built and cached, its prompt
 template and where its built-in tasks come from. No module tests a family's name.
 
-Each family registers itself in the module that implements it (`register`, at that module's
-import). The registry imports those modules, listed in `DEFINING_MODULES`, on the first
-lookup, so that asking for a family never depends on what happened to be imported before, and
-importing this module imports nothing else: no torch, no ray, no family module.
+The built-in families are declared here, in `BUILTIN`, as plain records: the modules a family
+names (its sandbox, its prompt context, its task list) are dotted names, imported only where they
+are used, and a test imports every one of them. Importing this module imports nothing else: no
+torch, no ray, no family module. A family of another package joins with `register`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from typing import Any
 
 from speedforge.registry import UnknownName
 
-# The modules that define the built-in families, imported on the first lookup.
-DEFINING_MODULES = ("speedforge.evaluator.harness", "speedforge.ann.family")
 DEVICES = ("cpu", "cuda")
 LANGUAGES = ("python", "cpp")
 
@@ -64,8 +62,56 @@ class Family:
         return not self.device_only or device.partition(":")[0] == self.device
 
 
-_REGISTRY: dict[str, Family] = {}
-_LOADED = False
+BUILTIN = (
+    # KernelBench programs on the CPU (inline C++); a candidate compiles only when it loads inline
+    # C++/CUDA (speedforge.evaluator.evaluate.needs_build)
+    Family(
+        name="cpp",
+        device="cpu",
+        device_only=False,
+        language="python",
+        marker="ModelNew",
+        sandbox="speedforge.evaluator.harness",
+        always_builds=False,
+        task_in_build_key=False,
+        template="cpp.jinja",
+        kernelbench=True,
+        pin_cpus=True,
+    ),
+    # KernelBench programs on a GPU (inline CUDA)
+    Family(
+        name="cuda",
+        device="cuda",
+        device_only=True,
+        language="python",
+        marker="ModelNew",
+        sandbox="speedforge.evaluator.harness",
+        always_builds=False,
+        task_in_build_key=False,
+        template="cuda.jinja",
+        kernelbench=True,
+        pin_cpus=False,
+    ),
+    # a module of the graph ANN engine in C++, linked as the module its task names: every candidate
+    # builds, and the task (its spec) is part of the build key
+    Family(
+        name="ann",
+        device="cpu",
+        device_only=False,
+        language="cpp",
+        marker="",
+        sandbox="speedforge.ann.family",
+        always_builds=True,
+        task_in_build_key=True,
+        template="ann.jinja",
+        kernelbench=False,
+        pin_cpus=False,
+        prompt_context="speedforge.ann.tasks:prompt_context",
+        task_list="speedforge.ann.tasks:builtin_tasks",
+    ),
+)
+
+_REGISTRY: dict[str, Family] = {family.name: family for family in BUILTIN}
 _LOCK = threading.RLock()
 
 
@@ -90,13 +136,11 @@ def get(name: str) -> Family:
 
 def find(name: str) -> Family | None:
     """The family called `name`, or None (for callers that let an unknown family fail later)."""
-    _load()
     return _REGISTRY.get(name)
 
 
 def names() -> list[str]:
     """Every registered family name, sorted."""
-    _load()
     return sorted(_REGISTRY)
 
 
@@ -109,15 +153,3 @@ def resolve(ref: str) -> Callable[..., Any]:
     """The function a "module:function" reference of a Family names."""
     module, _, function = ref.partition(":")
     return getattr(importlib.import_module(module), function)
-
-
-def _load() -> None:
-    """Import the modules that define the built-in families, once."""
-    global _LOADED
-    if _LOADED:
-        return
-    with _LOCK:
-        if not _LOADED:
-            for module in DEFINING_MODULES:
-                importlib.import_module(module)
-            _LOADED = True

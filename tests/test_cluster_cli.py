@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 
 import cluster_fixtures as fx  # noqa: E402
 from speedforge.cli import main  # noqa: E402
-from speedforge.recipes.records import read_records  # noqa: E402
+from speedforge.record_sources import read_records  # noqa: E402
 from speedforge.config import Config  # noqa: E402
 from speedforge.records import EvalResult  # noqa: E402
 from speedforge.store.staging import stage_dataset  # noqa: E402

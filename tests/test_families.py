@@ -1,4 +1,5 @@
-"""The family registry: one record per task family, complete, registered by its own module."""
+"""The family registry: one record per task family, complete, the built-in ones declared in one
+place, every module a record names importable."""
 
 from __future__ import annotations
 
@@ -45,21 +46,23 @@ def test_the_builtin_families_say_what_the_evaluator_and_policy_do_with_them():
     assert cpp.pin_cpus and not cuda.pin_cpus and not ann.pin_cpus
 
 
-def test_ann_registers_itself_from_its_own_module_and_the_registry_imports_nothing_heavy():
-    # a fresh interpreter: what importing the registry and the ann module does on its own
+def test_the_builtin_families_are_declared_in_one_place_and_the_registry_imports_nothing_heavy():
+    # a fresh interpreter: what asking the registry for every family imports
     script = (
-        "import sys\n"
+        "import json, sys\n"
         "from speedforge import families\n"
-        "heavy = sorted(m for m in ('torch', 'ray', 'numpy', *families.DEFINING_MODULES) if m in sys.modules)\n"
-        "import speedforge.ann.family as ann\n"
-        "print(json.dumps([heavy, sorted(families._REGISTRY), families.get('ann') is ann.ANN, ann.ANN.sandbox]))\n"
+        "found = [(f.name, f.sandbox, f.prompt_context, f.task_list) for f in families.all_families()]\n"
+        "named = {f.sandbox for f in families.BUILTIN} | {r.partition(':')[0] for f in families.BUILTIN "
+        "for r in (f.prompt_context, f.task_list) if r}\n"
+        "heavy = sorted(m for m in ('torch', 'ray', 'numpy', *named) if m in sys.modules)\n"
+        "print(json.dumps([heavy, found, sorted(named)]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", "import json\n" + script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    heavy, registered_by_ann, same, sandbox = json.loads(out.stdout)
-    assert heavy == []  # importing the registry imported no family module, no torch, no ray
-    assert registered_by_ann == ["ann"]  # importing ann's module registered ann, and nothing else
-    assert same and sandbox == "speedforge.ann.family"
+    heavy, found, named = json.loads(out.stdout)
+    assert heavy == []  # asking for every family imported no family module, no torch, no ray
+    assert [name for name, *_ in found] == ["ann", "cpp", "cuda"]
+    assert named == ["speedforge.ann.family", "speedforge.ann.tasks", "speedforge.evaluator.harness"]
 
 
 def test_registering_another_record_under_a_known_name_is_an_error():

@@ -22,7 +22,7 @@ import yaml
 from shared_data import SHARED_DATA
 
 from speedforge.config import GPU_BENCH_RESOURCE, GPU_PRODUCT_LABEL, GPU_PRODUCTS, RayTrainConfig, ServiceConfig
-from speedforge.recipes.kfp_runs import check_image
+from speedforge.kubeflow.kfp_runs import check_image
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -219,7 +219,7 @@ def role_pods(rendered) -> dict[str, dict[str, str]]:
     """Every kind of pod speedforge runs, by name, with its labels as rendered: the Ray head and
     each worker group (KubeRay adds ray.io/cluster), and the pipeline's steps (the compiled
     YAML's pod labels, the same on every step)."""
-    from pipelines import PIPELINES
+    from speedforge.kubeflow.pipelines import PIPELINES
 
     (cluster,) = [d for d in rendered["base"] if d["kind"] == "RayCluster"]
     ray = {"ray.io/cluster": cluster["metadata"]["name"]}
@@ -333,7 +333,7 @@ def test_the_pipeline_pods_service_account_may_make_exactly_the_calls_the_code_m
     other role, cluster role or service account is made. (KFP's own install gives these
     accounts what its runner needs.)"""
     from speedforge.cluster.rayjob import API_CALLS
-    from pipelines import PIPELINES
+    from speedforge.kubeflow.pipelines import PIPELINES
 
     everything = [d for docs in rendered.values() for d in docs]
     assert not [d for d in everything if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount")]
@@ -412,7 +412,7 @@ def test_the_overlays_change_the_groups_bounds_and_image_only_where_they_say(ren
 
 def test_the_rayjob_by_hand_is_the_one_the_train_step_creates(rendered):
     from speedforge.cluster.rayjob import RayJobSpec, rayjob_manifest
-    from speedforge.recipes.training_job import TrainingJob
+    from speedforge.train.remote import TrainingJob
 
     (by_hand,) = rendered["jobs"]
     entrypoint = TrainingJob(stage="grpo", store="s3://speedforge/runs/training").entrypoint()

@@ -349,7 +349,7 @@ def test_resolve_model_fetches_a_reference_from_the_registry_the_environment_nam
 
 
 def test_training_starts_from_the_champion_when_there_is_one(tiny_model, tmp_path):
-    from speedforge.recipes.training import starting_model
+    from speedforge.train.run import starting_model
 
     config = local_config(tmp_path)
     config = dataclasses.replace(

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 from speedforge.config import loads_config  # noqa: E402
-from speedforge.recipes.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
+from speedforge.kubeflow.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
 from speedforge.models.records import HeldoutEval  # noqa: E402
 from speedforge.models.registry import ModelRegistry  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
@@ -44,18 +44,14 @@ BUDGET = {
 @pytest.mark.timeout(2700)  # more than the suite's 900 s per test
 def test_the_second_night_warm_starts_from_the_first_nights_champion(tmp_path, tiny_model, warm_cache):
     config_text = (
-        f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
-        f'models: {{cache_dir: "{tmp_path / "models"}"}}\n'
-    )  # the search step's copy of the champion
-    train = (
         f'policy: {{model: "{tiny_model}", device: cpu, max_new_tokens: 16}}\n'
         f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {MEASURE}}}\n'
         f'models: {{name: {NAME}, cache_dir: "{tmp_path / "models"}", gate: {{samples: 2, resamples: 200}}}}\n'
         f'train:\n  work_dir: "{tmp_path / "train"}"\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n'
         "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n"
-    )
+    )  # the run's one config; models.cache_dir: the search step's copy of the champion
     config = loads_config(config_text)
-    arguments = {**BUDGET, "train_config": train, "model": f"models:/{NAME}@champion"}  # the search: the champion
+    arguments = {**BUDGET, "model": f"models:/{NAME}@champion"}  # the search: the champion
     nights = [
         run_pipeline_locally(PIPELINES["training"].func, arguments, config, config_text, ray_head=True)
         for _ in range(2)

@@ -15,12 +15,12 @@ import pytest
 
 from speedforge.cli import main
 from speedforge.errors import UserError
-from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, next_runs, parse_params
+from speedforge.kubeflow.kfp_runs import DEFAULT_CRON, check_cron, next_runs, parse_params
 from kfp_fakes import FakeApi, closed_port
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 
 TRAINING = str(PIPELINES["training"].package)
 IMAGE = "registry.example.com/team/speedforge:7"
@@ -279,7 +279,7 @@ def test_a_bare_or_missing_image_is_refused_in_one_line_before_any_endpoint_is_t
 
 
 def test_fully_qualified_images_pass(monkeypatch):
-    from speedforge.recipes.kfp_runs import check_image
+    from speedforge.kubeflow.kfp_runs import check_image
 
     for image in (
         "registry.example.com/speedforge:0.1.0",
@@ -310,3 +310,22 @@ def test_every_pipeline_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["pipeline", command, "--help"])
     assert stop.value.code == 0 and "usage: speedforge pipeline" in capsys.readouterr().out
+
+
+def test_run_local_gives_the_training_pipeline_its_one_config(tmp_path, monkeypatch, capsys):
+    from speedforge.kubeflow import local_pipeline
+
+    given = {}
+
+    def run(pipeline_func, arguments, config, config_text, **options):
+        given.update(arguments=arguments, config=config, text=config_text)
+        return local_pipeline.LocalRun("r1", "s3://speedforge/pipeline", "", "", [], {})
+
+    monkeypatch.setattr(local_pipeline, "run_pipeline_locally", run)
+    text = "train:\n  grpo: {steps: 1}\n"
+    (tmp_path / "config.yaml").write_text(text)
+    assert main(["pipeline", "run-local", "--config", str(tmp_path / "config.yaml")]) == 0
+    assert given["text"] == text and given["config"].train.grpo.steps == 1  # every step's config, the train step's too
+    assert set(given["arguments"]) <= set(PIPELINES["training"].func.component_spec.inputs)
+    assert "config" not in given["arguments"]  # run_pipeline_locally passes config_text in place of the cluster's
+    assert main(["pipeline", "run-local"]) == 0 and given["text"] == ""  # `make run`: the embedded defaults

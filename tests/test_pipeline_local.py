@@ -25,15 +25,15 @@ pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
 from kfp import dsl  # noqa: E402
 
-from components.baselines import measure_baselines  # noqa: E402
-from components.pools import check_pools, pool_placement  # noqa: E402
-from components.select import select_best  # noqa: E402
-from components.stage import stage_dataset  # noqa: E402
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.components.baselines import measure_baselines  # noqa: E402
+from speedforge.kubeflow.components.pools import check_pools, pool_placement  # noqa: E402
+from speedforge.kubeflow.components.select import select_best  # noqa: E402
+from speedforge.kubeflow.components.stage import stage_dataset  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 from speedforge.cli import main  # noqa: E402
 from speedforge.config import loads_config  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
-from speedforge.recipes.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
+from speedforge.kubeflow.local_pipeline import BUCKET, PREFIX, environment, run_pipeline_locally  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.store.s3server import SeaweedServer  # noqa: E402
 
@@ -84,7 +84,7 @@ def write_a_model_here(config: str, store: str, run_id: str) -> str:
     from pathlib import Path
 
     from speedforge.config import loads_config
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     def write() -> dict:
         folder = Path("model").resolve()
@@ -99,7 +99,7 @@ def write_a_model_here(config: str, store: str, run_id: str) -> str:
 def load_the_model(config: str, store: str, run_id: str, model: str) -> dict:
     from speedforge.config import loads_config
     from speedforge.policy.backends import resolve_model
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     return run_step(loads_config(config), store, run_id, "load", lambda: {"folder": resolve_model(model)[0]})
 
@@ -136,7 +136,7 @@ def where_am_i(config: str, store: str, run_id: str, name: str) -> dict:
     import tempfile
 
     from speedforge.config import loads_config
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     return run_step(
         loads_config(config),
@@ -220,7 +220,7 @@ def test_baselines_fan_out_over_two_pools_and_the_best_variants_are_selected(tmp
     assert selected["pools"][task_id] in ("cpu", "cpu2") and selected["best"][task_id] > 0
 
 
-NEEDS = ("speedforge.recipes.training", "speedforge.recipes.portability", "speedforge.recipes.report")
+NEEDS = ("speedforge.train.run", "speedforge.recipes.portability", "speedforge.recipes.report")
 needs_training = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in NEEDS),
     reason="the training pipeline needs the training, portability and report recipes: " + ", ".join(NEEDS),
@@ -318,19 +318,14 @@ def test_the_training_pipeline_runs_end_to_end_on_two_cpu_pools_with_a_tiny_mode
     own through the Job Submission API; the trained weights handed to the search as a store URI
     (a local path would not exist in the search's step)."""
     measure = "correctness_trials: 1, cpu_timed_calls: 3, min_timed_s: 0.0, max_timed_calls: 3, warmup_calls: 1"
-    text, config = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
-    train = (
+    pools, _ = two_pool_config(tmp_path, cache=warm_cache.cache_dir, evaluator=measure)
+    text = pools + (
         f'policy: {{model: "{tiny_model}", device: cpu}}\n'
-        f'evaluator: {{cache_dir: "{warm_cache.cache_dir}", {measure}}}\n'
         f"train:\n  tasks: [{warm_cache.task_id}, cpp/sum_squares]\n"
         "  heldout: [cpp/sum_squares]\n  grpo: {steps: 1, generations: 2, max_new_tokens: 16}\n"
-    )
+    )  # one config for every step: the train step reads its train: section
     run = run_pipeline_locally(
-        PIPELINES["training"].func,
-        {**TINY_BUDGET, "train_config": train, "max_new_tokens": 16},
-        config,
-        text,
-        ray_head=True,
+        PIPELINES["training"].func, {**TINY_BUDGET, "max_new_tokens": 16}, loads_config(text), text, ray_head=True
     )
     steps = check_training_run(run)
     # quiet: one line per step as it ended, its figure after the seconds; the tasks' output in log files

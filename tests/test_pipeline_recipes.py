@@ -13,8 +13,8 @@ from speedforge.errors import UserError
 from speedforge.records import Task, Variant
 from speedforge.recipes.best_variants import select_best_variants
 from speedforge.recipes.dataset_search import budget_config
-from speedforge.recipes.placement import GPU_TOLERATION, pipeline_pools, pool_placement
-from speedforge.recipes.run_steps import RunStatus, read_steps, run_step, write_run_report
+from speedforge.kubeflow.placement import GPU_TOLERATION, pipeline_pools, pool_placement
+from speedforge.kubeflow.run_steps import RunStatus, read_steps, run_step, write_run_report
 from speedforge.variants import VariantsTable
 from speedforge.store import open_store
 

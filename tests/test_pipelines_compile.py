@@ -17,7 +17,7 @@ import yaml
 
 pytest.importorskip("kfp", reason="the pipelines need the 'pipelines' extra")
 
-from pipelines import PIPELINES  # noqa: E402
+from speedforge.kubeflow.pipelines import PIPELINES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,9 +181,9 @@ def test_the_training_pipeline_takes_data_set_model_pools_budgets_and_store():
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_evaluating_steps_send_work_to_the_ray_cluster_by_default_and_take_no_gpu(name):
     """One owner per GPU: the RayCluster's GPU workers; a step's own GPU only with ray_address=""."""
-    from pipelines.steps import CLUSTER_ADDRESS
+    from speedforge.kubeflow.pipelines.steps import CLUSTER_ADDRESS
     from speedforge.config import Config
-    from speedforge.recipes.placement import pool_placement
+    from speedforge.kubeflow.placement import pool_placement
 
     spec, _ = load(name)
     assert spec["root"]["inputDefinitions"]["parameters"]["ray_address"]["defaultValue"] == CLUSTER_ADDRESS
@@ -219,7 +219,7 @@ def test_evaluating_steps_send_work_to_the_ray_cluster_by_default_and_take_no_gp
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_every_step_has_a_timeout_and_only_harmless_ones_are_retried(name):
-    from pipelines.steps import RETRIED
+    from speedforge.kubeflow.pipelines.steps import RETRIED
 
     spec, executors = load(name)
     for executor in spec["deploymentSpec"]["executors"]:

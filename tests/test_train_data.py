@@ -11,7 +11,7 @@ import pytest
 
 from shared_data import CUDA_L1_A100, require
 from speedforge.config import Config, SFTConfig, TrainConfig
-from speedforge.recipes.training import read_tasks, record_split, trusted_candidates
+from speedforge.train.run import read_tasks, record_split, trusted_candidates
 from speedforge.train.data import SFTData, sft_pairs, split_tasks
 from speedforge.variants import VariantsTable
 
@@ -99,7 +99,7 @@ def test_the_split_is_recorded_with_the_run_and_a_different_one_is_refused(corpu
     import dataclasses
 
     from speedforge.errors import UserError
-    from speedforge.recipes.training import StagePlan
+    from speedforge.train.run import StagePlan
     from speedforge.store import open_store
 
     config = corpus_config(corpus_slice, tmp_path)

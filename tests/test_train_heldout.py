@@ -1,4 +1,4 @@
-"""The held-out check's own path (speedforge.recipes.training.evaluate_heldout), with a stand-in
+"""The held-out check's own path (speedforge.train.run.evaluate_heldout), with a stand-in
 policy whose answers are known: a correct program is scored correct however the answer around
 it is shaped (a usage example after the code block, its constructor's arguments named otherwise
 than the reference's), a cut answer is counted as cut, and every sample is written out with its
@@ -12,7 +12,7 @@ import pytest
 
 from speedforge.config import Config, EvaluatorConfig, PolicyConfig, TrainConfig
 from speedforge.policy.backends import Generation
-from speedforge.recipes.training import evaluate_heldout
+from speedforge.train.run import evaluate_heldout
 from train_samples import FAST, answer
 
 TASK = "cpp/add_relu_scale"

@@ -17,7 +17,7 @@ pytest.importorskip("ray")
 from speedforge import families  # noqa: E402
 from speedforge.config import Config, ConfigError, SFTConfig, TrainConfig, load_config  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
-from speedforge.recipes.training import load_train_config, run_training, with_run_store  # noqa: E402
+from speedforge.train.run import run_training, with_run_store  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
 
@@ -47,11 +47,11 @@ def test_an_unknown_config_key_is_one_error_naming_it(tmp_path):
     path = tmp_path / "train.yaml"
     path.write_text("train:\n  grpo:\n    stepz: 3\n")
     with pytest.raises(ConfigError, match=r"train\.grpo.*stepz"):
-        load_train_config(str(path))
+        load_config(str(path))
 
 
 def test_the_defaults_are_a_tiny_cpp_run_with_the_default_model_on_local_ray():
-    config = load_train_config(None)
+    config = load_config(None)
     assert config.train.family == "cpp" and config.policy.model == "" and config.train.evaluation == "local"
     assert config.train.ray.address == "" and config.train.ray.workers == 1
     assert config.train.sft.steps == config.train.grpo.steps == 2
@@ -116,17 +116,12 @@ def test_an_unknown_stage_and_a_resume_of_nothing_are_errors(tmp_path):
 def test_a_pipeline_store_is_the_runs_store_unless_the_config_names_one(tmp_path):
     from speedforge.config import StoreConfig
 
-    pipeline = StoreConfig(endpoint_url="http://127.0.0.1:1")
-    routed = with_run_store(Config(), "s3://b/runs/n1", pipeline)
-    assert routed.train.store == "s3://b/runs/n1" and routed.store == pipeline
+    endpoint = StoreConfig(endpoint_url="http://127.0.0.1:1")
+    routed = with_run_store(dataclasses.replace(Config(), store=endpoint), "s3://b/runs/n1")
+    assert routed.train.store == "s3://b/runs/n1" and routed.store == endpoint  # the run's one store: section
     own = load_config(None)
-    own = dataclasses.replace(
-        own,
-        train=dataclasses.replace(own.train, store=str(tmp_path)),
-        store=dataclasses.replace(own.store, endpoint_url="http://own:9000"),
-    )
-    kept = with_run_store(own, "s3://b/runs/n1", pipeline)
-    assert kept.train.store == str(tmp_path) and kept.store.endpoint_url == "http://own:9000"
+    own = dataclasses.replace(own, train=dataclasses.replace(own.train, store=str(tmp_path)))
+    assert with_run_store(own, "s3://b/runs/n1").train.store == str(tmp_path)
 
 
 def test_each_pipeline_run_trains_a_run_of_its_own_unless_the_config_names_one():

@@ -16,8 +16,8 @@ pytest.importorskip("ray", reason="the Ray head needs the 'cluster' extra")
 pytest.importorskip("trl", reason="training needs the 'train' extra")
 
 from speedforge.cluster.ray_head import WORKER_PORTS, RayHead, worker_range  # noqa: E402
-from speedforge.config import CPU_POOL_RESOURCE, GPU_BENCH_RESOURCE, StoreConfig  # noqa: E402
-from speedforge.recipes.training_job import TrainingJob, run_training_job  # noqa: E402
+from speedforge.config import CPU_POOL_RESOURCE, GPU_BENCH_RESOURCE  # noqa: E402
+from speedforge.train.remote import TrainingJob, run_training_job  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
 
@@ -115,7 +115,7 @@ def test_a_grpo_step_submitted_through_the_job_submission_api_trains_and_its_che
             timeout_s=900.0,
         )
         try:
-            outcome = run_training_job(job, StoreConfig(), on_status=lines.append)
+            outcome = run_training_job(job, on_status=lines.append)
         except Exception:
             print(head.output()[-3000:])
             raise

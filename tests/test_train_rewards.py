@@ -168,7 +168,7 @@ def test_an_unknown_reward_name_stops_the_stage_before_any_work_naming_the_known
     """The config only reads the weights; the names are checked where a stage is planned."""
     from speedforge.config import Config, TrainConfig
     from speedforge.errors import UserError
-    from speedforge.recipes.training import plan_stage
+    from speedforge.train.run import plan_stage
 
     config = Config(train=TrainConfig(store=str(tmp_path / "store"), rewards=RewardConfig(weights={"speed": 1.0})))
     with pytest.raises(UserError, match=r"train\.rewards\.weights: unknown reward 'speed'; known: .*cudal1"):

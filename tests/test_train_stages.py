@@ -20,7 +20,7 @@ from speedforge.config import RewardConfig  # noqa: E402
 from speedforge.config import SelfTrainConfig, SFTConfig, TrainConfig  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
 from speedforge.records import Candidate  # noqa: E402
-from speedforge.recipes.training import run_training  # noqa: E402
+from speedforge.train.run import run_training  # noqa: E402
 from speedforge.variants import VariantsTable, make_variant  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 from speedforge.tasks import find_task  # noqa: E402
@@ -301,8 +301,7 @@ def test_grpo_generation_kwargs_name_the_static_cache_only_when_asked():
 
 @pytest.mark.slow  # another SFT fit (~30 s on 2 shared cores); the quick suite covers the routing (test_train_inputs)
 def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(workspace, tiny_model, ray_local):
-    from speedforge.config import StoreConfig
-    from speedforge.recipes.training_job import TrainingJob, run_training_job
+    from speedforge.train.remote import TrainingJob, run_training_job
 
     store = workspace / "pipeline-store"
     seed_store(make_config(workspace, tiny_model, "job", "pipeline-store"))  # the baselines seed it in a pipeline
@@ -312,9 +311,7 @@ def test_the_pipelines_local_train_step_runs_the_recipe_in_the_pipelines_store(w
         f'train:\n  run: job\n  work_dir: "{workspace / "work"}"\n  tasks: {list(TASKS)}\n  heldout: ["{TASKS[-1]}"]\n'
         "  sft: {sources: [variants], steps: 2, learning_rate: 1.0e-3, max_length: 2048}\n"
     )
-    outcome = run_training_job(
-        TrainingJob(stage="sft", store=str(store), config_text=text, mode="local"), StoreConfig()
-    )
+    outcome = run_training_job(TrainingJob(stage="sft", store=str(store), config_text=text, mode="local"))
     assert outcome["stage"] == "sft" and outcome["steps"] == 2
     assert (Path(outcome["final_checkpoint"]) / "config.json").is_file()
     runs = open_store(str(store))  # train.store unset: the run's state is in the pipeline's store

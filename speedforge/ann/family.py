@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from speedforge import families
 from speedforge.ann import auc, engine
 from speedforge.ann.datasets import SyntheticSpace
 from speedforge.ann.groundtruth import exact_knn, recall_at_k
@@ -36,25 +35,6 @@ from speedforge.evaluator import checks, turns
 from speedforge.evaluator.job import Job
 from speedforge.evaluator.seeds import hidden_seed
 
-# Every candidate is C++ linked as the module its task names: it always builds, and the task
-# (its spec) is part of the build key.
-ANN = families.register(
-    families.Family(
-        name="ann",
-        device="cpu",
-        device_only=False,
-        language="cpp",
-        marker="",
-        sandbox=__name__,
-        always_builds=True,
-        task_in_build_key=True,
-        template="ann.jinja",
-        kernelbench=False,
-        pin_cpus=False,
-        prompt_context="speedforge.ann.tasks:prompt_context",
-        task_list="speedforge.ann.tasks:builtin_tasks",
-    )
-)
 
 MANIFEST = "ann_build.json"
 CHUNK_QUERIES = 25  # queries per timed search call and search thread (see _timed_sweep)

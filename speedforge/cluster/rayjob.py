@@ -37,7 +37,7 @@ POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV = (
     "POD_NAME",
     "POD_UID",
     "POD_NAMESPACE",
-)  # downward API (pipelines/steps.py)
+)  # downward API (speedforge/kubeflow/pipelines/steps.py)
 # The submitter pod (`ray job submit`, then its logs followed) under Pod Security "restricted", as
 # the RayCluster's pods of k8s/base: the image's non-root user (uid 1000, the Dockerfile's), no
 # privilege escalation, no capability, the runtime's default seccomp profile, a read-only root

@@ -1,7 +1,7 @@
 """`speedforge pipeline`: the Kubeflow pipelines: compile, submit, schedule nightly, status, and a
 local run on this machine.
 
-    speedforge pipeline compile                                  # pipelines/*.yaml, checked in
+    speedforge pipeline compile                                  # speedforge/kubeflow/pipelines/*.yaml, checked in
     speedforge pipeline submit --host http://localhost:8080 --image registry.example.com/speedforge:0.1.0 \
         --param pools=A100,H100
     speedforge pipeline schedule --host http://localhost:8080 --image registry.example.com/speedforge:0.1.0
@@ -16,7 +16,7 @@ import os
 import tempfile
 
 from speedforge.config import load_config
-from speedforge.errors import UserError, read_text
+from speedforge.errors import read_text
 from speedforge.reports.text import print_table
 
 PIPELINE_NAMES = ("training", "cross-arch")
@@ -36,11 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compile",
         help="compile the pipelines to YAML",
         description="Compile the pipelines to YAML packages (by default the "
-        "checked-in pipelines/<name>.yaml). The same source gives the "
+        "checked-in speedforge/kubeflow/pipelines/<name>.yaml). The same source gives the "
         "same bytes.",
     )
     compile_parser.add_argument("--name", choices=[*PIPELINE_NAMES, "all"], default="all")
-    compile_parser.add_argument("--out", help="output folder (default: pipelines/ of this checkout)")
+    compile_parser.add_argument(
+        "--out", help="output folder (default: speedforge/kubeflow/pipelines/ of this checkout)"
+    )
     compile_parser.add_argument(
         "--image",
         help="image the components run in, fully qualified (default: "
@@ -101,14 +103,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "only the store and KFP's values), the store on an embedded S3 server, a local Ray per "
         "evaluating step, the train step submitted to a Ray head of its own through the Job "
         "Submission API (as KubeRay's submitter does); the cpp family and the default small model "
-        "on a tiny budget. Prints a line per step as it ends (name, state, seconds, its main figure) "
-        "and where the report is; each step's own output goes to a log file (<cache>/pipeline-root/<run>/"
+        "on a tiny budget. --config names the run's one config, which every step reads (its train: "
+        "section the train step's; default: the embedded defaults). Prints a line per step as it ends "
+        "(name, state, seconds, its main figure) and where the report is; each step's own output goes to a log file (<cache>/pipeline-root/<run>/"
         "logs/), whose path is printed when the step fails.",
     )
     run_local.add_argument("--source", default="builtin:cpp", help="task source (default: builtin:cpp)")
     run_local.add_argument("--pools", default="cpu", help="comma-separated pools (default: cpu)")
     run_local.add_argument("--train-stage", default="grpo", help="training stage (default: grpo)")
-    run_local.add_argument("--train-config", help="YAML file of the training config (default: embedded defaults)")
     run_local.add_argument("--model", default="", help="policy model of the search (default: the trained checkpoint)")
     run_local.add_argument(
         "--baseline-candidates", type=int, default=2, help="candidates measured per pool (default: 2)"
@@ -136,7 +138,9 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
 
 def _package_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", choices=PIPELINE_NAMES, default="training")
-    parser.add_argument("--package", help="compiled YAML (default: the checked-in pipelines/<name>.yaml)")
+    parser.add_argument(
+        "--package", help="compiled YAML (default: the checked-in speedforge/kubeflow/pipelines/<name>.yaml)"
+    )
     parser.add_argument(
         "--param",
         action="append",
@@ -152,20 +156,15 @@ def _package_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _entry(name: str):
-    try:
-        from pipelines import PIPELINES
-    except ImportError:
-        raise UserError(
-            "the pipeline definitions (the pipelines/ and components/ packages) are not installed: "
-            "install speedforge from its source tree"
-        ) from None
+    from speedforge.kubeflow.pipelines import PIPELINES
+
     return PIPELINES[name]
 
 
 def _compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from speedforge.recipes.kfp_runs import IMAGE_ENV, check_image, compile_pipeline
+    from speedforge.kubeflow.kfp_runs import IMAGE_ENV, check_image, compile_pipeline
 
     if args.image:
         os.environ[IMAGE_ENV] = check_image(args.image)  # read when the components are imported, just below
@@ -182,8 +181,8 @@ def _compile(args: argparse.Namespace) -> int:
 def _arguments(args: argparse.Namespace, folder: str):
     """The package to send (a copy in `folder` whose steps run in the run's image) and the arguments."""
     from speedforge.config import loads_config
-    from speedforge.recipes.kfp_runs import image_from, parse_params, with_image
-    from speedforge.recipes.placement import pipeline_pools
+    from speedforge.kubeflow.kfp_runs import image_from, parse_params, with_image
+    from speedforge.kubeflow.placement import pipeline_pools
 
     package = args.package or str(_entry(args.name).package)
     arguments = parse_params(package, args.param)
@@ -194,7 +193,7 @@ def _arguments(args: argparse.Namespace, folder: str):
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from speedforge.recipes.kfp_runs import connect_kfp, submit_run
+    from speedforge.kubeflow.kfp_runs import connect_kfp, submit_run
 
     with tempfile.TemporaryDirectory(prefix="speedforge-package-") as folder:
         package, arguments = _arguments(args, folder)
@@ -214,7 +213,7 @@ def _submit(args: argparse.Namespace) -> int:
 def _schedule(args: argparse.Namespace) -> int:
     import datetime
 
-    from speedforge.recipes.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, next_runs, schedule_run
+    from speedforge.kubeflow.kfp_runs import DEFAULT_CRON, check_cron, connect_kfp, next_runs, schedule_run
 
     cron = check_cron(args.cron or DEFAULT_CRON)  # a bad cron fails before the endpoint is tried
     with tempfile.TemporaryDirectory(prefix="speedforge-package-") as folder:
@@ -243,7 +242,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from speedforge.recipes.kfp_runs import connect_kfp, run_status
+    from speedforge.kubeflow.kfp_runs import connect_kfp, run_status
 
     run = run_status(connect_kfp(args.host, args.namespace, args.timeout, args.token), args.run_id)
     print_table(
@@ -254,7 +253,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    from speedforge.recipes.local_pipeline import run_pipeline_locally
+    from speedforge.kubeflow.local_pipeline import run_pipeline_locally
 
     config = load_config(args.config)
     arguments = {
@@ -269,7 +268,6 @@ def _run_local(args: argparse.Namespace) -> int:
         "search_rounds": args.search_rounds,
         "search_samples": args.search_samples,
         "max_new_tokens": args.search_tokens,
-        "train_config": read_text(args.train_config, "training config") if args.train_config else "",
     }
     config_text = read_text(args.config, "config file") if args.config else ""
     run = run_pipeline_locally(

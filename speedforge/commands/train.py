@@ -13,8 +13,8 @@ import argparse
 import dataclasses
 import json
 
-from speedforge.config import Config
-from speedforge.recipes.training import STAGES
+from speedforge.config import Config, load_config
+from speedforge.train.run import STAGES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -104,12 +104,12 @@ def with_run(config: Config, run: str | None) -> Config:
 
 def _train(args: argparse.Namespace) -> int:
     from speedforge.errors import UserError
-    from speedforge.recipes.training import load_train_config, run_training
+    from speedforge.train.run import run_training
     from speedforge.reports.training import TrainPrinter
 
     if not args.stage:
         raise UserError("name a stage: speedforge train --stage sft|self|grpo --config FILE (or `train status RUN`)")
-    config = with_run(load_train_config(getattr(args, "config", None)), args.run)
+    config = with_run(load_config(getattr(args, "config", None)), args.run)
     outcome = run_training(config, args.stage, resume=args.resume, view=TrainPrinter())
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=1))
@@ -122,11 +122,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from speedforge.recipes.training import load_train_config, train_status
+    from speedforge.train.run import train_status
     from speedforge.reports.training import stages_table, steps_table
     from speedforge.train.metrics import plot_rewards
 
-    config = with_run(load_train_config(getattr(args, "config", None)), args.run)  # RUN checked as train.run is
+    config = with_run(load_config(getattr(args, "config", None)), args.run)  # RUN checked as train.run is
     status = train_status(config, config.train.run)
     print(f"run {status.run} in {status.store_uri}")
     print(stages_table(status.states))
@@ -146,9 +146,8 @@ def _tensorboard(args: argparse.Namespace) -> int:
 
     from speedforge.errors import UserError
     from speedforge.recipes.tensorboard_logs import fetch_tensorboard
-    from speedforge.recipes.training import load_train_config
 
-    config = with_run(load_train_config(getattr(args, "config", None)), args.run)  # RUN checked as train.run is
+    config = with_run(load_config(getattr(args, "config", None)), args.run)  # RUN checked as train.run is
     run = config.train.run
     out = Path(args.out) if args.out else Path(config.evaluator.cache_dir).expanduser() / "tensorboard" / run
     logs = fetch_tensorboard(config, run, out)
@@ -169,7 +168,7 @@ def _tensorboard(args: argparse.Namespace) -> int:
 
 def _heldout(args: argparse.Namespace) -> int:
     from speedforge.errors import UserError
-    from speedforge.recipes.training import evaluate_heldout, load_train_config
+    from speedforge.train.run import evaluate_heldout
     from speedforge.reports.text import print_table
 
     if args.samples < 1:
@@ -179,7 +178,7 @@ def _heldout(args: argparse.Namespace) -> int:
     if args.samples_in and args.model:
         raise UserError("--samples-in evaluates samples already generated: leave out --model")
     report = evaluate_heldout(
-        load_train_config(getattr(args, "config", None)),
+        load_config(getattr(args, "config", None)),
         args.model,
         args.samples,
         args.batch_tasks,

@@ -25,7 +25,6 @@ import time
 import traceback
 from pathlib import Path
 
-from speedforge import families
 from speedforge.errors import first_line
 from speedforge.evaluator import checks, fingerprint, phases, process_state, turns
 from speedforge.evaluator.host_faults import exception_fault, host_fault_reason
@@ -36,38 +35,6 @@ from speedforge.evaluator.seeds import hidden_seed
 from speedforge.evaluator.timing import Timer, pristine_settings, result_fields
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
-
-# A candidate compiles only when it loads inline C++/CUDA (speedforge.evaluator.evaluate.needs_build).
-CPP = families.register(
-    families.Family(
-        name="cpp",
-        device="cpu",
-        device_only=False,
-        language="python",
-        marker="ModelNew",
-        sandbox=__name__,
-        always_builds=False,
-        task_in_build_key=False,
-        template="cpp.jinja",
-        kernelbench=True,
-        pin_cpus=True,
-    )
-)
-CUDA = families.register(
-    families.Family(
-        name="cuda",
-        device="cuda",
-        device_only=True,
-        language="python",
-        marker="ModelNew",
-        sandbox=__name__,
-        always_builds=False,
-        task_in_build_key=False,
-        template="cuda.jinja",
-        kernelbench=True,
-        pin_cpus=False,
-    )
-)
 
 
 # ---------------------------------------------------------------------------------------------

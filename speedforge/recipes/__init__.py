@@ -1,4 +1,4 @@
-"""Recipes: the flows that commands, Kubeflow components and training share, written once.
+"""Recipes: the flows that commands and Kubeflow components share, written once.
 
 A command parses its arguments, calls one recipe and formats what comes back; a component does
 the same with its own inputs. Each module is named after what its recipe produces, and none

@@ -43,7 +43,7 @@ def measure_baselines(
 ) -> BaselinesOutcome:
     """Evaluate the first `limit` (0: all) candidates of `dataset_uri` on `pool` (joining the Ray
     cluster at `address`, or a local Ray) and seed the run's variants table with them."""
-    from speedforge.recipes.records import read_records
+    from speedforge.record_sources import read_records
     from speedforge.recipes.results import sweep_to_results
     from speedforge.variants import VariantsTable, make_variant
     from speedforge.store import open_store

@@ -33,7 +33,7 @@ class Selection:
 def select_best_variants(config: Config, run_uri: str, dataset_uri: str, out_uri: str, pool: str = "") -> Selection:
     """Write the best variant per task of `run_uri` (measured on `pool` only, when given) with
     the tasks of `dataset_uri` to `out_uri`."""
-    from speedforge.recipes.records import read_records
+    from speedforge.record_sources import read_records
     from speedforge.variants import VariantsTable
     from speedforge.store import open_store
 

@@ -45,7 +45,7 @@ def search_dataset(
     """Search the first `tasks` tasks (in task id order) of `tasks_uri`, recording in `store_uri`."""
     from speedforge.policy.backends import make_backend
     from speedforge.recipes.models import with_registered_model
-    from speedforge.recipes.records import read_records
+    from speedforge.record_sources import read_records
     from speedforge.recipes.task_search import search_task
 
     if tasks < 1:

@@ -6,7 +6,7 @@ training pipeline.
     version = register_checkpoint(config, "s3://.../final", run_id="pipeline-7", stage="grpo")
     decision = gate_version(config, version.version)            # held-out check of both, judge, record, promote
 
-The gate runs the held-out check (speedforge.recipes.training.evaluate_heldout) on the candidate
+The gate runs the held-out check (speedforge.train.run.evaluate_heldout) on the candidate
 and on the champion with the same tasks, samples (models.gate.samples) and seeds (train.seed), on
 the same pool, and promotes only what speedforge.models.gate.judge says is better; the decision
 is recorded either way, with its figures. A champion that moved while the gate ran is not
@@ -87,7 +87,7 @@ def split_id(heldout: Sequence[Task]) -> str:
 def heldout_eval(config: Config, folder: str, shown_as: str) -> HeldoutEval:
     """The held-out check of the model in `folder` (models.gate.samples per task, seeds from
     train.seed), sample by sample."""
-    from speedforge.recipes.training import evaluate_heldout, read_tasks
+    from speedforge.train.run import evaluate_heldout, read_tasks
     from speedforge.train.data import split_tasks
 
     samples = config.models.gate.samples
@@ -207,7 +207,7 @@ def gate_version(
 def split_moved(config: Config, reg: ModelRegistry) -> str:
     """Why this night's held-out split is not the one fixed for its data set version ("" when it is;
     the first night on a data set version fixes it)."""
-    from speedforge.recipes.training import read_tasks
+    from speedforge.train.run import read_tasks
     from speedforge.train.data import split_tasks
 
     tasks = read_tasks(config)
@@ -225,19 +225,14 @@ def split_moved(config: Config, reg: ModelRegistry) -> str:
     )
 
 
-def gate_training_outcome(
-    train_config: str, outcome: dict, store: str, store_config=None, dataset: str = "", say: Say = print
-) -> dict:
+def gate_training_outcome(config: Config, outcome: dict, store: str, dataset: str = "", say: Say = print) -> dict:
     """The pipeline's gate step: register the checkpoint a training step wrote (`outcome`, its
     TrainOutcome as a dict; the weights by their store URI) in `store`'s registry with its lineage
-    and held-out check, then gate it against the champion. `train_config`: the training config's
-    YAML text (its tasks, split, pool, policy and gate settings)."""
-    from speedforge.config import loads_config
-    from speedforge.recipes.training import with_run_store
+    and held-out check, then gate it against the champion. `config`: the run's (its train: tasks,
+    split and pool, its policy and its models.gate settings)."""
+    from speedforge.train.run import with_run_store
 
-    config = with_run_store(
-        loads_config(train_config, where="the training config"), store, store_config, run=outcome["run"]
-    )
+    config = with_run_store(config, store, run=outcome["run"])
     version = register_checkpoint(
         config,
         outcome["final_checkpoint_uri"],
@@ -262,7 +257,7 @@ def gate_training_outcome(
 def held_out_check(config: Config, version: ModelVersion, say: Say, fresh: bool = False) -> HeldoutEval | None:
     """The version's held-out check: the one recorded at registration when it is this check (same
     split, samples, seed, pool) and not `fresh`, else run now; None when it cannot run."""
-    from speedforge.recipes.training import read_tasks
+    from speedforge.train.run import read_tasks
     from speedforge.evaluation import default_pool
     from speedforge.train.data import split_tasks
 

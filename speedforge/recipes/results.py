@@ -21,7 +21,7 @@ from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.extras import require
 from speedforge.records import EvalResult
-from speedforge.recipes.records import read_records
+from speedforge.record_sources import read_records
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Protocol
 from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import Task
-from speedforge.recipes.records import read_records
+from speedforge.record_sources import read_records
 from speedforge.evaluation import BatchEvaluate, default_pool, open_evaluation
 from speedforge.search.loop import RoundStats, SearchResult, run_search
 from speedforge.variants import VariantsTable

@@ -36,7 +36,7 @@ class TensorboardLogs:
 def fetch_tensorboard(config: Config, run: str, folder: Path) -> TensorboardLogs:
     """The event files of every stage of run `run` (in the run's store: train.store, else store.uri)
     into `folder`/<stage>/; a UserError naming the runs there when `run` has none."""
-    from speedforge.recipes.training import STAGES
+    from speedforge.train.run import STAGES
     from speedforge.train.metrics import TENSORBOARD
     from speedforge.train.stages import open_run_store
     from speedforge.train.state import RunState

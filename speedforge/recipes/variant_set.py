@@ -31,7 +31,7 @@ from pathlib import Path
 from speedforge.config import GPU_POOLS, Config
 from speedforge.errors import UserError
 from speedforge.records import Candidate, Task, Variant
-from speedforge.recipes.records import BUILTIN, DATASET_URI, read_records
+from speedforge.record_sources import BUILTIN, DATASET_URI, read_records
 from speedforge.reports.portability import task_order
 
 SELECTIONS = ("best", "all")

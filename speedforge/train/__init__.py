@@ -9,10 +9,12 @@
     job.py         the job record of a stage, sent to every Ray Train worker
     stages.py      the three stages, each a TRL trainer run inside one Ray Train worker
     raytrain.py    the TorchTrainer that runs a stage (ScalingConfig from the config)
+    run.py         a stage of a run: checked, run on Ray Train, its outcome; a run's status; the held-out check
+    remote.py      a stage where a pipeline wants it: in this process, as a KubeRay RayJob, or a Ray job
 
 Batches are evaluated through speedforge.evaluation (local or service, by name), responses become
 candidates through speedforge.policy.parser.candidate_from, and variants go to the core's
 variants table (speedforge.variants): nothing here imports speedforge.search.
 
-The recipe `speedforge.recipes.training` assembles them; `speedforge train` calls it.
+`run.py` assembles them; `speedforge train` calls it, and the pipeline's train step through `remote.py`.
 """

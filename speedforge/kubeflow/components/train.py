@@ -5,13 +5,12 @@ from typing import List, NamedTuple
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Model, Output
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def train(
     config: str,
-    train_config: str,
     stage: str,
     mode: str,
     store: str,
@@ -24,21 +23,21 @@ def train(
     run_id: str,
     checkpoint: Output[Model],
 ) -> NamedTuple("Training", outcome=dict, final_checkpoint_uri=str):
-    """Run training stage `stage` on `train_config` (YAML text; "" = embedded defaults): mode local (in this
+    """Run training stage `stage` on `config` (its train: section; "" = embedded defaults): mode local (in this
     pod), rayjob (a RayJob on RayCluster `ray_cluster`, followed to its end) or ray (the Job Submission API
     at `ray_dashboard`). Fails with the job's reason and message when the job fails. `baselines`: the
     pools' baseline results (they seeded the variants table training draws exemplars from; their summaries
     logged). The
-    training run is named after the pipeline run (pipeline-<run id>) unless the training config names one.
+    training run is named after the pipeline run (pipeline-<run id>) unless the config names one.
     The trained weights pass on as their store URI (final_checkpoint_uri, and the `checkpoint` artifact
     that names it): the next step's pod never sees this one's disk."""
     from collections import namedtuple
 
     from speedforge.config import loads_config
     from speedforge.recipes.baselines import describe_baselines
-    from speedforge.recipes.run_steps import run_step
-    from speedforge.recipes.store_artifacts import record
-    from speedforge.recipes.training_job import TrainingJob, run_training_job
+    from speedforge.kubeflow.run_steps import run_step
+    from speedforge.kubeflow.store_artifacts import record
+    from speedforge.train.remote import TrainingJob, run_training_job
 
     print(describe_baselines([dict(results.metadata) for results in baselines]))
     settings = loads_config(config, where="the config parameter")
@@ -51,7 +50,7 @@ def train(
             TrainingJob(
                 stage=stage,
                 store=store,
-                config_text=train_config,
+                config_text=config,
                 mode=mode,
                 cluster=ray_cluster,
                 namespace=namespace,
@@ -59,8 +58,7 @@ def train(
                 address=ray_dashboard,
                 timeout_s=timeout_s,
                 run=f"pipeline-{run_id}",
-            ),
-            settings.store,
+            )
         ),
     )
     record(

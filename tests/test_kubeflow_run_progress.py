@@ -13,8 +13,8 @@ import pytest
 from speedforge.config import loads_config
 from speedforge.recipes.baselines import BaselinesOutcome
 from speedforge.recipes.dataset_search import DatasetSearch
-from speedforge.recipes.run_progress import FIGURES, RunProgress, figure, progress_line
-from speedforge.recipes.run_steps import StepRecord, run_step, step_key
+from speedforge.kubeflow.run_progress import FIGURES, RunProgress, figure, progress_line
+from speedforge.kubeflow.run_steps import StepRecord, run_step, step_key
 from speedforge.store import open_store
 
 
@@ -89,13 +89,13 @@ def test_each_tasks_output_goes_to_a_log_file_of_its_own_and_its_steps_are_said_
     pytest.importorskip("kfp", reason="the wrapper is kfp.local's")
     from kfp.local import subprocess_task_handler as handler
 
-    from speedforge.recipes.local_pipeline import isolated_steps
+    from speedforge.kubeflow.local_pipeline import isolated_steps
 
     store_dir, run_root = tmp_path / "store", tmp_path / "pipeline-root" / "speedforge-training-2026"
     said: list[str] = []
     progress = RunProgress(open_store(store_dir), say=said.append)
     record = (
-        f"from speedforge.config import loads_config; from speedforge.recipes.run_steps import run_step; "
+        f"from speedforge.config import loads_config; from speedforge.kubeflow.run_steps import run_step; "
         f"run_step(loads_config(''), {str(store_dir)!r}, 'r1', 'baselines-cpu', lambda: {{'pool': 'cpu', "
         f"'measured': 2, 'ok': 1, 'median_speedup': 1.5, 'median_ref_us': 3.0}})"
     )

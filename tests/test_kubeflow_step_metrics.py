@@ -9,7 +9,7 @@ import pytest
 
 from speedforge.recipes.baselines import BaselinesOutcome
 from speedforge.recipes.dataset_search import DatasetSearch
-from speedforge.recipes.step_metrics import STEP_METRICS, step_metrics
+from speedforge.kubeflow.step_metrics import STEP_METRICS, step_metrics
 
 
 def test_baselines_give_the_valid_fraction_and_the_median_speedup():

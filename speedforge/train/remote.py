@@ -3,16 +3,16 @@ cluster, or as a Ray job through the Job Submission API.
 
     job = TrainingJob(stage="grpo", store="s3://b/runs/n1", mode="rayjob", cluster="speedforge",
                       image="speedforge:0.1.0")
-    outcome = run_training_job(job, config.store, on_status=print)   # TrainOutcome.to_dict()
+    outcome = run_training_job(job, on_status=print)   # TrainOutcome.to_dict()
 
-Every mode runs the same thing, `train_and_record`: the training recipe on the training
-config (YAML text; empty: its embedded defaults), then the outcome's dict written to
-`<store>/train/<stage>/outcome.json`, which is how a remote run hands its outcome back. On the
-cluster the driver is started as
+Every mode runs the same thing, `train_and_record`: the stage (speedforge.train.run) on the
+run's config (YAML text, its `train:` section the stage's; empty: the embedded defaults), then
+the outcome's dict written to `<store>/train/<stage>/outcome.json`, which is how a remote run
+hands its outcome back. On the cluster the driver is started as
 
-    python -m speedforge.recipes.training_job --stage grpo --store s3://b/runs/n1
+    python -m speedforge.train.remote --stage grpo --store s3://b/runs/n1
 
-with the config text in $SPEEDFORGE_TRAIN_CONFIG_YAML (a runtime env var of the job, never a
+with the config text in $SPEEDFORGE_CONFIG_YAML (a runtime env var of the job, never a
 credential: the cluster's pods get those from their own secret). A remote job that fails, is
 deleted, or outlives `timeout_s` raises RayJobFailed with the job's own reason; an interrupted
 follow deletes (or stops) the job it started.
@@ -26,16 +26,15 @@ import json
 import math
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from speedforge.config import StoreConfig
+from speedforge.config import Config, loads_config
 from speedforge.errors import UserError, interrupt_on_sigterm
 
 MODES = ("local", "rayjob", "ray")
-CONFIG_ENV = "SPEEDFORGE_TRAIN_CONFIG_YAML"
+CONFIG_ENV = "SPEEDFORGE_CONFIG_YAML"
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -45,7 +44,7 @@ class TrainingJob:
 
     stage: str  # sft | self | grpo
     store: str  # the run's store: the outcome is recorded under train/<stage>/outcome.json
-    config_text: str = ""  # YAML of the training config ("" = the training recipe's embedded defaults)
+    config_text: str = ""  # YAML of the run's config, `train:` among its sections ("" = the embedded defaults)
     resume: bool = False
     run: str = ""  # the training run's name ("" = the config's train.run); a pipeline names one per pipeline run
     mode: str = "local"  # local | rayjob | ray
@@ -66,29 +65,33 @@ class TrainingJob:
             raise UserError("training mode 'rayjob' needs the image its submitter pod runs")
 
     @property
+    def config(self) -> Config:
+        """The run's config, parsed strictly from `config_text`."""
+        return loads_config(self.config_text, where="the training job's config")
+
+    @property
     def outcome_key(self) -> str:
         return f"train/{self.stage}/outcome.json"
 
     def entrypoint(self) -> str:
         """The driver's command on the cluster."""
-        words = ["python", "-m", "speedforge.recipes.training_job", "--stage", self.stage, "--store", self.store]
+        words = ["python", "-m", "speedforge.train.remote", "--stage", self.stage, "--store", self.store]
         return shlex.join(words + (["--run", self.run] if self.run else []) + (["--resume"] if self.resume else []))
 
 
-def run_training_job(
-    job: TrainingJob, store_config: StoreConfig, on_status: Callable[[str], None] | None = None
-) -> dict:
+def run_training_job(job: TrainingJob, on_status: Callable[[str], None] | None = None) -> dict:
     """Run `job`'s stage where its mode says and return the outcome's dict (run_dir,
     final_checkpoint, steps, metrics_path, stage)."""
+    config = job.config  # a bad config fails here, before any job is submitted
     if job.mode == "local":
-        return train_and_record(job.stage, job.store, job.config_text, job.resume, store_config, run=job.run)
+        return train_and_record(job.stage, job.store, config, job.resume, run=job.run)
     say = on_status or (lambda line: print(line, file=sys.stderr, flush=True))
     env = {CONFIG_ENV: job.config_text} if job.config_text else {}
     if job.mode == "rayjob":
         _run_rayjob(job, env, say)
     else:
         _run_ray_job(job, env, say)
-    return read_outcome(job, store_config)
+    return read_outcome(job, config)
 
 
 def _run_rayjob(job: TrainingJob, env: dict[str, str], say: Callable[[str], None]) -> None:
@@ -181,39 +184,25 @@ def pod_namespace() -> str:
         raise UserError("no namespace for the RayJob: not running in a pod; give the namespace") from None
 
 
-def train_and_record(
-    stage: str,
-    store: str,
-    config_text: str = "",
-    resume: bool = False,
-    store_config: StoreConfig | None = None,
-    run: str = "",
-) -> dict:
-    """The training stage on the config text (empty: embedded defaults), its outcome's
-    dict recorded in the run's store (train/<stage>/outcome.json) and returned. `run` names the
-    training run where the config leaves train.run at its default: each pipeline run trains a
+def train_and_record(stage: str, store: str, config: Config, resume: bool = False, run: str = "") -> dict:
+    """The training stage (speedforge.train.run) on `config`, its outcome's dict recorded in the
+    run's store (train/<stage>/outcome.json, reached with config.store) and returned. `run` names
+    the training run where the config leaves train.run at its default: each pipeline run trains a
     run of its own in a store that nightly runs share."""
-    from speedforge.recipes.training import load_train_config, run_training, with_run_store
+    from speedforge.train.run import run_training, with_run_store
     from speedforge.store import open_store
 
-    target = open_store(store, config=store_config)  # an unreachable store fails before hours of training
-    if config_text:
-        with tempfile.TemporaryDirectory(prefix="speedforge-train-") as folder:
-            path = Path(folder) / "train.yaml"
-            path.write_text(config_text)
-            config = load_train_config(str(path))
-    else:
-        config = load_train_config(None)
-    outcome = run_training(with_run_store(config, store, store_config, run=run), stage, resume=resume).to_dict()
+    target = open_store(store, config=config.store)  # an unreachable store fails before hours of training
+    outcome = run_training(with_run_store(config, store, run=run), stage, resume=resume).to_dict()
     target.put_bytes(f"train/{stage}/outcome.json", json.dumps(outcome, indent=1, sort_keys=True).encode())
     return outcome
 
 
-def read_outcome(job: TrainingJob, store_config: StoreConfig) -> dict:
+def read_outcome(job: TrainingJob, config: Config) -> dict:
     """The outcome a remote run recorded; a UserError when the job succeeded but recorded none."""
     from speedforge.store import MissingObjectError, open_store
 
-    store = open_store(job.store, config=store_config)
+    store = open_store(job.store, config=config.store)
     try:
         return json.loads(store.get_bytes(job.outcome_key))
     except MissingObjectError:
@@ -228,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     parser = argparse.ArgumentParser(
-        prog="python -m speedforge.recipes.training_job",
+        prog="python -m speedforge.train.remote",
         description="Run one training stage and record its outcome in the store.",
     )
     parser.add_argument("--stage", required=True)
@@ -237,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     try:
-        outcome = train_and_record(args.stage, args.store, os.environ.get(CONFIG_ENV, ""), args.resume, run=args.run)
+        config = loads_config(os.environ.get(CONFIG_ENV, ""), where=f"${CONFIG_ENV}")
+        outcome = train_and_record(args.stage, args.store, config, args.resume, run=args.run)
     except UserError as exc:
         print(f"training: error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Output
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -26,8 +26,8 @@ def select_best(
 
     from speedforge.config import loads_config
     from speedforge.recipes.best_variants import select_best_variants
-    from speedforge.recipes.run_steps import run_step
-    from speedforge.recipes.store_artifacts import record, store_uri
+    from speedforge.kubeflow.run_steps import run_step
+    from speedforge.kubeflow.store_artifacts import record, store_uri
 
     settings = loads_config(config, where="the config parameter")
     summary = run_step(

@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Output
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -24,11 +24,11 @@ def portability(
     valid fraction and the speedups, for KFP's UI."""
     from speedforge.config import loads_config
     from speedforge.recipes.portability import run_portability
-    from speedforge.recipes.run_steps import run_step
-    from speedforge.recipes.step_metrics import step_metrics
-    from speedforge.recipes.store_artifacts import record, store_uri
+    from speedforge.kubeflow.run_steps import run_step
+    from speedforge.kubeflow.step_metrics import step_metrics
+    from speedforge.kubeflow.store_artifacts import record, store_uri
 
-    from speedforge.recipes.placement import joined_cluster
+    from speedforge.kubeflow.placement import joined_cluster
 
     address, settings = joined_cluster(loads_config(config, where="the config parameter"), ray_address, namespace)
     outcome = run_step(

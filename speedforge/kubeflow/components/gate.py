@@ -2,20 +2,20 @@
 
 from kfp import dsl
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def gate(config: str, train_config: str, store: str, outcome: dict, dataset_uri: str, run_id: str) -> dict:
+def gate(config: str, store: str, outcome: dict, dataset_uri: str, run_id: str) -> dict:
     """Register the checkpoint training wrote (`outcome`: the train step's; its weights by their store URI)
     in the model registry of `store` (<store>/models/), with its lineage (run, stage, parent, data set,
     config hash, code version) and its held-out check, then run the held-out check on the champion with the
     same tasks, samples and seeds on the same pool, and promote the new checkpoint only if the gate
-    (models.gate of `train_config`) says it is better. The decision is recorded either way; a failed or
+    (models.gate of `config`) says it is better. The decision is recorded either way; a failed or
     worse night leaves the champion as it was."""
     from speedforge.config import loads_config
     from speedforge.recipes.models import gate_training_outcome
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
 
     settings = loads_config(config, where="the config parameter")
     return run_step(
@@ -24,9 +24,8 @@ def gate(config: str, train_config: str, store: str, outcome: dict, dataset_uri:
         run_id,
         "gate",
         gate_training_outcome,
-        train_config,
+        settings,
         outcome,
         store,
-        settings.store,
         dataset=dataset_uri,
     )

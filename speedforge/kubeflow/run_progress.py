@@ -5,7 +5,7 @@ own output in a log file per task.
     progress.task_ended("07-measure-baselines", code, run_id)   # prints the steps that ended
     progress_line(record)       # 'baselines-cpu   ok      88 s  2/2 ok, median 1.84x'
 
-A step's line is read from its StepRecord (speedforge.recipes.run_steps: what the step recorded
+A step's line is read from its StepRecord (speedforge.kubeflow.run_steps: what the step recorded
 in the store), so it says what the step itself reported; the figure that matters for each kind of
 step comes from one function per kind, registered by name (`figure`). A KFP task that ends without
 recording a step (pool placement) prints nothing when it succeeds, and a line with its KFP
@@ -143,7 +143,7 @@ class RunProgress:
 
     def task_ended(self, task: str, log: Path, code: int, run_id: str = "") -> None:
         """A KFP task ended with exit code `code`: say the steps of `run_id` that ended since."""
-        from speedforge.recipes.run_steps import read_steps
+        from speedforge.kubeflow.run_steps import read_steps
 
         with self._lock:
             self.tasks.append(TaskLog(task, str(log), code))

@@ -6,7 +6,7 @@ There is no Kubernetes API here (no cluster in CI): the real kubernetes client, 
 kubeconfig, talks to a fake API server on 127.0.0.1 (tests/kfp_fakes.py) that serves the rayjobs
 resource and moves a job's status along a script, as KubeRay would. The fake plays the job's
 driver too: when the job completes, it records the outcome in the store, as
-`python -m speedforge.recipes.training_job` does on the cluster."""
+`python -m speedforge.train.remote` does on the cluster."""
 
 from __future__ import annotations
 
@@ -26,9 +26,8 @@ from speedforge.cluster.rayjob import (  # noqa: E402
     follow_rayjob,
     rayjob_manifest,
 )
-from speedforge.config import StoreConfig  # noqa: E402
 from speedforge.errors import UserError  # noqa: E402
-from speedforge.recipes.training_job import CONFIG_ENV, TrainingJob, run_training_job  # noqa: E402
+from speedforge.train.remote import CONFIG_ENV, TrainingJob, run_training_job  # noqa: E402
 from speedforge.store import open_store  # noqa: E402
 
 NAMESPACE = "speedforge"
@@ -134,7 +133,7 @@ def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconf
     lines = []
     with FakeApi(kuberay) as api:
         kubeconfig(api.url)
-        outcome = run_training_job(job(store, config_text="grpo: {steps: 2}\n"), StoreConfig(), on_status=lines.append)
+        outcome = run_training_job(job(store, config_text="train: {grpo: {steps: 2}}\n"), on_status=lines.append)
     assert outcome == OUTCOME
     assert not kuberay.jobs  # deleted once it succeeded and its outcome was read: nightly runs leave none behind
     (body,) = [b for m, p, _, b in api.requests if m == "POST"]
@@ -149,9 +148,9 @@ def test_a_rayjob_is_created_on_the_cluster_and_followed_to_its_outcome(kubeconf
         {"apiVersion": "v1", "kind": "Pod", "name": "training-abc-train-1", "uid": "0f6c1b6e-uid"}
     ]
     assert name.startswith("speedforge-grpo-") and len(name) <= 47
-    assert body["spec"]["entrypoint"] == f"python -m speedforge.recipes.training_job --stage grpo --store {store}"
+    assert body["spec"]["entrypoint"] == f"python -m speedforge.train.remote --stage grpo --store {store}"
     assert body["spec"]["clusterSelector"] == {"ray.io/cluster": "speedforge"}
-    assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {"env_vars": {CONFIG_ENV: "grpo: {steps: 2}\n"}}
+    assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {"env_vars": {CONFIG_ENV: "train: {grpo: {steps: 2}}\n"}}
     container = body["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
     assert (
         container["image"] == "registry.example.com/speedforge:0.1.0"
@@ -190,7 +189,7 @@ def test_a_terminated_step_deletes_its_rayjob(kubeconfig, tmp_path):
         timer.start()
         try:
             with pytest.raises(Terminated):
-                run_training_job(job(str(tmp_path / "store"), poll_s=0.05), StoreConfig(), on_status=lambda line: None)
+                run_training_job(job(str(tmp_path / "store"), poll_s=0.05), on_status=lambda line: None)
         finally:
             timer.cancel()
     assert not kuberay.jobs and [m for m, *_ in api.requests][-1] == "DELETE"
@@ -214,7 +213,7 @@ def test_every_kubernetes_call_the_train_step_makes_is_in_the_table(kubeconfig, 
         with FakeApi(FakeKubeRay(statuses, on_complete=on_complete)) as api:
             kubeconfig(api.url)
             try:
-                run_training_job(job(store, timeout_s=0.3, poll_s=0.05), StoreConfig(), on_status=lambda line: None)
+                run_training_job(job(store, timeout_s=0.3, poll_s=0.05), on_status=lambda line: None)
             except RayJobFailed:
                 pass
         for method, path, *_ in api.requests:
@@ -229,7 +228,7 @@ def test_every_kubernetes_call_the_train_step_makes_is_in_the_table(kubeconfig, 
 def test_a_named_training_run_travels_to_the_remote_driver():
     store = "s3://b/pipeline"
     assert job(store, run="pipeline-7", resume=True).entrypoint() == (
-        f"python -m speedforge.recipes.training_job --stage grpo --store {store} --run pipeline-7 --resume"
+        f"python -m speedforge.train.remote --stage grpo --store {store} --run pipeline-7 --resume"
     )
 
 
@@ -252,7 +251,7 @@ def test_a_failed_rayjob_fails_the_step_with_its_reason_and_message(kubeconfig, 
             match=r"RayJob speedforge/speedforge-grpo-\S+ ended Failed/FAILED: AppFailed: "
             r"Job entrypoint command failed with exit code 1",
         ):
-            run_training_job(job(str(tmp_path / "store")), StoreConfig(), on_status=lambda line: None)
+            run_training_job(job(str(tmp_path / "store")), on_status=lambda line: None)
 
 
 def test_a_stopped_job_and_a_job_kuberay_refused_are_failures_too(kubeconfig):
@@ -312,7 +311,7 @@ def test_a_service_account_without_rights_gets_the_apis_reason(kubeconfig, tmp_p
             match=r"cannot create RayJob speedforge/speedforge-grpo-\S+: 403 rayjobs.ray.io "
             r'is forbidden: User "system:serviceaccount:speedforge:default"',
         ):
-            run_training_job(job(str(tmp_path / "store")), StoreConfig(), on_status=lambda line: None)
+            run_training_job(job(str(tmp_path / "store")), on_status=lambda line: None)
 
 
 def test_no_kubernetes_api_at_all_is_one_line(monkeypatch, tmp_path):
@@ -354,6 +353,15 @@ def test_a_training_job_says_what_its_mode_lacks():
         TrainingJob(stage="grpo", store="s3://b/p", mode="rayjob")
 
 
+def test_a_bad_config_fails_the_training_job_before_anything_is_submitted(tmp_path):
+    from speedforge.config import ConfigError
+
+    nowhere = f"http://127.0.0.1:{closed_port()}"  # reached only after the config is read
+    bad = TrainingJob(stage="grpo", store=str(tmp_path), mode="ray", address=nowhere, config_text="train: {stepz: 1}\n")
+    with pytest.raises(ConfigError, match=r"the training job's config: train: unknown key\(s\) 'stepz'"):
+        run_training_job(bad)
+
+
 def test_a_ray_job_address_where_nothing_or_no_dashboard_answers_is_one_line(tmp_path):
     pytest.importorskip("ray", reason="the Job Submission API needs the 'cluster' extra")
     store = str(tmp_path / "store")
@@ -361,11 +369,11 @@ def test_a_ray_job_address_where_nothing_or_no_dashboard_answers_is_one_line(tmp
         stage="grpo", store=store, mode="ray", address=f"http://127.0.0.1:{closed_port()}", connect_timeout_s=2
     )
     with pytest.raises(UserError, match=r"cannot reach the Ray dashboard at http://127.0.0.1:\d+ within 2 s"):
-        run_training_job(nothing, StoreConfig())
+        run_training_job(nothing)
     with FakeApi(lambda *request: (404, {"message": "not here"})) as api:
         other = TrainingJob(stage="grpo", store=store, mode="ray", address=api.url, connect_timeout_s=2)
         with pytest.raises(UserError, match="answered 404 Not Found to /api/version: is this a Ray dashboard"):
-            run_training_job(other, StoreConfig())
+            run_training_job(other)
 
 
 class FakeRayJobs:
@@ -426,11 +434,11 @@ def test_a_ray_job_is_submitted_to_the_dashboard_and_followed_to_its_outcome(tmp
     lines = []
     with FakeApi(jobs) as api:
         assert (
-            run_training_job(ray_job(store, api.url, config_text="sft: {}\n"), StoreConfig(), on_status=lines.append)
+            run_training_job(ray_job(store, api.url, config_text="train: {sft: {}}\n"), on_status=lines.append)
             == outcome
         )
-    assert jobs.submitted["entrypoint"] == f"python -m speedforge.recipes.training_job --stage sft --store {store}"
-    assert jobs.submitted["runtime_env"] == {"env_vars": {CONFIG_ENV: "sft: {}\n"}}
+    assert jobs.submitted["entrypoint"] == f"python -m speedforge.train.remote --stage sft --store {store}"
+    assert jobs.submitted["runtime_env"] == {"env_vars": {CONFIG_ENV: "train: {sft: {}}\n"}}
     assert [line.rsplit(": ", 1)[1] for line in lines[1:]] == ["PENDING", "RUNNING", "SUCCEEDED"]
 
 
@@ -443,7 +451,7 @@ def test_a_failed_ray_job_fails_the_step_with_its_message_and_log_tail(tmp_path)
             match=r"Ray job raysubmit_1 ended FAILED: Job entrypoint command failed with "
             r"exit code 1; last log lines: .*ValueError: no variants",
         ):
-            run_training_job(ray_job(str(tmp_path / "store"), api.url), StoreConfig(), on_status=lambda line: None)
+            run_training_job(ray_job(str(tmp_path / "store"), api.url), on_status=lambda line: None)
 
 
 def test_a_ray_job_past_its_deadline_is_stopped(tmp_path):

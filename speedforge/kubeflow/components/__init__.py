@@ -2,7 +2,7 @@
 
 A component takes the run's config (YAML text, strictly parsed; empty: the embedded defaults),
 the run's store prefix and the run id, calls its recipe through
-speedforge.recipes.run_steps.run_step (which records the step, and its error, in the store) and
+speedforge.kubeflow.run_steps.run_step (which records the step, and its error, in the store) and
 returns the recipe's small JSON summary; data stays in the store, only URIs pass between steps.
 Components import speedforge inside their body (KFP ships the function's source, not this
 module) and run in the speedforge image (`IMAGE`), which carries kfp: nothing is installed when

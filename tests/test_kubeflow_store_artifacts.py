@@ -12,7 +12,7 @@ pytest.importorskip("kfp", reason="KFP's artifact types come with the 'pipelines
 
 from kfp.dsl import Dataset, Model  # noqa: E402
 
-from speedforge.recipes.store_artifacts import record, store_uri  # noqa: E402
+from speedforge.kubeflow.store_artifacts import record, store_uri  # noqa: E402
 
 
 def test_an_artifact_names_the_store_uri_and_the_next_step_reads_it(tmp_path):

@@ -6,7 +6,7 @@ from typing import List
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Output
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -26,8 +26,8 @@ def report(
 
     from speedforge.config import loads_config
     from speedforge.recipes.report import write_report
-    from speedforge.recipes.run_steps import run_step
-    from speedforge.recipes.store_artifacts import store_uri
+    from speedforge.kubeflow.run_steps import run_step
+    from speedforge.kubeflow.store_artifacts import store_uri
 
     settings = loads_config(config, where="the config parameter")
     outcome = run_step(

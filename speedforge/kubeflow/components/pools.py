@@ -4,15 +4,15 @@ from typing import NamedTuple
 
 from kfp import dsl
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def check_pools(config: str, pools: str, store: str, run_id: str) -> list:
     """The comma-separated `pools`, each configured under service.pools (else the run fails here)."""
     from speedforge.config import loads_config
-    from speedforge.recipes.placement import pipeline_pools
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.placement import pipeline_pools
+    from speedforge.kubeflow.run_steps import run_step
 
     settings = loads_config(config, where="the config parameter")
     return run_step(settings, store, run_id, "check-pools", pipeline_pools, settings, pools)
@@ -27,7 +27,7 @@ def pool_placement(config: str, pool: str, ray_address: str) -> NamedTuple(
     from collections import namedtuple
 
     from speedforge.config import loads_config
-    from speedforge.recipes.placement import pool_placement as placement_of
+    from speedforge.kubeflow.placement import pool_placement as placement_of
 
     placement = placement_of(loads_config(config, where="the config parameter"), pool, joins_cluster=bool(ray_address))
     return namedtuple("Placement", "node_selector tolerations gpus")(

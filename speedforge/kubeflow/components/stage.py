@@ -5,7 +5,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -18,9 +18,9 @@ def stage_dataset(
     from collections import namedtuple
 
     from speedforge.config import loads_config
-    from speedforge.recipes.run_steps import run_step
+    from speedforge.kubeflow.run_steps import run_step
     from speedforge.recipes.staged_dataset import stage_source
-    from speedforge.recipes.store_artifacts import record
+    from speedforge.kubeflow.store_artifacts import record
 
     settings = loads_config(config, where="the config parameter")
     summary = run_step(

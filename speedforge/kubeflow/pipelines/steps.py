@@ -11,9 +11,9 @@ GPU (use it without a RayCluster, never beside one that holds the same GPUs)."""
 import yaml
 from kfp import dsl, kubernetes
 
-from components.pools import pool_placement
-from components.portability import portability
-from components.report import report
+from speedforge.kubeflow.components.pools import pool_placement
+from speedforge.kubeflow.components.portability import portability
+from speedforge.kubeflow.components.report import report
 from speedforge.cluster.rayjob import IMAGE_UID, PULL_SECRET
 from speedforge.config import TRAIN_RESOURCE
 
@@ -25,13 +25,14 @@ from speedforge.config import TRAIN_RESOURCE
 CLUSTER_NAMESPACE = "speedforge"
 CLUSTER_ADDRESS = "ray://speedforge-head-svc.{namespace}.svc.cluster.local:10001"
 
-# The training config of a cluster run (the training pipeline's train_config default): Ray Train's
-# workers take TRAIN_RESOURCE, which only k8s/'s training group offers (it reaches the store, the
-# bench groups do not), and a GPU each, as set here rather than as the GPUs up at the start decide;
-# the family and tasks of the pipeline's default source (builtin:cuda); rewards measured by the
-# evaluation service on the bench pools (the training group runs no candidate code), which waits for
-# a pool the autoscaler has yet to start.
-CLUSTER_TRAIN_CONFIG = yaml.safe_dump(
+# The config of a cluster run (the training pipeline's config default), its train: section the
+# train step's: Ray Train's workers take TRAIN_RESOURCE, which only k8s/'s training group offers (it
+# reaches the store, the bench groups do not), and a GPU each, as set here rather than as the GPUs up
+# at the start decide; the family and tasks of the pipeline's default source (builtin:cuda); rewards
+# measured by the evaluation service on the bench pools (the training group runs no candidate code),
+# which waits for a pool the autoscaler has yet to start (as the evaluating steps that join the
+# RayCluster do anyway: speedforge.cluster.pools.for_address).
+CLUSTER_CONFIG = yaml.safe_dump(
     {
         "service": {"autoscaling": True},
         "train": {

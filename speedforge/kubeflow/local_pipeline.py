@@ -10,7 +10,7 @@ the variants and measurements of an earlier one), its credentials reach the step
 environment variables the cluster's secret sets (set for the run only, restored after), KFP's
 outputs go under `<cache>/pipeline-root`, and each step starts a local Ray where it needs one.
 A failed run raises a UserError that names the step that failed and its error, read from the
-failure report the run's exit handler wrote (speedforge.recipes.run_steps).
+failure report the run's exit handler wrote (speedforge.kubeflow.run_steps).
 
 The steps keep the boundaries of pods (`isolated_steps`): each runs with a HOME, a cache
 (SPEEDFORGE_CACHE, XDG_CACHE_HOME), a temp dir (TMPDIR, so Ray's too) and a working folder of its
@@ -36,7 +36,7 @@ from typing import Any
 from speedforge.config import Config
 from speedforge.errors import UserError, first_line
 from speedforge.extras import require
-from speedforge.recipes.run_progress import RunProgress
+from speedforge.kubeflow.run_progress import RunProgress
 
 BUCKET, PREFIX = "speedforge", "pipeline"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -48,7 +48,7 @@ class LocalRun:
     store_uri: str
     endpoint: str  # the embedded S3 server's, while it ran
     pipeline_root: str  # KFP's outputs (the report's folder among them)
-    steps: list  # speedforge.recipes.run_steps.StepRecord, in start order
+    steps: list  # speedforge.kubeflow.run_steps.StepRecord, in start order
     report: dict  # the report step's outcome (html, markdown, json), {} when the run had none
     logs: str = ""  # the folder of the tasks' log files ("" when the run printed them: verbose)
 
@@ -69,24 +69,24 @@ def run_pipeline_locally(
     a HOME and cache of its own, the CPU bench slots) and the train step submits its stage to it
     through the Job Submission API (`train_mode` ray), as KubeRay's submitter does.
 
-    A pipeline's `ray_address` defaults to the cluster's head service (pipelines.steps.CLUSTER_ADDRESS),
+    A pipeline's `ray_address` defaults to the cluster's head service (speedforge.kubeflow.pipelines.steps.CLUSTER_ADDRESS),
     a name only a cluster resolves: unless `arguments` name one, the run passes "" (a local Ray in
-    each evaluating step). So with `train_config`, whose default is a cluster's (the training group's
-    resource, a GPU, the cuda family): unless named, the run passes "" (the embedded defaults).
+    each evaluating step). Its `config` defaults to a cluster's too (the training group's resource,
+    a GPU, the cuda family): the run passes `config_text` ("" = the embedded defaults) instead.
 
-    Quiet (the default): `say` gets one line per step as it ends (speedforge.recipes.run_progress),
+    Quiet (the default): `say` gets one line per step as it ends (speedforge.kubeflow.run_progress),
     each KFP task's output goes to <pipeline root>/<KFP run>/logs/<NN>-<task>.log and kfp.local's
     own lines to kfp.log there; a failed run says the log files of the tasks that failed before it
     raises. `verbose`: kfp.local prints everything, as it does by itself."""
     require("pipelines", "kfp", purpose="running a pipeline locally")
     from kfp import local
 
-    from speedforge.recipes.run_steps import RUNS, read_steps
+    from speedforge.kubeflow.run_steps import RUNS, read_steps
     from speedforge.store import open_store
     from speedforge.store.s3server import SeaweedServer
 
     inputs = pipeline_func.component_spec.inputs or {}
-    arguments = {**{name: "" for name in ("ray_address", "train_config") if name in inputs}, **arguments}
+    arguments = {**({"ray_address": ""} if "ray_address" in inputs else {}), **arguments}
     cache = Path(config.evaluator.cache_dir).expanduser().resolve()  # absolute: each step runs in a folder of its own
     pipeline_root = cache / "pipeline-root"
     store_uri = f"s3://{BUCKET}/{PREFIX}"

@@ -1,9 +1,10 @@
 """Kubeflow Pipelines runs of a compiled pipeline: compile, submit, schedule nightly, read status.
 
-    compile_pipeline(training, "pipelines/training.yaml")
+    package = PIPELINES["training"].package          # speedforge/kubeflow/pipelines/training.yaml
+    compile_pipeline(training, package)
     client = connect_kfp("http://ml-pipeline-ui.kubeflow:80")
-    run = submit_run(client, "pipelines/training.yaml", {"pools": "A100,H100"}, experiment="speedforge")
-    schedule_run(client, "pipelines/training.yaml", {}, cron="0 0 2 * * *", service_account="pipeline-runner")
+    run = submit_run(client, package, {"pools": "A100,H100"}, experiment="speedforge")
+    schedule_run(client, package, {}, cron="0 0 2 * * *", service_account="pipeline-runner")
     run_status(client, run.run_id)
 
 The endpoint is probed with a plain TCP connection bounded by `timeout_s` before the KFP client

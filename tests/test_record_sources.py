@@ -1,4 +1,4 @@
-"""Records from a URI (speedforge.recipes.records): every table by the one name-to-class mapping."""
+"""Records from a URI (speedforge.record_sources): every table by the one name-to-class mapping."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from speedforge.config import Config
 from speedforge.errors import UserError
 from speedforge.records import TABLES, EvalResult, Variant
-from speedforge.recipes.records import read_records
+from speedforge.record_sources import read_records
 from speedforge.store import open_store
 from speedforge.variants import VariantsTable
 

@@ -1,6 +1,6 @@
 """Training: one stage of a run (SFT, self-training or contrastive GRPO) on Ray Train.
 
-    config = load_train_config("train.yaml")          # None: the embedded defaults
+    config = load_config("config.yaml")               # its train: section; None: the embedded defaults
     outcome = run_training(config, "sft")              # then "self", then "grpo"
     outcome = run_training(config, "grpo", resume=True)
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from speedforge import families
-from speedforge.config import Config, TrainConfig, load_config
+from speedforge.config import Config, TrainConfig
 from speedforge.errors import UserError
 from speedforge.extras import require
 from speedforge.records import Candidate, EvalResult, Task
@@ -42,7 +42,6 @@ __all__ = [
     "TrainConfig",
     "TrainOutcome",
     "evaluate_heldout",
-    "load_train_config",
     "run_training",
     "train_status",
     "with_run_store",
@@ -57,23 +56,10 @@ STARTS_FROM = {
 CUDA_L1 = "cuda-l1:"
 
 
-def load_train_config(path: str | None) -> Config:
-    """The config of a training run: the root config with its `train:` section (a TrainConfig),
-    since a run also reads `policy:`, `evaluator:`, `store:` and `service:`. None: the embedded
-    defaults (cpp family, the default small model, a tiny budget, local Ray, local evaluator)."""
-    return load_config(path)
-
-
-def with_run_store(config: Config, store: str, store_config=None, run: str = "") -> Config:
+def with_run_store(config: Config, store: str, run: str = "") -> Config:
     """`config` with its run's state, rollouts and variants in `store` (a pipeline run's prefix,
-    whose variants table its baselines seeded) unless `train.store` names one; with
-    `store_config` (the pipeline's endpoint and credentials) unless the config has a store:
-    section of its own; and named `run` unless the config names its run (train.run other than
-    the default)."""
-    from speedforge.config import StoreConfig, TrainConfig
-
-    if store_config is not None and config.store == StoreConfig():
-        config = dataclasses.replace(config, store=store_config)
+    whose variants table its baselines seeded) unless `train.store` names one, and named `run`
+    unless the config names its run (train.run other than the default)."""
     if store and not config.train.store:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, store=store))
     if run and config.train.run == TrainConfig().run:
@@ -136,7 +122,7 @@ def read_tasks(config: Config) -> list[Task]:
         from speedforge.tasks.importers import import_source
 
         return import_source(uri[len(CUDA_L1) :], kind="cuda-l1-jsonl", family=config.train.family, skip_bad=True).tasks
-    from speedforge.recipes.records import read_records
+    from speedforge.record_sources import read_records
 
     return read_records(uri, "tasks", config, config.store.endpoint_url)
 

@@ -3,10 +3,10 @@ every pool, and the report; a failure report when any step fails."""
 
 from kfp import dsl
 
-from components.failure import run_report
-from components.pools import check_pools
-from components.select import select_best
-from pipelines.steps import CLUSTER_ADDRESS, CLUSTER_NAMESPACE, portability_and_report, step
+from speedforge.kubeflow.components.failure import run_report
+from speedforge.kubeflow.components.pools import check_pools
+from speedforge.kubeflow.components.select import select_best
+from speedforge.kubeflow.pipelines.steps import CLUSTER_ADDRESS, CLUSTER_NAMESPACE, portability_and_report, step
 
 
 @dsl.pipeline(

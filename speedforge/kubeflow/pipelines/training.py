@@ -2,7 +2,7 @@
 portability per pool -> report, with a failure report when any step fails.
 
 Training starts from the champion of the model registry in `store` (<store>/models/) when there is
-one (warm start; `train.init` in the training config names another start), else from the base
+one (warm start; `train.init` in the config names another start), else from the base
 model; the gate registers the new checkpoint and promotes it only when it beats the champion.
 
 Parameters are the data set, the model, the pools, the budgets and the object-store prefix
@@ -14,19 +14,19 @@ defaults instead.
 
 from kfp import dsl
 
-from components import IMAGE
-from components.baselines import measure_baselines
-from components.failure import run_report
-from components.gate import gate
-from components.optimize import optimize
-from components.pools import check_pools, pool_placement
-from components.select import select_best
-from components.stage import stage_dataset
-from components.train import train
-from pipelines.steps import (
+from speedforge.kubeflow.components import IMAGE
+from speedforge.kubeflow.components.baselines import measure_baselines
+from speedforge.kubeflow.components.failure import run_report
+from speedforge.kubeflow.components.gate import gate
+from speedforge.kubeflow.components.optimize import optimize
+from speedforge.kubeflow.components.pools import check_pools, pool_placement
+from speedforge.kubeflow.components.select import select_best
+from speedforge.kubeflow.components.stage import stage_dataset
+from speedforge.kubeflow.components.train import train
+from speedforge.kubeflow.pipelines.steps import (
     CLUSTER_ADDRESS,
+    CLUSTER_CONFIG,
     CLUSTER_NAMESPACE,
-    CLUSTER_TRAIN_CONFIG,
     on_pool,
     pod_identity,
     portability_and_report,
@@ -47,7 +47,6 @@ def training(
     search_pool: str = "H100",  # the pool the search measures on
     model: str = "",  # policy model of the search: a store URI (s3://.../final), a path in the image or on a volume, or champion (the registry's) ("" = the checkpoint this run's training wrote, by its store URI)
     train_stage: str = "grpo",  # sft | self | grpo
-    train_config: str = CLUSTER_TRAIN_CONFIG,  # YAML text of the training config: the cluster's (pipelines/steps.py); "" = the embedded defaults (a CPU run on cpp tasks)
     train_mode: str = "rayjob",  # local (in the step's pod) | rayjob (KubeRay) | ray (Job Submission API)
     ray_cluster: str = "speedforge",  # rayjob: the RayCluster (k8s/) the job runs on
     namespace: str = CLUSTER_NAMESPACE,  # the RayCluster's namespace: the RayJob goes there (KubeRay selects the cluster there), {namespace} of ray_address
@@ -60,8 +59,8 @@ def training(
     search_rounds: int = 2,
     search_samples: int = 4,
     max_new_tokens: int = 0,  # 0 = config.policy.max_new_tokens
-    config: str = "",  # YAML text of the speedforge config ("" = embedded defaults)
-    s3_secret: str = "speedforge-s3",  # Kubernetes secret with the S3 credentials (pipelines/steps.py)
+    config: str = CLUSTER_CONFIG,  # YAML text of the speedforge config, train: among its sections: the cluster's (steps.py); "" = the embedded defaults (a CPU run on cpp tasks)
+    s3_secret: str = "speedforge-s3",  # Kubernetes secret with the S3 credentials (steps.py)
 ):
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     failure = step(run_report(config=config, store=store, run_id=run_id), s3_secret, name="run report")
@@ -108,7 +107,6 @@ def training(
         trained = step(
             train(
                 config=config,
-                train_config=train_config,
                 stage=train_stage,
                 mode=train_mode,
                 store=store,
@@ -127,7 +125,6 @@ def training(
         gated = step(
             gate(
                 config=config,
-                train_config=train_config,
                 store=store,
                 outcome=trained.outputs["outcome"],
                 dataset_uri=staged.outputs["dataset_uri"],

@@ -1,8 +1,8 @@
 """Kubeflow pipelines: the training pipeline and the cross-architecture evaluation.
 
-Each is a function of its parameters built from the components in `components/`; the compiled
-YAML beside it (`training.yaml`, `cross_arch.yaml`) is checked in and is what `kfp run create`
-and `speedforge pipeline submit|schedule` send. A test compiles again and compares byte for byte.
+Each is a function of its parameters built from the components in speedforge.kubeflow.components;
+the compiled YAML beside it (`training.yaml`, `cross_arch.yaml`) is checked in and is what `kfp run
+create` and `speedforge pipeline submit|schedule` send. A test compiles again and compares byte for byte.
 
     PIPELINES["training"].func     # the @dsl.pipeline function
     PIPELINES["training"].package  # its compiled YAML
@@ -34,7 +34,7 @@ class PipelineEntry:
 PIPELINES = {
     "training": PipelineEntry(
         "training",
-        "pipelines.training",
+        "speedforge.kubeflow.pipelines.training",
         "training",
         HERE / "training.yaml",
         "stage -> baselines per pool -> train -> promotion gate -> optimize -> select -> "
@@ -42,7 +42,7 @@ PIPELINES = {
     ),
     "cross-arch": PipelineEntry(
         "cross-arch",
-        "pipelines.cross_arch",
+        "speedforge.kubeflow.pipelines.cross_arch",
         "cross_arch",
         HERE / "cross_arch.yaml",
         "a run's best variants -> portability on every pool -> report",

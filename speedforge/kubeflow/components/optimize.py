@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -32,12 +32,12 @@ def optimize(
     `metrics`: samples, the valid fraction and the median best speedup, for KFP's UI."""
     from speedforge.config import loads_config
     from speedforge.recipes.dataset_search import search_dataset
-    from speedforge.recipes.run_steps import run_step
-    from speedforge.recipes.step_metrics import step_metrics
-    from speedforge.recipes.store_artifacts import record, store_uri
+    from speedforge.kubeflow.run_steps import run_step
+    from speedforge.kubeflow.step_metrics import step_metrics
+    from speedforge.kubeflow.store_artifacts import record, store_uri
     from speedforge.search.printer import SearchPrinter
 
-    from speedforge.recipes.placement import joined_cluster
+    from speedforge.kubeflow.placement import joined_cluster
 
     address, settings = joined_cluster(loads_config(config, where="the config parameter"), ray_address, namespace)
     outcome = run_step(

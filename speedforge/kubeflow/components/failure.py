@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components import IMAGE
+from speedforge.kubeflow.components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -10,7 +10,7 @@ def run_report(config: str, store: str, run_id: str, status: dsl.PipelineTaskFin
     """For a failed run, write pipeline-runs/<run_id>/failure.md and .json to `store`: the step that
     failed, its error, and every step's status."""
     from speedforge.config import loads_config
-    from speedforge.recipes.run_steps import RunStatus, write_run_report
+    from speedforge.kubeflow.run_steps import RunStatus, write_run_report
 
     report = write_run_report(
         loads_config(config, where="the config parameter"),
