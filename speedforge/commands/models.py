@@ -101,6 +101,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     gate.add_argument("version", type=int, help="a version number")
     gate.set_defaults(func=run_gate)
+    export = commands.add_parser(
+        "export",
+        help="a model as one folder; --merge folds a LoRA adapter into its base",
+        description="Write MODEL (a folder, a store URI, champion or models:/NAME@VERSION) into the new "
+        "folder OUT. A LoRA adapter names its base by location and sha256; with --merge the base is fetched, "
+        "checked and the adapter merged into it, giving one checkpoint folder that loads without peft "
+        "(for vLLM, say). Without --merge the files are copied as they are.",
+    )
+    export.add_argument("model", help="a folder, s3://..., champion or models:/NAME@VERSION")
+    export.add_argument("out", help="the folder to write (new, or empty)")
+    export.add_argument("--merge", action="store_true", help="merge a LoRA adapter into its base")
+    export.add_argument(
+        "--registry", default="", help="store that holds models/ (default: models.registry, then store.uri)"
+    )
+    export.set_defaults(func=run_export)
 
 
 def _open(args: argparse.Namespace):
@@ -219,6 +234,10 @@ def run_show(args: argparse.Namespace) -> int:
         ("config hash", version.config_hash),
         ("code version", version.code_version),
         ("held-out split", version.split_id),
+        (
+            "base model",
+            f"{version.base or '(the default model)'} (sha256 {version.base_sha256})" if version.base_sha256 else "",
+        ),
         ("files", f"{len(version.files)} (sha256 recorded)"),
         ("registered", f"{when(version.registered_at)} UTC by {version.registered_by}"),
         ("note", version.note),
@@ -311,6 +330,18 @@ def run_gate(args: argparse.Namespace) -> int:
     from speedforge.recipes.models import gate_version
 
     gate_version(_config(args), args.version, args.registry)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from speedforge.recipes.models import export_model
+
+    config = load_config(args.config)
+    if args.registry:
+        config = dataclasses.replace(config, models=dataclasses.replace(config.models, registry=args.registry))
+    export_model(config, args.model, args.out, args.merge)
     return 0
 
 
