@@ -23,7 +23,10 @@ where b is the sequences a worker trains on at once, s their length, h the hidde
 key/value width and i the MLP's; with gradient checkpointing only each layer's input (b s h) is
 kept, and one layer at a time is recomputed. The logits of the tokens a loss is taken on, and
 their gradient, are float32: 8 b t V bytes. The KV cache: 2 L kv (prompt + new) values for each
-of the sequences a worker generates at once. The peak is weights + optimizer + the larger of
+of the sequences a worker generates at once. GRPO's KL reference (train.grpo.beta > 0) is a float32
+copy of the starting model under ddp, and none under LoRA (the base with the adapter disabled);
+under fsdp it is refused (an unsharded copy on every worker). The peak is weights + optimizer
++ reference + the larger of
 (gradients + activations + logits) and the KV cache: the trainer frees gradients after each
 optimizer step and the cache after each generate call.
 """
@@ -162,13 +165,15 @@ class MemoryPlan:
     activations: int
     logits: int
     kv_cache: int
+    reference: int = 0  # GRPO's KL reference model where it is a second copy (ddp with train.grpo.beta > 0)
 
     @property
     def peak(self) -> int:
-        return self.weights + self.optimizer + max(self.gradients + self.activations + self.logits, self.kv_cache)
+        held = self.weights + self.optimizer + self.reference
+        return held + max(self.gradients + self.activations + self.logits, self.kv_cache)
 
     def parts(self) -> dict[str, int]:
-        names = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache")
+        names = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "reference")
         return {name: getattr(self, name) for name in names}
 
     def describe(self, have: int | None = None, unit: str = "GPU") -> str:
@@ -190,9 +195,17 @@ def gib(value: int | None) -> str:
 
 
 def plan_memory(
-    shape: ModelShape, strategy: str, workers: int, work: Workload, bf16: bool, checkpointing: bool
+    shape: ModelShape,
+    strategy: str,
+    workers: int,
+    work: Workload,
+    bf16: bool,
+    checkpointing: bool,
+    kl_reference: bool = False,
 ) -> MemoryPlan:
-    """The plan of `strategy` (ddp | fsdp | lora) over `workers` workers for `work` per worker."""
+    """The plan of `strategy` (ddp | fsdp | lora) over `workers` workers for `work` per worker;
+    `kl_reference`: GRPO's KL term is on (TRL loads a float32 copy of the starting model for it,
+    except under LoRA, whose reference is the base with the adapter disabled)."""
     compute = BF16 if bf16 else FP32
     p, n = shape.parameters, max(1, workers)
     if strategy == "lora":
@@ -215,7 +228,10 @@ def plan_memory(
         activations = shape.layers * layer
     logits = 2 * FP32 * b * work.loss_tokens * shape.vocab
     kv = 2 * shape.layers * shape.kv_width * work.generate_tokens * work.generate_sequences * compute
-    return MemoryPlan(strategy, n, bf16, checkpointing, weights, gradients, optimizer, activations, logits, kv)
+    reference = FP32 * p if kl_reference and strategy != "lora" else 0
+    return MemoryPlan(
+        strategy, n, bf16, checkpointing, weights, gradients, optimizer, activations, logits, kv, reference
+    )
 
 
 def usable_bytes(total: int, headroom: float) -> int:
@@ -229,7 +245,7 @@ def fixes(shape: ModelShape, plan: MemoryPlan, have: int, work: Workload) -> lis
     found: list[str] = []
 
     def fits(strategy: str, workers: int, checkpointing: bool = plan.checkpointing, w: Workload = work) -> int | None:
-        other = plan_memory(shape, strategy, workers, w, plan.bf16, checkpointing)
+        other = plan_memory(shape, strategy, workers, w, plan.bf16, checkpointing, plan.reference > 0)
         return other.peak if other.peak <= have else None
 
     if plan.strategy != "lora" and shape.lora_parameters and (peak := fits("lora", plan.workers)):

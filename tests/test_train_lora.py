@@ -1,0 +1,134 @@
+"""LoRA training (train.strategy lora) on the CPU with the session's tiny model: GRPO's KL reference
+is the base with the adapter disabled (no second model), a stage on Ray Train ends with an
+adapter that names its base, and that adapter goes through the registry to the hf backend that
+serve-policy runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("ray")
+pytest.importorskip("peft")
+
+from speedforge.config import Config, EvaluatorConfig, GRPOStageConfig, LoraSettings, ModelsConfig  # noqa: E402
+from speedforge.config import PolicyConfig, RayTrainConfig, TrainConfig  # noqa: E402
+from speedforge.records import EvalResult  # noqa: E402
+
+TASKS = ("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares")  # the last one held out
+LORA = LoraSettings(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))
+
+
+def first_passes():
+    """A stand-in evaluation: the first sample of each task passes, so a group's rewards differ
+    (a closure, which Ray sends to its workers by value)."""
+
+    def evaluate(candidates):
+        results, seen = [], set()
+        for c in candidates:
+            first = c.task_id not in seen
+            seen.add(c.task_id)
+            results.append(
+                EvalResult(
+                    candidate_id=c.candidate_id,
+                    task_id=c.task_id,
+                    pool="cpu",
+                    status="ok" if first else "incorrect",
+                    correct=first,
+                    speedup=1.5 if first else None,
+                )
+            )
+        return results
+
+    return evaluate
+
+
+def test_grpo_with_a_new_adapter_takes_its_kl_reference_from_the_base_with_the_adapter_disabled(tiny_model, tmp_path):
+    import datasets
+    import transformers
+    from trl import GRPOConfig, GRPOTrainer
+
+    from speedforge.train.lora import lora_config
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=4,
+        beta=0.1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **_: [float(i) for i in range(len(completions))]],
+        args=args,
+        train_dataset=datasets.Dataset.from_list([{"prompt": "a b c"}] * 2),
+        processing_class=tokenizer,
+        peft_config=lora_config(LORA),
+    )
+    assert trainer.ref_model is None  # no second model...
+    assert list(trainer.model.peft_config) == ["default"]  # ...nor a reference copy of the adapter
+    trainer.train()
+    assert trainer.state.global_step == 1 and any("kl" in log for log in trainer.state.log_history)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    from speedforge.cluster.session import ray_session
+    from speedforge.config import ServiceConfig
+
+    with ray_session(None, ServiceConfig()):
+        yield
+
+
+@pytest.mark.slow  # a Ray Train stage (~60 s on 2 shared cores); test_policy_adapters covers the registry and serving
+def test_a_lora_grpo_stage_ends_with_an_adapter_the_registry_carries_to_serve_policy(tiny_model, tmp_path, ray_local):
+    from speedforge.policy.adapters import is_adapter, read_base
+    from speedforge.policy.backends import HFBackend
+    from speedforge.recipes.models import register_checkpoint, resolve_registered
+    from speedforge.recipes.training import run_training
+    from speedforge.store import open_store
+    from speedforge.train.state import RunState
+
+    config = Config(
+        evaluator=EvaluatorConfig(cache_dir=str(tmp_path / "cache")),
+        policy=PolicyConfig(model=tiny_model, device="cpu", max_new_tokens=4),
+        train=TrainConfig(
+            run="lora",
+            store=str(tmp_path / "store"),
+            work_dir=str(tmp_path / "work"),
+            tasks=TASKS,
+            heldout=(TASKS[-1],),
+            strategy="lora",
+            lora=LORA,
+            ray=RayTrainConfig(cpus_per_worker=1),
+            grpo=GRPOStageConfig(steps=2, generations=2, max_new_tokens=8, learning_rate=1e-2, beta=0.05),
+        ),
+        models=ModelsConfig(cache_dir=str(tmp_path / "models")),
+    )
+    outcome = run_training(config, "grpo", evaluate=first_passes())
+    assert outcome.steps == 2
+    assert is_adapter(outcome.final_checkpoint)
+    base = read_base(outcome.final_checkpoint)
+    assert base.location == tiny_model and "model.safetensors" in base.files
+    state = RunState(open_store(config.train.store), "lora", "grpo").read()
+    plan = state["memory_plan"]
+    assert plan["strategy"] == "lora" and plan["reference"] == 0 and 0 < plan["gradients"] < plan["weights"] / 10
+    kept = {k.rsplit("/", 1)[1] for k in open_store(config.train.store).list("runs/lora/grpo/checkpoints/")}
+    assert "adapter_model.safetensors" in kept and "model.safetensors" not in kept  # checkpoints carry the adapter
+    version = register_checkpoint(config, outcome.final_checkpoint_uri, evaluate=False, say=lambda _: None)
+    assert version.base == tiny_model and version.base_sha256 == base.sha256
+    served = dataclasses.replace(config, policy=dataclasses.replace(config.policy, model=version.ref))
+    resolved, _ = resolve_registered(served)
+    backend = HFBackend(resolved.policy)
+    assert type(backend.model).__name__ == "PeftModelForCausalLM"
+    assert len(backend.generate([{"role": "user", "content": "hi"}], 1, temperature=0)) == 1
