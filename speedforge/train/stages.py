@@ -442,6 +442,7 @@ class StepClock:
             "evaluation_s": self.times.evaluation_s,
             "step_s": self.times.step_s,
             **self.device,
+            **peak_memory(worker.device),
         }
         parts = worker.gather((mine, self.rollouts))
         record["ranks"] = [rank for rank, _ in parts]  # what each worker did this step: all ranks in rank 0's line
@@ -451,6 +452,16 @@ class StepClock:
         if worker.metrics is not None:
             worker.metrics.write(record)
         self.pending = None
+
+
+def peak_memory(device: str) -> dict[str, int]:
+    """`peak_memory_mb`: the most GPU memory torch allocated on this worker since it started (its
+    step lines' figure against the memory plan); nothing on the CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    return {"peak_memory_mb": int(torch.cuda.max_memory_allocated(torch.device(device))) >> 20}
 
 
 def save_final(worker: Worker, trainer, model, tokenizer, base=None) -> None:
