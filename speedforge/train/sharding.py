@@ -44,9 +44,11 @@ def rank_files(rank: int) -> tuple[str, ...]:
     return mine + ((DCP_METADATA, SCHEDULER_FILE, TRAINER_STATE_FILE) if rank == 0 else ())
 
 
-def load_sharded(folder: str, world: int, device: str):
+def load_sharded(folder: str, world: int, device: str, bf16: bool = False):
     """The checkpoint in `folder` (a Hugging Face folder), float32 master weights, sharded over
-    `world` workers as it loads (one worker: the whole model)."""
+    `world` workers as it loads (one worker: the whole model). `bf16`: FSDP gathers each layer's
+    weights in bf16 to compute (half the traffic and the gathered memory) and reduces gradients in
+    float32 (transformers' fsdp_mixed_precision)."""
     import torch
     import transformers
 
@@ -54,8 +56,9 @@ def load_sharded(folder: str, world: int, device: str):
         return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     from transformers.distributed import DistributedConfig
 
+    sharding = DistributedConfig(fsdp_size=world, fsdp_mixed_precision=bf16)
     return transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, distributed_config=DistributedConfig(fsdp_size=world), device_map=device
+        folder, dtype=torch.float32, distributed_config=sharding, device_map=device
     )
 
 

@@ -158,7 +158,11 @@ def load_weights(job: StageJob, worker) -> StartingWeights:
         from speedforge.train.sharding import load_sharded
 
         return StartingWeights(
-            load_sharded(source.folder, worker.world, worker.device), tokenizer, source.name, strategy, plan
+            load_sharded(source.folder, worker.world, worker.device, bf16_compute(worker.device)),
+            tokenizer,
+            source.name,
+            strategy,
+            plan,
         )
     if adapter:  # full fine-tuning from an adapter: its base with the adapter merged in
         from peft import PeftModel
