@@ -1,7 +1,7 @@
 """LoRA training (train.strategy lora) on the CPU with the session's tiny model: GRPO's KL reference
-is the base with the adapter disabled (no second model), a stage on Ray Train ends with an
-adapter that names its base, and that adapter goes through the registry to the hf backend that
-serve-policy runs."""
+is the base with the adapter disabled (no second model); a stage on Ray Train checkpoints the
+adapter, resumes on another number of workers, ends with an adapter that names its base, and that
+adapter goes through the registry to the hf backend that serve-policy runs."""
 
 from __future__ import annotations
 
@@ -90,13 +90,16 @@ def ray_local():
         yield
 
 
-@pytest.mark.slow  # a Ray Train stage (~60 s on 2 shared cores); test_policy_adapters covers the registry and serving
-def test_a_lora_grpo_stage_ends_with_an_adapter_the_registry_carries_to_serve_policy(tiny_model, tmp_path, ray_local):
+@pytest.mark.slow  # Ray Train stages (~2-3 min on 2 shared cores); test_policy_adapters covers registry and serving
+def test_a_lora_grpo_stage_resumed_on_two_workers_ends_with_an_adapter_the_registry_carries_to_serve_policy(
+    tiny_model, tmp_path, ray_local
+):
     from speedforge.policy.adapters import is_adapter, read_base
     from speedforge.policy.backends import HFBackend
     from speedforge.recipes.models import register_checkpoint, resolve_registered
     from speedforge.recipes.training import run_training
     from speedforge.store import open_store
+    from speedforge.train.metrics import read_metrics
     from speedforge.train.state import RunState
 
     config = Config(
@@ -111,18 +114,31 @@ def test_a_lora_grpo_stage_ends_with_an_adapter_the_registry_carries_to_serve_po
             strategy="lora",
             lora=LORA,
             ray=RayTrainConfig(cpus_per_worker=1),
+            max_stage_s=1.0,  # the first attempt ends after its first step, with a checkpoint
             grpo=GRPOStageConfig(steps=2, generations=2, max_new_tokens=8, learning_rate=1e-2, beta=0.05),
         ),
         models=ModelsConfig(cache_dir=str(tmp_path / "models")),
     )
-    outcome = run_training(config, "grpo", evaluate=first_passes())
-    assert outcome.steps == 2
+    first = run_training(config, "grpo", evaluate=first_passes())
+    assert first.steps == 1
+    RunState(open_store(config.train.store), "lora", "grpo").update(status="stopped")  # as an interrupted one
+    two = dataclasses.replace(config.train, ray=RayTrainConfig(workers=2, cpus_per_worker=1), max_stage_s=0.0)
+    config = dataclasses.replace(config, train=two)
+    outcome = run_training(config, "grpo", resume=True, evaluate=first_passes())  # on two workers now
+    assert outcome.steps == 2 and outcome.resumed
+    steps = [m for m in read_metrics(open(outcome.metrics_path)) if m.get("kind", "step") == "step"]
+    assert [(m["step"], len(m["ranks"])) for m in steps] == [(1, 1), (2, 2)]
     assert is_adapter(outcome.final_checkpoint)
     base = read_base(outcome.final_checkpoint)
     assert base.location == tiny_model and "model.safetensors" in base.files
     state = RunState(open_store(config.train.store), "lora", "grpo").read()
     plan = state["memory_plan"]
-    assert plan["strategy"] == "lora" and plan["reference"] == 0 and 0 < plan["gradients"] < plan["weights"] / 10
+    assert (
+        plan["workers"] == 2
+        and plan["strategy"] == "lora"
+        and plan["reference"] == 0
+        and 0 < plan["gradients"] < plan["weights"] / 10
+    )
     kept = {k.rsplit("/", 1)[1] for k in open_store(config.train.store).list("runs/lora/grpo/checkpoints/")}
     assert "adapter_model.safetensors" in kept and "model.safetensors" not in kept  # checkpoints carry the adapter
     version = register_checkpoint(config, outcome.final_checkpoint_uri, evaluate=False, say=lambda _: None)

@@ -78,7 +78,8 @@ class ModelShape:
         head_dim = int(getattr(text, "head_dim", 0) or text.hidden_size // heads)
         kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
         layers = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == text.num_hidden_layers]
-        layer_parameters = max((sum(p.numel() for p in layer.parameters()) for layer in layers[0]), default=0)
+        decoder = layers[0] if layers else []
+        layer_parameters = max((sum(p.numel() for p in layer.parameters()) for layer in decoder), default=0)
         adapters = 0
         if lora_rank:
             for name, module in model.named_modules():

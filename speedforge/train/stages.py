@@ -14,7 +14,9 @@ data position, RNG of every worker) every `save_every` steps and resumes from th
 order the uninterrupted one would have. A step whose rewards cannot be measured stops the
 stage before its update, with its last checkpoint in the store (speedforge.train.scoring).
 
-Only rank 0 writes metrics, state and final weights. Each stage is registered by name.
+Only rank 0 writes metrics, state and final weights. Each stage is registered by name. The
+starting weights load as train.strategy trains them (speedforge.train.weights: whole, sharded by
+FSDP, or a LoRA adapter on a frozen base), once the worker's memory plan fits its device.
 """
 
 from __future__ import annotations
@@ -686,7 +688,7 @@ def run_self(job: StageJob, worker: Worker) -> None:
     model, tokenizer, name, peft_config = weights.model, weights.tokenizer, weights.name, weights.peft_config
     if saved.get("checkpoint") and not saved.get("round_step"):  # between rounds: the last round's weights
         folder = worker.state.download(saved["checkpoint"], job.run_dir / "resume")
-        model, peft_config = round_weights(model, folder, peft_config)
+        model, peft_config = round_weights(model, folder, job.config.train.strategy == "lora"), None
     fits = token_budget(tokenizer, min(settings.max_length, context_tokens(model)))
     first_round = int(saved.get("round", 1))
     variants = VariantsTable.load(worker.store)
@@ -732,17 +734,17 @@ def run_self(job: StageJob, worker: Worker) -> None:
     save_final(worker, trainer, model, tokenizer, weights.base)
 
 
-def round_weights(model, folder: Path, peft_config):
-    """(model, peft_config) after a round whose checkpoint is `folder`: its whole weights, or under
-    lora its adapter, trainable, on the base `model` is (or has)."""
+def round_weights(model, folder: Path, lora: bool):
+    """The weights after a round whose checkpoint is `folder`: its whole weights, or under lora its
+    adapter, trainable, on the base `model` is (or has: an adapter on it is taken off first)."""
     import transformers
 
-    if peft_config is None and not hasattr(model, "peft_config"):
-        return transformers.AutoModelForCausalLM.from_pretrained(folder), None
+    if not lora:
+        return transformers.AutoModelForCausalLM.from_pretrained(folder)
     from peft import PeftModel
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return PeftModel.from_pretrained(base, str(folder), is_trainable=True), None
+    base = model.unload() if hasattr(model, "unload") else model
+    return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
 
 
 def resumable(job: StageJob, worker: Worker) -> None:
