@@ -6,6 +6,7 @@ adapter goes through the registry to the hf backend that serve-policy runs."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ pytest.importorskip("ray")
 pytest.importorskip("peft")
 
 from speedforge.config import Config, EvaluatorConfig, GRPOStageConfig, LoraSettings, ModelsConfig  # noqa: E402
-from speedforge.config import PolicyConfig, RayTrainConfig, TrainConfig  # noqa: E402
+from speedforge.config import PolicyConfig, RayTrainConfig, SFTConfig, TrainConfig  # noqa: E402
 from speedforge.records import EvalResult  # noqa: E402
 
 TASKS = ("cpp/add_relu_scale", "cpp/silu_scale", "cpp/sum_squares")  # the last one held out
@@ -148,3 +149,40 @@ def test_a_lora_grpo_stage_resumed_on_two_workers_ends_with_an_adapter_the_regis
     backend = HFBackend(resolved.policy)
     assert type(backend.model).__name__ == "PeftModelForCausalLM"
     assert len(backend.generate([{"role": "user", "content": "hi"}], 1, temperature=0)) == 1
+
+
+@pytest.mark.slow  # two Ray Train stages (~1-2 min on 2 shared cores)
+def test_an_sft_adapter_is_what_the_next_stage_goes_on_training_on_the_same_base(tiny_model, tmp_path, ray_local):
+    from speedforge.policy.adapters import is_adapter, read_base
+    from speedforge.records import Candidate
+    from speedforge.recipes.training import run_training
+    from speedforge.store import open_store
+    from speedforge.variants import VariantsTable, make_variant
+    from train_samples import FAST
+
+    config = Config(
+        evaluator=EvaluatorConfig(cache_dir=str(tmp_path / "cache")),
+        policy=PolicyConfig(model=tiny_model, device="cpu"),
+        train=TrainConfig(
+            run="chain",
+            store=str(tmp_path / "store"),
+            work_dir=str(tmp_path / "work"),
+            tasks=TASKS,
+            heldout=(TASKS[-1],),
+            strategy="lora",
+            lora=LORA,
+            ray=RayTrainConfig(cpus_per_worker=1),
+            sft=SFTConfig(sources=("variants",), steps=1, learning_rate=1e-2, max_length=2048),
+            grpo=GRPOStageConfig(steps=1, generations=2, max_new_tokens=8, learning_rate=1e-2, beta=0.05),
+        ),
+    )
+    candidate = Candidate.make(TASKS[0], FAST, origin="test")
+    measured = EvalResult(candidate.candidate_id, TASKS[0], "cpu", "ok", correct=True, speedup=1.3)
+    VariantsTable.append(open_store(config.train.store), [make_variant(candidate, measured)])
+    sft = run_training(config, "sft")
+    assert is_adapter(sft.final_checkpoint) and read_base(sft.final_checkpoint).location == tiny_model
+    grpo = run_training(config, "grpo", evaluate=first_passes())
+    assert grpo.init_model == "store:sft" and grpo.steps == 1
+    assert is_adapter(grpo.final_checkpoint)
+    assert read_base(grpo.final_checkpoint) == read_base(sft.final_checkpoint)  # the base the first adapter named
+    assert not (Path(grpo.final_checkpoint) / "ref").exists()  # TRL's frozen reference copy is not the policy
