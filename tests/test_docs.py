@@ -111,3 +111,12 @@ def test_the_cli_reference_has_every_command_and_the_config_reference_every_sect
 def test_an_unknown_placeholder_fails_the_build():
     with pytest.raises(ValueError, match="unknown placeholder"):
         hooks().render("<!-- generated:nothing-of-the-kind -->")
+
+
+def test_the_example_configs_of_the_bring_your_own_model_guide_load_strictly():
+    from speedforge.config import loads_config
+
+    text = (DOCS / "guides" / "bring-your-own-model.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    configs = [loads_config(block, where="bring-your-own-model.md") for block in blocks]
+    assert [c.train.strategy for c in configs] == ["lora", "fsdp"]
