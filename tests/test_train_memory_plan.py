@@ -103,3 +103,26 @@ def test_lora_targets_match_as_peft_matches_them():
     assert is_lora_target("model.layers.0.self_attn.q_proj", targets)
     assert not is_lora_target("model.layers.0.self_attn.qq_proj", targets)
     assert not is_lora_target("model.layers.0.mlp.up_proj", targets)
+
+
+def test_a_worker_records_its_plan_and_refuses_one_over_its_share_of_the_device(tiny_model, tmp_path, capsys):
+    import dataclasses
+    import types
+
+    import transformers
+
+    from speedforge.store import open_store
+    from speedforge.train.job import StageJob
+    from speedforge.train.state import RunState
+    from speedforge.train.weights import check_memory
+
+    config = Config(train=TrainConfig(run="plan", store=str(tmp_path / "store"), work_dir=str(tmp_path)))
+    state = RunState(open_store(config.train.store), "plan", "grpo")
+    worker = types.SimpleNamespace(rank=0, world=1, device="cpu", state=state)
+    hf_config = transformers.AutoConfig.from_pretrained(tiny_model)
+    plan = check_memory(StageJob(config, "grpo", False, (), "cpu", tiny_model), worker, hf_config, "ddp")
+    assert state.read()["memory_plan"]["peak"] == plan.peak and plan.strategy == "ddp"
+    assert capsys.readouterr().out.strip().startswith("memory plan per worker (host memory) (ddp, float32 compute")
+    tight = dataclasses.replace(config, train=dataclasses.replace(config.train, memory_headroom=1e-9))
+    with pytest.raises(MemoryPlanError, match=r"^memory plan: needs [\d.]+ GiB per worker \(host memory\), have 0\.0"):
+        check_memory(StageJob(tight, "grpo", False, (), "cpu", tiny_model), worker, hf_config, "ddp")
