@@ -1,6 +1,7 @@
 """FSDP (train.strategy fsdp) on the CPU with gloo: the tiny model sharded over two workers as it
-loads trains a step and saves a sharded checkpoint (each rank its shards); one worker resumes from
-it with the same weights, optimizer moments, schedule and step. On Ray Train (slow): a GRPO stage
+loads generates the same tokens with its weights gathered once per call, trains a step and saves
+a sharded checkpoint (each rank its shards); one worker resumes from it with the same weights,
+optimizer moments, schedule and step. On Ray Train (slow): a GRPO stage
 on two workers, resumed on one, trains every step once with the data of an uninterrupted run."""
 
 from __future__ import annotations
@@ -50,11 +51,16 @@ def train_and_save(rank: int, world: int, port: int, model_dir: str, out: str) -
     rank 0 writes the whole weights and the optimizer's moments as they are, for the check."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    from speedforge.train.sharding import load_sharded, save_sharded
+    from speedforge.train.sharding import generate_unsharded, load_sharded, save_sharded
 
     join(rank, world, port)
     model = load_sharded(model_dir, world, "cpu")
     assert type(next(model.parameters())).__name__ == "DTensor"  # sharded, not replicated
+    prompt = torch.arange(6).reshape(1, 6) + 50
+    gathered_per_token = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    generate_unsharded(model)  # the weights gathered once for the call: the same tokens
+    assert torch.equal(model.generate(prompt, max_new_tokens=4, do_sample=False), gathered_per_token)
+    assert next(model.parameters()).to_local().numel() < next(model.parameters()).numel()  # sharded again
     optimizer, scheduler, state = trainer_parts(model)
     ids = torch.arange(16).reshape(2, 8) + 100 * rank
     for _ in range(2):

@@ -61,6 +61,9 @@ def test_activations_logits_and_the_kv_cache_follow_the_workload(qwen7b):
     assert kept.activations < plain.activations / 10  # one layer's input kept, one layer recomputed
     assert kept.logits == 2 * 4 * 8 * 512 * 152064
     assert kept.kv_cache == 2 * 28 * 512 * 1536 * 16 * 2  # k and v, bf16
+    sharded = plan_memory(qwen7b, "fsdp", 2, work, bf16=True, checkpointing=True)
+    assert sharded.generation_weights == 2 * qwen7b.parameters  # the whole model gathered in bf16 to generate
+    assert plan_memory(qwen7b, "fsdp", 2, NO_WORK, bf16=True, checkpointing=True).generation_weights == 0
     # generation and the backward pass come at different times of a step: the larger of the two counts
     assert kept.peak == kept.weights + kept.optimizer + max(kept.gradients + kept.activations + kept.logits, 0)
 

@@ -23,12 +23,13 @@ where b is the sequences a worker trains on at once, s their length, h the hidde
 key/value width and i the MLP's; with gradient checkpointing only each layer's input (b s h) is
 kept, and one layer at a time is recomputed. The logits of the tokens a loss is taken on, and
 their gradient, are float32: 8 b t V bytes. The KV cache: 2 L kv (prompt + new) values for each
-of the sequences a worker generates at once. GRPO's KL reference (train.grpo.beta > 0) is a float32
-copy of the starting model under ddp, and none under LoRA (the base with the adapter disabled);
-under fsdp it is refused (an unsharded copy on every worker). The peak is weights + optimizer
-+ reference + the larger of
-(gradients + activations + logits) and the KV cache: the trainer frees gradients after each
-optimizer step and the cache after each generate call.
+of the sequences a worker generates at once; under fsdp, generation also holds the whole model
+gathered (speedforge.train.sharding.generate_unsharded). GRPO's KL reference (train.grpo.beta > 0)
+is a float32 copy of the starting model under ddp, and none under LoRA (the base with the adapter
+disabled); under fsdp it is refused (an unsharded copy on every worker). The peak is weights +
+optimizer + reference + the larger of (gradients + activations + logits) and (KV cache + gathered
+generation weights): the trainer frees gradients after each optimizer step, and the cache and the
+gathered weights after each generate call.
 """
 
 from __future__ import annotations
@@ -167,14 +168,16 @@ class MemoryPlan:
     logits: int
     kv_cache: int
     reference: int = 0  # GRPO's KL reference model where it is a second copy (ddp with train.grpo.beta > 0)
+    generation_weights: int = 0  # fsdp: the layers gathered whole for a generate call
 
     @property
     def peak(self) -> int:
         held = self.weights + self.optimizer + self.reference
-        return held + max(self.gradients + self.activations + self.logits, self.kv_cache)
+        return held + max(self.gradients + self.activations + self.logits, self.kv_cache + self.generation_weights)
 
     def parts(self) -> dict[str, int]:
-        names = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "reference")
+        names = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "generation_weights")
+        names += ("reference",)
         return {name: getattr(self, name) for name in names}
 
     def describe(self, have: int | None = None, unit: str = "GPU") -> str:
@@ -230,9 +233,9 @@ def plan_memory(
     logits = 2 * FP32 * b * work.loss_tokens * shape.vocab
     kv = 2 * shape.layers * shape.kv_width * work.generate_tokens * work.generate_sequences * compute
     reference = FP32 * p if kl_reference and strategy != "lora" else 0
-    return MemoryPlan(
-        strategy, n, bf16, checkpointing, weights, gradients, optimizer, activations, logits, kv, reference
-    )
+    gathered = compute * p if strategy == "fsdp" and n > 1 and work.generate_sequences else 0
+    parts = (weights, gradients, optimizer, activations, logits, kv, reference, gathered)
+    return MemoryPlan(strategy, n, bf16, checkpointing, *parts)
 
 
 def usable_bytes(total: int, headroom: float) -> int:

@@ -3,6 +3,7 @@ sharded over the Ray Train workers, and sharded checkpoints that a resume reads 
 workers.
 
     model = load_sharded(folder, world, device)       # transformers' FSDP2 at load (DistributedConfig)
+    generate_unsharded(model)                         # generate gathers each layer once per call
     callback = ShardedCheckpoints(worker, save_every, resume_from)   # to the trainer's callbacks
 
 The model is sharded as it loads (transformers' `DistributedConfig(fsdp_size=...)`, FSDP2 on each
@@ -60,6 +61,38 @@ def load_sharded(folder: str, world: int, device: str, bf16: bool = False):
     return transformers.AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, distributed_config=sharding, device_map=device
     )
+
+
+def generate_unsharded(model):
+    """`model` (sharded as it loaded) whose `generate` gathers every layer's weights once for the
+    call and keeps them until it returns. Otherwise each decode step's forward gathers each layer
+    again and frees it after: a sequence of n new tokens moves the whole model n times. The
+    gathered weights (bf16 with the mixed precision of `load_sharded`) are the memory plan's
+    `generation_weights`. After the call each layer frees its gathered weights after its forward
+    again (the norm and head that transformers keeps gathered included: one more gather a step)."""
+    import functools
+
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        return model
+    inner = model.generate
+
+    @functools.wraps(inner)
+    def generate(*args, **kwargs):
+        for module in modules:
+            module.set_reshard_after_forward(False, recurse=False)
+            module.unshard()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            for module in modules:
+                module.reshard()
+                module.set_reshard_after_forward(True, recurse=False)
+
+    model.generate = generate
+    return model
 
 
 def state_dicts(model, optimizer) -> dict:

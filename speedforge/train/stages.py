@@ -35,7 +35,7 @@ from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_tasks, 
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
 from speedforge.train.job import StageJob
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
-from speedforge.train.sharding import sharded_callback
+from speedforge.train.sharding import generate_unsharded, sharded_callback
 from speedforge.train.state import RunState
 
 STAGES: Registry[Callable[[StageJob, "Worker"], None]] = Registry("training stage")
@@ -895,6 +895,8 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             remove_unused_columns=False,
             shuffle_dataset=False,
         )
+        if sharded:  # the generate call gathers each layer once, not once per decode step
+            generate_unsharded(model)
         if (
             args.bf16 or settings.static_cache
         ):  # the step's generate call in bf16 as it trains; compiled with the static cache
