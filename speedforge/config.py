@@ -507,6 +507,30 @@ class GRPOStageConfig(Checked):
     static_cache: bool = False
 
 
+STRATEGIES = ("ddp", "fsdp", "lora")  # how a stage's weights are trained across the workers (speedforge.train.sharding)
+
+
+def _target_modules(value: Any) -> str | None:
+    if not value or not all(isinstance(v, str) and v for v in value):
+        return f"expected a non-empty list of module names (e.g. q_proj, v_proj), got {_show(value)}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings(Checked):
+    """LoRA adapters (peft) on a frozen base model, with train.strategy lora (speedforge.train.lora):
+    only the adapters train, and they are what checkpoints, the registry and serve-policy carry,
+    with the base named by its location and sha256."""
+
+    rank: int = setting(16, AT_LEAST_1)  # r: the adapters' inner dimension
+    alpha: float = setting(32.0, POSITIVE)  # the update is scaled by alpha / rank
+    dropout: float = setting(0.0, number(0, high=0.9))  # dropout on the adapters' input
+    # the linear layers that get an adapter (names ending so): Llama, Qwen2 and Mistral projections
+    target_modules: tuple[str, ...] = setting(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), _target_modules
+    )
+
+
 def default_train_dir() -> str:
     return str(Path(default_cache_dir()) / "train")
 
@@ -540,6 +564,12 @@ class TrainConfig(Checked):
     build_workers: int = setting(0, AT_LEAST_0)
     # a stage ends, its checkpoint and final weights written, after the first step past this (0: no limit)
     max_stage_s: float = setting(0.0, AT_LEAST_0)
+    # ddp: the whole model on every worker; fsdp: weights, gradients and optimizer sharded over the workers
+    strategy: str = setting("ddp", one_of(STRATEGIES))
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)  # the adapters of strategy lora
+    gradient_checkpointing: bool = True  # recompute activations in the backward pass (less memory, ~1/3 more compute)
+    # refuse a stage whose memory plan needs more than this share of a worker's device memory
+    memory_headroom: float = setting(0.9, number(0, above=True, high=1))
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     ray: RayTrainConfig = dataclasses.field(default_factory=RayTrainConfig)
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)

@@ -168,3 +168,12 @@ def test_the_config_reference_reads_a_comment_above_a_field_and_after_a_wrapped_
 '''
     monkeypatch.setattr(inspect, "getsource", lambda obj: source)
     assert hooks()._field_comments(object) == {"a": "what a is", "b": "what b is", "c": ""}
+
+
+def test_the_example_configs_of_the_bring_your_own_model_guide_load_strictly():
+    from speedforge.config import loads_config
+
+    text = (DOCS / "guides" / "bring-your-own-model.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    configs = [loads_config(block, where="bring-your-own-model.md") for block in blocks]
+    assert [c.train.strategy for c in configs] == ["lora", "fsdp"]

@@ -25,7 +25,7 @@ packages=(ray==2.60.0 transformers==5.24.0 trl==1.16.0 datasets==5.2.0 gguf==0.1
           huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 h11==0.16.0 anyio==4.16.0
           dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 typer==0.29.2 shellingham==1.5.4 msgpack==1.2.4
           jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0
-          pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
+          pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 peft==0.21.2)
 python3 -m pip download -q "${plat[@]}" -d "$work/dl" "${packages[@]}"
 # Ray: a trimmed tree, xz-compressed (79 MB wheel -> ~31 MB)
 # (extracted keeping each file's mode: gcs_server and raylet must stay executable)

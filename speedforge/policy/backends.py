@@ -103,12 +103,14 @@ def resolve_model(model: str) -> tuple[str, str | None, str]:
     """(folder, gguf file name or None, display name) for a model setting of the hf backend.
 
     "" is the default model; a path to a .gguf file loads that file; a folder is a Hugging Face
-    checkpoint (config.json and weights), e.g. one the trainer saved; a store URI (s3://...) is
+    checkpoint (config.json and weights), e.g. one the trainer saved, or a LoRA adapter that names
+    its base (speedforge.policy.adapters: loaded on that base); a store URI (s3://...) is
     either of them in the object store, copied to the cache first (speedforge.store.models);
     `champion` or models:/NAME@N is a version in the model registry, fetched to the cache
     (speedforge.models.fetch).
     """
     from speedforge.models.fetch import is_reference, local_reference
+    from speedforge.policy.adapters import is_adapter
     from speedforge.store.models import is_model_uri, local_model
 
     if is_reference(model):
@@ -124,8 +126,11 @@ def resolve_model(model: str) -> tuple[str, str | None, str]:
     if path.is_file() and path.suffix == ".gguf":
         return str(path.parent), path.name, path.stem
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"model folder {path} has no config.json: expected a Hugging Face checkpoint folder")
+        if not (path / "config.json").is_file() and not is_adapter(path):
+            raise UserError(
+                f"model folder {path} has no config.json: expected a Hugging Face checkpoint folder or a LoRA "
+                "adapter with its base named (speedforge.policy.adapters)"
+            )
         return str(path), None, path.name
     if path.exists():
         raise UserError(f"model path {path} is neither a .gguf file nor a checkpoint folder")
@@ -186,6 +191,8 @@ class HFBackend:
         import torch
         import transformers
 
+        from speedforge.policy.adapters import is_adapter, load_adapted
+
         self.config = config
         folder, gguf_file, self.model_name = resolve_model(config.model)
         self.device = pick_device(config.device)
@@ -194,7 +201,10 @@ class HFBackend:
         transformers.logging.set_verbosity_error()
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=dtype)
+            if is_adapter(folder):  # base + adapter: the base fetched and checked by the adapter's record
+                self.model = load_adapted(folder, dtype)
+            else:
+                self.model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=dtype)
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot load model {self.model_name} from {folder}: {first_line(exc)}") from None
         self.model.to(self.device).eval()

@@ -125,6 +125,7 @@ def register_checkpoint(
     noted on the version, which is registered without an evaluation (the gate refuses it)."""
     reg = open_registry(config, registry)
     files = model_files(checkpoint, config.store)
+    base = adapter_base(checkpoint, files, config)
     evaluations, split = {}, ""
     if evaluate:
         folder = fetch_model(checkpoint, config.models.cache_dir, files, config.store)
@@ -146,10 +147,55 @@ def register_checkpoint(
         code_version=code_version(),
         split_id=split,
         evaluations_json=json.dumps(evaluations, sort_keys=True),
+        base=base.location if base else "",
+        base_sha256=base.sha256 if base else "",
         note=note,
     )
-    say(f"registered {version.ref} in {reg.where}")
+    say(f"registered {version.ref} in {reg.where}" + (f": a LoRA adapter on {base.describe()}" if base else ""))
     return version
+
+
+def adapter_base(checkpoint: str, files: dict[str, str], config: Config):
+    """The base model a LoRA adapter checkpoint names (its record read from where it is); None for
+    a whole model."""
+    from speedforge.policy.adapters import BASE_FILE, BaseModel
+    from speedforge.store.models import ADAPTER_CONFIG, model_store
+
+    if ADAPTER_CONFIG not in files or BASE_FILE not in files:
+        return None
+    data = json.loads(model_store(checkpoint, config.store).get_bytes(BASE_FILE))
+    return BaseModel.from_dict(data, f"{checkpoint}/{BASE_FILE}")
+
+
+def export_model(config: Config, model: str, out: str, merge: bool, say: Say = print) -> str:
+    """`model` (a folder, a store URI, champion or models:/NAME@N) as one folder at `out`: with
+    `merge`, a LoRA adapter merged into its base (fetched and checked); otherwise its files as
+    they are (an adapter keeps naming its base). A whole model is copied either way."""
+    import shutil
+
+    from speedforge.policy.adapters import is_adapter, merge_adapter, read_base
+    from speedforge.policy.backends import resolve_model
+
+    if Path(out).exists() and any(Path(out).iterdir()):
+        raise UserError(f"{out} exists and is not empty: export into a new folder")
+    if is_reference(model):
+        folder = resolve_configured(model, config)[0]
+    else:
+        folder, gguf_file, _ = resolve_model(model)
+        if gguf_file:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(folder) / gguf_file, Path(out) / gguf_file)
+            say(f"{model}: copied its GGUF file to {out}")
+            return out
+    if merge and is_adapter(folder):
+        base = read_base(folder)
+        say(f"merging the adapter {model} into its base {base.describe()}")
+        merge_adapter(folder, out, cache_dir=config.models.cache_dir, store_config=config.store)
+        say(f"{out}: the merged model (loads without peft)")
+        return out
+    shutil.copytree(folder, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".speedforge-files.json"))
+    say(f"{out}: {'the adapter (its base named in it)' if is_adapter(folder) else 'the model'} as it is")
+    return out
 
 
 def gate_version(

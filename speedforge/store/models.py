@@ -2,7 +2,8 @@
 file) under a store URI, fetched to this machine's cache before a model is loaded, so pods that
 share nothing but the store share models. The one way a model's files go from the store to a
 local folder: for a store URI named as a model (local_model) and for a registered version
-(speedforge.models.fetch, which pins each file to the sha256 recorded at registration).
+(speedforge.models.fetch, which pins each file to the sha256 recorded at registration). A LoRA
+adapter's folder is a model too: its base is fetched by the record it keeps (speedforge.policy.adapters).
 
     local_model("s3://speedforge/runs/training/runs/pipeline-1/grpo/final")   # -> a local folder
     local_model("/models/smollm2")                                            # a path: as it is
@@ -34,6 +35,7 @@ from speedforge.store.base import Store, sha256_hex
 
 SCHEMES = ("s3://",)
 MANIFEST = ".speedforge-files.json"  # in a complete copy: its files, {path: sha256}
+ADAPTER_CONFIG = "adapter_config.json"  # a LoRA adapter (peft), whose base it names (speedforge.policy.adapters)
 
 
 def is_model_uri(model: str) -> bool:
@@ -57,8 +59,11 @@ def model_files(location: str, store_config: StoreConfig | None = None) -> dict[
     files = {key: sha256_hex(store.get_bytes(key)) for key in store.list("")}
     if not files:
         raise UserError(f"no checkpoint at {location}: nothing is there")
-    if "config.json" not in files and not any(k.endswith(".gguf") for k in files):
-        raise UserError(f"{location} is not a checkpoint: no config.json (or .gguf file) among its {len(files)} files")
+    if "config.json" not in files and ADAPTER_CONFIG not in files and not any(k.endswith(".gguf") for k in files):
+        raise UserError(
+            f"{location} is not a checkpoint: no config.json (or .gguf file, or {ADAPTER_CONFIG}) among its "
+            f"{len(files)} files"
+        )
     return files
 
 

@@ -7,6 +7,10 @@
     state.py       a run's state in the object store: checkpoints, data, the stage's progress
     metrics.py     per-step metrics: JSONL, TensorBoard, the reward curve
     job.py         the job record of a stage, sent to every Ray Train worker
+    memory_plan.py a worker's device memory per train.strategy, and the one-line refusal of a plan that cannot fit
+    weights.py     a stage's starting weights, loaded as train.strategy trains them (ddp, fsdp, lora)
+    lora.py        LoRA adapters (peft): a new adapter's config, an adapter saved with its base's record
+    sharding.py    FSDP: weights sharded as they load, sharded checkpoints a resume reads on any worker count
     stages.py      the three stages, each a TRL trainer run inside one Ray Train worker
     raytrain.py    the TorchTrainer that runs a stage (ScalingConfig from the config)
     run.py         a stage of a run: checked, run on Ray Train, its outcome; a run's status; the held-out check

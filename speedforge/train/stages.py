@@ -14,7 +14,9 @@ data position, RNG of every worker) every `save_every` steps and resumes from th
 order the uninterrupted one would have. A step whose rewards cannot be measured stops the
 stage before its update, with its last checkpoint in the store (speedforge.train.scoring).
 
-Only rank 0 writes metrics, state and final weights. Each stage is registered by name.
+Only rank 0 writes metrics, state and final weights. Each stage is registered by name. The
+starting weights load as train.strategy trains them (speedforge.train.weights: whole, sharded by
+FSDP, or a LoRA adapter on a frozen base), once the worker's memory plan fits its device.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from speedforge.records import Task, content_id
 from speedforge.registry import Registry
 from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_tasks, sft_pairs
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
-from speedforge.train.job import STORE_MODEL, StageJob
+from speedforge.train.job import StageJob
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
+from speedforge.train.sharding import generate_unsharded, sharded_callback
 from speedforge.train.state import RunState
 
 STAGES: Registry[Callable[[StageJob, "Worker"], None]] = Registry("training stage")
@@ -129,26 +132,11 @@ def train_loop(loop_config: dict) -> None:
 
 
 def load_policy(job: StageJob, worker: Worker):
-    """(model, tokenizer, name) of the stage's starting weights, on the CPU in float32."""
-    import torch
-    import transformers
+    """The stage's starting weights as train.strategy trains them, once its memory plan fits
+    (speedforge.train.weights)."""
+    from speedforge.train.weights import load_weights
 
-    from speedforge.policy.backends import resolve_model
-    from speedforge.models.fetch import is_reference, resolve_configured
-
-    ref = job.init_model
-    if is_reference(ref):  # a registry version: fetched from the store to this worker's cache
-        ref = resolve_configured(ref, job.config)[0]
-    elif ref.startswith(STORE_MODEL):
-        stage = ref[len(STORE_MODEL) :]
-        ref = str(
-            RunState(worker.store, job.config.train.run, stage).download("final", job.run_dir.parent / stage / "final")
-        )
-    folder, gguf_file, name = resolve_model(ref)
-    transformers.logging.set_verbosity_error()
-    tokenizer = training_tokenizer(folder, gguf_file)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
-    return plain_weights(model, ref or name), tokenizer, name
+    return load_weights(job, worker)
 
 
 def training_tokenizer(folder: str, gguf_file: str | None):
@@ -321,18 +309,22 @@ def context_tokens(model) -> int:
 def common_args(
     worker: Worker, output_dir: Path, steps: int, batch_size: int, learning_rate: float, save_every: int
 ) -> dict[str, Any]:
-    """TrainingArguments shared by every stage."""
+    """TrainingArguments shared by every stage. Under train.strategy fsdp the trainer saves nothing:
+    speedforge.train.sharding's callback writes sharded checkpoints."""
     import torch
 
     on_gpu = worker.device.startswith("cuda")
+    sharded = worker.train.strategy == "fsdp"
     return dict(
         output_dir=str(output_dir),
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,
         logging_steps=1,
+        save_strategy="no" if sharded else "steps",
         save_steps=save_every,
         save_total_limit=1,
+        gradient_checkpointing=worker.train.gradient_checkpointing,
         report_to=[],
         seed=worker.train.seed,
         data_seed=worker.train.seed,
@@ -395,7 +387,7 @@ def callbacks(worker: Worker, clock: "StepClock", offset: int = 0, fields: Calla
             over = bool(limit) and time.perf_counter() - worker.started > limit
             if any(worker.gather(over)):  # every worker stops at the same step
                 control.should_training_stop = True
-                control.should_save = True
+                control.should_save = worker.train.strategy != "fsdp"  # fsdp: the sharded callback saves
                 worker.time_limited = True
 
     return [StoreCheckpoints(), StepMetrics(), TimeLimit()]
@@ -452,6 +444,7 @@ class StepClock:
             "evaluation_s": self.times.evaluation_s,
             "step_s": self.times.step_s,
             **self.device,
+            **peak_memory(worker.device),
         }
         parts = worker.gather((mine, self.rollouts))
         record["ranks"] = [rank for rank, _ in parts]  # what each worker did this step: all ranks in rank 0's line
@@ -463,12 +456,28 @@ class StepClock:
         self.pending = None
 
 
-def save_final(worker: Worker, trainer, model, tokenizer) -> None:
+def peak_memory(device: str) -> dict[str, int]:
+    """`peak_memory_mb`: the most GPU memory torch allocated on this worker since it started (its
+    step lines' figure against the memory plan); nothing on the CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    return {"peak_memory_mb": int(torch.cuda.max_memory_allocated(torch.device(device))) >> 20}
+
+
+def save_final(worker: Worker, trainer, model, tokenizer, base=None) -> None:
     """The final weights and tokenizer: `<run_dir>/final` and the state's `final/`; status done.
-    `trainer` None: the stage trained nothing (every sample failed), the weights are `model`'s."""
+    `trainer` None: the stage trained nothing (every sample failed), the weights are `model`'s.
+    `base` (train.strategy lora): the final weights are the adapter, with its base's record."""
     final = worker.job.run_dir / "final"
-    if trainer is not None:
-        trainer.save_model(str(final))  # written by rank 0
+    if base is not None:  # lora: the adapter and its base's record
+        if worker.rank == 0:
+            from speedforge.train.lora import save_adapter
+
+            save_adapter(trainer.model if trainer is not None else model, final, base)
+    elif trainer is not None:
+        trainer.save_model(str(final))  # written by rank 0 (fsdp: every rank joins the gather)
     elif worker.rank == 0:
         model.save_pretrained(str(final))
     if worker.rank == 0:
@@ -518,8 +527,10 @@ def fine_tune(
     clock: StepClock,
     offset: int = 0,
     fields: Callable[[int], dict] | None = None,
+    peft_config=None,
 ):
-    """TRL's SFTTrainer on the pairs for `steps` steps (loss on the answers only); the trainer."""
+    """TRL's SFTTrainer on the pairs for `steps` steps (loss on the answers only); the trainer.
+    `peft_config`: a new LoRA adapter the trainer adds to `model` (train.strategy lora)."""
     import datasets
     from trl import SFTConfig, SFTTrainer
 
@@ -534,7 +545,9 @@ def fine_tune(
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=callbacks(worker, clock, offset, fields),
+        callbacks=callbacks(worker, clock, offset, fields)
+        + ([sharded_callback(worker, output_dir, save_every, None)] if worker.train.strategy == "fsdp" else []),
+        peft_config=peft_config,
     )
     trainer.train(resume_from_checkpoint=resume_from)
     return trainer
@@ -545,7 +558,9 @@ def run_sft(job: StageJob, worker: Worker) -> None:
     from speedforge.variants import VariantsTable
 
     sft = job.config.train.sft
-    model, tokenizer, _ = load_policy(job, worker)
+    resumable(job, worker)
+    weights = load_policy(job, worker)
+    model, tokenizer = weights.model, weights.tokenizer
     limit = min(sft.max_length, context_tokens(model))
     answers = sft.max_answer_tokens or job.config.policy.max_new_tokens  # what the policy can write
     data = frozen_pairs(
@@ -600,8 +615,9 @@ def run_sft(job: StageJob, worker: Worker) -> None:
         sft.save_every,
         resume_from,
         StepClock("sft"),
+        peft_config=weights.peft_config,
     )
-    save_final(worker, trainer, model, tokenizer)
+    save_final(worker, trainer, model, tokenizer, weights.base)
 
 
 # -- stage 2: self-training --------------------------------------------------------------------
@@ -662,13 +678,17 @@ def run_self(job: StageJob, worker: Worker) -> None:
     from speedforge.variants import VariantsTable
 
     settings = job.config.train.self_train
+    if job.config.train.strategy == "fsdp":
+        raise StageError(
+            "the self stage samples with the whole model outside the trainer: train it with train.strategy "
+            "ddp or lora (fsdp trains the sft and grpo stages)"
+        )
     saved = (worker.state.read() or {}) if job.resume else {}
-    model, tokenizer, name = load_policy(job, worker)
+    weights = load_policy(job, worker)
+    model, tokenizer, name, peft_config = weights.model, weights.tokenizer, weights.name, weights.peft_config
     if saved.get("checkpoint") and not saved.get("round_step"):  # between rounds: the last round's weights
-        import transformers
-
         folder = worker.state.download(saved["checkpoint"], job.run_dir / "resume")
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+        model, peft_config = round_weights(model, folder, job.config.train.strategy == "lora"), None
     fits = token_budget(tokenizer, min(settings.max_length, context_tokens(model)))
     first_round = int(saved.get("round", 1))
     variants = VariantsTable.load(worker.store)
@@ -704,13 +724,37 @@ def run_self(job: StageJob, worker: Worker) -> None:
                     StepClock("self"),
                     offset,
                     lambda step, r=round_no: {"round": r, "round_step": step},
+                    peft_config,
                 )
-                model = trainer.model
+                model, peft_config = trainer.model, None  # lora: the next round goes on with this adapter
             if worker.rank == 0:
                 worker.state.update(round=round_no + 1, round_step=0)
             if worker.time_limited:
                 break
-    save_final(worker, trainer, model, tokenizer)
+    save_final(worker, trainer, model, tokenizer, weights.base)
+
+
+def round_weights(model, folder: Path, lora: bool):
+    """The weights after a round whose checkpoint is `folder`: its whole weights, or under lora its
+    adapter, trainable, on the base `model` is (or has: an adapter on it is taken off first)."""
+    import transformers
+
+    if not lora:
+        return transformers.AutoModelForCausalLM.from_pretrained(folder)
+    from peft import PeftModel
+
+    base = model.unload() if hasattr(model, "unload") else model
+    return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
+
+
+def resumable(job: StageJob, worker: Worker) -> None:
+    """A resumed sft stage under fsdp is refused: its trainer's sampler cannot skip the pairs it
+    has seen without the trainer's own checkpoint (grpo's frozen rows can)."""
+    if job.resume and job.config.train.strategy == "fsdp" and resumed_step(worker):
+        raise StageError(
+            f"resuming the {job.stage} stage under train.strategy fsdp is not supported (its data order is the "
+            "trainer's sampler's): start the stage again as a new run, or train it with ddp or lora"
+        )
 
 
 def _as_prompt(pair: SFTPair):
@@ -777,7 +821,9 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     from speedforge.train.rollouts import RolloutsTable
 
     settings = job.config.train.grpo
-    model, tokenizer, name = load_policy(job, worker)
+    weights = load_policy(job, worker)
+    model, tokenizer = weights.model, weights.tokenizer
+    sharded = job.config.train.strategy == "fsdp"
     done = resumed_step(worker)
     variants = live_variants(worker, done)
     limit = min(settings.max_prompt_tokens, context_tokens(model) - settings.max_new_tokens)
@@ -804,7 +850,10 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             )
         RolloutsTable.supersede(worker.store, worker.train.run, job.stage, done)  # steps an interrupted attempt began
     worker.barrier()
-    dataset = datasets.Dataset.from_list(worker.state.get_json("data.json")).with_transform(live)
+    rows = worker.state.get_json("data.json")
+    if sharded:  # the trainer cannot skip what it has seen: it gets the rows from the step after the checkpoint
+        rows = rows[done * settings.prompts_per_step :]
+    dataset = datasets.Dataset.from_list(rows).with_transform(live)
     clock = StepClock("grpo")
     batch = settings.prompts_per_step * settings.generations  # prompts x generations: one generate call per step
     output_dir = job.run_dir / "checkpoints"
@@ -846,18 +895,23 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             remove_unused_columns=False,
             shuffle_dataset=False,
         )
+        if sharded:  # the generate call gathers each layer once, not once per decode step
+            generate_unsharded(model)
         if (
             args.bf16 or settings.static_cache
         ):  # the step's generate call in bf16 as it trains; compiled with the static cache
             generate_under_autocast(model, worker.device, settings.static_cache, autocast=args.bf16)
+        resume_from = local_checkpoint(worker, output_dir, done) if done else None
+        extra = [sharded_callback(worker, output_dir, settings.save_every, resume_from and Path(resume_from))]
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[speedforge_reward],
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
-            callbacks=callbacks(worker, clock),
+            callbacks=callbacks(worker, clock) + (extra if sharded else []),
+            peft_config=weights.peft_config,  # lora: a new adapter; the KL reference is the base, adapter disabled
         )
         clock.device = model_device(trainer.model)
-        trainer.train(resume_from_checkpoint=local_checkpoint(worker, output_dir, done) if done else None)
-    save_final(worker, trainer, trainer.model, tokenizer)
+        trainer.train(resume_from_checkpoint=None if sharded else resume_from)
+    save_final(worker, trainer, trainer.model, tokenizer, weights.base)

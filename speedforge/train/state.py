@@ -3,7 +3,9 @@
     <store>/runs/<run>/<stage>/state.json                 progress: step, latest checkpoint, status
     <store>/runs/<run>/<stage>/checkpoints/<step>/...      the trainer's checkpoint folder: weights,
                                                             optimizer, scheduler, trainer state (data
-                                                            position), RNG state of every worker
+                                                            position), RNG state of every worker; with
+                                                            train.strategy fsdp each worker's shards
+                                                            (speedforge.train.sharding)
     <store>/runs/<run>/<stage>/data.json                  the stage's data, frozen at its first start
     <store>/runs/<run>/<stage>/final/...                   the final weights and tokenizer
     <store>/runs/<run>/<stage>/metrics.jsonl               a copy of the per-step metrics
@@ -78,10 +80,11 @@ class RunState:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def save_checkpoint(self, folder: Path, step: int, **fields: Any) -> str:
-        """Upload a trainer checkpoint folder as step `step`, point state.json at it, delete older ones."""
+    def save_checkpoint(self, folder: Path, step: int, only: tuple[str, ...] = (), **fields: Any) -> str:
+        """Upload a trainer checkpoint folder (or only the files named: the others' owners uploaded
+        theirs) as step `step`, point state.json at it, delete older ones."""
         key = f"checkpoints/{step:08d}"
-        self.upload(folder, key)
+        self.upload(folder, key, only)
         self.update(step=step, checkpoint=key, status="running", **fields)
         for old in {k.split("/")[4] for k in self.store.list(f"{self.prefix}/checkpoints/")} - {f"{step:08d}"}:
             for stale in self.store.list(f"{self.prefix}/checkpoints/{old}/"):
