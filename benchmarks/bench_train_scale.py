@@ -4,7 +4,7 @@ THROUGHPUT BENCHMARK, RANDOM WEIGHTS, NOT TRAINING: the model is built from a pu
 configuration shipped in benchmarks/shapes/ (qwen2.5-7b.json: Qwen2.5-7B-Instruct's config.json;
 tiny.json: the same architecture at a size the CPU runs in seconds) with random weights, and
 SmolLM2's tokenizer (the default model's; ids past its vocabulary decode to nothing). Each
-configuration is a real GRPO stage (`speedforge.recipes.training.run_training`: Ray Train workers,
+configuration is a real GRPO stage (`speedforge.train.run.run_training`: Ray Train workers,
 the memory plan, TRL's GRPOTrainer, train.strategy) whose completions go through the real reward
 path (parser, evaluator, rewards) of the family's built-in tasks, cuda on a GPU, cpp on the CPU;
 random weights write no program, so every sample scores as a format failure, and the figures are
@@ -141,7 +141,7 @@ def summary(lines: list[dict], sequences: int) -> dict:
 def run_stage(args, model: Path, strategy: str, workers: int, on_gpu: bool) -> dict:
     """One configuration's GRPO stage; its figures, or why it did not run."""
     from speedforge.errors import UserError
-    from speedforge.recipes.training import run_training
+    from speedforge.train.run import run_training
     from speedforge.store import open_store
     from speedforge.train.metrics import read_metrics
     from speedforge.train.state import RunState

@@ -121,7 +121,7 @@ def test_a_grpo_stage_sharded_over_two_workers_resumes_on_one_and_trains_each_st
     from speedforge.config import Config, EvaluatorConfig, GRPOStageConfig, PolicyConfig, RayTrainConfig
     from speedforge.config import ServiceConfig, TrainConfig
     from speedforge.errors import UserError
-    from speedforge.recipes.training import run_training
+    from speedforge.train.run import run_training
     from speedforge.store import open_store
     from speedforge.train.metrics import read_metrics
     from speedforge.train.rollouts import RolloutsTable

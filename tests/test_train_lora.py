@@ -98,7 +98,7 @@ def test_a_lora_grpo_stage_resumed_on_two_workers_ends_with_an_adapter_the_regis
     from speedforge.policy.adapters import is_adapter, read_base
     from speedforge.policy.backends import HFBackend
     from speedforge.recipes.models import register_checkpoint, resolve_registered
-    from speedforge.recipes.training import run_training
+    from speedforge.train.run import run_training
     from speedforge.store import open_store
     from speedforge.train.metrics import read_metrics
     from speedforge.train.state import RunState
@@ -155,7 +155,7 @@ def test_a_lora_grpo_stage_resumed_on_two_workers_ends_with_an_adapter_the_regis
 def test_an_sft_adapter_is_what_the_next_stage_goes_on_training_on_the_same_base(tiny_model, tmp_path, ray_local):
     from speedforge.policy.adapters import is_adapter, read_base
     from speedforge.records import Candidate
-    from speedforge.recipes.training import run_training
+    from speedforge.train.run import run_training
     from speedforge.store import open_store
     from speedforge.variants import VariantsTable, make_variant
     from train_samples import FAST
