@@ -95,6 +95,16 @@ def test_the_tripwire_names_the_slowdown_only_beyond_both_intervals_and_the_limi
     assert checks.reference_slowdown(SimpleNamespace(**{**vars(overlapping), "contended": True}), clean, 1.5)
 
 
+def test_a_trip_says_how_much_of_the_round_other_processes_held_the_timers_cpu_where_both_runs_say():
+    clean = SimpleNamespace(ref_us=100.0, ref_lo_us=95.0, ref_hi_us=105.0, host_wait=0.02)
+    slower = SimpleNamespace(ref_us=200.0, ref_lo_us=190.0, ref_hi_us=210.0, contended=False, host_wait=0.4)
+    why = checks.reference_slowdown(slower, clean, 1.5)
+    assert "other processes held the timer's CPU 40% of the round here, 2% in pristine" in why
+    assert why.endswith("[reference-slowdown]")
+    unknown = SimpleNamespace(**{**vars(clean), "host_wait": None})  # a pristine time kept before the figure
+    assert "other processes" not in checks.reference_slowdown(slower, unknown, 1.5)
+
+
 def test_the_tripwire_names_work_beside_the_reference_beyond_the_margin_only():
     clean = SimpleNamespace(ref_company=0.02)
     why = checks.reference_company(SimpleNamespace(ref_company=0.81), clean)

@@ -36,6 +36,7 @@ def _timing(**changes) -> Timing:
         warnings=("unstable: the speedup's 95% interval stayed wider",),
         timed_calls=30,
         timed_s=0.5,
+        host_wait=0.03,
     )
     return Timing(**{**fields, **changes})
 
@@ -57,6 +58,7 @@ SENT = {
     "warnings": ("unstable: the speedup's 95% interval stayed wider",),
     "timed_calls": 30,
     "timed_s": 0.5,
+    "host_wait": 0.03,
 }
 
 

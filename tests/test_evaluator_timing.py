@@ -151,6 +151,7 @@ def test_the_timing_budget_stops_a_slow_references_pairs_in_the_pristine_turn_an
     ]  # not measured again
     pristine = importlib.import_module("speedforge.evaluator.evaluate")._cached_pristine(task, config, "cpu", "cpu")
     assert pristine is not None and pristine.ok and pristine.timed_calls == 16
+    assert pristine.host_wait is not None and 0 <= pristine.host_wait <= 1
     assert any(w.startswith("timing budget:") for w in pristine.warnings) and pristine.unstable
 
 

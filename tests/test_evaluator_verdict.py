@@ -185,8 +185,9 @@ def _stage(**fields):
         (dict(speedup_lo=2.5, speedup_hi=3.0), "outside its interval"),
         (dict(ref_lo_us=25.0), "outside its own interval"),
         (dict(timed_s=5.0), "in a turn of"),
+        (dict(host_wait=1.5), "host-wait share"),
     ],
-    ids=["pairs", "trials", "not-correct", "negative", "ratio", "interval", "ref-interval", "turn"],
+    ids=["pairs", "trials", "not-correct", "negative", "ratio", "interval", "ref-interval", "turn", "host-wait"],
 )
 def test_figures_the_harness_cannot_have_measured_are_refused(fields, why):
     found = checks.record_figures(_stage(**fields), fewest_pairs=16, fewest_trials=3, main_turn_s=1.0)

@@ -522,6 +522,9 @@ def record_figures(result, fewest_pairs: int, fewest_trials: int, main_turn_s: f
                 f"a speedup of {result.speedup:.4g} outside its interval "
                 f"{result.speedup_lo:.4g}-{result.speedup_hi:.4g}"
             )
+        host_wait = getattr(result, "host_wait", None)
+        if host_wait is not None and not 0 <= host_wait <= 1:
+            problems.append(f"a host-wait share of {host_wait:.4g}, outside 0-1")
         work_s = result.timed_s or 0.0
         if main_turn_s is not None and work_s > main_turn_s + TURN_SLACK_S:
             problems.append(f"{work_s:.2f} s of timed calls in a turn of {main_turn_s:.2f} s on the device")
@@ -550,8 +553,17 @@ def reference_slowdown(beside, clean, limit: float) -> str | None:
         "reference-slowdown",
         f"the reference ran slower beside this candidate: {beside.ref_us:.1f} us (95% {beside.ref_lo_us:.1f}-"
         f"{beside.ref_hi_us:.1f}) against {clean.ref_us:.1f} us (95% {clean.ref_lo_us:.1f}-"
-        f"{clean.ref_hi_us:.1f}) in a pristine sandbox, {beside.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)",
+        f"{clean.ref_hi_us:.1f}) in a pristine sandbox, {beside.ref_us / clean.ref_us:.2f}x (limit {limit:g}x)"
+        + _host_wait(beside, clean),
     )
+
+
+def _host_wait(beside, clean) -> str:
+    """What the host took from the timer's CPU beside the candidate and in pristine, where both say:
+    a slowdown that came with the host's load, not the candidate's doing, shows here."""
+    if getattr(beside, "host_wait", None) is None or getattr(clean, "host_wait", None) is None:
+        return ""
+    return f"; other processes held the timer's CPU {beside.host_wait:.0%} of the round here, {clean.host_wait:.0%} in pristine"
 
 
 # The work the process's other threads may do beside a side's timed calls, in CPU seconds for each

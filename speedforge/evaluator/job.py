@@ -166,6 +166,8 @@ class StageResult:
     timed_s: float | None = 0.0
     correctness_s: float = 0.0
     timing_s: float = 0.0
+    # run: share of the timed round in which other processes held the timer's CPU (timing.Timing.host_wait)
+    host_wait: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -109,6 +109,7 @@ class Timing(metaclass=sealed.Sealed):
     warnings: tuple[str, ...]  # why it is unstable, and where the budget stopped the pairs
     timed_calls: int  # the timed pairs of the reported round
     timed_s: float  # seconds of timed calls in every round, both sides
+    host_wait: float  # share of the reported round's wall time in which other processes held the timer's CPU
 
 
 # taken before any candidate code is imported: a Timing's fields read through its slots' own
@@ -257,6 +258,7 @@ class Timer:
             warnings=tuple(warnings),
             timed_calls=len(chosen.ref_us),
             timed_s=sum((sum(r.ref_us) + sum(r.cand_us)) / 1e6 for r in rounds),
+            host_wait=min(1.0, chosen.others_s / chosen.round_s) if chosen.round_s > 0 else 0.0,
         )
 
     def _timed_round(
