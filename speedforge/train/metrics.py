@@ -34,21 +34,26 @@ TENSORBOARD = "tensorboard"  # the event files' folder in a stage's state (runs/
 @dataclasses.dataclass
 class StepTimes:
     """Where a step's wall time went, in seconds; update = the rest (log-probs, loss, backward,
-    optimizer, checkpoint bookkeeping)."""
+    optimizer, checkpoint bookkeeping). Evaluation that ran while the step still generated
+    (`overlap_s`, rewards streamed: speedforge.train.streaming) is counted once, in generation."""
 
     generation_s: float = 0.0
-    evaluation_s: float = 0.0
+    evaluation_s: float = 0.0  # wall time during which some evaluation call ran
     step_s: float = 0.0
     generated_tokens: int = 0  # completion tokens the step's generation produced (on this worker)
+    overlap_s: float = 0.0  # of evaluation_s, the part within generation
+    evaluation: dict[str, Any] = dataclasses.field(default_factory=dict)  # EvaluationTimeline.as_dict()
 
     @property
     def update_s(self) -> float:
-        return max(0.0, self.step_s - self.generation_s - self.evaluation_s)
+        return max(0.0, self.step_s - self.generation_s - (self.evaluation_s - self.overlap_s))
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         out = {
+            **self.evaluation,
             "generation_s": self.generation_s,
             "evaluation_s": self.evaluation_s,
+            "overlap_s": self.overlap_s,
             "update_s": self.update_s,
             "step_s": self.step_s,
         }
