@@ -6,8 +6,10 @@
 
 METRICS is a stage's metrics file (`speedforge train` prints its path; `train status` reads the
 same lines back). For each stage with steps it prints the median, the spread (min-max and the
-interquartile range) and the share of generation, evaluation and update over its steps; update is
-the step's wall time less the other two (log-probs, loss, backward, optimizer step, checkpoint).
+interquartile range) and the share of generation, evaluation, overlap and update over its steps:
+overlap is the evaluation that ran while the step generated (rewards streamed, train.grpo.reward_chunks),
+and update the step's wall time less generation and the evaluation not hidden behind it (log-probs,
+loss, backward, optimizer step, checkpoint).
 The held-out files are `speedforge train heldout --json` outputs (fraction compiling, fraction
 correct, best speedup), labelled by the point of the run they were taken at. Steps of a stage
 that was cut short count as they are; a missing held-out file is reported as missing.
@@ -23,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-PARTS = ("generation_s", "evaluation_s", "update_s", "step_s")
+PARTS = ("generation_s", "evaluation_s", "overlap_s", "update_s", "step_s")
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:

@@ -21,7 +21,12 @@ from speedforge.train.streaming import (
 from test_train_scoring import TASK, FlakyService, completions, measured, scorer
 from train_samples import FAST, answer
 
-TEXTS = (answer(FAST), "no code at all", answer(FAST + "\n# the same, written again\n"), answer(FAST))  # the last one twice
+TEXTS = (
+    answer(FAST),
+    "no code at all",
+    answer(FAST + "\n# the same, written again\n"),
+    answer(FAST),
+)  # the last one twice
 
 
 def candidates_of(score, texts, step: int = 1):

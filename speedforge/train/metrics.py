@@ -9,7 +9,8 @@ A GRPO or self-training step records the reward mean and max, the valid fraction
 the compiled fraction (built and ran: neither refused by the screen nor a compile error), the
 speedup quantiles of its ok samples, the statuses with the most common reason of each failing
 one (so a run whose samples all fail says why), and its time split into generation,
-evaluation and update. A step written again after a resume replaces the earlier line when
+evaluation and update, with the evaluation hidden behind generation and the latency from a
+sample generated to its reward known (speedforge.train.streaming.EvaluationTimeline). A step written again after a resume replaces the earlier line when
 read back (`read_metrics`).
 """
 

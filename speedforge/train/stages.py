@@ -5,8 +5,9 @@
     self  rounds of: sample from the policy, evaluate (one batch), keep what passed, SFTTrainer
           on it for `self_train.steps` steps.
     grpo  GRPOTrainer whose prompts draw exemplars from the live variants table and whose reward
-          function sends all completions of a step to the evaluator as one batch; successful
-          candidates go back to the variants table.
+          function scores all completions of a step as one batch, served from what was sent to
+          the evaluator while the step generated (train.grpo.reward_chunks,
+          speedforge.train.streaming); successful candidates go back to the variants table.
 
 Every stage checkpoints to the run's state in the object store (weights, optimizer, scheduler,
 data position, RNG of every worker) every `save_every` steps and resumes from there with
