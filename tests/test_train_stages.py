@@ -462,6 +462,18 @@ def test_streamed_rewards_are_measured_while_the_step_still_generates(grpo_strea
     assert sorted(sum(calls, [])) == sorted(r.candidate_id for r in rollouts)  # each candidate evaluated once
 
 
+def test_bench_train_shows_the_evaluation_hidden_behind_generation(grpo_streamed, tmp_path, capsys):
+    _, outcome, _ = grpo_streamed
+    bench = load_script("benchmarks/bench_train.py")
+    assert bench.main([outcome.metrics_path, "--out", str(tmp_path)]) == 0
+    (grpo,) = json.loads((tmp_path / "summary.json").read_text())["split"]
+    assert grpo["overlap_s"]["min"] > 0  # every step hid some of its evaluation
+    shares = grpo["generation_s"]["share"] + grpo["evaluation_s"]["share"] + grpo["update_s"]["share"]
+    assert shares - grpo["overlap_s"]["share"] == pytest.approx(1.0)  # the overlap counted once
+    assert (tmp_path / "step_times.png").is_file()
+    capsys.readouterr()
+
+
 def test_streamed_rewards_are_those_of_the_serial_path_for_the_same_completions(grpo_streamed, tmp_path):
     """The run's completions scored again by the serial path (one batch when the rewards are asked
     for), with the results the run measured: the same rewards."""

@@ -239,3 +239,43 @@ def plot_rewards(metrics: Sequence[dict[str, Any]], png: Path, title: str = "rew
     figure.savefig(png)
     plt.close(figure)
     return png
+
+
+def plot_step_times(metrics: Sequence[dict[str, Any]], png: Path, title: str = "step time") -> Path:
+    """Each step's time as stacked bars (generation, the evaluation not hidden behind it, update),
+    the evaluation hidden behind generation (overlap) hatched within the generation bar, and below
+    the p50/p90/max reward latency of its samples, as a PNG."""
+    from speedforge.extras import require
+
+    require("reports", "matplotlib", purpose="the step-time plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [m for m in metrics if m.get("kind", "step") == "step" and "step_s" in m]
+    x = list(range(len(rows)))
+    labels = [f"{m.get('stage', '')}{m.get('step')}" for m in rows]
+    generation = [m.get("generation_s", 0.0) for m in rows]
+    overlap = [m.get("overlap_s", 0.0) for m in rows]
+    exposed = [max(0.0, m.get("evaluation_s", 0.0) - m.get("overlap_s", 0.0)) for m in rows]
+    update = [m.get("update_s", 0.0) for m in rows]
+    figure, (times, latency) = plt.subplots(2, 1, figsize=(7, 6), dpi=120, sharex=True)
+    times.bar(x, generation, label="generation")
+    times.bar(x, overlap, fill=False, hatch="//", label="evaluation during generation")
+    times.bar(x, exposed, bottom=generation, label="evaluation after generation")
+    times.bar(x, update, bottom=[g + e for g, e in zip(generation, exposed)], label="update")
+    times.set_ylabel("seconds")
+    times.set_title(title)
+    times.legend(loc="best", fontsize="small")
+    for key, style in (("reward_latency_p50_s", "o-"), ("reward_latency_p90_s", "^--"), ("reward_latency_max_s", "s:")):
+        latency.plot(x, [m.get(key) if m.get(key) is not None else float("nan") for m in rows], style, label=key[15:-2])
+    latency.set_ylabel("reward latency (s)")
+    latency.set_xticks(x, labels, rotation=90, fontsize="x-small")
+    latency.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png)
+    plt.close(figure)
+    return png

@@ -886,9 +886,11 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             """A part of the step's generate call is done: its completions go to the evaluation now."""
             step = trainer.state.global_step + 1
             texts = completion_texts(tokenizer, completion_ids, eos_ids)
+            prompts = prompt_texts(tokenizer, prompt_ids, tokenizer.pad_token_id)
+            tasks = {prompt: recent.find(prompt) for prompt in set(prompts)}  # a group's rows share a prompt
             candidates = []
-            for prompt, text in zip(prompt_texts(tokenizer, prompt_ids, tokenizer.pad_token_id), texts):
-                found = recent.find(prompt)
+            for prompt, text in zip(prompts, texts):
+                found = tasks[prompt]
                 if found is not None:  # else the Scorer evaluates it when the rewards are asked for
                     candidates.append(candidate_from(worker.tasks[found[0]], text, scorer.origin(step), found[1])[0])
             streamed.submit(candidates)
