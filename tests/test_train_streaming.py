@@ -1,7 +1,8 @@
-"""Rewards streamed while generation runs (speedforge.train.streaming), without Ray or a model:
-what was submitted is served once and gives the serial path's rewards, a failure or an
-infra_error of a submitted batch is retried as the Scorer retries, and the step's timeline says
-how much evaluation hid behind generation."""
+"""Rewards streamed while generation runs (speedforge.train.streaming), without Ray: what was
+submitted is served once and gives the serial path's rewards, a failure or an infra_error of a
+submitted batch is retried as the Scorer retries, the step's timeline says how much evaluation
+hid behind generation, and TRL's GRPOTrainer on the tiny model generates in parts whose decoded
+texts are the completions it scores."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 
 import pytest
 
+from speedforge.config import LoraSettings
 from speedforge.policy.parser import candidate_from
 from speedforge.train.scoring import RewardsUnavailable
 from speedforge.train.streaming import (
@@ -21,6 +23,7 @@ from speedforge.train.streaming import (
 from test_train_scoring import TASK, FlakyService, completions, measured, scorer
 from train_samples import FAST, answer
 
+LORA = LoraSettings(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))
 TEXTS = (
     answer(FAST),
     "no code at all",
@@ -172,3 +175,61 @@ def test_completion_texts_end_at_the_first_end_token():
 
     tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens: ",".join(map(str, ids)))
     assert completion_texts(tokenizer, torch.tensor([[5, 7, 9], [5, 6, 9]]), [7]) == ["5,7", "5,6,9"]
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["whole", "lora"])
+def test_grpo_trainer_generates_in_parts_whose_texts_are_the_completions_it_scores(tiny_model, tmp_path, adapter):
+    """TRL's GRPOTrainer on the tiny model, its generate call in two parts (through a LoRA adapter
+    too): each part is handed out before the next is generated, and its decoded completions are
+    the ones the reward function receives, so what was streamed is what gets scored."""
+    pytest.importorskip("trl")
+    import datasets
+    import transformers
+    from trl import GRPOConfig, GRPOTrainer
+
+    from speedforge.train.lora import lora_config
+    from speedforge.train.streaming import eos_token_ids, prompt_texts
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    events, streamed, scored = [], [], []
+
+    def on_chunk(prompt_ids, completion_ids):
+        events.append("part")
+        prompts = prompt_texts(tokenizer, prompt_ids, tokenizer.pad_token_id)
+        texts = completion_texts(tokenizer, completion_ids, eos_token_ids(model, tokenizer))
+        streamed.extend(zip(prompts, texts))
+
+    def reward(prompts, completions, **_):
+        events.append("reward")
+        scored.extend(zip(prompts, (c[-1]["content"] for c in completions)))
+        return [float(i) for i in range(len(completions))]
+
+    chunked_generate(model, 2, on_chunk)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        shuffle_dataset=False,
+    )
+    rows = [{"prompt": [{"role": "user", "content": f"write kernel {n}"}]} for n in range(2)]
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=lora_config(LORA) if adapter else None,
+    )
+    trainer.train()
+    assert events == ["part", "part", "reward"]
+    assert [text for _, text in streamed] == [text for _, text in scored]
+    for (prompt, _), (messages, _) in zip(streamed, scored):
+        assert messages[-1]["content"] in prompt  # the row's prompt, as RecentPrompts recognises it
