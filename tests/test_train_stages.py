@@ -511,6 +511,8 @@ def test_a_run_stopped_in_the_middle_of_a_streamed_step_resumes_with_the_same_sa
     log = workspace / "stopped-calls.jsonl"
     with pytest.raises(UserError, match=r"stopped at step 1 .*the evaluation failed: .*died.*--resume"):
         run_training(config, "grpo", evaluate=logged_evaluation(log, dies_after_calls=3))
+    calls = [len(json.loads(row)) for row in log.read_text().splitlines()]
+    assert calls == [2, 2, 2, 2, 4]  # step 1's parts, step 2's (the second died), the Scorer's retry of all four
     store = open_store(config.train.store)
     assert RunState(store, "streamed-stopped", "grpo").read()["step"] == 1
     assert [r.step for r in RolloutsTable.load(store, run="streamed-stopped")] == [1, 1, 1, 1]  # step 2 wrote nothing
