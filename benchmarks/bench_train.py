@@ -2,12 +2,14 @@
 
     python benchmarks/bench_train.py METRICS.jsonl                       # the step-time split
     python benchmarks/bench_train.py METRICS.jsonl --heldout before=h0.json --heldout sft=h1.json \\
-        --heldout grpo=h2.json --out DIR                                  # + summary.{json,md}, reward_curve.png
+        --heldout grpo=h2.json --out DIR                                  # + summary.{json,md}, reward_curve.png, step_times.png
 
 METRICS is a stage's metrics file (`speedforge train` prints its path; `train status` reads the
 same lines back). For each stage with steps it prints the median, the spread (min-max and the
-interquartile range) and the share of generation, evaluation and update over its steps; update is
-the step's wall time less the other two (log-probs, loss, backward, optimizer step, checkpoint).
+interquartile range) and the share of generation, evaluation, overlap and update over its steps:
+overlap is the evaluation that ran while the step generated (rewards streamed, train.grpo.reward_chunks),
+and update the step's wall time less generation and the evaluation not hidden behind it (log-probs,
+loss, backward, optimizer step, checkpoint).
 The held-out files are `speedforge train heldout --json` outputs (fraction compiling, fraction
 correct, best speedup), labelled by the point of the run they were taken at. Steps of a stage
 that was cut short count as they are; a missing held-out file is reported as missing.
@@ -23,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-PARTS = ("generation_s", "evaluation_s", "update_s", "step_s")
+PARTS = ("generation_s", "evaluation_s", "overlap_s", "update_s", "step_s")
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("metrics", nargs="+", help="metrics.jsonl file(s) of the run's stages")
     parser.add_argument("--heldout", action="append", default=[], help="LABEL=FILE of `train heldout --json` output")
-    parser.add_argument("--out", help="write summary.json, summary.md and reward_curve.png here")
+    parser.add_argument("--out", help="write summary.json, summary.md, reward_curve.png and step_times.png here")
     parser.add_argument("--device", default="", help="the machine, in words, for the summary")
     parser.add_argument("--note", default="", help="a line for the summary (e.g. the box was shared)")
     args = parser.parse_args(argv)
@@ -181,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if any(m.get("reward_mean") is not None for m in metrics):
-            from speedforge.train.metrics import plot_rewards
+            from speedforge.train.metrics import plot_rewards, plot_step_times
 
             summary["reward_curve"] = str(plot_rewards(metrics, out / "reward_curve.png", title="reward per step"))
+            summary["step_times"] = str(plot_step_times(metrics, out / "step_times.png", title="time per step"))
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         (out / "summary.md").write_text(markdown(summary))
         print(f"summary: {out / 'summary.md'}")

@@ -505,6 +505,8 @@ class GRPOStageConfig(Checked):
     save_every: int = setting(1, AT_LEAST_1)
     # decode with a static KV cache, compiled with CUDA graphs on a GPU (on the CPU nothing compiles: it only costs)
     static_cache: bool = False
+    # generate a step's rows in this many calls, each part's rewards measured while the next generates (1: serial)
+    reward_chunks: int = setting(1, AT_LEAST_1)
 
 
 STRATEGIES = ("ddp", "fsdp", "lora")  # how a stage's weights are trained across the workers (speedforge.train.sharding)

@@ -407,3 +407,121 @@ def test_grpo_on_the_ann_family_scores_its_samples_with_the_auc_reward(workspace
     for rollout in rollouts:  # a tiny random model's answers: every one scored, none by infrastructure
         assert rollout.status not in ("ok", "infra_error") and rollout.result.reason
         assert set(json.loads(rollout.rewards_json)) == {"auc", "format"} and rollout.reward is not None
+
+
+def logged_evaluation(log: Path, dies_after_calls: int | None = None):
+    """This machine's sandbox as the evaluation, writing each call's candidate ids as a line of
+    `log`; with `dies_after_calls`, every later call fails as a dead service would."""
+
+    def evaluate(candidates):
+        from speedforge.evaluator import evaluate as evaluate_one
+        from speedforge.tasks import find_task
+
+        calls = len(log.read_text().splitlines()) if log.exists() else 0
+        with log.open("a") as fh:
+            fh.write(json.dumps([c.candidate_id for c in candidates]) + "\n")
+        if dies_after_calls is not None and calls >= dies_after_calls:
+            raise ConnectionError("the evaluation service died")
+        return [evaluate_one(find_task(c.task_id), c, device="cpu", pool="cpu") for c in candidates]
+
+    return evaluate
+
+
+def streamed_config(workspace, sft_run, run: str) -> Config:
+    """Two steps of two prompt groups, generated in two calls a step (train.grpo.reward_chunks):
+    the first group's rewards are measured while the second generates."""
+    _, sft = sft_run
+    grpo = GRPOStageConfig(steps=2, prompts_per_step=2, generations=2, max_new_tokens=8, learning_rate=1e-3)
+    config = make_config(
+        workspace, sft.final_checkpoint, run, f"store-{run}", grpo=dataclasses.replace(grpo, reward_chunks=2)
+    )
+    seed_store(config)
+    return config
+
+
+@pytest.fixture(scope="module")
+def grpo_streamed(workspace, sft_run):
+    config = streamed_config(workspace, sft_run, "streamed")
+    log = workspace / "streamed-calls.jsonl"
+    return config, run_training(config, "grpo", evaluate=logged_evaluation(log)), log
+
+
+def test_streamed_rewards_are_measured_while_the_step_still_generates(grpo_streamed):
+    config, outcome, log = grpo_streamed
+    assert outcome.steps == 2
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [m["step"] for m in lines] == [1, 2]
+    for line in lines:
+        assert line["samples"] == 4 and line["streamed_samples"] == 4  # every completion went out while generating
+        assert line["evaluation_started_s"] < line["generation_s"]  # the first group's evaluation began before the last
+        assert 0 < line["overlap_s"] <= line["evaluation_s"]
+        assert 0 <= line["reward_latency_p50_s"] <= line["reward_latency_p90_s"] <= line["reward_latency_max_s"]
+    calls = [json.loads(row) for row in log.read_text().splitlines()]
+    assert [len(call) for call in calls] == [2, 2, 2, 2]  # a call per group, none from the reward function
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="streamed", stage="grpo")
+    assert sorted(sum(calls, [])) == sorted(r.candidate_id for r in rollouts)  # each candidate evaluated once
+
+
+def test_bench_train_shows_the_evaluation_hidden_behind_generation(grpo_streamed, tmp_path, capsys):
+    _, outcome, _ = grpo_streamed
+    bench = load_script("benchmarks/bench_train.py")
+    assert bench.main([outcome.metrics_path, "--out", str(tmp_path)]) == 0
+    (grpo,) = json.loads((tmp_path / "summary.json").read_text())["split"]
+    assert grpo["overlap_s"]["min"] > 0  # every step hid some of its evaluation
+    shares = grpo["generation_s"]["share"] + grpo["evaluation_s"]["share"] + grpo["update_s"]["share"]
+    assert shares - grpo["overlap_s"]["share"] == pytest.approx(1.0)  # the overlap counted once
+    assert (tmp_path / "step_times.png").is_file()
+    capsys.readouterr()
+
+
+def test_streamed_rewards_are_those_of_the_serial_path_for_the_same_completions(grpo_streamed, tmp_path):
+    """The run's completions scored again by the serial path (one batch when the rewards are asked
+    for), with the results the run measured: the same rewards."""
+    from speedforge.records import EvalResult
+    from speedforge.tasks import find_task
+    from speedforge.train.scoring import Completion, Scorer
+
+    config, _, _ = grpo_streamed
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="streamed", stage="grpo")
+    measured = {r.candidate_id: EvalResult.from_dict(json.loads(r.result_json)) for r in rollouts}
+    batches = []
+
+    def recorded(candidates):
+        batches.append(len(candidates))
+        return [measured[c.candidate_id] for c in candidates]
+
+    tasks = {t: find_task(t) for t in TASKS}
+    serial = Scorer(config, tasks, recorded, "cpu", "grpo", open_store(str(tmp_path / "serial")), VariantsTable())
+    for step in (1, 2):
+        mine = [r for r in rollouts if r.step == step]
+        scored = serial.score(step, [Completion(r.task_id, r.prompt, r.completion, r.group_id) for r in mine])
+        assert scored.rewards == [r.reward for r in mine]
+    assert len(batches) == 2  # one batch a step: the serial path
+
+
+@pytest.mark.slow  # two more runs (~65 s on 2 shared cores); the quick suite covers the retry (test_train_streaming)
+def test_a_run_stopped_in_the_middle_of_a_streamed_step_resumes_with_the_same_samples_and_rewards(
+    workspace, sft_run, grpo_streamed
+):
+    """The evaluation dies while step 2's second group is measured in the background, its first
+    group's rewards known: the step does not train, the run stops with step 1's checkpoint and
+    resumes at step 2, with the samples and rewards of the run that was never stopped."""
+    straight_config, _, _ = grpo_streamed
+    config = streamed_config(workspace, sft_run, "streamed-stopped")
+    log = workspace / "stopped-calls.jsonl"
+    with pytest.raises(UserError, match=r"stopped at step 1 .*the evaluation failed: .*died.*--resume"):
+        run_training(config, "grpo", evaluate=logged_evaluation(log, dies_after_calls=3))
+    calls = [len(json.loads(row)) for row in log.read_text().splitlines()]
+    assert calls == [2, 2, 2, 2, 4]  # step 1's parts, step 2's (the second died), the Scorer's retry of all four
+    store = open_store(config.train.store)
+    assert RunState(store, "streamed-stopped", "grpo").read()["step"] == 1
+    assert [r.step for r in RolloutsTable.load(store, run="streamed-stopped")] == [1, 1, 1, 1]  # step 2 wrote nothing
+
+    outcome = run_training(config, "grpo", resume=True, evaluate=logged_evaluation(workspace / "resumed-calls.jsonl"))
+    assert outcome.steps == 2 and outcome.resumed
+    resumed = RolloutsTable.load(store, run="streamed-stopped")
+    straight = RolloutsTable.load(open_store(straight_config.train.store), run="streamed")
+    assert [(r.step, r.task_id, r.completion, r.reward) for r in resumed] == [
+        (r.step, r.task_id, r.completion, r.reward) for r in straight
+    ]
+    assert [m["step"] for m in read_metrics(open(outcome.metrics_path))] == [1, 2]

@@ -9,7 +9,8 @@ A GRPO or self-training step records the reward mean and max, the valid fraction
 the compiled fraction (built and ran: neither refused by the screen nor a compile error), the
 speedup quantiles of its ok samples, the statuses with the most common reason of each failing
 one (so a run whose samples all fail says why), and its time split into generation,
-evaluation and update. A step written again after a resume replaces the earlier line when
+evaluation and update, with the evaluation hidden behind generation and the latency from a
+sample generated to its reward known (speedforge.train.streaming.EvaluationTimeline). A step written again after a resume replaces the earlier line when
 read back (`read_metrics`).
 """
 
@@ -34,21 +35,26 @@ TENSORBOARD = "tensorboard"  # the event files' folder in a stage's state (runs/
 @dataclasses.dataclass
 class StepTimes:
     """Where a step's wall time went, in seconds; update = the rest (log-probs, loss, backward,
-    optimizer, checkpoint bookkeeping)."""
+    optimizer, checkpoint bookkeeping). Evaluation that ran while the step still generated
+    (`overlap_s`, rewards streamed: speedforge.train.streaming) is counted once, in generation."""
 
     generation_s: float = 0.0
-    evaluation_s: float = 0.0
+    evaluation_s: float = 0.0  # wall time during which some evaluation call ran
     step_s: float = 0.0
     generated_tokens: int = 0  # completion tokens the step's generation produced (on this worker)
+    overlap_s: float = 0.0  # of evaluation_s, the part within generation
+    evaluation: dict[str, Any] = dataclasses.field(default_factory=dict)  # EvaluationTimeline.as_dict()
 
     @property
     def update_s(self) -> float:
-        return max(0.0, self.step_s - self.generation_s - self.evaluation_s)
+        return max(0.0, self.step_s - self.generation_s - (self.evaluation_s - self.overlap_s))
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         out = {
+            **self.evaluation,
             "generation_s": self.generation_s,
             "evaluation_s": self.evaluation_s,
+            "overlap_s": self.overlap_s,
             "update_s": self.update_s,
             "step_s": self.step_s,
         }
@@ -227,6 +233,46 @@ def plot_rewards(metrics: Sequence[dict[str, Any]], png: Path, title: str = "rew
     lines = axis.get_legend_handles_labels()
     extra = valid.get_legend_handles_labels()
     axis.legend(lines[0] + extra[0], lines[1] + extra[1], loc="best", fontsize="small")
+    figure.tight_layout()
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png)
+    plt.close(figure)
+    return png
+
+
+def plot_step_times(metrics: Sequence[dict[str, Any]], png: Path, title: str = "step time") -> Path:
+    """Each step's time as stacked bars (generation, the evaluation not hidden behind it, update),
+    the evaluation hidden behind generation (overlap) hatched within the generation bar, and below
+    the p50/p90/max reward latency of its samples, as a PNG."""
+    from speedforge.extras import require
+
+    require("reports", "matplotlib", purpose="the step-time plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [m for m in metrics if m.get("kind", "step") == "step" and "step_s" in m]
+    x = list(range(len(rows)))
+    labels = [f"{m.get('stage', '')}{m.get('step')}" for m in rows]
+    generation = [m.get("generation_s", 0.0) for m in rows]
+    overlap = [m.get("overlap_s", 0.0) for m in rows]
+    exposed = [max(0.0, m.get("evaluation_s", 0.0) - m.get("overlap_s", 0.0)) for m in rows]
+    update = [m.get("update_s", 0.0) for m in rows]
+    figure, (times, latency) = plt.subplots(2, 1, figsize=(7, 6), dpi=120, sharex=True)
+    times.bar(x, generation, label="generation")
+    times.bar(x, overlap, fill=False, hatch="//", label="evaluation during generation")
+    times.bar(x, exposed, bottom=generation, label="evaluation after generation")
+    times.bar(x, update, bottom=[g + e for g, e in zip(generation, exposed)], label="update")
+    times.set_ylabel("seconds")
+    times.set_title(title)
+    times.legend(loc="best", fontsize="small")
+    for key, style in (("reward_latency_p50_s", "o-"), ("reward_latency_p90_s", "^--"), ("reward_latency_max_s", "s:")):
+        latency.plot(x, [m.get(key) if m.get(key) is not None else float("nan") for m in rows], style, label=key[15:-2])
+    latency.set_ylabel("reward latency (s)")
+    latency.set_xticks(x, labels, rotation=90, fontsize="x-small")
+    latency.legend(loc="best", fontsize="small")
     figure.tight_layout()
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)

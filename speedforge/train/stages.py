@@ -5,8 +5,9 @@
     self  rounds of: sample from the policy, evaluate (one batch), keep what passed, SFTTrainer
           on it for `self_train.steps` steps.
     grpo  GRPOTrainer whose prompts draw exemplars from the live variants table and whose reward
-          function sends all completions of a step to the evaluator as one batch; successful
-          candidates go back to the variants table.
+          function scores all completions of a step as one batch, served from what was sent to
+          the evaluator while the step generated (train.grpo.reward_chunks,
+          speedforge.train.streaming); successful candidates go back to the variants table.
 
 Every stage checkpoints to the run's state in the object store (weights, optimizer, scheduler,
 data position, RNG of every worker) every `save_every` steps and resumes from there with
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from speedforge.errors import UserError, first_line
+from speedforge.policy.parser import candidate_from
 from speedforge.records import Task, content_id
 from speedforge.registry import Registry
 from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_tasks, sft_pairs
@@ -36,6 +38,15 @@ from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
 from speedforge.train.job import StageJob
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
 from speedforge.train.sharding import generate_unsharded, sharded_callback
+from speedforge.train.streaming import (
+    EvaluationTimeline,
+    RecentPrompts,
+    StreamedEvaluation,
+    chunked_generate,
+    completion_texts,
+    eos_token_ids,
+    prompt_texts,
+)
 from speedforge.train.state import RunState
 
 STAGES: Registry[Callable[[StageJob, "Worker"], None]] = Registry("training stage")
@@ -428,6 +439,12 @@ class StepClock:
             self.times.generation_s = time.perf_counter() - self.began
             self.times.generated_tokens = tokens
 
+    def evaluated(self, timeline: EvaluationTimeline) -> None:
+        """The step's evaluation, against its generation (speedforge.train.streaming)."""
+        self.times.evaluation_s += timeline.evaluation_s
+        self.times.overlap_s += timeline.overlap_s
+        self.times.evaluation = timeline.as_dict()
+
     def stop(self, step: int) -> None:
         self.times.step_s = time.perf_counter() - self.began
         self.pending = {"stage": self.stage, "kind": "step", "step": step, **self.times.as_dict()}
@@ -442,6 +459,7 @@ class StepClock:
             "generated_tokens": self.times.generated_tokens,
             "generation_s": self.times.generation_s,
             "evaluation_s": self.times.evaluation_s,
+            "overlap_s": self.times.overlap_s,
             "step_s": self.times.step_s,
             **self.device,
             **peak_memory(worker.device),
@@ -853,16 +871,32 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
     rows = worker.state.get_json("data.json")
     if sharded:  # the trainer cannot skip what it has seen: it gets the rows from the step after the checkpoint
         rows = rows[done * settings.prompts_per_step :]
-    dataset = datasets.Dataset.from_list(rows).with_transform(live)
+    recent = RecentPrompts()
+    dataset = datasets.Dataset.from_list(rows).with_transform(recent.recording(live))
     clock = StepClock("grpo")
     batch = settings.prompts_per_step * settings.generations  # prompts x generations: one generate call per step
     output_dir = job.run_dir / "checkpoints"
-    with evaluation(job, worker) as evaluate:
+    with evaluation(job, worker) as evaluate, contextlib.closing(StreamedEvaluation(evaluate)) as streamed:
         scorer = Scorer(
-            job.config, worker.tasks, evaluate, job.pool, "grpo", worker.store, variants, attempt=job.attempt
+            job.config, worker.tasks, streamed, job.pool, "grpo", worker.store, variants, attempt=job.attempt
         )
+        trainer = None
+
+        def stream_chunk(prompt_ids, completion_ids):
+            """A part of the step's generate call is done: its completions go to the evaluation now."""
+            step = trainer.state.global_step + 1
+            texts = completion_texts(tokenizer, completion_ids, eos_ids)
+            prompts = prompt_texts(tokenizer, prompt_ids, tokenizer.pad_token_id)
+            tasks = {prompt: recent.find(prompt) for prompt in set(prompts)}  # a group's rows share a prompt
+            candidates = []
+            for prompt, text in zip(prompts, texts):
+                found = tasks[prompt]
+                if found is not None:  # else the Scorer evaluates it when the rewards are asked for
+                    candidates.append(candidate_from(worker.tasks[found[0]], text, scorer.origin(step), found[1])[0])
+            streamed.submit(candidates)
 
         def speedforge_reward(prompts, completions, task_id, row, parents, trainer_state, completion_ids=None, **_):
+            generation_end = time.perf_counter()
             clock.generated(sum(len(ids) for ids in completion_ids or ()))  # the trainer generated since the step began
             if settings.static_cache:  # the static cache's length so far (transformers keeps it on the model)
                 clock.device["static_cache_len"] = getattr(model, "_previous_max_cache_length", None)
@@ -875,7 +909,7 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             ]
             release_cached_memory(worker.device)  # the generate call's KV cache: the sandboxes time on this GPU
             scored = scorer.score(step, samples)
-            clock.times.evaluation_s += scored.evaluation_s
+            clock.evaluated(streamed.timeline(clock.began, generation_end))
             clock.rollouts.extend(scored.rollouts)
             return scored.rewards
 
@@ -895,6 +929,9 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             remove_unused_columns=False,
             shuffle_dataset=False,
         )
+        eos_ids = eos_token_ids(model, tokenizer)
+        if settings.reward_chunks > 1:  # innermost: one gather and one autocast around every part
+            chunked_generate(model, settings.reward_chunks, stream_chunk)
         if sharded:  # the generate call gathers each layer once, not once per decode step
             generate_unsharded(model)
         if (
