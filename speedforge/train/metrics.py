@@ -233,6 +233,11 @@ def plot_rewards(metrics: Sequence[dict[str, Any]], png: Path, title: str = "rew
     lines = axis.get_legend_handles_labels()
     extra = valid.get_legend_handles_labels()
     axis.legend(lines[0] + extra[0], lines[1] + extra[1], loc="best", fontsize="small")
+    return _saved(figure, png, plt)
+
+
+def _saved(figure, png, plt) -> Path:
+    """`figure` laid out and written to `png` (its folder made), then closed."""
     figure.tight_layout()
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)
@@ -273,9 +278,4 @@ def plot_step_times(metrics: Sequence[dict[str, Any]], png: Path, title: str = "
     latency.set_ylabel("reward latency (s)")
     latency.set_xticks(x, labels, rotation=90, fontsize="x-small")
     latency.legend(loc="best", fontsize="small")
-    figure.tight_layout()
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png)
-    plt.close(figure)
-    return png
+    return _saved(figure, png, plt)
