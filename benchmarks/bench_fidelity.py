@@ -652,10 +652,19 @@ def detected_pool() -> str:
 # -- reproducibility and overhead ---------------------------------------------------------------------
 
 
+def repeat_candidates(candidates: list, rows: list[dict], accepted: set[str], named: bool) -> list:
+    """The candidates of the selected rows that the repeat step evaluates: those speedforge
+    accepted, or, where the kernels were `named` (--kernels), every one of them."""
+    selected = {key(row) for row in rows}
+    wanted = selected if named else accepted & selected
+    return [c for c in candidates if c.task_id in wanted]
+
+
 def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
-    """Each kernel speedforge accepted, evaluated --repeats times in separate sandboxes (builds
-    cached from the speedforge step): the speedup's CV, and the harness overhead per evaluation
-    (wall - build - timed work)."""
+    """Each selected kernel speedforge accepted (with --kernels, each named one, accepted or not: a
+    probe of a verdict), evaluated --repeats times in separate sandboxes (builds cached from the
+    speedforge step): the speedup's CV, and the harness overhead per evaluation (wall - build -
+    timed work)."""
     from speedforge.config import EvaluatorConfig
     from speedforge.evaluator import evaluate
     from speedforge.tasks.importers import import_source
@@ -664,7 +673,7 @@ def run_repeat(args: argparse.Namespace, rows: list[dict]) -> None:
     accepted = {k for k, r in read_jsonl(args.out / "speedforge.jsonl").items() if r["status"] == "ok"}
     imported = import_source(str(args.out / "corpus.jsonl"), kind="cuda-l1-jsonl", family="cuda", skip_bad=True)
     tasks = {t.task_id: t for t in imported.tasks}
-    candidates = [c for c in imported.candidates if c.task_id in accepted][: args.repeat_limit or None]
+    candidates = repeat_candidates(imported.candidates, rows, accepted, bool(args.kernels))[: args.repeat_limit or None]
     config = EvaluatorConfig(cache_dir=run["cache"])
     out = args.out / "repeat.jsonl"
     done = read_jsonl(out)

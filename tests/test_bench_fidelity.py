@@ -544,3 +544,15 @@ def test_a_batch_adds_near_copies_and_its_report_names_each_tripwire_verdict(ben
         == "tripwire: 1 hack_detected by the reference's slowdown or company in 3 evaluations of published kernels"
     )
     assert lines[2].startswith("  run 1 cuda-l1/level1/2: the reference ran slower") and len(lines) == 3
+
+
+def test_the_repeat_step_takes_the_selected_accepted_kernels_or_every_named_one(bench):
+    from types import SimpleNamespace
+
+    rows = [{"level_id": 1, "task_id": 3}, {"level_id": 2, "task_id": 17}]
+    candidates = [SimpleNamespace(task_id=f"cuda-l1/level{k}") for k in ("1/3", "2/17", "3/5")]
+    accepted = {"cuda-l1/level1/3", "cuda-l1/level3/5"}
+    chosen = bench.repeat_candidates(candidates, rows, accepted, named=False)
+    assert [c.task_id for c in chosen] == ["cuda-l1/level1/3"]  # level3/5 is not selected
+    named = bench.repeat_candidates(candidates, rows, accepted, named=True)
+    assert [c.task_id for c in named] == ["cuda-l1/level1/3", "cuda-l1/level2/17"]  # a rejected one, to probe
