@@ -92,3 +92,34 @@ def test_evaluate_stopped_mid_sweep_leaves_no_ray_process_and_no_scratch(tmp_pat
     if sig == signal.SIGKILL:
         remove_orphaned_scratch(scratch)  # what the next run does first
     assert list(scratch.iterdir()) == []
+
+
+def test_evaluate_killed_as_its_first_ray_worker_starts_leaves_no_ray_process(tmp_path):
+    """SIGKILL the moment Ray's first worker starts, right after the command started Ray: the
+    raylet's agents (which outlive a killed driver by a minute or more) end within the grace too."""
+    cli = subprocess.Popen(
+        [SPEEDFORGE, "evaluate", "--tasks", "builtin:cpp", "--candidates", "builtin:cpp", "--pools", "cpu"]
+        + ["--out", str(tmp_path / "out"), "--no-live"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    deadline, ray = time.monotonic() + 300, []
+    while cli.poll() is None and time.monotonic() < deadline:
+        ray = [p for p in psutil.Process(cli.pid).children(recursive=True) if _is_ray(p)]
+        if any(_is_worker(p) for p in ray):
+            break
+        time.sleep(0.02)
+    cli.kill()
+    if not any(_is_worker(p) for p in ray):
+        pytest.fail(f"no Ray worker started (exit {cli.wait(timeout=60)})")
+    cli.wait(timeout=60)
+    _, alive = psutil.wait_procs(ray, timeout=GUARD_GRACE_S + 20)
+    assert [p for p in alive if _alive(p)] == []
+
+
+def _is_worker(proc: psutil.Process) -> bool:
+    try:
+        return proc.name().startswith("ray::") and "Agent" not in proc.name()
+    except psutil.Error:
+        return False

@@ -44,9 +44,12 @@ def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
     outlive the session: a guard process watches them, and when the session ends, or this
     process dies without ending it (SIGKILL), it kills those still running after GUARD_GRACE_S.
     """
-    started = connect_ray(address, config)
-    guard = _start_guard() if started and not address else None
+    # the guard starts before Ray does, so that it has seen each process Ray starts by the time
+    # this process can die (Ray's agents outlive a killed driver by a minute or more)
+    guard = _start_guard() if _starts_local_ray(address) else None
+    started = False
     try:
+        started = connect_ray(address, config)
         yield
     finally:
         if started:
@@ -59,6 +62,17 @@ def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
                 guard.wait(timeout=GUARD_GRACE_S + 30)
             except subprocess.TimeoutExpired:
                 guard.kill()
+
+
+def _starts_local_ray(address: str | None) -> bool:
+    """Whether connect_ray(address, ...) starts a Ray of this process's own."""
+    if address or os.environ.get(RAY_ADDRESS_ENV):
+        return False
+    try:
+        import ray
+    except ImportError:
+        return False  # connect_ray says what is missing
+    return not ray.is_initialized()
 
 
 def connect_ray(address: str | None, config: ServiceConfig) -> bool:
@@ -111,31 +125,52 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
 
 
 GUARD_GRACE_S = 5.0  # what a local Ray's processes get to end by themselves before the guard kills them
-# The guard of a local Ray: every second, the Ray processes below this one (by command line: Ray's
-# executables and scripts, and its workers, "ray::..."); at the end of its stdin (the session
-# ended, or this process died) it waits GUARD_GRACE_S for them to end, then kills the rest.
+# The guard of a local Ray: it notes the Ray processes below this one (by command line: Ray's
+# executables and scripts, and its workers, "ray::..."), every 0.1 s while new ones appear and
+# every second once none have for a while; at the end of its stdin (the session ended, or this
+# process died) it notes those still below this one or below a Ray process it saw, and the
+# workers of a raylet it saw (by their RAY_RAYLET_PID: a worker started just before this process
+# died is no longer below it), waits GUARD_GRACE_S for them to end, then kills the rest.
 GUARD = """
 import os, select, sys
 import psutil
 owner, grace = psutil.Process(int(sys.argv[1])), float(sys.argv[2])
-def ray_processes():
+def is_ray(p):
     try:
-        found = owner.children(recursive=True)
+        return p.pid != os.getpid() and (p.name().startswith("ray::") or "/ray/" in " ".join(p.cmdline()))
     except psutil.Error:
-        return []
-    def is_ray(p):
+        return False
+def ray_below(roots):
+    found = []
+    for root in roots:
         try:
-            return p.name().startswith("ray::") or "/ray/" in " ".join(p.cmdline())
+            found += root.children(recursive=True)
         except psutil.Error:
-            return False
-    return [p for p in found if p.pid != os.getpid() and is_ray(p)]
-seen = {}
+            pass
+    return {p.pid: p for p in found if is_ray(p)}
+seen, interval = {}, 0.1
 while True:
-    ready, _, _ = select.select([0], [], [], 1.0)
+    new = {pid: p for pid, p in ray_below([owner]).items() if pid not in seen}
+    seen.update(new)
+    interval = 0.1 if new else min(1.0, interval * 1.25)
+    ready, _, _ = select.select([0], [], [], interval)
     if ready and not os.read(0, 4096):
         break
-    seen.update((p.pid, p) for p in ray_processes())
-seen.update((p.pid, p) for p in ray_processes())
+seen.update(ray_below([owner, *seen.values()]))
+raylets = {}
+for p in list(seen.values()):
+    try:
+        if p.name() == "raylet":
+            raylets[p.pid] = p.create_time()
+    except psutil.Error:
+        pass
+for p in psutil.process_iter(["environ", "create_time"]):
+    try:
+        raylet = int((p.info["environ"] or {}).get("RAY_RAYLET_PID", 0))
+        if raylet in raylets and p.info["create_time"] >= raylets[raylet]:
+            seen[p.pid] = p
+    except ValueError:
+        pass
 _, alive = psutil.wait_procs(list(seen.values()), timeout=grace)
 for p in alive:
     try:
