@@ -521,6 +521,21 @@ class SelfTrainConfig(Checked):
 
 
 @dataclasses.dataclass(frozen=True)
+class CurriculumConfig(Checked):
+    """GRPO's prompts from the easiest tasks first (speedforge.train.curriculum): a task's level is
+    its KernelBench level, else set by how often the run's earlier samples of it passed; the
+    easiest levels are admitted first, the next one once enough of the recent samples are correct."""
+
+    enabled: bool = False  # off: every step draws from every training task
+    start_levels: int = setting(1, AT_LEAST_1)  # how many of the easiest levels are admitted from step 1
+    # admit the next level once this share of the samples is correct...
+    pass_share: float = setting(0.2, number(0, above=True, high=1))
+    window: int = setting(4, AT_LEAST_1)  # ...over this many recent steps at the admitted levels
+    # or after this many steps at the admitted levels, whatever the share (0: by the share only)
+    steps_per_level: int = setting(0, AT_LEAST_0)
+
+
+@dataclasses.dataclass(frozen=True)
 class GRPOStageConfig(Checked):
     """Stage 3: contrastive GRPO (TRL GRPOTrainer); prompts draw exemplars from the live variants table."""
 
@@ -533,6 +548,7 @@ class GRPOStageConfig(Checked):
     temperature: float = setting(0.8, POSITIVE)
     top_p: float = setting(0.95, number(0, above=True, high=1))
     contrastive: bool = True  # exemplars with measured speedups in the prompts (False: plain GRPO)
+    curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)  # easier tasks first
     max_prompt_tokens: int = setting(4096, number(64))  # a longer prompt shows fewer exemplars
     save_every: int = setting(1, AT_LEAST_1)
     # decode with a static KV cache, compiled with CUDA graphs on a GPU (on the CPU nothing compiles: it only costs)
