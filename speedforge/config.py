@@ -419,6 +419,37 @@ def _sft_sources(value: Any) -> str | None:
     return f"unknown source(s) {_show(bad)}: expected builtin, variants or cuda-l1:PATH" if bad else None
 
 
+def _ordered(config: Any, names: tuple[str, ...], strict: frozenset[str] = frozenset()) -> None:
+    """FieldError naming the first of `names` (fields of `config`) below the one before it, or
+    not above it where its name is in `strict`."""
+    for lower, higher in zip(names, names[1:]):
+        low, high = getattr(config, lower), getattr(config, higher)
+        if high < low or (higher in strict and high == low):
+            bound = "above" if higher in strict else "at least"
+            raise FieldError(
+                type(config).__name__,
+                higher,
+                f"expected a number {bound} {lower} ({_show(low)}): a sample that got further never scores "
+                f"less, got {_show(high)}",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class GradedRewardConfig(Checked):
+    """The `graded` reward (speedforge.train.rewards): credit for the furthest stage a sample
+    reached, an answer with no program 0 and a cheat `rejected_penalty` below that."""
+
+    screened: float = setting(0.1, AT_LEAST_0)  # a program the screen let through that did not build (compile_error)
+    compiled: float = setting(0.2, AT_LEAST_0)  # built, failed when run (runtime_error, timeout, crashed)
+    ran: float = setting(0.3, AT_LEAST_0)  # ran to the end with wrong outputs (incorrect)
+    correct: float = setting(1.0, AT_LEAST_0)  # correct and timed (ok), before its speed term
+    speed: float = setting(1.0, AT_LEAST_0)  # a correct sample adds this times its speedup (as cudal1 counts it)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _ordered(self, ("screened", "compiled", "ran", "correct"), strict=frozenset({"correct"}))
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig(Checked):
     """The reward of a sample: the weighted sum of registered reward functions (speedforge.train.rewards)."""
@@ -433,6 +464,7 @@ class RewardConfig(Checked):
     unstable: str = setting("discount", one_of(("discount", "remeasure")))
     unstable_discount: float = setting(0.5, number(0, high=1))  # an unstable speedup s counts as 1 + (s - 1) * this
     remeasure: int = setting(1, AT_LEAST_0)  # unstable: remeasure: measurements again before it is discounted
+    graded: GradedRewardConfig = dataclasses.field(default_factory=GradedRewardConfig)  # the `graded` reward's credits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -489,6 +521,21 @@ class SelfTrainConfig(Checked):
 
 
 @dataclasses.dataclass(frozen=True)
+class CurriculumConfig(Checked):
+    """GRPO's prompts from the easiest tasks first (speedforge.train.curriculum): a task's level is
+    its KernelBench level, else set by how often the run's earlier samples of it passed; the
+    easiest levels are admitted first, the next one once enough of the recent samples are correct."""
+
+    enabled: bool = False  # off: every step draws from every training task
+    start_levels: int = setting(1, AT_LEAST_1)  # how many of the easiest levels are admitted from step 1
+    # admit the next level once this share of the samples is correct...
+    pass_share: float = setting(0.2, number(0, above=True, high=1))
+    window: int = setting(4, AT_LEAST_1)  # ...over this many recent steps at the admitted levels
+    # or after this many steps at the admitted levels, whatever the share (0: by the share only)
+    steps_per_level: int = setting(0, AT_LEAST_0)
+
+
+@dataclasses.dataclass(frozen=True)
 class GRPOStageConfig(Checked):
     """Stage 3: contrastive GRPO (TRL GRPOTrainer); prompts draw exemplars from the live variants table."""
 
@@ -501,6 +548,7 @@ class GRPOStageConfig(Checked):
     temperature: float = setting(0.8, POSITIVE)
     top_p: float = setting(0.95, number(0, above=True, high=1))
     contrastive: bool = True  # exemplars with measured speedups in the prompts (False: plain GRPO)
+    curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)  # easier tasks first
     max_prompt_tokens: int = setting(4096, number(64))  # a longer prompt shows fewer exemplars
     save_every: int = setting(1, AT_LEAST_1)
     # decode with a static KV cache, compiled with CUDA graphs on a GPU (on the CPU nothing compiles: it only costs)

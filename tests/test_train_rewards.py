@@ -1,6 +1,7 @@
 """Reward functions on crafted evaluation results: every status has a defined reward, a failed
 candidate scores below every correct one and a cheating one lower still, an infra_error is never
-scored, and an unstable result is discounted (or measured again first, by the scorer)."""
+scored, and an unstable result is discounted (or measured again first, by the scorer). The graded
+reward orders the stages a sample reached, so a group where nothing is correct still has signal."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import math
 
 import pytest
 
-from speedforge.config import RewardConfig
+from speedforge.config import ConfigError, GradedRewardConfig, RewardConfig, loads_config
 from speedforge.records import STATUSES, EvalResult
 from speedforge.train.rewards import (
+    GRADES,
     MissingReward,
     Sample,
     cheated,
+    grade,
     known_rewards,
     reward_fn,
     rewards_by_name,
@@ -51,11 +54,11 @@ def result(
 
 
 SCORED_STATUSES = [s for s in STATUSES if s != "infra_error"]
-PER_RESULT = ("speedup", "log_speedup", "auc")
+PER_RESULT = ("speedup", "log_speedup", "auc", "graded")
 
 
 def test_every_registered_reward_is_known_and_the_default_weights_use_registered_ones():
-    assert {"speedup", "log_speedup", "cudal1", "auc", "format"} <= set(known_rewards())
+    assert {"speedup", "log_speedup", "cudal1", "auc", "format", "graded"} <= set(known_rewards())
     assert set(CONFIG.weights) <= set(known_rewards())
 
 
@@ -174,3 +177,89 @@ def test_an_unknown_reward_name_stops_the_stage_before_any_work_naming_the_known
     with pytest.raises(UserError, match=r"train\.rewards\.weights: unknown reward 'speed'; known: .*cudal1"):
         plan_stage(config, "grpo")
     assert not (tmp_path / "store").exists()
+
+
+NO_PROGRAM = "line 1: invalid syntax: not valid Python [not-python]"
+
+
+def test_graded_puts_correctness_before_speed_and_each_stage_above_the_one_before():
+    fn = reward_fn("graded")
+    score = lambda *args, **kwargs: fn([Sample(result(*args, **kwargs))], CONFIG)[0]  # noqa: E731
+    ladder = [
+        score("hack_detected"),
+        score("screen_rejected"),  # an exploit rule: a cheat too
+        score("screen_rejected", reason=NO_PROGRAM),
+        score("compile_error"),
+        score("runtime_error"),
+        score("incorrect"),
+        score("ok", speedup=1e-3),
+        score("ok", speedup=1.0),
+        score("ok", speedup=2.0),
+    ]
+    assert ladder[0] == ladder[1] == -CONFIG.rejected_penalty  # a cheat stays the lowest
+    assert ladder[1:] == sorted(ladder[1:]) and len(set(ladder[1:])) == len(ladder) - 1
+    assert score("timeout") == score("crashed") == score("runtime_error") == CONFIG.graded.compiled
+    assert ladder[2] == 0.0 and ladder[-1] == CONFIG.graded.correct + 2.0 * CONFIG.graded.speed
+    assert score("ok", speedup=1e3) == CONFIG.graded.correct + CONFIG.max_speedup * CONFIG.graded.speed
+
+
+def test_graded_gives_an_all_failing_group_signal_where_the_gated_speedup_gives_none():
+    """GRPO's advantage is (r - mean) / std within a group: with cudal1 every failure is 0, a group
+    where nothing is correct has std 0 and teaches nothing; graded ranks how far each sample got."""
+    group = [
+        Sample(result("screen_rejected", reason=NO_PROGRAM, candidate="a"), "g"),
+        Sample(result("compile_error", candidate="b"), "g"),
+        Sample(result("runtime_error", candidate="c"), "g"),
+        Sample(result("incorrect", candidate="d"), "g"),
+        Sample(result("compile_error", candidate="e"), "g"),
+    ]
+    assert len(set(reward_fn("cudal1")(group, CONFIG))) == 1
+    graded = reward_fn("graded")(group, CONFIG)
+    mean = sum(graded) / len(graded)
+    std = (sum((r - mean) ** 2 for r in graded) / len(graded)) ** 0.5
+    advantages = [(r - mean) / std for r in graded]
+    assert std > 0 and advantages[3] > advantages[2] > advantages[1] == advantages[4] > advantages[0]
+    assert advantages[1] < 0 < advantages[2]  # a compile error is below this group's mean, a build above it
+
+
+def test_every_scored_status_has_one_grade_from_the_verdict_alone():
+    graded = [status for statuses in GRADES.values() for status in statuses]
+    assert sorted(graded) == sorted(s for s in SCORED_STATUSES if s != "hack_detected")
+    assert grade(result("hack_detected")) is None and grade(result("screen_rejected")) is None
+    assert grade(result("screen_rejected", reason=NO_PROGRAM)) == "no_program"
+    assert [grade(result(s, speedup=1.0)) for s in ("compile_error", "crashed", "incorrect", "ok")] == [
+        "screened",
+        "compiled",
+        "ran",
+        "correct",
+    ]
+    with pytest.raises(MissingReward):
+        grade(result("infra_error"))
+
+
+def test_graded_credits_come_from_the_config():
+    config = RewardConfig(graded=GradedRewardConfig(screened=0.0, compiled=0.5, ran=0.5, correct=2.0, speed=0.0))
+    samples = [Sample(result(s, speedup=3.0)) for s in ("compile_error", "runtime_error", "incorrect", "ok")]
+    assert reward_fn("graded")(samples, config) == [0.0, 0.5, 0.5, 2.0]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "{compiled: 0.5, ran: 0.4}",
+            "train.rewards.graded.ran: expected a number at least compiled (0.5): a sample that got further never "
+            "scores less, got 0.4",
+        ),
+        ("{ran: 1.0, correct: 1.0}", "train.rewards.graded.correct: expected a number above ran (1.0)"),
+        ("{screened: -0.1}", "train.rewards.graded.screened: expected a number >= 0, got -0.1"),
+        ("{speed: .nan}", "train.rewards.graded.speed: expected a number >= 0, got nan"),
+        ("{faster: 2}", "train.rewards.graded: unknown key(s) 'faster'"),
+    ],
+)
+def test_graded_credits_out_of_order_are_one_line_naming_the_key(text, message):
+    with pytest.raises(ConfigError) as caught:
+        loads_config(f"train:\n  rewards:\n    graded: {text}\n", "c.yaml")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="GradedRewardConfig.correct: expected a number above ran"):
+        GradedRewardConfig(ran=2.0)

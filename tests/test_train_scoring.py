@@ -161,6 +161,21 @@ def test_real_evaluation_of_a_step_with_a_good_answer_and_garbage(tmp_path):
     assert list(stats["reasons"]) == ["screen_rejected"] and "not valid Python" in stats["reasons"]["screen_rejected"]
 
 
+def test_a_steps_metrics_count_its_groups_and_those_whose_samples_all_got_one_reward():
+    """A group whose rewards are all equal has GRPO advantage 0 everywhere: no signal."""
+    from speedforge.train.rollouts import make_rollout
+
+    def sample(group: str, index: int, reward: float):
+        candidate = Candidate.make(TASK.task_id, f"# {group} {index}")
+        result = measured(candidate, "incorrect")
+        return make_rollout("r", "grpo", 1, index, group, TASK.task_id, "p", "c", candidate, (), result, reward, {})
+
+    rollouts = [sample("flat", 0, 0.3), sample("flat", 1, 0.3), sample("mixed", 2, 0.1), sample("mixed", 3, 0.3)]
+    rollouts += [sample("alone", 4, 2.0), sample("nearly", 5, 1.0), sample("nearly", 6, 1.0 + 1e-12)]
+    stats = rollout_stats(rollouts)
+    assert stats["groups"] == 4 and stats["groups_without_signal"] == 3  # flat, alone and nearly
+
+
 def test_the_most_common_reason_of_each_failing_status_is_kept():
     pairs = [
         ("runtime_error", "NameError: x\ntraceback"),

@@ -291,6 +291,109 @@ def test_grpo_runs_a_step_on_two_ray_train_workers(workspace, sft_run):
     assert all(r["static_cache_len"] > 8 for r in line["ranks"])  # each prompt's tokens and the 8 new ones
 
 
+def levels_evaluation(passing: str, dies_after_calls: int | None = None):
+    """A stand-in evaluation service: samples of task `passing` measure ok, every other one is
+    incorrect; with `dies_after_calls`, gone after that many calls."""
+    calls = []
+
+    def evaluate(candidates):
+        from speedforge.records import EvalResult
+
+        calls.append(len(candidates))
+        if dies_after_calls is not None and len(calls) > dies_after_calls:
+            raise ConnectionError("the evaluation service died")
+        return [
+            EvalResult(
+                c.candidate_id,
+                c.task_id,
+                "cpu",
+                "ok" if c.task_id == passing else "incorrect",
+                correct=c.task_id == passing,
+                speedup=1.2 if c.task_id == passing else None,
+            )
+            for c in candidates
+        ]
+
+    return evaluate
+
+
+def curriculum_config(workspace, tiny_model, run: str, **grpo) -> Config:
+    """GRPO from the tiny model on the two training tasks, the curriculum on: self-training samples
+    of this run passed on the first task and never on the second (levels 1 and 3), and the next
+    level comes once one step at the admitted ones was at least half correct."""
+    from speedforge.config import CurriculumConfig
+    from speedforge.records import EvalResult
+    from speedforge.train.rollouts import make_rollout
+
+    curriculum = CurriculumConfig(enabled=True, pass_share=0.5, window=1)
+    settings = dict(steps=4, generations=2, max_new_tokens=16, learning_rate=1e-3, curriculum=curriculum) | grpo
+    config = make_config(workspace, tiny_model, run, f"store-{run}", init=tiny_model, grpo=GRPOStageConfig(**settings))
+    earlier = []
+    for index, (task, status) in enumerate([(TASKS[0], "ok"), (TASKS[1], "incorrect")]):
+        candidate = Candidate.make(task, f"# sample {index}", origin="test")
+        result = EvalResult(candidate.candidate_id, task, "cpu", status, correct=status == "ok", speedup=1.0)
+        earlier.append(make_rollout(run, "self", 1, index, "g", task, "p", "c", candidate, (), result, 0.0, {}, 1.0))
+    RolloutsTable.append(open_store(config.train.store), earlier)
+    return config
+
+
+@pytest.fixture(scope="module")
+def grpo_curriculum(workspace, tiny_model, ray_local):
+    config = curriculum_config(workspace, tiny_model, "levels")
+    return config, run_training(config, "grpo", evaluate=levels_evaluation(TASKS[0]))
+
+
+def test_the_curriculum_starts_grpo_on_the_easier_task_and_admits_the_harder_one_when_it_passes(grpo_curriculum):
+    """Steps 1 and 2 draw the level-1 task only; step 1's samples all pass, which admits level 3 at
+    step 3 (a step's rows are drawn one step ahead, so step 1's results decide step 3); steps 3 and
+    4 then draw each task once. Every step's metrics line says which levels it drew from."""
+    config, outcome = grpo_curriculum
+    assert outcome.steps == 4
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="levels", stage="grpo")
+    assert [(r.step, r.task_id) for r in rollouts[:4]] == [(1, TASKS[0])] * 2 + [(2, TASKS[0])] * 2
+    assert sorted(r.task_id for r in rollouts[4:][::2]) == sorted(TASKS[:2])
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [(m["step"], m["curriculum_levels"], m["curriculum_admitted"]) for m in lines] == [
+        (1, [1], [3]),
+        (2, [1], []),
+        (3, [1, 3], []),
+        (4, [1, 3], []),
+    ]
+    assert lines[0]["curriculum_pass_share"] == 1.0 and lines[2]["curriculum_since"] == 3
+    assert all(m["groups"] == 1 and m["groups_without_signal"] in (0, 1) for m in lines)
+    saved = RunState(open_store(config.train.store), "levels", "grpo").get_json("curriculum.json")
+    assert saved["levels"] == {TASKS[0]: 1, TASKS[1]: 3}
+    assert [(r["step"], r["levels"], r["samples"]) for r in saved["records"]] == [
+        (1, [1], 2),
+        (2, [1], 2),
+        (3, [1, 3], 2),
+        (4, [1, 3], 2),
+    ]
+
+
+@pytest.mark.slow  # two more GRPO runs (~40 s on 2 shared cores); test_train_curriculum resumes the curriculum itself
+def test_a_stopped_curriculum_run_resumes_with_the_levels_and_tasks_of_the_uninterrupted_one(
+    workspace, tiny_model, grpo_curriculum
+):
+    """Checkpoints every 2 steps; the evaluation dies at step 4, after step 3 recorded its results
+    without a checkpoint. The resume goes on from step 2's state, and draws steps 3 and 4 from the
+    levels and tasks the uninterrupted run did, with the same samples."""
+    straight_config, _ = grpo_curriculum
+    config = curriculum_config(workspace, tiny_model, "levels-stopped", save_every=2)
+    with pytest.raises(UserError, match=r"stopped at step 2 .*the evaluation failed: .*died.*--resume"):
+        run_training(config, "grpo", evaluate=levels_evaluation(TASKS[0], dies_after_calls=3))
+    store = open_store(config.train.store)
+    state = RunState(store, "levels-stopped", "grpo")
+    assert [r["step"] for r in state.get_json("curriculum.json")["records"]] == [1, 2, 3]
+    outcome = run_training(config, "grpo", resume=True, evaluate=levels_evaluation(TASKS[0]))
+    assert outcome.steps == 4 and outcome.resumed
+    resumed = RolloutsTable.load(store, run="levels-stopped", stage="grpo")
+    straight = RolloutsTable.load(open_store(straight_config.train.store), run="levels", stage="grpo")
+    assert [(r.step, r.task_id, r.completion) for r in resumed] == [(r.step, r.task_id, r.completion) for r in straight]
+    records = lambda c: [{k: v for k, v in r.items()} for r in c.get_json("curriculum.json")["records"]]  # noqa: E731
+    assert records(state) == records(RunState(open_store(straight_config.train.store), "levels", "grpo"))
+
+
 def test_grpo_generation_kwargs_name_the_static_cache_only_when_asked():
     from speedforge.train.stages import generation_kwargs
 

@@ -3,6 +3,7 @@
     rewards.py     reward functions registered by name, computed from EvalResults
     rollouts.py    the rollouts table: one Rollout per sample, with its result and reward
     data.py        the task split, SFT pairs (measured variants, or trusted source kernels), GRPO's live prompts
+    curriculum.py  GRPO's prompts from the easiest task levels first, the next level admitted as samples pass
     scoring.py     a step's completions -> candidates -> one evaluation batch -> rewards
     state.py       a run's state in the object store: checkpoints, data, the stage's progress
     metrics.py     per-step metrics: JSONL, TensorBoard, the reward curve

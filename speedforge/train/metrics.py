@@ -7,7 +7,8 @@ the TensorBoard event files under tensorboard/, which `speedforge train tensorbo
 
 A GRPO or self-training step records the reward mean and max, the valid fraction (status ok),
 the compiled fraction (built and ran: neither refused by the screen nor a compile error), the
-speedup quantiles of its ok samples, the statuses with the most common reason of each failing
+speedup quantiles of its ok samples, its groups and how many of them had no signal (every sample
+the same reward), the statuses with the most common reason of each failing
 one (so a run whose samples all fail says why), and its time split into generation,
 evaluation and update, with the evaluation hidden behind generation and the latency from a
 sample generated to its reward known (speedforge.train.streaming.EvaluationTimeline). A step written again after a resume replaces the earlier line when
@@ -29,6 +30,7 @@ from speedforge.records import Rollout
 from speedforge.stats import quantile
 
 NOT_COMPILED = ("screen_rejected", "compile_error")
+SAME_REWARD = 1e-9  # rewards of a group this close (relative) are the same: no signal
 TENSORBOARD = "tensorboard"  # the event files' folder in a stage's state (runs/<run>/<stage>/tensorboard/)
 
 
@@ -91,8 +93,22 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, Any]:
         "speedup_p90": quantile(speedups, 0.9),
         "speedup_max": max(speedups) if speedups else None,
         "statuses": dict(collections.Counter(r.status for r in rollouts)),
+        "groups": len({r.group_id for r in rollouts}),
+        "groups_without_signal": groups_without_signal(rollouts),
         "reasons": common_reasons((r.status, json.loads(r.result_json).get("reason", "")) for r in rollouts),
     }
+
+
+def groups_without_signal(rollouts: Sequence[Rollout]) -> int:
+    """Groups whose samples all got the same reward: GRPO's advantage of each is 0, so they teach
+    the policy nothing (TRL's frac_reward_zero_std is their share)."""
+    by_group: dict[str, list[float]] = collections.defaultdict(list)
+    for r in rollouts:
+        if r.reward is not None:
+            by_group[r.group_id].append(r.reward)
+    return sum(
+        max(rewards) - min(rewards) <= SAME_REWARD * max(1.0, abs(max(rewards))) for rewards in by_group.values()
+    )
 
 
 def tensorboard_writer_module() -> str | None:

@@ -11,10 +11,15 @@ answer parser missed) and returns one float per sample:
     cudal1       CUDA-L1's: speedup gated by correctness (0 when not ok, minus rejected_penalty
                  for a cheat), clipped to max_speedup
     format       the fraction of the answer's three sections and its code that were found
+    graded       correctness before speed: credit for the furthest stage the sample reached (GRADES:
+                 no program 0 < screened < compiled < ran < correct), plus `graded.speed` times the
+                 speedup once correct, so that in a group where nothing is correct a sample that
+                 compiled still scores above one that did not; a cheat `rejected_penalty` below 0
 
 Every status has a reward: a failure `failed_penalty` below the lowest correct score, a cheat
 (hack_detected, an exploit rule of the screen) `rejected_penalty` below it, an unstable result's
 speedup pulled towards 1 (1 + (s - 1) * unstable_discount); an infra_error raises MissingReward.
+The graded reward replaces failed_penalty by its credits.
 None normalises: TRL does, once per group (docs/concepts/training.md). This module imports only
 the standard library, the records and the registry helper.
 """
@@ -34,6 +39,16 @@ if TYPE_CHECKING:
     from speedforge.config import RewardConfig
 
 UNSCORED = ("infra_error",)  # no reward: measured again, or the step stops
+# The stages a sample can reach, lowest first, each from the statuses that stop there (a cheat
+# reaches none: `cheated`). A status is the evaluator's verdict, so a grade needs no trust in the
+# candidate; `compiled` is as the metrics count it (NOT_COMPILED: refused, or compile_error).
+GRADES = {
+    "no_program": ("screen_rejected",),  # the screen found no program (NOT_A_PROGRAM rules)
+    "screened": ("compile_error",),  # a program the screen let through, which did not build
+    "compiled": ("runtime_error", "timeout", "crashed"),  # built, failed when run
+    "ran": ("incorrect",),  # ran to the end, with outputs that differ from the reference's
+    "correct": ("ok",),  # correct and timed
+}
 NOT_A_PROGRAM = ("not-python", "no-model-new")  # screen rules that refuse an answer, not a trick
 _RULE = re.compile(r"\[([a-z][a-z0-9-]*)\]")
 
@@ -155,3 +170,26 @@ def format_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[flo
     for sample in samples:
         check_scored(sample.result)
     return [1.0 - min(len(sample.missing), FORMAT_PARTS) / FORMAT_PARTS for sample in samples]
+
+
+def grade(result: EvalResult) -> str | None:
+    """The furthest stage (a GRADES key) `result` reached; None for a cheat."""
+    check_scored(result)
+    if cheated(result):
+        return None
+    return next(name for name, statuses in GRADES.items() if result.status in statuses)
+
+
+@register_reward("graded")
+def graded_reward(samples: Sequence[Sample], config: "RewardConfig") -> list[float]:
+    credit = config.graded
+    out = []
+    for sample in samples:
+        reached = grade(sample.result)
+        if reached is None:
+            out.append(-config.rejected_penalty)
+        elif reached == "correct":
+            out.append(credit.correct + credit.speed * effective_speedup(sample.result, config))
+        else:
+            out.append(0.0 if reached == "no_program" else getattr(credit, reached))
+    return out

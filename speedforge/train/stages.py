@@ -8,6 +8,8 @@
           function scores all completions of a step as one batch, served from what was sent to
           the evaluator while the step generated (train.grpo.reward_chunks,
           speedforge.train.streaming); successful candidates go back to the variants table.
+          With train.grpo.curriculum each row's task comes from the levels admitted so far
+          (speedforge.train.curriculum).
 
 Every stage checkpoints to the run's state in the object store (weights, optimizer, scheduler,
 data position, RNG of every worker) every `save_every` steps and resumes from there with
@@ -33,6 +35,7 @@ from speedforge.errors import UserError, first_line
 from speedforge.policy.parser import candidate_from
 from speedforge.records import Task, content_id
 from speedforge.registry import Registry
+from speedforge.train import curriculum as curricula
 from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_tasks, sft_pairs
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
 from speedforge.train.job import StageJob
@@ -425,6 +428,7 @@ class StepClock:
         self.rollouts: list = []
         self.began = time.perf_counter()
         self.pending: dict | None = None
+        self.figures: dict[str, Any] = {}  # the stage's own figures for the step's line (the curriculum's)
         self.device: dict[
             str, str
         ] = {}  # where this worker's model ran (`model_device`), in each rank's part of a line
@@ -447,7 +451,7 @@ class StepClock:
 
     def stop(self, step: int) -> None:
         self.times.step_s = time.perf_counter() - self.began
-        self.pending = {"stage": self.stage, "kind": "step", "step": step, **self.times.as_dict()}
+        self.pending = {"stage": self.stage, "kind": "step", "step": step, **self.times.as_dict(), **self.figures}
 
     def flush(self, worker: Worker, extra: dict) -> None:
         if self.pending is None:
@@ -866,13 +870,17 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             worker.state.put_json(
                 "data.json", grpo_rows(tasks, settings.steps, settings.prompts_per_step, job.config.train.seed)
             )
+            if settings.curriculum.enabled:  # the tasks' levels, frozen with the rows
+                curricula.freeze_levels(worker.state, tasks, job.config.train)
         RolloutsTable.supersede(worker.store, worker.train.run, job.stage, done)  # steps an interrupted attempt began
     worker.barrier()
     rows = worker.state.get_json("data.json")
     if sharded:  # the trainer cannot skip what it has seen: it gets the rows from the step after the checkpoint
         rows = rows[done * settings.prompts_per_step :]
     recent = RecentPrompts()
-    dataset = datasets.Dataset.from_list(rows).with_transform(recent.recording(live))
+    curriculum = curricula.resumed(worker.state, job.config.train, done) if settings.curriculum.enabled else None
+    prompts = curriculum.choosing(live) if curriculum is not None else live  # the curriculum picks each row's task
+    dataset = datasets.Dataset.from_list(rows).with_transform(recent.recording(prompts))
     clock = StepClock("grpo")
     batch = settings.prompts_per_step * settings.generations  # prompts x generations: one generate call per step
     output_dir = job.run_dir / "checkpoints"
@@ -911,6 +919,10 @@ def run_grpo(job: StageJob, worker: Worker) -> None:
             scored = scorer.score(step, samples)
             clock.evaluated(streamed.timeline(clock.began, generation_end))
             clock.rollouts.extend(scored.rollouts)
+            if curriculum is not None:
+                statuses = [r.status for r in scored.rollouts]
+                state = worker.state if worker.rank == 0 else None
+                clock.figures = curricula.record_step(curriculum, step, row, statuses, worker.gather, state)
             return scored.rewards
 
         args = GRPOConfig(

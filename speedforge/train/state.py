@@ -7,6 +7,8 @@
                                                             train.strategy fsdp each worker's shards
                                                             (speedforge.train.sharding)
     <store>/runs/<run>/<stage>/data.json                  the stage's data, frozen at its first start
+    <store>/runs/<run>/<stage>/curriculum.json            grpo with train.grpo.curriculum: the tasks' levels, and
+                                                            each step's record (speedforge.train.curriculum)
     <store>/runs/<run>/<stage>/final/...                   the final weights and tokenizer
     <store>/runs/<run>/<stage>/metrics.jsonl               a copy of the per-step metrics
     <store>/runs/<run>/<stage>/tensorboard/...             the TensorBoard event files of those metrics
