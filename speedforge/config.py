@@ -555,6 +555,16 @@ class GRPOStageConfig(Checked):
     static_cache: bool = False
     # generate a step's rows in this many calls, each part's rewards measured while the next generates (1: serial)
     reward_chunks: int = setting(1, AT_LEAST_1)
+    # 1: generate the next step's batch while this step's rewards are measured, trained one step stale (0: off)
+    stale_steps: int = setting(
+        0,
+        lambda v: (
+            None
+            if type(v) is int and v in (0, 1)
+            else f"expected 0 (off) or 1 (the next step's batch generated while this step's rewards are measured), "
+            f"got {_show(v)}; more than one step stale is not supported"
+        ),
+    )
 
 
 STRATEGIES = ("ddp", "fsdp", "lora")  # how a stage's weights are trained across the workers (speedforge.train.sharding)

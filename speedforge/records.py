@@ -256,7 +256,7 @@ class Rollout(Record):
     stage: str  # "self" | "grpo"
     step: int  # the optimizer step (grpo) or round (self) it belongs to, from 1
     group_id: str  # the completions of one prompt in one step: the group GRPO compares
-    policy_version: str  # the weights that wrote it: "<run>/<stage>@<steps done before it>"
+    policy_version: str  # the weights that wrote it: "<run>/<stage>@<steps those weights had taken>"
     task_id: str
     prompt: str  # the user message (the system prompt is speedforge.policy.prompts.SYSTEM_PROMPT)
     completion: str  # the policy's whole answer

@@ -371,6 +371,24 @@ def test_the_curriculum_starts_grpo_on_the_easier_task_and_admits_the_harder_one
     ]
 
 
+def test_the_curriculum_of_a_stale_run_decides_each_step_from_results_a_step_earlier(workspace, tiny_model, ray_local):
+    """With train.grpo.stale_steps 1 a step's rows are drawn a step earlier still, so step 1's
+    results decide step 4, not step 3: steps 1-3 draw the level-1 task, step 4 from both levels."""
+    config = curriculum_config(workspace, tiny_model, "levels-stale", stale_steps=1)
+    outcome = run_training(config, "grpo", evaluate=levels_evaluation(TASKS[0]))
+    assert outcome.steps == 4
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [(m["curriculum_levels"], m["curriculum_admitted"]) for m in lines] == [
+        ([1], [3]),
+        ([1], []),
+        ([1], []),
+        ([1, 3], []),
+    ]
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="levels-stale", stage="grpo")
+    assert {r.task_id for r in rollouts if r.step < 4} == {TASKS[0]}
+    assert [r.policy_version for r in rollouts[::2]] == [f"levels-stale/grpo@{n}" for n in (0, 0, 1, 2)]
+
+
 @pytest.mark.slow  # two more GRPO runs (~40 s on 2 shared cores); test_train_curriculum resumes the curriculum itself
 def test_a_stopped_curriculum_run_resumes_with_the_levels_and_tasks_of_the_uninterrupted_one(
     workspace, tiny_model, grpo_curriculum
@@ -628,3 +646,69 @@ def test_a_run_stopped_in_the_middle_of_a_streamed_step_resumes_with_the_same_sa
         (r.step, r.task_id, r.completion, r.reward) for r in straight
     ]
     assert [m["step"] for m in read_metrics(open(outcome.metrics_path))] == [1, 2]
+
+
+def stale_config(workspace, sft_run, run: str) -> Config:
+    """Three steps of one prompt group, each step's batch generated during the step before, while
+    that step's rewards were measured (train.grpo.stale_steps 1)."""
+    _, sft = sft_run
+    grpo = GRPOStageConfig(steps=3, generations=2, max_new_tokens=8, learning_rate=1e-3, stale_steps=1)
+    config = make_config(workspace, sft.final_checkpoint, run, f"store-{run}", grpo=grpo)
+    seed_store(config)
+    return config
+
+
+@pytest.fixture(scope="module")
+def grpo_stale(workspace, sft_run):
+    config = stale_config(workspace, sft_run, "stale")
+    log = workspace / "stale-calls.jsonl"
+    return config, run_training(config, "grpo", evaluate=logged_evaluation(log)), log
+
+
+def test_a_stale_run_trains_each_step_on_the_batch_the_step_before_generated(grpo_stale):
+    config, outcome, log = grpo_stale
+    assert outcome.steps == 3
+    rollouts = RolloutsTable.load(open_store(config.train.store), run="stale", stage="grpo")
+    assert [r.step for r in rollouts] == [1, 1, 2, 2, 3, 3]
+    # the weights that wrote each step's samples: the first step's own, then those of the step before
+    assert [r.policy_version for r in rollouts[::2]] == ["stale/grpo@0", "stale/grpo@0", "stale/grpo@1"]
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert [m["stale_samples"] for m in lines] == [0, 2, 2]
+    assert all(m["streamed_samples"] == 2 for m in lines)  # every batch went to the evaluation when generated
+    for line in lines[:2]:  # the next batch was generated after this one's evaluation had begun
+        assert line["evaluation_started_s"] < line["next_generation_end_s"]
+        assert line["generation_s"] > 0 and line["update_s"] > 0
+    assert "next_generation_end_s" not in lines[2]  # the last step generated nothing ahead
+    calls = [json.loads(row) for row in log.read_text().splitlines()]
+    assert [len(call) for call in calls] == [2, 2, 2]  # a call per batch, none from the reward function, no fourth
+    assert sorted(sum(calls, [])) == sorted(r.candidate_id for r in rollouts)  # each candidate evaluated once
+
+
+@pytest.mark.slow  # two more runs (~1 min on 2 shared cores); test_train_lookahead covers the resume without Ray
+def test_a_stale_run_stopped_within_an_overlapped_step_resumes_with_each_step_trained_once(workspace, sft_run):
+    """The evaluation dies when step 2's rewards are measured, batch 3 generated ahead and sent:
+    the step does not train, the run stops with step 1's checkpoint; the resumed run generates
+    batch 2 again with that checkpoint's weights (on policy) and batch 3 with them too, and each
+    step's samples are in the rollouts once."""
+    config = stale_config(workspace, sft_run, "stale-stopped")
+    log = workspace / "stale-stopped-calls.jsonl"
+    with pytest.raises(UserError, match=r"stopped at step 1 .*the evaluation failed: .*died.*--resume"):
+        run_training(config, "grpo", evaluate=logged_evaluation(log, dies_after_calls=1))
+    calls = [len(json.loads(row)) for row in log.read_text().splitlines()]
+    assert calls == [2, 2, 2, 2]  # batch 1, batch 2 (died), batch 3 (generated ahead, died), the Scorer's retry
+    store = open_store(config.train.store)
+    assert RunState(store, "stale-stopped", "grpo").read()["step"] == 1
+    stopped = RolloutsTable.load(store, run="stale-stopped")
+    assert [r.step for r in stopped] == [1, 1]
+
+    outcome = run_training(config, "grpo", resume=True, evaluate=logged_evaluation(workspace / "stale-resumed.jsonl"))
+    assert outcome.steps == 3 and outcome.resumed
+    resumed = RolloutsTable.load(store, run="stale-stopped")
+    assert [r.step for r in resumed] == [1, 1, 2, 2, 3, 3]
+    assert [r.policy_version for r in resumed[::2]] == [f"stale-stopped/grpo@{n}" for n in (0, 1, 1)]
+    assert [r.completion for r in resumed[:2]] == [r.completion for r in stopped]
+    raw = store.read_records(RolloutsTable.name, RolloutsTable.record)
+    assert sorted(r.step for r in raw) == [1, 1, 2, 2, 3, 3] and len({r.rollout_id for r in raw}) == 6
+    lines = read_metrics(open(outcome.metrics_path))
+    assert [(m["step"], m["stale_samples"]) for m in lines] == [(1, 0), (2, 0), (3, 2)]

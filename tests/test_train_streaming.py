@@ -7,6 +7,7 @@ texts are the completions it scores."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -105,6 +106,54 @@ def test_the_background_evaluation_runs_while_the_caller_goes_on():
     streamed.close()
 
 
+def test_two_batches_in_flight_are_served_and_timed_apart(tmp_path):
+    """One step's batch scored while the next one's is still under evaluation (one step stale): its
+    timeline neither waits for the next batch's call nor counts it, and an answer both batches
+    sent is served to each from its own call."""
+    release = threading.Event()
+    calls = []
+
+    def evaluate(candidates):
+        calls.append([c.candidate_id for c in candidates])
+        if len(calls) == 2:  # the second batch's evaluation: still running while the first is scored
+            assert release.wait(10)
+        return [measured(c) for c in candidates]
+
+    streamed = StreamedEvaluation(evaluate)
+    score = scorer(tmp_path, streamed)
+    streamed.submit(candidates_of(score, TEXTS[:2], step=1), batch=1)
+    streamed.submit(candidates_of(score, TEXTS[1:3], step=2), batch=2)  # TEXTS[1] in both batches
+    first = score.score(1, completions(*TEXTS[:2]))
+    timeline = streamed.timeline(0.0, 1.0, batch=1)
+    assert len(first.rewards) == 2 and len(timeline.calls) == 1 and timeline.streamed == 2
+    assert not release.is_set()  # the first batch's timeline did not wait for the second's call
+    release.set()
+    second = score.score(2, completions(*TEXTS[1:3]))
+    assert len(second.rewards) == 2 and len(calls) == 2  # the shared answer: served from the second's call too
+    assert len(streamed.timeline(0.0, 1.0, batch=2).calls) == 1
+    streamed.close()
+
+
+def test_the_scorers_own_call_waits_behind_what_was_submitted_before_it(tmp_path):
+    """Two evaluation calls never run at once: an answer the stream did not send is evaluated on
+    the background thread too, after the next batch's call submitted before it."""
+    running, most = [], []
+
+    def evaluate(candidates):
+        running.append(1)
+        most.append(len(running))
+        time.sleep(0.05)  # a call long enough for another to start, were two allowed at once
+        running.pop()
+        return [measured(c) for c in candidates]
+
+    streamed = StreamedEvaluation(evaluate)
+    score = scorer(tmp_path, streamed)
+    streamed.submit(candidates_of(score, TEXTS[:1], step=2), batch=2)  # the next batch, generated ahead
+    assert len(score.score(1, completions(*TEXTS[1:3])).rewards) == 2  # nothing of batch 1 was streamed
+    assert max(most) == 1
+    streamed.close()
+
+
 def test_the_timeline_counts_evaluation_within_generation_as_overlap():
     timeline = EvaluationTimeline(
         began=10.0,
@@ -118,6 +167,27 @@ def test_the_timeline_counts_evaluation_within_generation_as_overlap():
     figures = timeline.as_dict()
     assert figures["evaluation_started_s"] == pytest.approx(2.0)
     assert figures["reward_latency_p50_s"] == pytest.approx(2.5) and figures["reward_latency_max_s"] == 9
+    assert figures["stale_samples"] == 0 and "next_generation_overlap_s" not in figures
+
+
+def test_a_batch_generated_a_step_ahead_counts_what_ran_before_its_rewards_were_asked_for():
+    """Batch k generated in 10-20, its rewards asked for at 30, after batch k+1 generated in 24-29:
+    hidden is all before 30, of which 24-29 ran during the next generation."""
+    timeline = EvaluationTimeline(
+        began=10.0,
+        generation_end=20.0,
+        calls=((21.0, 27.0), (31.0, 32.0)),
+        latencies_s=(7.0, 12.0),
+        streamed=2,
+        asked=30.0,
+        ahead=(24.0, 29.0),
+        stale=2,
+    )
+    assert timeline.evaluation_s == pytest.approx(7.0) and timeline.overlap_s == pytest.approx(6.0)
+    figures = timeline.as_dict()
+    assert figures["next_generation_overlap_s"] == pytest.approx(3.0)
+    assert figures["next_generation_began_s"] == pytest.approx(14.0) and figures["next_generation_end_s"] == 19.0
+    assert figures["evaluation_started_s"] == pytest.approx(11.0) and figures["stale_samples"] == 2
 
 
 def test_recent_prompts_find_the_task_of_a_rendered_prompt_and_forget_the_oldest():

@@ -15,8 +15,9 @@ current levels whose results are known had at least `pass_share` of their sample
 
 Invariants:
 
-- the levels of step s depend only on the records of steps up to s - LAG: the trainer's data
-  loader draws a step's rows one step ahead, before the rewards of the step in between are known,
+- the levels of step s depend only on the records of steps up to s - lag: the trainer's data
+  loader draws a step's rows one step ahead, before the rewards of the step in between are known
+  (lag LAG; one more with train.grpo.stale_steps 1, which generates each step's batch a step early),
   so a run that is resumed decides every step as the uninterrupted run did; a row drawn before
   the records it needs exist is an error, never a guess;
 - a row's task is a function of (seed, row, the levels and the step they were admitted at), and
@@ -89,12 +90,13 @@ class Curriculum:
         seed: int,
         per_step: int,
         records: Sequence[StepRecord] = (),
+        lag: int = LAG,
     ) -> None:
         if not levels:
             raise CurriculumError("a curriculum needs at least one task")
         self.task_level = dict(levels)
         self.levels = tuple(sorted(set(levels.values())))
-        self.config, self.seed, self.per_step = config, seed, per_step
+        self.config, self.seed, self.per_step, self.lag = config, seed, per_step, lag
         self.records: dict[int, StepRecord] = {}
         for record in records:
             self._keep(record)
@@ -102,7 +104,7 @@ class Curriculum:
     # -- decisions -------------------------------------------------------------------------------
 
     def phase(self, step: int) -> Phase:
-        """The levels step `step` draws from, decided from the records of steps up to step - LAG."""
+        """The levels step `step` draws from, decided from the records of steps up to step - lag."""
         admitted, since = min(self.config.start_levels, len(self.levels)), 1
         for s in range(2, step + 1):
             if admitted < len(self.levels) and self._admits(since, s):
@@ -113,7 +115,7 @@ class Curriculum:
         """Whether step `step` admits the next level, the current ones admitted at `since`."""
         if self.config.steps_per_level and step - since >= self.config.steps_per_level:
             return True
-        last = step - LAG  # the latest step whose results step `step` may use
+        last = step - self.lag  # the latest step whose results step `step` may use
         if last - since + 1 < self.config.window:
             return False
         recent = [self._record(t, step) for t in range(last - self.config.window + 1, last + 1)]
@@ -125,7 +127,7 @@ class Curriculum:
         if record is None:
             raise CurriculumError(
                 f"the rows of step {needed_by} were drawn before the results of step {step} were recorded: "
-                f"the curriculum decides a step from the steps up to {LAG} before it"
+                f"the curriculum decides a step from the steps up to {self.lag} before it"
             )
         return record
 
@@ -165,14 +167,14 @@ class Curriculum:
     def figures(self, step: int) -> dict[str, Any]:
         """What a reader of step `step`'s metrics line sees of the curriculum: the levels its rows
         came from and the step they were admitted at, the share correct at those levels over the
-        last `window` steps, and the levels admitted at step + LAG (the first step its results
+        last `window` steps, and the levels admitted at step + lag (the first step its results
         decide), if any."""
         phase = self.phase(step)
         steps = [t for t in range(max(phase.since, step - self.config.window + 1), step + 1) if t in self.records]
         samples = sum(self.records[t].samples for t in steps)
         correct = sum(self.records[t].correct for t in steps)
-        before = self.phase(step + LAG - 1).levels
-        admitted = [level for level in self.phase(step + LAG).levels if level not in before]
+        before = self.phase(step + self.lag - 1).levels
+        admitted = [level for level in self.phase(step + self.lag).levels if level not in before]
         return {
             "curriculum_levels": list(phase.levels),
             "curriculum_top_level": phase.levels[-1],
@@ -184,7 +186,7 @@ class Curriculum:
     def truncated(self, steps_done: int) -> "Curriculum":
         """This curriculum as it was after `steps_done` steps (what a resume goes on from)."""
         kept = [r for s, r in sorted(self.records.items()) if s <= steps_done]
-        return Curriculum(self.task_level, self.config, self.seed, self.per_step, kept)
+        return Curriculum(self.task_level, self.config, self.seed, self.per_step, kept, self.lag)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -193,20 +195,22 @@ class Curriculum:
         }
 
     @classmethod
-    def from_dict(cls, value: Mapping[str, Any], config: CurriculumConfig, seed: int, per_step: int) -> "Curriculum":
+    def from_dict(
+        cls, value: Mapping[str, Any], config: CurriculumConfig, seed: int, per_step: int, lag: int = LAG
+    ) -> "Curriculum":
         """The curriculum `to_dict` wrote, under `config`; CurriculumError when `config` would have
         drawn a recorded step from other levels (its settings changed since)."""
         records = [
             StepRecord(int(r["step"]), tuple(int(v) for v in r["levels"]), int(r["samples"]), int(r["correct"]))
             for r in value["records"]
         ]
-        curriculum = cls({str(k): int(v) for k, v in value["levels"].items()}, config, seed, per_step, records)
+        curriculum = cls({str(k): int(v) for k, v in value["levels"].items()}, config, seed, per_step, records, lag)
         for record in records:
             now = curriculum.phase(record.step).levels
             if now != record.levels:
                 raise CurriculumError(
                     f"step {record.step} drew from levels {list(record.levels)}, and these settings would have drawn "
-                    f"it from {list(now)}: train.grpo.curriculum (or prompts_per_step) changed since the stage "
+                    f"it from {list(now)}: train.grpo.curriculum (or prompts_per_step, or stale_steps) changed since the stage "
                     "started; resume it with the settings it started with"
                 )
         return curriculum
@@ -229,7 +233,9 @@ def freeze_levels(state, tasks: Sequence[Task], config: TrainConfig) -> Curricul
         if r.stage != state.stage and r.task_id in unlevelled
     ]
     grpo = config.grpo
-    curriculum = Curriculum(task_levels(tasks, earlier), grpo.curriculum, config.seed, grpo.prompts_per_step)
+    curriculum = Curriculum(
+        task_levels(tasks, earlier), grpo.curriculum, config.seed, grpo.prompts_per_step, lag=LAG + grpo.stale_steps
+    )
     state.put_json(STATE_FILE, curriculum.to_dict())
     return curriculum
 
@@ -243,7 +249,8 @@ def resumed(state, config: TrainConfig, steps_done: int) -> Curriculum:
             f"(no {STATE_FILE} in {state.describe()}): resume it with the curriculum off, or start a new run"
         )
     grpo = config.grpo
-    return Curriculum.from_dict(saved, grpo.curriculum, config.seed, grpo.prompts_per_step).truncated(steps_done)
+    lag = LAG + grpo.stale_steps
+    return Curriculum.from_dict(saved, grpo.curriculum, config.seed, grpo.prompts_per_step, lag).truncated(steps_done)
 
 
 def record_step(

@@ -11,8 +11,10 @@ speedup quantiles of its ok samples, its groups and how many of them had no sign
 the same reward), the statuses with the most common reason of each failing
 one (so a run whose samples all fail says why), and its time split into generation,
 evaluation and update, with the evaluation hidden behind generation and the latency from a
-sample generated to its reward known (speedforge.train.streaming.EvaluationTimeline). A step written again after a resume replaces the earlier line when
-read back (`read_metrics`).
+sample generated to its reward known (speedforge.train.streaming.EvaluationTimeline); with
+train.grpo.stale_steps 1, how many of its samples were generated a step ahead and how much of their
+evaluation ran during the next batch's generation. A step written again after a resume replaces
+the earlier line when read back (`read_metrics`).
 """
 
 from __future__ import annotations
@@ -265,7 +267,9 @@ def _saved(figure, png, plt) -> Path:
 def plot_step_times(metrics: Sequence[dict[str, Any]], png: Path, title: str = "step time") -> Path:
     """Each step's time as stacked bars (generation, the evaluation not hidden behind it, update),
     the evaluation hidden behind generation (overlap) hatched within the generation bar, and below
-    the p50/p90/max reward latency of its samples, as a PNG."""
+    the p50/p90/max reward latency of its samples, as a PNG. A step that trained on a batch
+    generated a step ahead (`stale_samples`, train.grpo.stale_steps) is marked * (its overlap also
+    counts evaluation hidden behind the previous step's update)."""
     from speedforge.extras import require
 
     require("reports", "matplotlib", purpose="the step-time plot")
@@ -276,7 +280,7 @@ def plot_step_times(metrics: Sequence[dict[str, Any]], png: Path, title: str = "
 
     rows = [m for m in metrics if m.get("kind", "step") == "step" and "step_s" in m]
     x = list(range(len(rows)))
-    labels = [f"{m.get('stage', '')}{m.get('step')}" for m in rows]
+    labels = [f"{m.get('stage', '')}{m.get('step')}{'*' if m.get('stale_samples') else ''}" for m in rows]
     generation = [m.get("generation_s", 0.0) for m in rows]
     overlap = [m.get("overlap_s", 0.0) for m in rows]
     exposed = [max(0.0, m.get("evaluation_s", 0.0) - m.get("overlap_s", 0.0)) for m in rows]
@@ -287,7 +291,7 @@ def plot_step_times(metrics: Sequence[dict[str, Any]], png: Path, title: str = "
     times.bar(x, exposed, bottom=generation, label="evaluation after generation")
     times.bar(x, update, bottom=[g + e for g, e in zip(generation, exposed)], label="update")
     times.set_ylabel("seconds")
-    times.set_title(title)
+    times.set_title(title + ("  (* one step stale)" if any(m.get("stale_samples") for m in rows) else ""))
     times.legend(loc="best", fontsize="small")
     for key, style in (("reward_latency_p50_s", "o-"), ("reward_latency_p90_s", "^--"), ("reward_latency_max_s", "s:")):
         latency.plot(x, [m.get(key) if m.get(key) is not None else float("nan") for m in rows], style, label=key[15:-2])

@@ -39,15 +39,17 @@ def make_rollout(
     reward: float,
     rewards: dict[str, float],
     created_at: float | None = None,
+    policy_steps: int | None = None,
 ) -> Rollout:
-    """The record of sample `index` of a step."""
+    """The record of sample `index` of a step; `policy_steps`: the steps the weights that wrote it
+    had taken (None: step - 1, the step's own weights; a step earlier when generated a step ahead)."""
     return Rollout(
         rollout_id=content_id(run, stage, str(step), str(index)),
         run=run,
         stage=stage,
         step=step,
         group_id=group_id,
-        policy_version=policy_version(run, stage, step - 1),
+        policy_version=policy_version(run, stage, step - 1 if policy_steps is None else policy_steps),
         task_id=task_id,
         prompt=prompt,
         completion=completion,

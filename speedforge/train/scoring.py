@@ -2,6 +2,7 @@
 
     scorer = Scorer(config, tasks, evaluate, pool, stage="grpo", store=store, variants=live)
     scored = scorer.score(step, completions)     # rewards in order; rollouts and variants written
+    scored = scorer.score(step, completions, policy_steps=step - 2)   # generated a step ahead (lookahead)
 
 Invariants, enforced in `score`:
 
@@ -117,7 +118,9 @@ class Scorer:
     def origin(self, step: int) -> str:
         return f"model:{self.train.run}/{self.stage}@{step}"
 
-    def score(self, step: int, completions: Sequence[Completion]) -> ScoredStep:
+    def score(self, step: int, completions: Sequence[Completion], policy_steps: int | None = None) -> ScoredStep:
+        """`policy_steps`: the steps the weights that generated the completions had taken, their
+        rollouts' policy_version (None: step - 1, the step's own weights)."""
         started = time.perf_counter()
         made = [candidate_from(self.tasks[c.task_id], c.text, self.origin(step), c.parent_ids) for c in completions]
         candidates = [candidate for candidate, _ in made]
@@ -151,6 +154,7 @@ class Scorer:
                 totals[i],
                 {n: parts[n][i] for n in parts},
                 created_at=now,
+                policy_steps=policy_steps,
             )
             for i, (c, (cand, parsed)) in enumerate(zip(completions, made))
         ]
