@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 
 from speedforge.errors import first_line
-from speedforge.evaluator import checks, fingerprint, phases, process_state, turns
+from speedforge.evaluator import checks, fingerprint, harness_only, phases, process_state, turns
 from speedforge.evaluator.host_faults import exception_fault, host_fault_reason
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
@@ -180,12 +180,22 @@ def run(job: Job) -> dict:
         metrics.update(harness.measure_pristine() if job.kind == "pristine" else harness.measure())
         metrics["status"] = "ok"
     except Verdict as verdict:
+        harness_only.for_good()  # nothing of the candidate's runs again (the last guard did so on an ok run)
         metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
     if harness is not None:
         metrics.update(harness.spent)  # where the turn went, a rejected run's too
+        _HELD.append(harness)  # with the candidate's model: its finalizers never run (the process leaves with os._exit)
     metrics["run_inner_s"] = _perf_counter() - run_start
     phases.mark("harness_done")
     return metrics
+
+
+# The harnesses of this process's runs, held until it exits, and the candidate's objects with them.
+# Let go, the candidate's model would be collected as the run ends, after the last guard, and its
+# finalizer (a __del__, a weakref.finalize) would run beside the harness's record
+# (tests/adversarial/escape_table_rewritten_by_finalizer.py); the process ends with os._exit, which
+# runs none.
+_HELD: list = []
 
 
 def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -> None:
@@ -242,6 +252,7 @@ class _Harness:
         # [model, fingerprint after its last call, sums of the tensors its own calls never changed]
         self.references: list = []
         self.values_between_calls = True  # off during the timed calls: structure only (`timed_calls`)
+        self.held: list = []  # the candidate's models, held as long as the process lives (`_HELD`)
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -295,9 +306,11 @@ class _Harness:
             raise Verdict("runtime_error", "the candidate defines no ModelNew")
         torch.manual_seed(self.seed)
         model = self.call("ModelNew(*get_init_inputs())", lambda: module.ModelNew(*copy.deepcopy(self.init_inputs)))
+        self.held.append(model)
         if not isinstance(model, torch.nn.Module):
             raise Verdict("runtime_error", "ModelNew(...) did not produce a torch.nn.Module")
         model = self.call("ModelNew.to(device)", model.to, self.device)
+        self.held.append(model)
         self.call("ModelNew.train(mode)", model.train, self.training)
         return model
 
@@ -358,7 +371,7 @@ class _Harness:
             self._guard(baseline, "the correctness trials")
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
-            self._guard(baseline, "the timed calls")
+            self._guard(baseline, "the timed calls", last=True)
             elsewhere = checks.candidate_company(timing.cand_company, timing.ref_company)
             if elsewhere:
                 raise Verdict(checks.CHECK["candidate-company"].status, elsewhere)
@@ -404,9 +417,15 @@ class _Harness:
         finally:
             self.spent[name] = _perf_counter() - start
 
-    def _guard(self, baseline, phase: str) -> None:
-        """hack_detected naming every guard check that failed since `baseline` (checks.guard_findings)."""
+    def _guard(self, baseline, phase: str, last: bool = False) -> None:
+        """hack_detected naming every guard check that failed since `baseline` (checks.guard_findings).
+
+        The checks run with only the harness's code running (speedforge.evaluator.harness_only: no
+        hook, collection or signal of the candidate's in between), and the last guard of a run, or
+        one that finds something, leaves it so until the process exits: what the harness then
+        sends is what its checks saw."""
         self.switch("cand")  # the checks below read the candidate's own process state
+        saved = harness_only.enter()
         found = checks.guard_findings(
             baseline,
             self.device,
@@ -415,6 +434,10 @@ class _Harness:
             self.state["cand"],
             self.config.allow_precision_downgrade,
         )
+        if not (found or last):
+            harness_only.leave(saved)
+            return
+        harness_only.for_good()
         if found:
             raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
 
