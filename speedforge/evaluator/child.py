@@ -108,7 +108,8 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
         }
     # nothing of the candidate's runs from here on (the run's harness stopped it at its last check)
     harness_only.for_good()
-    result["warnings"] = list(result.get("warnings", [])) + warnings
+    earlier = result.get("warnings", ())  # a list or tuple of the harness's, never another object's items
+    result["warnings"] = [*(earlier if type(earlier) in (list, tuple) else ()), *warnings]
     if profile is not None:
         _profile_summary(profile)
     phases.write_totals()
