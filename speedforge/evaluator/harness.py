@@ -35,6 +35,7 @@ from speedforge.evaluator.seeds import hidden_seed
 from speedforge.evaluator.timing import Timer, pristine_settings, result_fields
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
+_PATCHED = f"[{checks.CHECK['patched-functions'].id}]"  # how a guard's line that found a patch ends
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,9 +183,13 @@ def run(job: Job) -> dict:
     except Verdict as verdict:
         harness_only.for_good()  # nothing of the candidate's runs again (the last guard did so on an ok run)
         metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
+        if harness is not None:
+            harness.check_own_state()
     if harness is not None:
         metrics.update(harness.spent)  # where the turn went, a rejected run's too
         _HELD.append(harness)  # with the candidate's model: its finalizers never run (the process leaves with os._exit)
+        if harness.changed:
+            _leave_unheard(harness.changed)
     metrics["run_inner_s"] = _perf_counter() - run_start
     phases.mark("harness_done")
     return metrics
@@ -196,6 +201,16 @@ def run(job: Job) -> dict:
 # (tests/adversarial/escape_table_rewritten_by_finalizer.py); the process ends with os._exit, which
 # runs none.
 _HELD: list = []
+
+
+def _leave_unheard(reason: str) -> None:
+    """End the process without a result: the guards found the evaluator's own functions or values,
+    or torch's or the standard library's, changed, and a record would pass through them on its way
+    out (its encoder, the channel's framing and MAC). The parent reads the exit code as
+    hack_detected [patched-functions]; the reason goes to stderr, which the parent keeps as the
+    result's log."""
+    os.write(2, f"speedforge harness: {reason}\n".encode(errors="replace"))
+    os._exit(checks.CHANGED_HARNESS_EXIT)
 
 
 def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -> None:
@@ -253,6 +268,9 @@ class _Harness:
         self.references: list = []
         self.values_between_calls = True  # off during the timed calls: structure only (`timed_calls`)
         self.held: list = []  # the candidate's models, held as long as the process lives (`_HELD`)
+        self.baseline = None  # the guards' baseline, taken before the candidate is imported
+        self.checked_last = False  # a guard ran with nothing of the candidate's running since, nor after
+        self.changed = ""  # why the evaluator's, torch's or Python's own functions or values read as changed
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -357,7 +375,7 @@ class _Harness:
             self.out_bytes = sum(t.numel() * t.element_size() for t in flatten(torch, ref_out))
             del ref_out
             self.guards.warm_thread_pools()  # torch's own threads, all started before the baseline
-            baseline = self.guards.Baseline.take(self.device)
+            baseline = self.baseline = self.guards.Baseline.take(self.device)
             cand_model = self._candidate()
             self._guard(baseline, "loading ModelNew")
             self.switch("cand")  # lockstep: the candidate's first call is the reference's first call
@@ -438,8 +456,29 @@ class _Harness:
             harness_only.leave(saved)
             return
         harness_only.for_good()
+        self.checked_last = True
         if found:
-            raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
+            reason = f"during {phase}: " + "; ".join(found)
+            self.changed = reason if any(line.endswith(_PATCHED) for line in found) else ""
+            raise Verdict("hack_detected", reason)
+
+    def check_own_state(self) -> None:
+        """After a rejection, once nothing of the candidate's runs any more: whether what it ran
+        since the last guard (its calls, and what ran as the rejection unwound: a finalizer, a
+        hook) changed the evaluator's, torch's or Python's own functions or values, through which
+        the rejection's record would pass (`changed`)."""
+        if self.baseline is None or self.checked_last:
+            return
+        guards, baseline = self.guards, self.baseline
+        found = checks.patched_functions(
+            baseline,
+            guards.function_table(),
+            guards.classes_without_additions(),
+            guards.changed_module_functions(baseline.module_functions),
+            guards.changed_harness_values(baseline.values),
+        )
+        self.changed = f"after the candidate's last call: {found}" if found else ""
+        self.checked_last = True
 
     def _reference_ran(self) -> None:
         """The reference ran last: its module's fingerprint as its call left it (values too, but
