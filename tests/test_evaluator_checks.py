@@ -57,6 +57,9 @@ def test_how_a_stage_ended_is_the_first_outcome_check_that_applies():
     assert status == "timeout" and why.endswith("[time-limit]")
     status, why = checks.outcome(None, **{**ended, "returncode": 3})
     assert status == "crashed" and why == "process exited with code 3 without a result [ended-without-result]"
+    # the harness found its own state changed and kept silent: a record sent anyway is not its own
+    status, why = checks.outcome({"status": "ok"}, **{**ended, "returncode": checks.CHANGED_HARNESS_EXIT})
+    assert status == "hack_detected" and why.endswith("[patched-functions]")
 
 
 def test_outputs_are_checked_in_order_and_the_reason_names_the_check():

@@ -144,8 +144,54 @@ def test_encode_is_json_and_does_not_use_what_a_candidate_can_rebind(monkeypatch
     monkeypatch.setattr(hashlib, "sha256", lambda *a, **k: None)
     data = verdict.encode(record)
     decoded = json.loads(data.decode())
-    assert decoded == {**record, "nan": None, "inf": None, "list": [1, [2, 3.25]], "other": "namespace(a=1)"}
+    assert decoded == {**record, "nan": None, "inf": None, "list": [1, [2, 3.25]], "other": "<SimpleNamespace>"}
     assert verdict.mac(b"k" * 32, data) == hmac.new(b"k" * 32, data, "sha256").digest()
+
+
+def test_encode_runs_no_code_of_the_objects_in_the_record():
+    """An object the candidate put in the record (tests/adversarial/record_holds_a_candidate_object.py)
+    is written as the name of its type; subclasses of built-in types as those types, through their
+    own methods, never the subclass's."""
+    ran = []
+
+    class Note:
+        def __str__(self):
+            ran.append("__str__")
+            return "42x"
+
+        @property
+        def __class__(self):
+            ran.append("__class__")
+            return int
+
+    class Text(str):
+        def __str__(self):
+            ran.append("Text.__str__")
+            return "forged"
+
+        def __format__(self, spec):
+            ran.append("Text.__format__")
+            return "forged"
+
+    class Items(list):
+        def __iter__(self):
+            ran.append("Items.__iter__")
+            return iter(["forged"])
+
+    class Table(dict):
+        def items(self):
+            ran.append("Table.items")
+            return [("status", "ok")]
+
+    record = {"log": Note(), "reason": Text("honest"), "warnings": Items(["a"]), "more": Table(x=1), Note(): 1}
+    assert json.loads(verdict.encode(record)) == {
+        "log": "<Note>",
+        "reason": "honest",
+        "warnings": ["a"],
+        "more": {"x": 1},
+        "<Note>": 1,
+    }
+    assert ran == []
 
 
 def test_the_encoders_escape_table_cannot_be_rewritten():

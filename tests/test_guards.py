@@ -1,9 +1,15 @@
 """The runtime guards' parts on their own, in this process: backend knobs read, switched and
-judged; torch's intra-op pool warmed so that parallel work starts no thread; thread names."""
+judged; torch's intra-op pool warmed so that parallel work starts no thread; thread names; the
+evaluator's module-level values compared, however they were changed."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import gc
+import sys
 import threading
+import types
 
 import pytest
 import torch
@@ -110,3 +116,71 @@ def test_a_python_thread_appears_among_the_native_threads_under_its_tid():
     finally:
         stop.set()
         thread.join()
+
+
+PROBE = "speedforge._guards_probe"  # a module of speedforge's, as the harness's are
+
+
+@dataclasses.dataclass(frozen=True)
+class _Record:
+    status: str
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    """A module of speedforge's holding the kinds of value the harness reads: a constant, a
+    read-only table, a frozen record in a tuple, a function with defaults, a cached table, and a
+    binding it declares as its own run state."""
+    module = types.ModuleType(PROBE)
+    _Record.__module__ = PROBE
+
+    def reader(value, scale=2.0):
+        return value * scale
+
+    @functools.cache
+    def table():
+        return {"found": "once"}
+
+    table()
+    reader.__module__ = PROBE
+    module.__dict__.update(
+        LIMIT=0.25,
+        TABLE=types.MappingProxyType({"k": "k"}),
+        RECORDS=(_Record("hack_detected"),),
+        reader=reader,
+        table=table,
+        holding=False,
+        HARNESS_STATE=("holding",),
+    )
+    monkeypatch.setitem(sys.modules, PROBE, module)
+    return module
+
+
+def _changed_in(baseline) -> list[str]:
+    return [name for name in guards.changed_harness_values(baseline) if name.startswith(PROBE + ".")]
+
+
+def test_the_evaluators_module_values_read_unchanged_while_nothing_changes_them(probe):
+    baseline = guards.harness_values()
+    probe.holding = True  # the harness's own run state
+    assert guards.changed_harness_values(baseline) == []
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda m: vars(m).__setitem__("LIMIT", 1e9), "LIMIT"),
+        (lambda m: gc.get_referents(m.TABLE)[0].__setitem__("k", 'k", "speedup": 42.0'), "TABLE"),
+        (lambda m: object.__setattr__(m.RECORDS[0], "status", "ok"), "RECORDS"),
+        (lambda m: setattr(m.reader, "__defaults__", (42.0,)), "reader"),
+        (lambda m: setattr(m.reader, "__code__", (lambda value, scale=2.0: 42.0).__code__), "reader"),
+        (lambda m: m.table().__setitem__("found", "later"), "table"),
+        (lambda m: vars(m).__setitem__("added", 1), "added"),
+        (lambda m: vars(m).pop("LIMIT"), "LIMIT"),
+    ],
+    ids=["rebound", "proxy-dict", "frozen-record", "defaults", "code", "cached-table", "added", "deleted"],
+)
+def test_a_module_value_rebound_or_changed_in_place_is_named(probe, change, named):
+    baseline = guards.harness_values()
+    change(probe)
+    assert _changed_in(baseline) == [f"{PROBE}.{named}"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
+import types
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,9 @@ CHECKS = (
         "hack_detected",
         "guards",
         "a function of time, torch, torch.Tensor, nn.Module, torch.cuda.Event, or of the evaluator's own modules and "
-        "classes (the timer's clock, its methods), replaced or shadowed",
+        "classes (the timer's clock, its methods), replaced or shadowed; or a module-level value of the evaluator's "
+        "(a table, a constant, a frozen record, a function's code or defaults) rebound or changed in place. The run "
+        "then sends no result, which would pass through what changed",
     ),
     Check(
         "global-settings",
@@ -161,7 +164,8 @@ CHECKS = (
     Check("ann-recall", "incorrect", "ann", "recall at the largest ef trailing the baseline's beyond the tolerance"),
     Check("ann-band", "incorrect", "ann", "a recall curve that never reaches the reward band"),
 )
-CHECK = {check.id: check for check in CHECKS}
+# read-only: the sandbox reads it after candidate code ran
+CHECK = types.MappingProxyType({check.id: check for check in CHECKS})
 
 
 def named(check_id: str, text: str) -> str:
@@ -186,14 +190,22 @@ def fail(check_id: str, text: str, log: str = "") -> Verdict:
 
 
 def patched_functions(
-    baseline, now: dict[str, int], watched_classes: frozenset[str], modules_changed: list[str] = ()
+    baseline,
+    now: dict[str, int],
+    watched_classes: frozenset[str],
+    modules_changed: list[str] = (),
+    values_changed: list[str] = (),
 ) -> str | None:
     """`modules_changed`: the callables of torch's and the standard library's modules that changed
-    (guards.changed_module_functions)."""
+    (guards.changed_module_functions); `values_changed`: the module-level bindings of the
+    evaluator's own modules that were rebound or changed in place (guards.changed_harness_values)."""
     patched = sorted(k for k, v in baseline.functions.items() if now.get(k, v) != v)
     patched += sorted(k for k in now.keys() - baseline.functions.keys() if k.rsplit(".", 1)[0] in watched_classes)
     patched += sorted(modules_changed)
-    return named("patched-functions", f"patched functions: {', '.join(patched[:5])}") if patched else None
+    found = [f"patched functions: {', '.join(patched[:5])}"] if patched else []
+    if values_changed:
+        found.append(f"changed the evaluator's module-level values: {', '.join(sorted(values_changed)[:5])}")
+    return named("patched-functions", "; ".join(found)) if found else None
 
 
 def global_settings(baseline, settings: dict[str, object]) -> str | None:
@@ -276,6 +288,7 @@ def guard_findings(
             guards.function_table(),
             guards.classes_without_additions(),
             guards.changed_module_functions(baseline.module_functions),
+            guards.changed_harness_values(baseline.values),
         ),
         global_settings(baseline, guards.global_settings()),
         *started_from_python(baseline),
@@ -443,6 +456,13 @@ def overlaps(a, b) -> bool:
 # -- outcome --------------------------------------------------------------------------------------
 
 
+# The exit code of a run whose guards found the evaluator's own functions or values changed (or
+# torch's, or the standard library's): the harness ends it without a result, since its record
+# would pass through what changed (speedforge.evaluator.harness, `_leave_unheard`). A candidate
+# that exits so itself is taken at its word.
+CHANGED_HARNESS_EXIT = 4
+
+
 def outcome(
     result: object | None,
     timed_out: bool,
@@ -455,6 +475,12 @@ def outcome(
 ) -> tuple[str, str] | None:
     """(status, why, naming the check) for a stage that ended without a usable result; None when
     it sent one and was not killed. The first that applies, in CHECKS order."""
+    if returncode == CHANGED_HARNESS_EXIT:  # whatever it sent was not the harness's
+        why = (
+            "changed the evaluator's own functions or values, or torch's or Python's, so the harness sent no "
+            "result, which would have passed through them (its log names what changed)"
+        )
+        return CHECK["patched-functions"].status, named("patched-functions", why)
     if result is not None and not (timed_out or for_memory or for_disk or for_processes or channel_problem):
         return None
     if channel_problem:

@@ -12,12 +12,10 @@ shares it (see `limit_cpu_time`).
 
 from __future__ import annotations
 
-import gc
 import importlib
 import math
 import os
 import resource
-import signal
 import site
 import sys
 import sysconfig
@@ -28,7 +26,7 @@ import psutil
 
 from speedforge import families
 from speedforge.evaluator import cpus as cpu_claims
-from speedforge.evaluator import phases, turns, verdict
+from speedforge.evaluator import harness_only, phases, turns, verdict
 from speedforge.evaluator.job import Job
 
 
@@ -108,13 +106,15 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
             "reason": _harness_error(exc, job.config.memory_limit_mb),
             "log": traceback.format_exc()[-4000:],
         }
-    result["warnings"] = list(result.get("warnings", [])) + warnings
+    # nothing of the candidate's runs from here on (the run's harness stopped it at its last check)
+    harness_only.for_good()
+    earlier = result.get("warnings", ())  # a list or tuple of the harness's, never another object's items
+    result["warnings"] = [*(earlier if type(earlier) in (list, tuple) else ()), *warnings]
     if profile is not None:
         _profile_summary(profile)
     phases.write_totals()
     phases.mark("result_ready")
     payload = verdict.encode(result)
-    _quiet()
     problem = _channel.send_result(payload)
     if problem:
         sys.stderr.write(f"speedforge harness: {problem}\n")
@@ -123,33 +123,6 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
     os._exit(
         NO_RESULT_EXIT if problem else 0
     )  # skip interpreter teardown: candidate atexit hooks and finalizers do not run
-
-
-# taken before any candidate code is imported (the zygote imports this module)
-_block_signals, _signal_handler, _gc_disable, _set_trace, _set_profile = (
-    signal.pthread_sigmask,
-    signal.signal,
-    gc.disable,
-    sys.settrace,
-    sys.setprofile,
-)
-_SIGNALS, _SIG_BLOCK, _SIG_IGN = tuple(signal.valid_signals()), signal.SIG_BLOCK, signal.SIG_IGN
-
-
-def _quiet() -> None:
-    """From here until the process exits, no candidate code runs in this thread between the
-    nonce's arrival and the result's departure: signals blocked and their Python handlers
-    dropped (one already pending would run at the next bytecode), no trace or profile hook, no
-    collection that could run a finalizer."""
-    _block_signals(_SIG_BLOCK, _SIGNALS)
-    for number in _SIGNALS:
-        try:
-            _signal_handler(number, _SIG_IGN)
-        except (OSError, ValueError, RuntimeError):
-            pass
-    _set_trace(None)
-    _set_profile(None)
-    _gc_disable()
 
 
 def _harness_error(exc: BaseException, memory_limit_mb: int) -> str:

@@ -17,10 +17,11 @@ to zero.
 from __future__ import annotations
 
 import os
+import types
 
 from speedforge.evaluator import checks
 
-FLOAT_TOLERANCE_FLOOR = {"torch.float16": 1e-2, "torch.bfloat16": 5e-2}
+FLOAT_TOLERANCE_FLOOR = types.MappingProxyType({"torch.float16": 1e-2, "torch.bfloat16": 5e-2})
 
 # A timed call's output (speedforge.evaluator.timing) with more elements than this has its values
 # checked on this many of them, drawn afresh for each call after it returned, from a seed out of

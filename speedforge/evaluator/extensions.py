@@ -135,6 +135,9 @@ def _copy_by_content(build_dir: str, source):
 
 
 _installed: list[Recorder] = []  # the recorder `install` put in place in this process
+# the recorder notes the candidate's loads as they happen: left out of the guards' comparison of
+# module-level values (speedforge.evaluator.guards.harness_values)
+HARNESS_STATE = ("_installed",)
 
 
 def install(build_dir: str, replay: bool) -> Recorder:

@@ -1,6 +1,7 @@
 """Runtime guards, taken inside the sandbox before the candidate is imported and checked after
-each phase: timer, torch and the evaluator's own functions unchanged, global torch settings unchanged, no new
-threads, no child processes, no switched CUDA stream.
+each phase: timer, torch and the evaluator's own functions unchanged, the evaluator's module-level
+values unchanged (`harness_values`), global torch settings unchanged, no new threads, no child
+processes, no switched CUDA stream.
 
 What torch itself does is not the candidate's: its intra-op (OpenMP) pool is warmed to full
 size before the baseline (`warm_thread_pools`), dynamo's wrapping and inductor's in-process
@@ -18,7 +19,10 @@ checks (`checks.guard_findings`), run by the harness after every phase.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
+import gc
 import os
 import sys
 import threading
@@ -112,6 +116,150 @@ def classes_without_additions() -> frozenset[str]:
     return WATCHED_CLASSES | {prefix for prefix, obj in _harness_objects().items() if isinstance(obj, Sealed)}
 
 
+# Entries Python adds to a namespace when they are first read (a class's or a module's
+# `__annotations__`), which no behaviour of the harness depends on.
+_LAZY_ENTRIES = frozenset({"__annotations__", "__annotate__", "__annotate_func__", "__annotations_cache__"})
+# a module's builtins are the builtins module's namespace, whose callables `module_functions` watches
+_UNCOMPARED = _LAZY_ENTRIES | {"__builtins__"}
+_ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None), range, type(Ellipsis)})
+_SEQUENCES = (list, tuple, set, frozenset, collections.deque)
+_SHAPE_DEPTH = 12  # containers nested deeper than this are compared by identity alone
+
+
+def _sealed_module(name: object) -> bool:
+    """speedforge's own modules (by name): those `seal_harness` seals."""
+    return type(name) is str and (name == "speedforge" or name.startswith("speedforge."))
+
+
+def harness_values() -> list[tuple[str, dict, dict[str, list], frozenset[str]]]:
+    """Every module-level binding of speedforge's modules loaded now, each with the objects it
+    reaches: (module, namespace, {attribute: the objects its value reaches, in a fixed order},
+    the names the module declares as the harness's own run state).
+
+    The function table compares the evaluator's callables; what the harness reads besides them is
+    as much its own: the readers that take a timing into the sent record, the encoder's table of
+    escapes, the table of checks and their statuses, the table of backend knobs, a captured
+    builtin. A candidate that reached one (sys.modules, which torch hands on as torch.sys) could
+    rebind it through the module's namespace (the sealed module refuses only setattr), change it
+    in place (a dict, a list; the dict behind a read-only MappingProxyType, which
+    gc.get_referents hands out; a field of a frozen record, through object.__setattr__), or swap
+    a function's code, defaults or closure. So no list of names: the value of every binding is
+    walked (`_reach`) through the containers, the functions, and the classes and instances of
+    speedforge's own that it holds, and every object met is held, so that identity is compared,
+    not an id a new object could reuse; a container's order of iteration is part of it, so a
+    change in place shows as another object, or another count, somewhere in the walk.
+
+    Left out: the bindings a module names in its `HARNESS_STATE` (a tuple, read now, before the
+    candidate loads), which the harness itself sets while the candidate runs (whether this run
+    holds the device's turn: speedforge.evaluator.turns)."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if isinstance(module, types.ModuleType) and _sealed_module(name):
+            namespace = vars(module)
+            declared = namespace.get("HARNESS_STATE", ())
+            own = frozenset(declared) if type(declared) is tuple else frozenset()
+            entries = {attr: _reach(value) for attr, value in list(namespace.items()) if attr not in _UNCOMPARED | own}
+            found.append((name, namespace, entries, own))
+    return found
+
+
+def changed_harness_values(baseline: list[tuple[str, dict, dict[str, list], frozenset[str]]]) -> list[str]:
+    """The bindings of `harness_values()`'s table that were rebound, changed in place, or deleted
+    since it was taken, and those added since that are not modules (a submodule imported later
+    is bound on its package)."""
+    changed = []
+    for name, namespace, entries, own in baseline:
+        for attr, reached in entries.items():
+            if attr not in namespace or not _same(reached, _reach(namespace[attr])):
+                changed.append(f"{name}.{attr}")
+        for attr, value in list(namespace.items()):
+            if attr not in entries and attr not in _UNCOMPARED | own and type(value) is not types.ModuleType:
+                changed.append(f"{name}.{attr}")
+    return changed
+
+
+def _same(before: list, after: list) -> bool:
+    return len(before) == len(after) and all(a is b for a, b in zip(before, after))
+
+
+def _reach(value: object) -> list:
+    """The objects `value` reaches, `value` first, each once, in the order of a depth-first walk:
+    into the entries of dicts and mapping proxies, the items of lists, tuples, sets and deques,
+    a function's code, defaults and closure, a bound method's function and object, what a
+    functools.cache function keeps (process_state's table of process state, found once), and the
+    namespace and slots of a class or an instance of speedforge's own. Other objects (a module,
+    a tensor, a compiled pattern, a lock) are compared by identity.
+
+    Only built-in types' own methods read them (`dict.items` on a dict subclass, a slot's own
+    descriptor, never getattr or an object's __iter__), so that no code of an object the
+    candidate put in a table runs inside the guards."""
+    out: list = []
+    seen: set[int] = set()
+
+    def walk(item: object, depth: int) -> None:
+        out.append(item)
+        kind = type(item)
+        if kind in _ATOMS or depth > _SHAPE_DEPTH or id(item) in seen:
+            return
+        seen.add(id(item))
+        for entry in _entries(item, kind):
+            walk(entry, depth + 1)
+
+    walk(value, 0)
+    return out
+
+
+_CACHED = type(functools.cache(lambda: None))
+_class_namespace = type.__dict__["__dict__"].__get__  # a class's own namespace, whatever its metaclass says
+_EMPTY_CELL = object()
+
+
+def _entries(item: object, kind: type) -> list:
+    """What `_reach` walks into from `item` (of type `kind`), in order."""
+    if issubclass(kind, dict):
+        return [x for pair in dict.items(item) for x in pair]
+    if kind is types.MappingProxyType:  # the mapping it shows, which gc hands out to anyone
+        return gc.get_referents(item)
+    for base in _SEQUENCES:
+        if issubclass(kind, base):
+            return list(base.__iter__(item))
+    if kind is types.FunctionType:
+        cells = []
+        for cell in item.__closure__ or ():
+            try:
+                cells.append(cell.cell_contents)
+            except ValueError:  # not filled yet
+                cells.append(_EMPTY_CELL)
+        return [item.__code__, item.__defaults__, item.__kwdefaults__, *cells]
+    if kind is types.MethodType:
+        return [item.__func__, item.__self__]
+    if kind is _CACHED:  # a function of functools.cache's: its function and what it keeps (a table found once)
+        return gc.get_referents(item)
+    if issubclass(kind, type):
+        namespace = _class_namespace(item)
+        if not _sealed_module(namespace.get("__module__")):
+            return []
+        return [x for key, entry in dict.items(dict(namespace)) if key not in _LAZY_ENTRIES for x in (key, entry)]
+    if not _sealed_module(_class_namespace(kind).get("__module__")):
+        return []
+    found, instance_dict = [], False
+    for base in kind.__mro__:
+        namespace = _class_namespace(base)
+        holder = namespace.get("__dict__")
+        if type(holder) is types.GetSetDescriptorType and not instance_dict:
+            instance_dict = True
+            found += [x for pair in dict.items(holder.__get__(item)) for x in pair]
+        slots = namespace.get("__slots__", ())
+        for name in [slots] if type(slots) is str else slots:
+            descriptor = namespace.get(name)
+            if type(descriptor) is types.MemberDescriptorType:
+                try:
+                    found += [name, descriptor.__get__(item)]
+                except AttributeError:  # not set
+                    found += [name, _EMPTY_CELL]
+    return found
+
+
 def _watched_module(name: str) -> bool:
     """torch's modules and the standard library's (builtins among them): what the reference's
     code reaches at call time besides its own."""
@@ -183,23 +331,30 @@ def global_settings() -> dict[str, object]:
 # fp32_precision entries (which always read) still tell what is on.
 MIXED = "mixed legacy/new API"
 ALGORITHM_KNOBS = ("torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic")
-_FP32_KNOBS = {  # the Python spelling -> the (backend, op) entry of torch's fp32_precision tree
-    "torch.backends.fp32_precision": ("generic", "all"),
-    "torch.backends.cudnn.fp32_precision": ("cuda", "all"),
-    "torch.backends.cuda.matmul.fp32_precision": ("cuda", "matmul"),
-    "torch.backends.cudnn.conv.fp32_precision": ("cuda", "conv"),
-    "torch.backends.cudnn.rnn.fp32_precision": ("cuda", "rnn"),
-    "torch.backends.mkldnn.fp32_precision": ("mkldnn", "all"),
-    "torch.backends.mkldnn.matmul.fp32_precision": ("mkldnn", "matmul"),
-    "torch.backends.mkldnn.conv.fp32_precision": ("mkldnn", "conv"),
-    "torch.backends.mkldnn.rnn.fp32_precision": ("mkldnn", "rnn"),
-}
-_MEANS = {
-    "torch.backends.cuda.matmul.fp32_precision": "TF32 matmul, as torch.backends.cuda.matmul.allow_tf32 = True sets",
-    "torch.backends.cudnn.conv.fp32_precision": "TF32 convolutions, as torch.backends.cudnn.allow_tf32 = True sets",
-}
-_MATMUL_RANK = {"highest": 2, "high": 1, "medium": 0}
-_FP32_RANK = {"none": 2, "ieee": 2, "tf32": 1, "bf16": 0}  # "none": inherits, never lower than its parent's
+# The tables below are read-only: the guards read them after candidate code ran.
+# The Python spelling -> the (backend, op) entry of torch's fp32_precision tree.
+_FP32_KNOBS = types.MappingProxyType(
+    {
+        "torch.backends.fp32_precision": ("generic", "all"),
+        "torch.backends.cudnn.fp32_precision": ("cuda", "all"),
+        "torch.backends.cuda.matmul.fp32_precision": ("cuda", "matmul"),
+        "torch.backends.cudnn.conv.fp32_precision": ("cuda", "conv"),
+        "torch.backends.cudnn.rnn.fp32_precision": ("cuda", "rnn"),
+        "torch.backends.mkldnn.fp32_precision": ("mkldnn", "all"),
+        "torch.backends.mkldnn.matmul.fp32_precision": ("mkldnn", "matmul"),
+        "torch.backends.mkldnn.conv.fp32_precision": ("mkldnn", "conv"),
+        "torch.backends.mkldnn.rnn.fp32_precision": ("mkldnn", "rnn"),
+    }
+)
+_MEANS = types.MappingProxyType(
+    {
+        "torch.backends.cuda.matmul.fp32_precision": "TF32 matmul, as torch.backends.cuda.matmul.allow_tf32 = True sets",
+        "torch.backends.cudnn.conv.fp32_precision": "TF32 convolutions, as torch.backends.cudnn.allow_tf32 = True sets",
+    }
+)
+_MATMUL_RANK = types.MappingProxyType({"highest": 2, "high": 1, "medium": 0})
+# "none": inherits, never lower than its parent's
+_FP32_RANK = types.MappingProxyType({"none": 2, "ieee": 2, "tf32": 1, "bf16": 0})
 
 
 def _legacy(getter):
@@ -258,7 +413,7 @@ def _knob_table() -> dict[str, tuple]:
     return readable
 
 
-KNOBS = _knob_table()
+KNOBS = types.MappingProxyType(_knob_table())
 
 
 def read_knobs() -> dict[str, object]:
@@ -389,6 +544,7 @@ def child_pids() -> list[int]:
 class Baseline:
     functions: dict[str, int]
     module_functions: list[tuple[str, dict, dict[str, object]]]
+    values: list[tuple[str, dict, dict[str, list], frozenset[str]]]  # the evaluator's module-level values
     settings: dict[str, object]
     threads: dict[int, str]  # tid -> name
     python_threads: int
@@ -403,6 +559,7 @@ class Baseline:
         return Baseline(
             function_table(),
             module_functions(),
+            harness_values(),
             global_settings(),
             native_threads(),
             threading.active_count(),

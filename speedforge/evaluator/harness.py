@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 
 from speedforge.errors import first_line
-from speedforge.evaluator import checks, fingerprint, phases, process_state, turns
+from speedforge.evaluator import checks, fingerprint, harness_only, phases, process_state, turns
 from speedforge.evaluator.host_faults import exception_fault, host_fault_reason
 from speedforge.evaluator.checks import Verdict
 from speedforge.evaluator.correctness import Correctness, flatten
@@ -35,6 +35,7 @@ from speedforge.evaluator.seeds import hidden_seed
 from speedforge.evaluator.timing import Timer, pristine_settings, result_fields
 
 _perf_counter = time.perf_counter  # captured before any candidate code is imported
+_PATCHED = f"[{checks.CHECK['patched-functions'].id}]"  # how a guard's line that found a patch ends
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,12 +181,36 @@ def run(job: Job) -> dict:
         metrics.update(harness.measure_pristine() if job.kind == "pristine" else harness.measure())
         metrics["status"] = "ok"
     except Verdict as verdict:
+        harness_only.for_good()  # nothing of the candidate's runs again (the last guard did so on an ok run)
         metrics.update(status=verdict.status, reason=verdict.reason, log=verdict.log)
+        if harness is not None:
+            harness.check_own_state()
     if harness is not None:
         metrics.update(harness.spent)  # where the turn went, a rejected run's too
+        _HELD.append(harness)  # with the candidate's model: its finalizers never run (the process leaves with os._exit)
+        if harness.changed:
+            _leave_unheard(harness.changed)
     metrics["run_inner_s"] = _perf_counter() - run_start
     phases.mark("harness_done")
     return metrics
+
+
+# The harnesses of this process's runs, held until it exits, and the candidate's objects with them.
+# Let go, the candidate's model would be collected as the run ends, after the last guard, and its
+# finalizer (a __del__, a weakref.finalize) would run beside the harness's record
+# (tests/adversarial/escape_table_rewritten_by_finalizer.py); the process ends with os._exit, which
+# runs none.
+_HELD: list = []
+
+
+def _leave_unheard(reason: str) -> None:
+    """End the process without a result: the guards found the evaluator's own functions or values,
+    or torch's or the standard library's, changed, and a record would pass through them on its way
+    out (its encoder, the channel's framing and MAC). The parent reads the exit code as
+    hack_detected [patched-functions]; the reason goes to stderr, which the parent keeps as the
+    result's log."""
+    os.write(2, f"speedforge harness: {reason}\n".encode(errors="replace"))
+    os._exit(checks.CHANGED_HARNESS_EXIT)
 
 
 def _pristine_first(torch, guards, job: Job, device, seed: int, metrics: dict) -> None:
@@ -242,6 +267,10 @@ class _Harness:
         # [model, fingerprint after its last call, sums of the tensors its own calls never changed]
         self.references: list = []
         self.values_between_calls = True  # off during the timed calls: structure only (`timed_calls`)
+        self.held: list = []  # the candidate's models, held as long as the process lives (`_HELD`)
+        self.baseline = None  # the guards' baseline, taken before the candidate is imported
+        self.checked_last = False  # a guard ran with nothing of the candidate's running since, nor after
+        self.changed = ""  # why the evaluator's, torch's or Python's own functions or values read as changed
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -295,9 +324,11 @@ class _Harness:
             raise Verdict("runtime_error", "the candidate defines no ModelNew")
         torch.manual_seed(self.seed)
         model = self.call("ModelNew(*get_init_inputs())", lambda: module.ModelNew(*copy.deepcopy(self.init_inputs)))
+        self.held.append(model)
         if not isinstance(model, torch.nn.Module):
             raise Verdict("runtime_error", "ModelNew(...) did not produce a torch.nn.Module")
         model = self.call("ModelNew.to(device)", model.to, self.device)
+        self.held.append(model)
         self.call("ModelNew.train(mode)", model.train, self.training)
         return model
 
@@ -344,7 +375,7 @@ class _Harness:
             self.out_bytes = sum(t.numel() * t.element_size() for t in flatten(torch, ref_out))
             del ref_out
             self.guards.warm_thread_pools()  # torch's own threads, all started before the baseline
-            baseline = self.guards.Baseline.take(self.device)
+            baseline = self.baseline = self.guards.Baseline.take(self.device)
             cand_model = self._candidate()
             self._guard(baseline, "loading ModelNew")
             self.switch("cand")  # lockstep: the candidate's first call is the reference's first call
@@ -358,7 +389,7 @@ class _Harness:
             self._guard(baseline, "the correctness trials")
             with self.spending("timing_s"), self.timed_calls():
                 timing = Timer(torch, self.config, self.device, self.rng, self).measure(ref_model, cand_model)
-            self._guard(baseline, "the timed calls")
+            self._guard(baseline, "the timed calls", last=True)
             elsewhere = checks.candidate_company(timing.cand_company, timing.ref_company)
             if elsewhere:
                 raise Verdict(checks.CHECK["candidate-company"].status, elsewhere)
@@ -404,9 +435,15 @@ class _Harness:
         finally:
             self.spent[name] = _perf_counter() - start
 
-    def _guard(self, baseline, phase: str) -> None:
-        """hack_detected naming every guard check that failed since `baseline` (checks.guard_findings)."""
+    def _guard(self, baseline, phase: str, last: bool = False) -> None:
+        """hack_detected naming every guard check that failed since `baseline` (checks.guard_findings).
+
+        The checks run with only the harness's code running (speedforge.evaluator.harness_only: no
+        hook, collection or signal of the candidate's in between), and the last guard of a run, or
+        one that finds something, leaves it so until the process exits: what the harness then
+        sends is what its checks saw."""
         self.switch("cand")  # the checks below read the candidate's own process state
+        saved = harness_only.enter()
         found = checks.guard_findings(
             baseline,
             self.device,
@@ -415,8 +452,33 @@ class _Harness:
             self.state["cand"],
             self.config.allow_precision_downgrade,
         )
+        if not (found or last):
+            harness_only.leave(saved)
+            return
+        harness_only.for_good()
+        self.checked_last = True
         if found:
-            raise Verdict("hack_detected", f"during {phase}: " + "; ".join(found))
+            reason = f"during {phase}: " + "; ".join(found)
+            self.changed = reason if any(line.endswith(_PATCHED) for line in found) else ""
+            raise Verdict("hack_detected", reason)
+
+    def check_own_state(self) -> None:
+        """After a rejection, once nothing of the candidate's runs any more: whether what it ran
+        since the last guard (its calls, and what ran as the rejection unwound: a finalizer, a
+        hook) changed the evaluator's, torch's or Python's own functions or values, through which
+        the rejection's record would pass (`changed`)."""
+        if self.baseline is None or self.checked_last:
+            return
+        guards, baseline = self.guards, self.baseline
+        found = checks.patched_functions(
+            baseline,
+            guards.function_table(),
+            guards.classes_without_additions(),
+            guards.changed_module_functions(baseline.module_functions),
+            guards.changed_harness_values(baseline.values),
+        )
+        self.changed = f"after the candidate's last call: {found}" if found else ""
+        self.checked_last = True
 
     def _reference_ran(self) -> None:
         """The reference ran last: its module's fingerprint as its call left it (values too, but

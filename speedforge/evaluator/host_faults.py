@@ -18,13 +18,16 @@ import errno
 import os
 import re
 import threading
+import types
 from pathlib import Path
 
 from speedforge.evaluator.job import StageResult
 
 DISK_FULL, OVER_QUOTA, IO_ERROR, COMPILER_KILLED = "disk full", "disk quota exceeded", "I/O error", "compiler killed"
-FAULT_ERRNOS = {errno.ENOSPC: DISK_FULL, errno.EDQUOT: OVER_QUOTA, errno.EIO: IO_ERROR}
-_OS_WORDS = {os.strerror(number): kind for number, kind in FAULT_ERRNOS.items()}  # "No space left on device"
+FAULT_ERRNOS = types.MappingProxyType({errno.ENOSPC: DISK_FULL, errno.EDQUOT: OVER_QUOTA, errno.EIO: IO_ERROR})
+_OS_WORDS = types.MappingProxyType(
+    {os.strerror(number): kind for number, kind in FAULT_ERRNOS.items()}
+)  # "No space left on device"
 _WORDS = "|".join(map(re.escape, _OS_WORDS))
 _FAULT_LINES = tuple(
     re.compile(pattern, re.M)

@@ -242,16 +242,18 @@ def _set_dispatch_modes(modes: tuple) -> None:
 
 
 # glibc's mallopt parameter numbers (malloc.h), by the name of their tunable (glibc.malloc.NAME)
-_MALLOPT = {
-    "mxfast": 1,
-    "trim_threshold": -1,
-    "top_pad": -2,
-    "mmap_threshold": -3,
-    "mmap_max": -4,
-    "perturb": -6,
-    "arena_test": -7,
-    "arena_max": -8,
-}
+_MALLOPT = types.MappingProxyType(
+    {
+        "mxfast": 1,
+        "trim_threshold": -1,
+        "top_pad": -2,
+        "mmap_threshold": -3,
+        "mmap_max": -4,
+        "perturb": -6,
+        "arena_test": -7,
+        "arena_max": -8,
+    }
+)
 _INT_MAX = 2**31 - 1
 
 

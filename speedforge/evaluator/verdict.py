@@ -37,7 +37,8 @@ import types
 # candidate that rebinds os.write, select.select or hashlib.sha256 (or json's encoder) changes
 # nothing here, and this module's own names cannot be rebound in a sandbox (guards.seal_harness).
 _write, _read, _fstat, _select, _sha256 = os.write, os.read, os.fstat, select.select, hashlib.sha256
-_is_socket, _isinstance, _type, _repr, _str, _isfinite = stat.S_ISSOCK, isinstance, type, repr, str, math.isfinite
+_is_socket, _issubclass, _type, _isfinite = stat.S_ISSOCK, issubclass, type, math.isfinite
+_type_name = type.__dict__["__name__"].__get__  # a class's name, whatever its metaclass says
 
 FIRST, ASK, RESULT = b"F", b"A", b"R"
 NONCE, REFUSED = b"N", b"X"
@@ -59,9 +60,10 @@ def mac(nonce: bytes, payload: bytes) -> bytes:
 
 def encode(record: dict) -> bytes:
     """`record` as JSON, written here from built-in types' own methods, so that nothing a
-    candidate rebinds (json's encoder, a module's function) takes part: dicts, lists and tuples,
-    strings, booleans, integers, floats (NaN and infinities as null), None; anything else as its
-    str()."""
+    candidate rebinds (json's encoder, a module's function) takes part, nor any code of an object
+    it put in the record (a __str__, an __iter__, a __class__): dicts, lists and tuples, strings,
+    booleans, integers, floats (NaN and infinities as null), None, and their subclasses read as
+    those types; anything else as the name of its type in angle brackets."""
     return _json(record).encode()
 
 
@@ -76,16 +78,34 @@ _ESCAPES = types.MappingProxyType(
 def _json(value) -> str:
     kind = _type(value)
     if value is None or value is True or value is False:
-        return "null" if value is None else ("true" if value else "false")
-    if _isinstance(value, int) and kind is not bool:
+        return "null" if value is None else ("true" if value is True else "false")
+    if _issubclass(kind, int):
         return int.__repr__(value)
-    if _isinstance(value, float):
+    if _issubclass(kind, float):
         return float.__repr__(value) if _isfinite(value) else "null"
-    if _isinstance(value, dict):
-        return "{" + ", ".join(_string(_str(k)) + ": " + _json(v) for k, v in dict.items(value)) + "}"
-    if _isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_json(v) for v in value) + "]"
-    return _string(str.__str__(value) if _isinstance(value, str) else _str(value))
+    if _issubclass(kind, dict):
+        return "{" + ", ".join(_string(_key(k)) + ": " + _json(v) for k, v in dict.items(value)) + "}"
+    if _issubclass(kind, list):
+        return "[" + ", ".join(_json(v) for v in list.__iter__(value)) + "]"
+    if _issubclass(kind, tuple):
+        return "[" + ", ".join(_json(v) for v in tuple.__iter__(value)) + "]"
+    if _issubclass(kind, str):
+        return _string(str.__str__(value))
+    return _string(_other(kind))
+
+
+def _key(key) -> str:
+    """A dict's key as JSON writes it: a string as itself, a number, boolean or None as its JSON."""
+    kind = _type(key)
+    if _issubclass(kind, str):
+        return str.__str__(key)
+    if key is None or key is True or key is False or _issubclass(kind, (int, float)):
+        return _json(key)
+    return _other(kind)
+
+
+def _other(kind: type) -> str:
+    return "<" + str.__str__(_type_name(kind)) + ">"
 
 
 def _string(text: str) -> str:
