@@ -75,6 +75,30 @@ def test_wrong_forward_signature_is_a_runtime_error(relu_task, config):
     assert "forward" in result.reason and "TypeError" in result.reason
 
 
+@pytest.mark.parametrize(
+    "where, raised",
+    [
+        ("import", "SystemExit(0)"),
+        ("forward", "KeyboardInterrupt()"),
+        ("forward", "type('Out', (BaseException,), {})()"),
+    ],
+)
+def test_a_candidate_that_raises_a_base_exception_fails_itself_not_the_host(relu_task, config, where, raised):
+    """SystemExit, KeyboardInterrupt or any other BaseException from the candidate is its own
+    runtime_error: an infra_error would be measured again, and could stop a training step."""
+    source = (ADVERSARIAL / "good.py").read_text()
+    if where == "import":
+        source += f"\nraise {raised}\n"
+    else:
+        source = source.replace(
+            "    def forward(self, x):\n", f"    def forward(self, x):\n        raise {raised}\n", 1
+        )
+        assert f"raise {raised}" in source
+    result = evaluate(relu_task, _cand(relu_task, source), config)
+    assert result.status == "runtime_error", (result.status, result.reason)
+    assert "the candidate ended the run by raising" in result.reason
+
+
 def test_candidate_for_another_task_is_refused(relu_task, add_task, config):
     result = evaluate(relu_task, _cand(add_task, (ADVERSARIAL / "good.py").read_text()), config)
     assert result.status == "runtime_error"

@@ -100,10 +100,20 @@ def execute(job: Job, result_fd: int, warnings: list[str], turn_fd: int = -1) ->
         if job.kind == "build":
             cpu_claims.keep_build_off_spare_cpus(job.config.build_spare_cpus, job.config.cpu_threads)
         result = module.build(job) if job.kind == "build" else module.run(job)
-    except BaseException as exc:  # a bug in the harness, not in the candidate
+    except Exception as exc:  # a bug in the harness, not in the candidate
         result = {
             "status": "infra_error",
             "reason": _harness_error(exc, job.config.memory_limit_mb),
+            "log": traceback.format_exc()[-4000:],
+        }
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit, ...
+        # The harness raises none of these, and no signal from outside reaches a job (it runs in a
+        # session of its own, and is stopped by SIGTERM or SIGKILL at their defaults): the
+        # candidate's code raised it, a failure of its own. As an infra_error it would be measured
+        # again and again, and could stop a training step.
+        result = {
+            "status": "runtime_error",
+            "reason": f"the candidate ended the run by raising {type(exc).__name__}: {str(exc)[:200]}",
             "log": traceback.format_exc()[-4000:],
         }
     # nothing of the candidate's runs from here on (the run's harness stopped it at its last check)
