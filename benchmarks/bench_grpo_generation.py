@@ -44,7 +44,7 @@ def load(args):
     import transformers
 
     from speedforge.policy.backends import resolve_model
-    from speedforge.train.stages import training_tokenizer
+    from speedforge.train.weights import training_tokenizer
 
     folder, gguf_file, _ = resolve_model(args.model)
     tokenizer = training_tokenizer(folder, gguf_file)
@@ -54,7 +54,7 @@ def load(args):
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
-        from speedforge.train.stages import plain_weights
+        from speedforge.train.weights import plain_weights
 
         model = plain_weights(
             transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32), folder

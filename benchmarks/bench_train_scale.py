@@ -59,7 +59,7 @@ def build_model(config, folder: Path, on_gpu: bool) -> Path:
     import transformers
 
     from speedforge.policy.backends import resolve_model
-    from speedforge.train.stages import training_tokenizer
+    from speedforge.train.weights import training_tokenizer
 
     marker = folder / "bench-shape.json"
     if marker.is_file() and json.loads(marker.read_text()) == config.to_dict():

@@ -129,7 +129,7 @@ if want generation && [ -f benchmarks/bench_generation.py ]; then
   plain=/tmp/gpu_check_plain_model
   if [ $# -eq 2 ] && { [ -f $plain/config.json ] || $PY -c "import sys, torch, transformers
 from speedforge.policy.backends import resolve_model
-from speedforge.train.stages import plain_weights, training_tokenizer
+from speedforge.train.weights import plain_weights, training_tokenizer
 folder, gguf, name = resolve_model('')
 model = plain_weights(transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32), name)
 model.save_pretrained(sys.argv[1]); training_tokenizer(folder, gguf).save_pretrained(sys.argv[1])" $plain >"$OUT/plain_model.txt" 2>&1; }; then

@@ -29,13 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from speedforge.config import TrainConfig  # noqa: E402
 from speedforge.evaluator.screen import screen  # noqa: E402
-from speedforge.policy.backends import default_model_file  # noqa: E402
+from speedforge.policy.default_model import default_model_file  # noqa: E402
 from speedforge.policy.parser import candidate_from  # noqa: E402
 from speedforge.policy.prompts import render_prompt  # noqa: E402
 from speedforge.tasks.importers import import_source  # noqa: E402
 from speedforge.train.answer_checks import kept_output, lowered_precision, takes_reference_arguments  # noqa: E402
 from speedforge.train.data import _answer, published_speedup, sft_pairs, split_tasks  # noqa: E402
-from speedforge.train.stages import answer_budget, token_budget, training_tokenizer  # noqa: E402
+from speedforge.train.stages import answer_budget, token_budget  # noqa: E402
+from speedforge.train.weights import training_tokenizer  # noqa: E402
 from speedforge.variants import VariantsTable  # noqa: E402
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "cuda-l1" / "a100.jsonl"

@@ -19,11 +19,11 @@ import pytest
 
 from speedforge.config import PolicyConfig
 from speedforge.errors import UserError
+from speedforge.policy.default_model import default_model_file
 from speedforge.policy.backends import (
     BackendError,
     OpenAIBackend,
     cpu_threads,
-    default_model_file,
     known_backends,
     make_backend,
     resolve_model,

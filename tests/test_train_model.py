@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from speedforge.train.stages import plain_weights  # noqa: E402
+from speedforge.train.weights import plain_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")

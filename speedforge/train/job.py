@@ -17,6 +17,10 @@ from speedforge.records import Candidate, Task
 STORE_MODEL = "store:"  # init_model prefix: the final weights of a stage of this run, in the run's store
 
 
+class StageError(RuntimeError):
+    """A stage that cannot go on for a reason of its data (no pair fits, say); one line."""
+
+
 @dataclasses.dataclass(frozen=True)
 class StageJob:
     """What a Ray Train worker needs to run one stage of a run."""

@@ -40,7 +40,7 @@ from speedforge.registry import Registry
 from speedforge.train import curriculum as curricula
 from speedforge.train.data import LivePrompts, SFTData, SFTPair, fitting_tasks, sft_pairs
 from speedforge.train.metrics import MetricsLog, StepTimes, rollout_stats
-from speedforge.train.job import StageJob
+from speedforge.train.job import StageError, StageJob
 from speedforge.train.lookahead import Generation, lookahead_trainer
 from speedforge.train.scoring import Completion, RewardsUnavailable, Scorer, group_id
 from speedforge.train.sharding import generate_unsharded, sharded_callback
@@ -57,10 +57,6 @@ from speedforge.train.state import RunState
 
 STAGES: Registry[Callable[[StageJob, "Worker"], None]] = Registry("training stage")
 register_stage = STAGES.register
-
-
-class StageError(RuntimeError):
-    """A stage that cannot go on for a reason of its data (no pair fits, say); one line."""
 
 
 # -- the worker ------------------------------------------------------------------------------
@@ -154,41 +150,6 @@ def load_policy(job: StageJob, worker: Worker):
     from speedforge.train.weights import load_weights
 
     return load_weights(job, worker)
-
-
-def training_tokenizer(folder: str, gguf_file: str | None):
-    """The model's tokenizer as the trainers use it: ChatML where the model brings no chat
-    template, EOS as padding where it has no pad token."""
-    import transformers
-
-    from speedforge.policy.backends import CHATML_TEMPLATE
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = CHATML_TEMPLATE
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def plain_weights(model, where: str):
-    """`model` as a trainable model. transformers loads a GGUF file's weights as plain tensors
-    (dequantized) unless a GGUF matmul kernel keeps them packed, and in both cases marks the
-    model quantized by its GGUF quantizer, which says it is not trainable: TRL's trainers then
-    refuse it ("You cannot perform fine-tuning on purely quantized models"). With every weight a
-    plain tensor the marks are wrong, and are dropped; packed layers are an error."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is None:
-        return model
-    packed = [n for n, m in model.named_modules() if type(m).__name__.startswith("Gguf")]
-    if packed:
-        raise StageError(
-            f"{where}: {len(packed)} layer(s) stayed packed as GGUF blocks (e.g. {packed[0]}), which "
-            "cannot be trained; uninstall the `kernels` package so transformers dequantizes them, or "
-            "start from a Hugging Face checkpoint folder"
-        )
-    quantizer.remove_quantization_config(model)
-    return model
 
 
 def generation_kwargs(static_cache: bool) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from speedforge.train.job import STORE_MODEL, StageJob
+from speedforge.train.job import STORE_MODEL, StageError, StageJob
 from speedforge.train.memory_plan import MemoryPlan, ModelShape, Workload, plan_memory, refuse_unfit, usable_bytes
 
 
@@ -113,7 +113,6 @@ def load_weights(job: StageJob, worker) -> StartingWeights:
     import transformers
 
     from speedforge.policy.adapters import base_files, describe_base, is_adapter, load_base, read_base
-    from speedforge.train.stages import StageError, plain_weights, training_tokenizer
 
     strategy = job.config.train.strategy
     source = locate(job, worker)
@@ -175,3 +174,38 @@ def load_weights(job: StageJob, worker) -> StartingWeights:
         source.folder, gguf_file=source.gguf_file, dtype=torch.float32
     )
     return StartingWeights(plain_weights(model, source.name), tokenizer, source.name, strategy, plan)
+
+
+def training_tokenizer(folder: str, gguf_file: str | None):
+    """The model's tokenizer as the trainers use it: ChatML where the model brings no chat
+    template, EOS as padding where it has no pad token."""
+    import transformers
+
+    from speedforge.policy.backends import CHATML_TEMPLATE
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def plain_weights(model, where: str):
+    """`model` as a trainable model. transformers loads a GGUF file's weights as plain tensors
+    (dequantized) unless a GGUF matmul kernel keeps them packed, and in both cases marks the
+    model quantized by its GGUF quantizer, which says it is not trainable: TRL's trainers then
+    refuse it ("You cannot perform fine-tuning on purely quantized models"). With every weight a
+    plain tensor the marks are wrong, and are dropped; packed layers are an error."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return model
+    packed = [n for n, m in model.named_modules() if type(m).__name__.startswith("Gguf")]
+    if packed:
+        raise StageError(
+            f"{where}: {len(packed)} layer(s) stayed packed as GGUF blocks (e.g. {packed[0]}), which "
+            "cannot be trained; uninstall the `kernels` package so transformers dequantizes them, or "
+            "start from a Hugging Face checkpoint folder"
+        )
+    quantizer.remove_quantization_config(model)
+    return model
