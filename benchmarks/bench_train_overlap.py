@@ -23,6 +23,9 @@ first (which has nothing to overlap) of the stage's metrics lines.
 
 --evaluation service: the Ray evaluation service on --pool (cpu: the cpp family's tasks; cuda: the
 cuda family's, on this machine's GPU pool), as `speedforge train` uses it with its config (--config).
+It needs the logical CPUs of Ray Train's trainer, the training workers and a bench and a build
+worker at once: on a 2-core machine (CPU slots 2) the bench worker never started ("no worker of cpu
+started within 120 s"), so use it on a GPU host.
 --evaluation fixed: a STAND-IN evaluator, labelled so in every output: each call sleeps
 --eval-s-per-sample seconds per candidate in the evaluation thread (the generating process waits
 for it as it would for the real service), and every result is status runtime_error with a reason
