@@ -271,6 +271,19 @@ def autocast_downgrades(ref_state: dict[str, object], cand_state: dict[str, obje
     ]
 
 
+def patched_since(baseline) -> str | None:
+    """`patched_functions` of the functions, classes and module-level values as they are now."""
+    from speedforge.evaluator import guards
+
+    return patched_functions(
+        baseline,
+        guards.function_table(),
+        guards.classes_without_additions(),
+        guards.changed_module_functions(baseline.module_functions),
+        guards.changed_harness_values(baseline.values),
+    )
+
+
 def guard_findings(
     baseline,
     device,
@@ -283,13 +296,7 @@ def guard_findings(
     from speedforge.evaluator import guards
 
     found = [
-        patched_functions(
-            baseline,
-            guards.function_table(),
-            guards.classes_without_additions(),
-            guards.changed_module_functions(baseline.module_functions),
-            guards.changed_harness_values(baseline.values),
-        ),
+        patched_since(baseline),
         global_settings(baseline, guards.global_settings()),
         *started_from_python(baseline),
         python_threads(baseline),

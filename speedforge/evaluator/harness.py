@@ -469,14 +469,7 @@ class _Harness:
         the rejection's record would pass (`changed`)."""
         if self.baseline is None or self.checked_last:
             return
-        guards, baseline = self.guards, self.baseline
-        found = checks.patched_functions(
-            baseline,
-            guards.function_table(),
-            guards.classes_without_additions(),
-            guards.changed_module_functions(baseline.module_functions),
-            guards.changed_harness_values(baseline.values),
-        )
+        found = checks.patched_since(self.baseline)
         self.changed = f"after the candidate's last call: {found}" if found else ""
         self.checked_last = True
 
