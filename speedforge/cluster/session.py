@@ -64,9 +64,15 @@ def ray_session(address: str | None, config: ServiceConfig) -> Iterator[None]:
                 guard.kill()
 
 
+def _address_to_join(address: str | None) -> str | None:
+    """`address`, else $RAY_ADDRESS (a job's driver: join the cluster that started it); None or ""
+    when this process starts a Ray of its own."""
+    return address or os.environ.get(RAY_ADDRESS_ENV) or address
+
+
 def _starts_local_ray(address: str | None) -> bool:
     """Whether connect_ray(address, ...) starts a Ray of this process's own."""
-    if address or os.environ.get(RAY_ADDRESS_ENV):
+    if _address_to_join(address):
         return False
     try:
         import ray
@@ -90,8 +96,7 @@ def connect_ray(address: str | None, config: ServiceConfig) -> bool:
     if ray.is_initialized():
         return False
     options = dict(logging_level="WARNING", log_to_driver=False)
-    if not address and os.environ.get(RAY_ADDRESS_ENV):
-        address = os.environ[RAY_ADDRESS_ENV]  # a job's driver: join the cluster that started it
+    address = _address_to_join(address)
     if address:
         probe_ray(address, config.connect_timeout_s)
     global _JOINED
